@@ -1,0 +1,112 @@
+"""The one interface for chat generation.
+
+Agents, simulated humans, stage-2 candidate sampling and LOOP rollouts all call
+`Engine.generate`: a batch of conversations in, `n` samples per conversation out.
+
+Every `Sample` carries the exact token ids the model generated and their
+log-probabilities. Training code builds its sequences from these ids and never
+re-tokenises generated text (re-applying a chat template to a whole history does not
+reproduce the generated tokens: the most reported multi-turn RL bug).
+
+Log-prob convention (all backends): `logprobs[i]` is log π(token_ids[i] | prompt,
+token_ids[:i]) under the model's *unmodified* distribution, i.e. log-softmax of the
+raw logits at temperature 1, no top-p. This is what a trainer's forward pass
+computes, so sampler/trainer gaps measure numerics only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+# A chat message as the OpenAI API and HF chat templates know it:
+# {"role": "system" | "user" | "assistant", "content": str | list[content parts]}.
+Message = dict[str, Any]
+Conversation = list[Message]
+
+
+class EngineError(RuntimeError):
+    """A generation request failed for good (after the backend's retries)."""
+
+
+class SpecError(ValueError):
+    """A model spec string is malformed or names a model that does not exist."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. `seed` makes a batch reproducible on a given backend."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated completion.
+
+    text:             the completion, cut before any stop string.
+    token_ids:        the generated ids, [T]; `tokenizer.decode(token_ids) == text`
+                      (stop-string tokens and the end-of-turn token are not included).
+    logprobs:         [T] per-token log-probs (convention in the module docstring);
+                      None when the backend cannot provide them.
+    finish_reason:    "stop" (end of turn or stop string) or "length".
+    prompt_token_ids: the ids of the templated prompt the model saw, when known.
+    """
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] | None = None
+    finish_reason: str = "stop"
+    prompt_token_ids: tuple[int, ...] | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A chat model behind one `generate` call."""
+
+    spec: str
+
+    def generate(
+        self, conversations: Sequence[Conversation], params: SamplingParams
+    ) -> list[list[Sample]]:
+        """Return, for each conversation, `params.n` samples (in order)."""
+        ...
+
+    def close(self) -> None:
+        """Release processes, GPU memory and connections."""
+        ...
+
+
+@dataclass
+class EngineOptions:
+    """Backend options that a model spec string does not carry."""
+
+    device: str | None = None  # hf: "cpu", "cuda", ...; None = cuda if available
+    dtype: str = "auto"  # hf/vllm: "auto", "float32", "bfloat16", "float16"
+    batch_size: int = 16  # hf: conversations × samples per forward batch
+    tensor_parallel_size: int = 1  # vllm
+    gpu_memory_utilization: float = 0.85  # vllm
+    max_model_len: int | None = None  # vllm
+    enable_lora: bool = False  # vllm
+    lora_path: str | None = None  # vllm / hf: adapter applied to the base model
+    request_timeout: float = 120.0  # openai: seconds per request
+    max_concurrency: int = 16  # openai: requests in flight
+    max_retries: int = 5  # openai: retries on 429 / 5xx / connection errors
+    api_key: str | None = None  # openai: defaults to $OPENAI_API_KEY or "EMPTY"
+    extra: dict[str, Any] = field(default_factory=dict)
