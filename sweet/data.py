@@ -1,0 +1,128 @@
+"""Training-side records, built from the environment's Episodes.
+
+State          a dialogue prefix at which the agent acts (one per agent turn).
+Candidate      one sampled action for a State, with its critic advantage.
+ActionPair     per-turn preference (SWEET-RL stage 2): chosen vs rejected action, same State.
+TrajectoryPair per-task preference (critic training, multi-turn DPO): chosen vs rejected Episode.
+
+Episodes come from our runner's JSONL or from the published offline trajectories;
+`load_episodes` reads both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from colbench.types import Episode
+from engines.base import Message
+
+
+@dataclass(frozen=True)
+class State:
+    """What the policy saw before agent turn `turn_index` of an episode.
+
+    prompt:           the chat messages the policy was given.
+    prompt_token_ids: the exact templated ids (None when the engine did not report them).
+    training_info:    hidden information for the critic only (reference code / target HTML).
+    """
+
+    task_id: str
+    episode_id: str
+    turn_index: int  # index among the episode's agent turns
+    prompt: tuple[Message, ...]
+    prompt_token_ids: tuple[int, ...] | None
+    training_info: str
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One action for a State. `token_ids` are the generated ids, never re-tokenised."""
+
+    state: State
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None = None
+    advantage: float | None = None  # critic score A(o_t, a_t, c)
+
+
+@dataclass(frozen=True)
+class ActionPair:
+    state: State
+    chosen: Candidate
+    rejected: Candidate
+
+
+@dataclass(frozen=True)
+class TrajectoryPair:
+    task_id: str
+    chosen: Episode
+    rejected: Episode
+
+
+def load_episodes(path: str | Path, env: str = "backend") -> list[Episode]:
+    """Read episodes from our runner's JSONL, or from published offline trajectories
+    (rows with `task`, `dialogue_history`, `answer`, `reward`)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"episode file not found: {path}")
+    with path.open() as f:
+        first = next((line for line in f if line.strip()), None)
+    if first is None:
+        raise ValueError(f"{path}: no episodes (empty file)")
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:1: not JSON ({e.msg})") from None
+    if "dialogue_history" in row:
+        from colbench.tasks import load_trajectories
+
+        return load_trajectories(str(path), env=env)
+    episodes = []
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                episodes.append(Episode.from_json(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, KeyError) as e:
+                raise ValueError(f"{path}:{lineno}: not an episode record ({e})") from None
+    return episodes
+
+
+def episode_states(episode: Episode, training_info: str) -> list[State]:
+    """One State per agent turn that carries its prompt."""
+    states = []
+    for i, turn in enumerate(episode.agent_turns):
+        if turn.prompt is None:
+            raise ValueError(f"episode {episode.episode_id}: agent turn {i} has no recorded prompt")
+        ids = tuple(turn.prompt_token_ids) if turn.prompt_token_ids is not None else None
+        states.append(State(episode.task_id, episode.episode_id, i, tuple(turn.prompt), ids, training_info))
+    return states
+
+
+def group_by_task(episodes: Iterable[Episode]) -> dict[str, list[Episode]]:
+    groups: dict[str, list[Episode]] = defaultdict(list)
+    for ep in episodes:
+        groups[ep.task_id].append(ep)
+    return dict(groups)
+
+
+def make_trajectory_pairs(
+    episodes: Sequence[Episode], success_threshold: float = 1.0, min_reward_gap: float = 0.0
+) -> list[TrajectoryPair]:
+    """The paper's pairing: for each task whose best episode reaches `success_threshold`,
+    chosen = that best episode, rejected = every episode with a strictly lower reward
+    (by more than `min_reward_gap`)."""
+    pairs = []
+    for task_id, group in sorted(group_by_task(episodes).items()):
+        best = max(group, key=lambda e: e.reward)
+        if best.reward < success_threshold:
+            continue
+        for ep in group:
+            if ep.reward < best.reward - min_reward_gap and ep is not best:
+                pairs.append(TrajectoryPair(task_id, best, ep))
+    return pairs
