@@ -1,0 +1,337 @@
+"""What every trainer here shares: configs, model loading (full or LoRA), the
+accelerate setup, checkpoints with resume, and metric logging.
+
+Each algorithm module (critic, sweet_dpo, rft, mtdpo, loop) keeps its maths and its
+loop; this file keeps the plumbing out of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+
+@dataclass
+class ModelConfig:
+    """Which model to train and how."""
+
+    model: str = field(default="tiny", metadata={"help": "model spec: 'tiny', 'hf:<path or hub id>' or a plain path/hub id"})
+    lora: bool = field(default=False, metadata={"help": "train LoRA adapters (PEFT) instead of all weights"})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
+    lora_target_modules: str = field(default="all-linear", metadata={"help": "comma list of module names, or 'all-linear'"})
+    dtype: str = field(default="auto", metadata={"help": "auto (bf16 on GPUs that support it, else fp32), float32, bfloat16"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "trade compute for memory"})
+    max_length: int = field(default=4096, metadata={"help": "max tokens of context + action; contexts are cut in the middle"})
+    keep_head: int = field(default=512, metadata={"help": "tokens at the start of a context that truncation keeps"})
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"ModelConfig.dtype must be auto/float32/bfloat16/float16, got {self.dtype!r}")
+        if self.max_length < 16:
+            raise ValueError(f"ModelConfig.max_length must be >= 16, got {self.max_length}")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and bookkeeping common to all trainers."""
+
+    output_dir: str = field(default="runs/train", metadata={"help": "checkpoints, metrics and the resolved config go here"})
+    learning_rate: float = field(default=1e-5, metadata={"help": "peak learning rate (AdamW)"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    num_epochs: int = field(default=1, metadata={"help": "passes over the training data"})
+    batch_size: int = field(default=8, metadata={"help": "examples per optimiser step across all processes"})
+    micro_batch_size: int = field(default=2, metadata={"help": "examples per forward pass per process"})
+    warmup_ratio: float = field(default=0.0, metadata={"help": "linear warm-up share of the steps"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient-norm clip"})
+    seed: int = field(default=0, metadata={"help": "random seed"})
+    logging_steps: int = field(default=1, metadata={"help": "log every N optimiser steps"})
+    report_to: str = field(default="tensorboard", metadata={"help": "comma list: tensorboard, wandb, none"})
+    resume: bool = field(default=True, metadata={"help": "resume from the last checkpoint in output_dir"})
+
+    def __post_init__(self) -> None:
+        if self.learning_rate <= 0:
+            raise ValueError(f"TrainConfig.learning_rate must be > 0, got {self.learning_rate}")
+        if self.batch_size < 1 or self.micro_batch_size < 1:
+            raise ValueError("TrainConfig.batch_size and micro_batch_size must be >= 1")
+
+
+def parse_configs(types: Sequence[type], argv: list[str] | None = None, description: str | None = None):
+    """Parse dataclass configs from the CLI; `--config run.yaml` supplies defaults that
+    flags override (TRL style). Returns one instance per type."""
+    import argparse
+
+    from transformers import HfArgumentParser
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path, default=None)
+    known, rest = pre.parse_known_args(argv)
+    parser = HfArgumentParser(list(types), description=description)
+    parser.add_argument("--config", type=Path, default=None, help="YAML file of defaults; CLI flags override it")
+    if known.config is not None:
+        import yaml
+
+        if not known.config.exists():
+            parser.error(f"--config: file not found: {known.config}")
+        values = yaml.safe_load(known.config.read_text()) or {}
+        valid = {f.name for t in types for f in fields(t)}
+        unknown = sorted(set(values) - valid)
+        if unknown:
+            parser.error(f"{known.config}: unknown keys {unknown}")
+        parser.set_defaults(**values)
+    *outputs, extra = parser.parse_args_into_dataclasses(args=rest, return_remaining_strings=True)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    # HfArgumentParser appends a Namespace for arguments outside the dataclasses (--config)
+    return [o for o in outputs if not isinstance(o, argparse.Namespace)]
+
+
+def resolve_model_path(spec: str) -> str:
+    """'tiny' / 'hf:<x>' / plain path or hub id -> what from_pretrained takes."""
+    if spec == "tiny" or spec == "hf:tiny":
+        from engines.tiny import tiny_model_path
+
+        return str(tiny_model_path())
+    if spec.startswith("hf:"):
+        return spec[3:]
+    if spec.startswith(("vllm:", "openai:")):
+        raise ValueError(f"cannot train {spec!r}: give 'tiny', 'hf:<path or hub id>' or a path")
+    return spec
+
+
+def torch_dtype(name: str):
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+    return getattr(torch, name)
+
+
+def load_tokenizer(spec: str):
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(spec)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        raise ValueError(f"cannot load tokenizer for model {spec!r} ({path}): {str(e).splitlines()[0]}") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(cfg: ModelConfig, *, trainable: bool = True, adapter: str | None = None):
+    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(cfg.model)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.dtype))
+    except OSError as e:
+        raise ValueError(f"cannot load model {cfg.model!r} ({path}): {str(e).splitlines()[0]}") from None
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
+    elif trainable and cfg.lora:
+        from peft import LoraConfig, get_peft_model
+
+        targets = cfg.lora_target_modules
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=cfg.lora_r,
+                lora_alpha=cfg.lora_alpha,
+                lora_dropout=cfg.lora_dropout,
+                target_modules=targets if targets == "all-linear" else targets.split(","),
+                task_type="CAUSAL_LM",
+            ),
+        )
+    if trainable and cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if not trainable:
+        model.eval().requires_grad_(False)
+    return model
+
+
+def set_seed(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def make_accelerator(train: TrainConfig, n_processes_hint: int | None = None):
+    """An Accelerator whose gradient accumulation turns micro-batches into `batch_size`."""
+    from accelerate import Accelerator
+
+    world = int(os.environ.get("WORLD_SIZE", n_processes_hint or 1))
+    per_step = train.micro_batch_size * world
+    accum = max(1, math.ceil(train.batch_size / per_step))
+    return Accelerator(gradient_accumulation_steps=accum)
+
+
+def make_optimizer(model, train: TrainConfig, total_steps: int):
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=train.learning_rate, weight_decay=train.weight_decay)
+    warmup = int(train.warmup_ratio * total_steps)
+    return opt, get_linear_schedule_with_warmup(opt, warmup, max(total_steps, 1))
+
+
+def to_jsonable(obj: Any) -> Any:
+    if is_dataclass(obj):
+        return {k: to_jsonable(v) for k, v in asdict(obj).items()}
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    return obj
+
+
+def save_resolved_config(output_dir: str | Path, **configs: Any) -> None:
+    """Write every config beside the outputs, with the command line."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = {name: to_jsonable(c) for name, c in configs.items()}
+    data["argv"] = sys.argv
+    (out / "config.json").write_text(json.dumps(data, indent=2))
+
+
+class MetricsLogger:
+    """Namespaced metrics to metrics.jsonl, TensorBoard and (optionally) W&B; main process only."""
+
+    def __init__(self, output_dir: str | Path, report_to: str = "tensorboard", is_main: bool = True, run_config: dict | None = None):
+        self.is_main = is_main
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self._tb = None
+        self._wandb = None
+        if not is_main:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        targets = {t.strip() for t in report_to.split(",") if t.strip()}
+        if "tensorboard" in targets:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))
+        if "wandb" in targets:
+            import wandb
+
+            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "sweet-colbench"), config=run_config or {})
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if not self.is_main:
+            return
+        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for k, v in metrics.items():
+                self._tb.add_scalar(k, float(v), step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+# ---- checkpoints -------------------------------------------------------------------
+# Layout: output_dir/checkpoint-<step>/{model files, trainer_state.pt, state.json};
+# output_dir/final/ holds the last model in HF format (or the LoRA adapter).
+
+
+def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, output_dir: str | Path, step: int,
+                    state: dict[str, Any], keep: int = 2) -> Path:
+    """Save model (HF format / adapter), optimizer, scheduler, RNG and `state`; keep the last `keep`."""
+    import torch
+
+    out = Path(output_dir) / f"checkpoint-{step}"
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=accelerator.get_state_dict(model))
+        tokenizer.save_pretrained(tmp)
+        torch.save(
+            {
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "torch_rng": torch.get_rng_state(),
+                "python_rng": random.getstate(),
+            },
+            tmp / "trainer_state.pt",
+        )
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        for old in sorted(_checkpoints(output_dir), key=_ckpt_step)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return out
+
+
+def _checkpoints(output_dir: str | Path) -> list[Path]:
+    d = Path(output_dir)
+    return [p for p in d.glob("checkpoint-*") if p.is_dir() and not p.name.endswith(".tmp")] if d.exists() else []
+
+
+def _ckpt_step(p: Path) -> int:
+    return int(p.name.split("-")[-1])
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    ckpts = [p for p in _checkpoints(output_dir) if (p / "state.json").exists()]
+    return max(ckpts, key=_ckpt_step) if ckpts else None
+
+
+def load_trainer_state(ckpt: Path, optimizer, scheduler) -> dict[str, Any]:
+    """Restore optimizer/scheduler/RNG from a checkpoint; returns its state.json."""
+    import torch
+
+    blob = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    optimizer.load_state_dict(blob["optimizer"])
+    if scheduler is not None and blob["scheduler"] is not None:
+        scheduler.load_state_dict(blob["scheduler"])
+    torch.set_rng_state(blob["torch_rng"])
+    random.setstate(blob["python_rng"])
+    return json.loads((ckpt / "state.json").read_text())
+
+
+def save_final(accelerator, model, tokenizer, output_dir: str | Path, name: str = "final") -> Path:
+    """The trained model in HF format, loadable with `hf:<path>` and `vllm:<path>`.
+
+    A LoRA model is saved twice: the adapter in `<name>-adapter/` and the merged
+    weights in `<name>/` (merging ends training: call this last)."""
+    out = Path(output_dir) / name
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        if hasattr(unwrapped, "merge_and_unload"):  # PEFT
+            unwrapped.save_pretrained(out.with_name(name + "-adapter"))
+            tokenizer.save_pretrained(out.with_name(name + "-adapter"))
+            unwrapped = unwrapped.merge_and_unload()
+            unwrapped.save_pretrained(out)
+        else:
+            unwrapped.save_pretrained(out, state_dict=accelerator.get_state_dict(model))
+        tokenizer.save_pretrained(out)
+    accelerator.wait_for_everyone()
+    return out
