@@ -1,0 +1,98 @@
+"""Simulated humans and their registry.
+
+Simulator spec strings (the `--simulator` flag of `python -m colbench.evaluate`):
+
+    scripted:<name>       a registered rule-based simulator (scripted:backend,
+                          scripted:idk, scripted:flaky; see simulators.scripted)
+    <model spec>          backend: an LLM simulated human (simulators.llm.LLMSimulator);
+                          frontend: a vision-language model comparing screenshots
+                          (simulators.vlm.VLMSimulator)
+    text+<model spec>     frontend only: a text-only model reading both pages' HTML
+                          instead of screenshots (simulators.text_frontend)
+
+Plug in your own (called as `Class(env=env, max_reply_chars=N)`):
+
+    from simulators import register_simulator
+    register_simulator("mine", "mypkg.sims:MySimulator")    # then --simulator scripted:mine
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from engines.base import SpecError
+from simulators.base import SimReply, SimRequest, Simulator
+
+if TYPE_CHECKING:
+    from colbench.envs.base import Environment
+    from engines.base import EngineOptions
+
+__all__ = ["SimReply", "SimRequest", "Simulator", "check_simulator_spec", "load_simulator",
+           "register_simulator", "simulator_names"]
+
+_REGISTRY: dict[str, str] = {
+    "backend": "simulators.scripted:ScriptedBackendSimulator",
+    "idk": "simulators.scripted:DontKnowSimulator",
+    "flaky": "simulators.scripted:FlakySimulator",
+}
+
+
+def register_simulator(name: str, target: str) -> None:
+    """Register a simulator class under `scripted:<name>`; target is "module:Class"."""
+    if ":" not in target:
+        raise ValueError(f"register_simulator({name!r}, {target!r}): target must be 'module:Class'")
+    _REGISTRY[name] = target
+
+
+def simulator_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def check_simulator_spec(spec: str | None, env_name: str) -> None:
+    """Validate a simulator spec without loading any model; raise SpecError (one line)."""
+    if spec is None:
+        return
+    spec = spec.strip()
+    if spec.startswith("scripted:"):
+        name = spec[len("scripted:"):]
+        if name not in _REGISTRY:
+            raise SpecError(f"unknown simulator {spec!r}; known: "
+                            + ", ".join(f"scripted:{n}" for n in simulator_names()))
+        return
+    from colbench.agents import check_model_spec
+
+    if spec.startswith("text+"):
+        if env_name != "frontend":
+            raise SpecError(f"simulator {spec!r}: the 'text+' prefix is for the frontend env only")
+        spec = spec[len("text+"):]
+    if env_name not in ("backend", "frontend"):
+        raise SpecError(f"no model simulator for env {env_name!r}; use scripted:<name>")
+    check_model_spec(spec)
+
+
+def load_simulator(spec: str | None, env: "Environment", *, engine_options: "EngineOptions | None" = None,
+                   max_reply_chars: int = 400) -> Simulator | None:
+    """Build the simulator a spec names (None -> None). Model specs load an engine."""
+    check_simulator_spec(spec, env.name)
+    if spec is None:
+        return None
+    spec = spec.strip()
+    if spec.startswith("scripted:"):
+        module, _, cls = _REGISTRY[spec[len("scripted:"):]].partition(":")
+        return getattr(importlib.import_module(module), cls)(env=env, max_reply_chars=max_reply_chars)
+    from engines import load_engine
+
+    if env.name == "backend":
+        from simulators.llm import LLMSimulator
+
+        return LLMSimulator(load_engine(spec, engine_options), max_reply_chars=max_reply_chars)
+    renderer = env.renderer  # type: ignore[attr-defined]  # FrontendEnv's RenderPool
+    if spec.startswith("text+"):
+        from simulators.text_frontend import TextFrontendSimulator
+
+        engine = load_engine(spec[len("text+"):], engine_options)
+        return TextFrontendSimulator(engine, renderer, max_reply_chars=max_reply_chars)
+    from simulators.vlm import VLMSimulator
+
+    return VLMSimulator(load_engine(spec, engine_options), renderer, max_reply_chars=max_reply_chars)

@@ -1,0 +1,242 @@
+"""Agents: what answers the tasks, one batch of turns at a time.
+
+An agent maps a batch of `AgentRequest`s (a task, the chat the agent sees, the
+episode's seed) to one `engines.base.Sample` per request. The episode runner sends
+every waiting agent turn of a step in one `act` call, so a model agent makes one
+`engine.generate` call per step (per seed when sampling at temperature > 0).
+
+Agent spec strings (the `--agent` flag of `python -m colbench.evaluate`):
+
+    tiny | hf:<path> | vllm:<path> | openai:<model>@<url>   a model (engines.load_engine)
+    reference                 answers at once with the hidden reference (upper bound)
+    replay:<file.jsonl>       answers at once with recorded answers, rows {"task_id", "answer"}
+    <name>=<spec>             any of the above, shown under <name> in reports
+
+`check_agent_spec` validates a spec (and a replay file, line by line) without
+loading any model, so a typo fails in a second, not after a model has loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+
+from colbench.types import Task
+from engines.base import Message, Sample, SamplingParams, SpecError
+
+if TYPE_CHECKING:
+    from colbench.envs.base import Environment
+    from engines.base import Engine, EngineOptions
+
+_NAME_RE = re.compile(r"^([A-Za-z0-9_.\-]+)=(.+)$")
+
+
+@dataclass(frozen=True)
+class AgentRequest:
+    """One agent turn to produce: the chat the agent sees, and the episode's seed."""
+
+    task: Task
+    messages: list[Message]
+    seed: int
+
+
+@runtime_checkable
+class Agent(Protocol):
+    name: str  # used in episode ids and report rows; never contains "/"
+
+    def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
+        """One sample per request, in order. May raise engines.EngineError for the batch."""
+        ...
+
+
+def agent_name(spec: str) -> str:
+    """A readable, unique name for a spec: path separators become "_" so the name can
+    sit inside episode ids (f"{task_id}/{agent}/{seed}") and file names."""
+    named = _NAME_RE.match(spec.strip())
+    if named:
+        return named.group(1)
+    spec = spec.strip()
+    if spec.startswith("replay:"):
+        return "replay-" + Path(spec[len("replay:"):]).stem
+    return re.sub(r"[/\\]+", "_", spec).replace(":_", ":").strip("_")
+
+
+def file_slug(name: str) -> str:
+    """A file-system-safe version of an agent name."""
+    return re.sub(r"[^A-Za-z0-9._\-]+", "_", name).strip("_") or "agent"
+
+
+def _split_name(spec: str) -> tuple[str, str]:
+    spec = spec.strip()
+    named = _NAME_RE.match(spec)
+    return (named.group(1), named.group(2).strip()) if named else (agent_name(spec), spec)
+
+
+class ModelAgent:
+    """An agent backed by an inference engine.
+
+    Seeds: at temperature 0 the whole batch goes out in one `generate` call (greedy
+    decoding ignores the seed). At temperature > 0 requests are grouped by seed and
+    each group is one call with `SamplingParams.seed = seed`, so seed s of a run is
+    reproducible on the same backend and batch composition.
+    """
+
+    needs_simulator = True
+
+    def __init__(self, engine: "Engine", sampling: SamplingParams, name: str | None = None):
+        self.engine = engine
+        self.sampling = replace(sampling, n=1)
+        self.name = name or agent_name(engine.spec)
+
+    def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
+        if not requests:
+            return []
+        if self.sampling.temperature == 0:
+            groups = {self.sampling.seed or 0: list(range(len(requests)))}
+        else:
+            groups: dict[int, list[int]] = {}
+            for i, r in enumerate(requests):
+                groups.setdefault(r.seed, []).append(i)
+        out: list[Sample | None] = [None] * len(requests)
+        for seed, idx in groups.items():
+            params = replace(self.sampling, seed=seed)
+            results = self.engine.generate([requests[i].messages for i in idx], params)
+            if len(results) != len(idx):
+                raise RuntimeError(f"engine {self.engine.spec} returned {len(results)} results for {len(idx)} prompts")
+            for i, samples in zip(idx, results):
+                out[i] = samples[0]
+        return out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _fenced(env: "Environment", code: str) -> str:
+    lang = "html" if env.name == "frontend" else "python"
+    return f"{env.answer_marker}\n```{lang}\n{code.strip()}\n```"
+
+
+class ReferenceAgent:
+    """Answers every task at once with its hidden reference: the score upper bound
+    and a check that the environment scores the gold answer as full marks."""
+
+    needs_simulator = False
+
+    def __init__(self, env: "Environment", name: str = "reference"):
+        self.env = env
+        self.name = name
+
+    def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
+        return [Sample(text=_fenced(self.env, r.task.hidden)) for r in requests]
+
+
+def read_replay(path: str | Path, task_ids: set[str] | None = None) -> dict[str, str]:
+    """Read a replay file: JSONL rows {"task_id": str, "answer": str}.
+
+    Raises ValueError naming file:line for a missing file, bad JSON, a missing or
+    non-string field, a duplicate task id, or (when `task_ids` is given) an unknown one.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"replay file {path} does not exist")
+    answers: dict[str, str] = {}
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: expected an object {{\"task_id\", \"answer\"}}, got {type(row).__name__}")
+            for key in ("task_id", "answer"):
+                if not isinstance(row.get(key), str):
+                    raise ValueError(f"{where}: field {key!r} missing or not a string")
+            tid = row["task_id"]
+            if tid in answers:
+                raise ValueError(f"{where}: duplicate task_id {tid!r}")
+            if task_ids is not None and tid not in task_ids:
+                raise ValueError(f"{where}: unknown task_id {tid!r} (not in the task set)")
+            answers[tid] = row["answer"]
+    return answers
+
+
+class ReplayAgent:
+    """Answers at once with recorded answers (e.g. another framework's outputs), so
+    they are scored by exactly the same environment as live agents."""
+
+    needs_simulator = False
+
+    def __init__(self, env: "Environment", path: str | Path, name: str | None = None,
+                 task_ids: set[str] | None = None):
+        self.env = env
+        self.path = Path(path)
+        self.answers = read_replay(self.path, task_ids)
+        self.name = name or "replay-" + self.path.stem
+
+    def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
+        out = []
+        for r in requests:
+            if r.task.task_id not in self.answers:
+                raise ValueError(f"replay file {self.path} has no answer for task {r.task.task_id!r}")
+            out.append(Sample(text=_fenced(self.env, self.answers[r.task.task_id])))
+        return out
+
+
+def check_agent_spec(spec: str, task_ids: set[str] | None = None) -> None:
+    """Validate an agent spec without loading a model; raise SpecError (one line)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError("empty agent spec: expected a model spec, 'reference' or 'replay:<file.jsonl>'")
+    _, body = _split_name(spec)
+    if body == "reference":
+        return
+    if body.startswith("replay:"):
+        file = body[len("replay:"):]
+        if not file:
+            raise SpecError(f"agent spec {spec!r}: expected 'replay:<file.jsonl>'")
+        try:
+            read_replay(file, task_ids)
+        except ValueError as e:
+            raise SpecError(str(e)) from None
+        return
+    check_model_spec(body)
+
+
+def check_model_spec(spec: str) -> None:
+    """Validate a model spec string without building or loading the model."""
+    from engines import parse_spec
+
+    body = spec.strip()
+    if body in ("tiny", "hf:tiny", "vllm:tiny"):
+        return  # parse_spec would build the tiny model; the name is known to be valid
+    parsed = parse_spec(body)
+    if parsed.backend in ("hf", "vllm"):
+        model = parsed.model
+        looks_local = model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
+        if looks_local and not Path(model).expanduser().exists():
+            raise SpecError(f"model spec {spec!r}: path {model} does not exist")
+
+
+def load_agent(spec: str, env: "Environment", *, sampling: SamplingParams,
+               engine_options: "EngineOptions | None" = None, task_ids: set[str] | None = None) -> Agent:
+    """Build the agent a spec names (loads the model for engine specs)."""
+    check_agent_spec(spec, task_ids)
+    name, body = _split_name(spec)
+    if body == "reference":
+        return ReferenceAgent(env, name=name)
+    if body.startswith("replay:"):
+        return ReplayAgent(env, body[len("replay:"):], name=name, task_ids=task_ids)
+    from engines import load_engine
+
+    return ModelAgent(load_engine(body, engine_options), sampling, name=name)
+
+
+def needs_simulator(spec: str) -> bool:
+    """Whether an agent spec can ask questions (model agents) or answers at once."""
+    _, body = _split_name(spec)
+    return not (body == "reference" or body.startswith("replay:"))

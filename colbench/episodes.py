@@ -1,0 +1,276 @@
+"""The multi-turn episode runner: many ColBench dialogues at once, in lock-step.
+
+Each step, every episode waiting for its agent goes to `agent.act` in ONE batch, then
+every episode waiting for the simulated human goes to `simulator.reply` in ONE batch;
+finished episodes of the step are scored in one `env.score` batch and appended to
+the output JSONL at once (flushed), so a crash or Ctrl-C loses nothing and a rerun
+with the same `out_path` skips the episode ids already there.
+
+Episode rules (ColBench): the agent sees `env.agent_messages(task, turns)`; a turn
+holding the env's answer marker ends the dialogue (stop "answered"); otherwise the
+simulated human replies. After `max_turns` agent turns, the last agent message is
+the answer (stop "turn_limit"). In single-turn mode the first message is the answer.
+
+Failures end only their own episode, recorded on it, never replaced silently:
+- simulator failure: the human turn is recorded with failed=True and its error,
+  `n_simulator_failures` counts it, and the episode stops ("simulator_error"). Its
+  answer is the last agent message, as at the turn limit, so the score reflects the
+  agent's work so far; reports count these episodes separately.
+- engine failure for an agent batch: the episodes of that batch stop
+  ("engine_error") with score 0 and the error in `Score.error` and `meta["error"]`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from colbench.agents import Agent, AgentRequest
+from colbench.envs.base import Environment
+from colbench.types import (
+    STOP_ANSWERED,
+    STOP_ENGINE_ERROR,
+    STOP_SIMULATOR_ERROR,
+    STOP_SINGLE_TURN,
+    STOP_TURN_LIMIT,
+    Episode,
+    Score,
+    Task,
+    Turn,
+)
+from engines.base import EngineError
+from simulators.base import SimReply, SimRequest, Simulator
+
+
+@dataclass
+class EpisodeConfig:
+    """How episodes run."""
+
+    max_turns: int = field(default=10, metadata={"help": "agent turns at most (paper: 10)"})
+    single_turn: bool = field(default=False, metadata={"help": "the first agent message is the answer"})
+    max_concurrent: int | None = field(
+        default=None, metadata={"help": "episodes in flight at once (None: all); bounds memory on huge runs"})
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"EpisodeConfig.max_turns must be >= 1, got {self.max_turns}")
+        if self.max_concurrent is not None and self.max_concurrent < 1:
+            raise ValueError(f"EpisodeConfig.max_concurrent must be >= 1 or None, got {self.max_concurrent}")
+
+
+def read_episodes(path: Path, *, repair: bool = False) -> list[Episode]:
+    """Read an episodes JSONL file. A truncated last line (a crash mid-write) is
+    skipped with a warning (and cut from the file when `repair`); a bad line
+    elsewhere raises ValueError naming file:line."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    episodes: list[Episode] = []
+    offset = 0
+    for lineno, raw in enumerate(lines, 1):
+        start, offset = offset, offset + len(raw) + 1
+        if not raw.strip():
+            continue
+        try:
+            episodes.append(Episode.from_json(json.loads(raw)))
+        except (json.JSONDecodeError, TypeError, KeyError, UnicodeDecodeError) as e:
+            is_last = all(not rest.strip() for rest in lines[lineno:])
+            if not is_last:
+                raise ValueError(f"{path}:{lineno}: not a valid episode record ({e})") from None
+            warnings.warn(f"{path}:{lineno}: ignoring a truncated last line (an interrupted write)", stacklevel=2)
+            if repair:
+                with path.open("r+b") as f:
+                    f.truncate(start)
+    return episodes
+
+
+@dataclass(eq=False)
+class _Live:
+    """An episode in flight."""
+
+    task: Task
+    episode: Episode
+
+
+class _Writer:
+    """Appends finished episodes to a JSONL file, flushed after every batch."""
+
+    def __init__(self, path: Path | None):
+        self.f = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.f = path.open("a", encoding="utf-8")
+
+    def write(self, episodes: Sequence[Episode]) -> None:
+        if self.f is None or not episodes:
+            return
+        self.f.write("".join(ep.dumps() + "\n" for ep in episodes))
+        self.f.flush()
+        os.fsync(self.f.fileno())
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+
+
+def run_episodes(
+    env: Environment,
+    tasks: Sequence[Task],
+    agent: Agent,
+    simulator: Simulator | None,
+    *,
+    seeds: Sequence[int] = (0,),
+    config: EpisodeConfig | None = None,
+    out_path: Path | None = None,
+    progress: bool = True,
+) -> list[Episode]:
+    """Run (and score) one episode per task × seed; return them in task-then-seed order.
+
+    Episodes already in `out_path` (same episode id) are loaded, not rerun.
+    `simulator` may be None only for agents that answer at once
+    (`agent.needs_simulator` False) or in single-turn mode.
+    """
+    config = config or EpisodeConfig()
+    _check_inputs(env, tasks, agent, simulator, seeds, config)
+    out_path = Path(out_path) if out_path is not None else None
+    done = {ep.episode_id: ep for ep in read_episodes(out_path, repair=True)} if out_path else {}
+    order = [(t, s) for t in tasks for s in seeds]
+    todo = [_new(env, t, agent, s, simulator) for t, s in order
+            if f"{t.task_id}/{agent.name}/{s}" not in done]
+    bar = _progress_bar(len(order), len(order) - len(todo), agent.name, progress)
+    writer = _Writer(out_path)
+    try:
+        limit = config.max_concurrent or len(todo) or 1
+        active: list[_Live] = []
+        while todo or active:
+            active, todo = active + todo[: limit - len(active)], todo[limit - len(active):]
+            finished = _step(env, agent, simulator, active, config)
+            _score(env, finished)
+            writer.write([lv.episode for lv in finished])
+            for lv in finished:
+                done[lv.episode.episode_id] = lv.episode
+            active = [lv for lv in active if lv not in finished]
+            if bar is not None:
+                bar.update(len(finished))
+    finally:
+        writer.close()
+        if bar is not None:
+            bar.close()
+    return [done[f"{t.task_id}/{agent.name}/{s}"] for t, s in order]
+
+
+def _check_inputs(env, tasks, agent, simulator, seeds, config) -> None:
+    ids = [t.task_id for t in tasks]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"duplicate task id {dup!r} in the task list")
+    wrong = [t.task_id for t in tasks if t.env != env.name]
+    if wrong:
+        raise ValueError(f"task {wrong[0]!r} is for env {tasks[ids.index(wrong[0])].env!r}, not {env.name!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"duplicate seeds in {list(seeds)}")
+    if "/" in agent.name:
+        raise ValueError(f"agent name {agent.name!r} must not contain '/' (it is part of episode ids)")
+    if simulator is None and not config.single_turn and getattr(agent, "needs_simulator", True):
+        raise ValueError(f"agent {agent.name!r} may ask questions: give a simulator or use single-turn mode")
+
+
+def _new(env: Environment, task: Task, agent: Agent, seed: int, simulator: Simulator | None) -> _Live:
+    meta = {"simulator": simulator.name} if simulator is not None else {}
+    return _Live(task, Episode(task_id=task.task_id, env=env.name, agent=agent.name, seed=seed, meta=meta))
+
+
+def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: list[_Live],
+          config: EpisodeConfig) -> list[_Live]:
+    """One agent batch, then one simulator batch. Returns the episodes that ended."""
+    requests = [AgentRequest(lv.task, env.agent_messages(lv.task, lv.episode.turns, config.single_turn),
+                             lv.episode.seed) for lv in active]
+    try:
+        samples = agent.act(requests)
+    except EngineError as e:
+        for lv in active:
+            _end(lv, STOP_ENGINE_ERROR, answer="")
+            lv.episode.meta["error"] = f"{type(e).__name__}: {e}"
+            lv.episode.score = Score(0.0, False, error=lv.episode.meta["error"])
+        return list(active)
+    if len(samples) != len(requests):
+        raise RuntimeError(f"agent {agent.name} returned {len(samples)} samples for {len(requests)} requests")
+    finished: list[_Live] = []
+    asking: list[_Live] = []
+    for lv, req, s in zip(active, requests, samples):
+        lv.episode.turns.append(Turn(
+            role="agent", content=s.text, prompt=req.messages,
+            prompt_token_ids=list(s.prompt_token_ids) if s.prompt_token_ids is not None else None,
+            token_ids=list(s.token_ids) if s.token_ids else None,
+            logprobs=list(s.logprobs) if s.logprobs is not None else None,
+        ))
+        n_agent = len(lv.episode.agent_turns)
+        if config.single_turn:
+            _end(lv, STOP_SINGLE_TURN, env.extract_answer(s.text))
+        elif env.is_final(s.text):
+            _end(lv, STOP_ANSWERED, env.extract_answer(s.text))
+        elif n_agent >= config.max_turns:
+            _end(lv, STOP_TURN_LIMIT, env.extract_answer(s.text))
+        else:
+            asking.append(lv)
+            continue
+        finished.append(lv)
+    if asking:
+        finished += _human_turns(env, simulator, asking)
+    return finished
+
+
+def _human_turns(env: Environment, simulator: Simulator | None, asking: list[_Live]) -> list[_Live]:
+    """The simulator's batch of replies; returns the episodes ended by a failure."""
+    if simulator is None:
+        raise RuntimeError("an agent asked a question but no simulator was given")
+    requests = [SimRequest(lv.task, list(lv.episode.turns)) for lv in asking]
+    try:
+        replies = simulator.reply(requests)
+        if len(replies) != len(requests):
+            raise RuntimeError(f"simulator {simulator.name} returned {len(replies)} replies for {len(requests)}")
+    except Exception as e:  # the contract says reply never raises; if it does, fail its episodes, not the run
+        replies = [SimReply("", failed=True, error=f"{type(e).__name__}: {e}")] * len(requests)
+    ended = []
+    for lv, r in zip(asking, replies):
+        lv.episode.turns.append(Turn(role="human", content="" if r.failed else r.text,
+                                     failed=r.failed, error=r.error, render=r.render))
+        if r.failed:
+            lv.episode.n_simulator_failures += 1
+            # The question is the last agent message: score it as at the turn limit.
+            _end(lv, STOP_SIMULATOR_ERROR, env.extract_answer(lv.episode.agent_turns[-1].content))
+            ended.append(lv)
+    return ended
+
+
+def _end(lv: _Live, reason: str, answer: str) -> None:
+    lv.episode.stop_reason = reason
+    lv.episode.answer = answer
+
+
+def _score(env: Environment, finished: Sequence[_Live]) -> None:
+    """Score the step's finished episodes in one batch (engine errors are already scored 0)."""
+    todo = [lv for lv in finished if lv.episode.score is None]
+    if not todo:
+        return
+    scores = env.score([lv.task for lv in todo], [lv.episode.answer for lv in todo])
+    if len(scores) != len(todo):
+        raise RuntimeError(f"env {env.name} returned {len(scores)} scores for {len(todo)} answers")
+    for lv, sc in zip(todo, scores):
+        lv.episode.score = sc
+
+
+def _progress_bar(total: int, initial: int, name: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=f"episodes {name}", unit="ep", file=sys.stderr,
+                dynamic_ncols=True, leave=True)

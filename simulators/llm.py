@@ -1,0 +1,96 @@
+"""The LLM simulated human for backend programming (ColBench).
+
+The simulator model plays a person who needs a function: it sees the task
+description, the hidden reference code and the dialogue; answers only from the
+hidden information (says it does not know otherwise), in about two sentences, and
+never writes code. The instructions live in `simulators/prompts/backend_human.txt`
+(placeholders `{description}` and `{hidden}`) so they can be read and changed
+without touching code.
+
+Conversation layout: the prompt is the system message; the agent's messages are
+"user" turns and the simulator's own earlier replies are "assistant" turns, so the
+model continues the dialogue in its own voice.
+
+Guards on every reply (the paper relies on the prompt alone): fenced code blocks
+and inline code spans are removed, whitespace is collapsed and the reply is cut to
+`max_reply_chars` (paper: 400) at a word boundary. A reply that is empty after this
+is a failure (failed=True), not replaced by made-up text.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+from colbench.types import Task, Turn
+from engines.base import Engine, EngineError, Message, SamplingParams
+from simulators.base import SimReply, SimRequest
+
+PROMPTS_DIR = Path(__file__).parent / "prompts"
+DEFAULT_PROMPT = PROMPTS_DIR / "backend_human.txt"
+DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_new_tokens=200)
+
+_FENCED = re.compile(r"```.*?(```|$)", re.DOTALL)
+_INLINE = re.compile(r"`([^`\n]*)`")
+
+
+def clean_reply(text: str, max_chars: int) -> str:
+    """Remove code (fenced blocks dropped; inline spans keep their words), collapse
+    whitespace and cut to `max_chars`, preferring the last word boundary."""
+    text = _FENCED.sub(" ", text)
+    text = _INLINE.sub(r"\1", text).replace("`", "")
+    text = " ".join(text.split())
+    if len(text) > max_chars:
+        cut = text[:max_chars]
+        space = cut.rfind(" ")
+        text = cut[:space] if space > max_chars // 2 else cut
+    return text.strip()
+
+
+class LLMSimulator:
+    """A simulated human backed by any `Engine` (one generate call per reply batch)."""
+
+    def __init__(self, engine: Engine, *, prompt_file: str | Path | None = None, max_reply_chars: int = 400,
+                 sampling: SamplingParams = DEFAULT_SAMPLING):
+        self.engine = engine
+        self.prompt_file = Path(prompt_file) if prompt_file is not None else DEFAULT_PROMPT
+        self.template = self.prompt_file.read_text(encoding="utf-8")
+        for key in ("{description}", "{hidden}"):
+            if key not in self.template:
+                raise ValueError(f"simulator prompt {self.prompt_file} lacks the placeholder {key}")
+        self.max_reply_chars = max_reply_chars
+        self.sampling = sampling if sampling.n == 1 else SamplingParams(**{**sampling.__dict__, "n": 1})
+        self.name = f"llm:{engine.spec}"
+
+    def conversation(self, task: Task, turns: Sequence[Turn]) -> list[Message]:
+        """The chat the simulator model sees for a reply to `turns[-1]`."""
+        system = self.template.format(description=task.description, hidden=task.hidden)
+        messages: list[Message] = [{"role": "system", "content": system}]
+        for t in turns:
+            role = "user" if t.role == "agent" else "assistant"
+            messages.append({"role": role, "content": t.content})
+        return messages
+
+    def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
+        if not requests:
+            return []
+        for r in requests:
+            if not r.turns or r.turns[-1].role != "agent":
+                raise ValueError(f"task {r.task.task_id}: the last turn of a simulator request must be the agent's")
+        conversations = [self.conversation(r.task, r.turns) for r in requests]
+        try:
+            results = self.engine.generate(conversations, self.sampling)
+        except EngineError as e:  # the engine has already retried
+            return [SimReply("", failed=True, error=f"EngineError: {e}") for _ in requests]
+        replies = []
+        for samples in results:
+            text = clean_reply(samples[0].text, self.max_reply_chars)
+            if text:
+                replies.append(SimReply(text))
+            else:
+                replies.append(SimReply("", failed=True, error="empty reply after removing code"))
+        return replies
+
+    def close(self) -> None:
+        self.engine.close()
