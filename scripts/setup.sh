@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Idempotent set-up, sourced by scripts/demo.sh and scripts/test.sh:
+#   .venv at the repo root, this package with its test extra, Debian chromium, tiny models.
+# Safe to run twice: each step is skipped when already done.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  "$PY" -m venv .venv
+fi
+
+# Reinstall only when the dependency list changed.
+stamp=".venv/.sweet-installed-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  echo "[setup] installing the package and its dependencies (first run: a few minutes)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  # torch first, pinned, so nothing else can pull a different build.
+  .venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
+  .venv/bin/python -m pip install -q -e ".[test]"
+  rm -f .venv/.sweet-installed-*
+  touch "$stamp"
+fi
+
+# Debian chromium for rendering (Playwright drives it; `playwright install` cannot download here).
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${SWEET_CHROMIUM:-}" ]; then
+  echo "[setup] installing Debian chromium"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium fonts-dejavu-core >/dev/null
+fi
+
+# Tiny offline models (built once into the cache, no download).
+.venv/bin/python -m engines.tiny >/dev/null
+echo "[setup] ready"
