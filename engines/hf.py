@@ -1,0 +1,242 @@
+"""transformers backend: batched chat generation on CPU or GPU with left padding.
+
+    engine = load_engine("tiny")                       # or "hf:meta-llama/Llama-3.1-8B-Instruct"
+    engine = HFEngine.from_model(model, tokenizer)     # sample from the live model a trainer updates
+
+Samples carry the generated ids and their log-probs under the model's unmodified
+distribution (log-softmax of the raw logits, temperature 1, no top-p). They are
+recorded during generation by a logits processor that runs before temperature and
+top-p, so no extra forward pass and no [steps, batch, vocab] logits buffer is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Sequence
+
+from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams, SpecError
+from engines.templating import cut_completion, end_token_ids, prompt_ids
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _resolve_local(model: str) -> Path | None:
+    """The local folder `model` names, or None for a hub id; SpecError if it is a bad path."""
+    looks_local = model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
+    if not looks_local:
+        return None
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise SpecError(f"model path {str(path)!r} does not exist: expected a folder with config.json and tokenizer files")
+    if not (path / "config.json").is_file():
+        raise SpecError(f"model path {str(path)!r} has no config.json: expected a transformers model folder")
+    return path
+
+
+class _RawLogprobRecorder:
+    """Logits processor that records log π(chosen token) from the raw logits.
+
+    Placed first in the processor list, it sees the logits before temperature and
+    top-p. Call k sees the k tokens generated so far, so it gathers token k-1 from the
+    distribution it stored at call k-1; `finish` gathers the last token.
+    """
+
+    def __init__(self) -> None:
+        self.prev_logprobs = None  # [B, V] log-softmax of the previous step
+        self.steps: list[Any] = []  # each [B]
+        self.prompt_len: int | None = None
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        if self.prompt_len is None:
+            self.prompt_len = input_ids.shape[1]
+        elif self.prev_logprobs is not None:
+            self.steps.append(self.prev_logprobs.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.prev_logprobs = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, sequences):
+        """[B, T] log-probs of the generated tokens in `sequences`."""
+        import torch
+
+        if self.prev_logprobs is not None and len(self.steps) < sequences.shape[1] - self.prompt_len:
+            self.steps.append(self.prev_logprobs.gather(1, sequences[:, -1:]).squeeze(1))
+        self.prev_logprobs = None
+        return torch.stack(self.steps, dim=1) if self.steps else sequences.new_zeros((sequences.shape[0], 0), dtype=torch.float)
+
+
+class _StopStringCriteria:
+    """Marks a row finished once its generated text contains a stop string.
+
+    Only the tail of each row is decoded: a stop string of c characters lies within the
+    last c + 4 tokens (every token decodes to at least one character, a few bytes
+    may be an incomplete UTF-8 character).
+    """
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str], prompt_len: int) -> None:
+        self.tokenizer, self.stop, self.prompt_len = tokenizer, [s for s in stop if s], prompt_len
+        self.window = max(len(s) for s in self.stop) + 4
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        gen = input_ids[:, self.prompt_len:]
+        tails = gen[:, -self.window:].tolist()
+        for row, tail in enumerate(tails):
+            text = self.tokenizer.decode(tail)
+            done[row] = any(s in text for s in self.stop)
+        return done
+
+
+class HFEngine:
+    """Chat generation with `transformers` (`model.generate`), batched with left padding."""
+
+    def __init__(self, model: str, options: EngineOptions | None = None, *, spec: str | None = None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        options = options or EngineOptions()
+        if options.dtype not in DTYPES:
+            raise SpecError(f"EngineOptions.dtype must be one of {DTYPES}, got {options.dtype!r}")
+        local = _resolve_local(model)
+        source = str(local) if local is not None else model
+        device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = "auto" if options.dtype == "auto" else getattr(torch, options.dtype)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            lm = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        except (OSError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SpecError(
+                f"cannot load model {model!r}: expected a local transformers folder or a Hugging Face hub id "
+                f"available offline ({first})"
+            ) from e
+        if options.lora_path:
+            from peft import PeftModel
+
+            lm = PeftModel.from_pretrained(lm, options.lora_path).merge_and_unload()
+        lm.to(device).eval()
+        self._setup(lm, tokenizer, options, spec or f"hf:{model}")
+
+    @classmethod
+    def from_model(
+        cls, model: Any, tokenizer: Any, spec: str = "hf:live", options: EngineOptions | None = None
+    ) -> "HFEngine":
+        """Wrap an already loaded model (e.g. the policy a trainer is updating); no copy is made.
+
+        The model's train/eval mode is restored after each `generate` call.
+        """
+        engine = cls.__new__(cls)
+        engine._setup(model, tokenizer, options or EngineOptions(), spec)
+        return engine
+
+    def _setup(self, model: Any, tokenizer: Any, options: EngineOptions, spec: str) -> None:
+        self.model, self.tokenizer, self.options, self.spec = model, tokenizer, options, spec
+        gen_config = getattr(model, "generation_config", None)
+        self.end_ids = end_token_ids(tokenizer, gen_config)
+        if not self.end_ids:
+            raise EngineError(f"{spec}: the tokenizer has no eos token; cannot tell where a turn ends")
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else min(self.end_ids)
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def generate(self, conversations: Sequence[Conversation], params: SamplingParams) -> list[list[Sample]]:
+        """Return `params.n` samples for each conversation, in order.
+
+        Prompts × n are sorted by length and processed in chunks of
+        `options.batch_size` rows; greedy decoding (temperature 0) runs each prompt once
+        and repeats the result n times.
+        """
+        import torch
+
+        prompts = [prompt_ids(self.tokenizer, conv) for conv in conversations]
+        copies = 1 if params.temperature == 0 else params.n
+        rows = [(c, k) for c in range(len(prompts)) for k in range(copies)]
+        rows.sort(key=lambda r: len(prompts[r[0]]))  # similar lengths share a batch: less padding
+        results: dict[tuple[int, int], Sample] = {}
+        bs = max(1, self.options.batch_size)
+        was_training = self.model.training
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices) if params.seed is not None else contextlib.nullcontext():
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            try:
+                self.model.eval()
+                for start in range(0, len(rows), bs):
+                    chunk = rows[start : start + bs]
+                    samples = self._generate_batch([prompts[c] for c, _ in chunk], params)
+                    results.update(zip(chunk, samples))
+            finally:
+                self.model.train(was_training)
+        return [[results[(c, k % copies)] for k in range(params.n)] for c in range(len(prompts))]
+
+    def _generate_batch(self, batch_prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
+        import torch
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+        from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+        width = max(len(p) for p in batch_prompts)
+        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in batch_prompts], device=self.device)
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch_prompts], device=self.device)
+        greedy = params.temperature == 0
+        # generate() fills every unset (None) field from the checkpoint's generation
+        # config, so neutral values are set explicitly: a checkpoint's top_k=50,
+        # temperature 0.6 or repetition penalty must not change the requested distribution.
+        neutral = dict(temperature=1.0, top_p=1.0, top_k=0, typical_p=1.0) if not greedy else {}
+        config = GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            min_new_tokens=0,
+            do_sample=not greedy,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            eos_token_id=sorted(self.end_ids),
+            pad_token_id=self.pad_id,
+            use_cache=True,
+            **neutral,
+        )
+        recorder = _RawLogprobRecorder()
+        processors = [recorder]  # custom processors run after the built-in ones, which are all off
+        if not greedy and params.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(params.temperature))
+        if not greedy and params.top_p < 1.0:
+            processors.append(TopPLogitsWarper(params.top_p))
+        criteria = [_StopStringCriteria(self.tokenizer, params.stop, width)] if any(params.stop) else []
+        sequences = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=config,
+            logits_processor=LogitsProcessorList(processors),
+            stopping_criteria=StoppingCriteriaList(criteria),
+        )
+        logprobs = recorder.finish(sequences).tolist()
+        generated = sequences[:, width:].tolist()
+        samples = []
+        for prompt, gen, lps in zip(batch_prompts, generated, logprobs):
+            ids, text, stopped = cut_completion(self.tokenizer, gen, params.stop, self.end_ids)
+            samples.append(
+                Sample(
+                    text=text,
+                    token_ids=tuple(ids),
+                    logprobs=tuple(lps[: len(ids)]),
+                    finish_reason="stop" if stopped else "length",
+                    prompt_token_ids=tuple(prompt),
+                )
+            )
+        return samples
+
+    def close(self) -> None:
+        """Drop the model reference (GPU memory is freed once no one else holds it)."""
+        self.model = None
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass

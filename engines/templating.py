@@ -1,0 +1,131 @@
+"""Chat-template and completion helpers shared by the local backends (hf, vllm) and trainers.
+
+Two rules keep sampled tokens and trained tokens identical:
+
+- A prompt is `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)`
+  tokenised WITHOUT extra special tokens (the template already writes the BOS token).
+- A completion's ids are cut where its text ends: at the first end-of-turn token, and
+  before a stop string, so `tokenizer.decode(token_ids) == text` always holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from engines.base import Conversation, EngineError, Message
+
+
+def text_content(message: Message) -> str:
+    """The text of one message; content-part lists are joined, images are refused.
+
+    Text-only chat templates concatenate `message['content']` as a string, so a list of
+    `{"type": "text", "text": ...}` parts is flattened here. Image parts need a vision
+    model behind an OpenAI-compatible server (`openai:` backend).
+    """
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise EngineError(
+                    f"message with role {message.get('role')!r} has a {kind!r} content part: local text "
+                    "backends accept only text parts; serve a vision model and use 'openai:<model>@<url>'"
+                )
+            texts.append(part.get("text", ""))
+        return "".join(texts)
+    raise EngineError(f"message content must be a string or a list of parts, got {type(content).__name__}")
+
+
+def normalize_messages(messages: Conversation) -> list[dict[str, Any]]:
+    """Copies of `messages` with string contents (what text chat templates expect)."""
+    return [{**m, "content": text_content(m)} for m in messages]
+
+
+def render_prompt(tokenizer: Any, messages: Conversation) -> str:
+    """The templated prompt text, ending with the assistant generation prompt."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise EngineError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; "
+            "use an instruct/chat model or set tokenizer.chat_template"
+        )
+    return tokenizer.apply_chat_template(
+        normalize_messages(messages), tokenize=False, add_generation_prompt=True
+    )
+
+
+def prompt_ids(tokenizer: Any, messages: Conversation) -> list[int]:
+    """Token ids of the templated prompt (generation prompt added, no extra special tokens).
+
+    Trainers use this to rebuild exactly the prompt a local engine sampled from.
+    """
+    return list(tokenizer(render_prompt(tokenizer, messages), add_special_tokens=False)["input_ids"])
+
+
+def end_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
+    """Ids that end a turn: the tokenizer's eos plus the model's generation eos list."""
+    ids: set[int] = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    eos = getattr(generation_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, Iterable):
+        ids.update(int(i) for i in eos)
+    return ids
+
+
+def _reaches_stop(text: str, stop: Sequence[str]) -> bool:
+    return any(s in text for s in stop)
+
+
+def stop_prefix_length(tokenizer: Any, ids: Sequence[int], stop: Sequence[str]) -> int | None:
+    """Length of the longest prefix of `ids` whose decoding contains no stop string.
+
+    None when the full decoding contains none. Containment grows with the prefix, so
+    a binary search finds the first prefix that reaches a stop string; a linear scan
+    backs it up for tokenizers where partial decodings are not prefixes of each other.
+    """
+    stop = [s for s in stop if s]
+    if not stop or not _reaches_stop(tokenizer.decode(list(ids)), stop):
+        return None
+    lo, hi = 1, len(ids)  # invariant: decode(ids[:hi]) reaches a stop string
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _reaches_stop(tokenizer.decode(list(ids[:mid])), stop):
+            hi = mid
+        else:
+            lo = mid + 1
+    if not _reaches_stop(tokenizer.decode(list(ids[: hi - 1])), stop):
+        return hi - 1
+    for k in range(len(ids)):  # non-monotone decoding: fall back to the plain scan
+        if _reaches_stop(tokenizer.decode(list(ids[: k + 1])), stop):
+            return k
+    return None
+
+
+def cut_completion(
+    tokenizer: Any,
+    token_ids: Sequence[int],
+    stop: Sequence[str],
+    end_ids: set[int],
+) -> tuple[list[int], str, bool]:
+    """Cut generated ids at the first end-of-turn token and before any stop string.
+
+    Returns `(kept_ids, text, stopped)` with `text == tokenizer.decode(kept_ids)`;
+    `stopped` is True when an end-of-turn token or a stop string ended the completion.
+    """
+    ids = [int(t) for t in token_ids]
+    stopped = False
+    for i, t in enumerate(ids):
+        if t in end_ids:
+            ids, stopped = ids[:i], True
+            break
+    k = stop_prefix_length(tokenizer, ids, stop)
+    if k is not None:
+        ids, stopped = ids[:k], True
+    return ids, tokenizer.decode(ids), stopped
