@@ -1,0 +1,348 @@
+"""Evaluate agents on ColBench and write a leaderboard with 95% confidence intervals.
+
+    # the gold answers score 100% (a check of the environment and the sandbox)
+    python -m colbench.evaluate --env backend --agent reference --output runs/ref
+
+    # a model against the paper's setting: multi-turn, LLM simulated human, 10 turns
+    python -m colbench.evaluate --env backend --agent vllm:meta-llama/Llama-3.1-8B-Instruct \\
+        --simulator vllm:meta-llama/Llama-3.1-70B-Instruct --output runs/8b
+
+    # several agents, 3 sampled seeds each, the same output dir (finished agents are reused)
+    python -m colbench.evaluate --env backend --agent tiny --agent mine=hf:runs/sweet/final \\
+        --simulator tiny --seeds 3 --temperature 0.7 --output runs/cmp
+
+    # frontend: win rate against a baseline agent, VLM simulator, tiny CLIP for a CPU demo
+    python -m colbench.evaluate --env frontend --agent tiny --baseline-agent reference \\
+        --simulator tiny --clip-model tiny --limit 4 --output runs/fe
+
+    # answers produced elsewhere (rows {"task_id", "answer"}) scored by the same sandbox
+    python -m colbench.evaluate --env backend --agent replay:answers.jsonl --output runs/other
+
+Agent specs: model specs (tiny, hf:, vllm:, openai:), `reference`, `replay:<file>`,
+optionally named `<name>=<spec>`. Simulator specs: see `simulators/__init__.py`
+(`scripted:<name>`, a model spec; frontend `text+<spec>` for a text-only model).
+
+Determinism: sampling defaults to temperature 0 (greedy) and seed 0, so a rerun gives
+the same episodes. `--seeds S` runs seeds 0..S-1 with `--temperature` (set it > 0,
+otherwise the seeds repeat one another); confidence intervals bootstrap over tasks
+with a fixed seed, so they are deterministic too.
+
+Outputs in --output DIR: leaderboard.json, leaderboard.md, report.html, config.json
+and episodes/<agent>.jsonl (written as episodes finish; rerun the same command to
+resume after a crash or Ctrl-C). Bad input (unknown spec, missing task file,
+malformed replay rows, unknown task ids) ends with one error line, exit code 2,
+before any model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from colbench.agents import _split_name, check_agent_spec, file_slug, load_agent, needs_simulator
+from engines.base import SpecError
+
+PROG = "python -m colbench.evaluate"
+
+# Settings that change what an episode is; a rerun into the same DIR must keep them.
+_EPISODE_FIELDS = ("env", "tasks", "simulator", "single_turn", "temperature", "max_new_tokens", "max_turns",
+                   "max_reply_chars", "clip_model")
+
+
+class UsageError(ValueError):
+    """Bad input: reported as one line, exit code 2."""
+
+
+@dataclass
+class EvalConfig:
+    """Everything an evaluation run depends on (saved as DIR/config.json)."""
+
+    output: str = field(default="", metadata={"help": "output directory (required)"})
+    env: str = field(default="backend", metadata={"help": "environment: backend or frontend"})
+    agent: list[str] = field(default_factory=list, metadata={
+        "help": "agent spec, repeatable: a model spec (tiny, hf:, vllm:, openai:), 'reference', "
+                "'replay:<file.jsonl>', optionally '<name>=<spec>'"})
+    simulator: str | None = field(default=None, metadata={
+        "help": "simulated human: a model spec, 'scripted:<name>', or frontend 'text+<spec>'; "
+                "needed unless every agent answers at once or --single-turn"})
+    tasks: str = field(default="builtin:test", metadata={
+        "help": "task source: builtin:test, builtin:train, a JSONL/Parquet file, or hf:<dataset id>"})
+    limit: int | None = field(default=None, metadata={"help": "evaluate the first N tasks only"})
+    seeds: int = field(default=1, metadata={"help": "run seeds 0..S-1 per task (use with --temperature > 0)"})
+    single_turn: bool = field(default=False, metadata={"help": "the agent's first message is its answer"})
+    baseline_agent: str | None = field(default=None, metadata={
+        "help": "agent spec whose per-task reward the win rate compares against (frontend: paper used GPT-4o)"})
+    clip_model: str | None = field(default=None, metadata={
+        "help": "frontend CLIP model ('tiny' for CPU tests); default: the environment's (paper's ViT-B/32)"})
+    temperature: float = field(default=0.0, metadata={"help": "agent sampling temperature (0: greedy)"})
+    max_new_tokens: int = field(default=1024, metadata={"help": "agent tokens per turn at most"})
+    max_turns: int | None = field(default=None, metadata={"help": "agent turns at most (default: env's, 10)"})
+    max_reply_chars: int = field(default=400, metadata={"help": "simulator reply length cap (paper: 400)"})
+    max_concurrent: int | None = field(default=None, metadata={"help": "episodes in flight at once (default all)"})
+    device: str | None = field(default=None, metadata={"help": "hf engines: cpu, cuda, ... (default: cuda if any)"})
+    dtype: str = field(default="auto", metadata={"help": "hf/vllm dtype: auto, bfloat16, float16, float32"})
+    batch_size: int = field(default=16, metadata={"help": "hf engines: sequences per forward batch"})
+    progress: bool = field(default=True, metadata={"help": "show progress bars"})
+
+    def __post_init__(self) -> None:
+        if not self.output:
+            raise UsageError("--output DIR is required")
+        if not self.agent:
+            raise UsageError("give at least one --agent SPEC")
+        checks = [("seeds", self.seeds >= 1), ("temperature", self.temperature >= 0),
+                  ("max_new_tokens", self.max_new_tokens >= 1), ("max_reply_chars", self.max_reply_chars >= 1),
+                  ("limit", self.limit is None or self.limit >= 1),
+                  ("max_turns", self.max_turns is None or self.max_turns >= 1),
+                  ("max_concurrent", self.max_concurrent is None or self.max_concurrent >= 1),
+                  ("batch_size", self.batch_size >= 1)]
+        for name, ok in checks:
+            if not ok:
+                raise UsageError(f"--{name.replace('_', '-')}: invalid value {getattr(self, name)!r}")
+
+
+def _arg_type(tp: Any) -> Any:
+    """The scalar type of a field annotation (unwraps `X | None` and `list[X]`)."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return _arg_type(args[0])
+    if typing.get_origin(tp) is list:
+        return args[0]
+    return tp
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """An argparse parser built from EvalConfig's fields (flags: --field-name)."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", metavar="RUN.yaml", help="read settings from a YAML file; flags override it")
+    hints = typing.get_type_hints(EvalConfig)
+    for f in dataclasses.fields(EvalConfig):
+        flag, tp, help_ = "--" + f.name.replace("_", "-"), hints[f.name], f.metadata.get("help", "")
+        if tp is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        elif typing.get_origin(tp) is list:
+            parser.add_argument(flag, action="append", type=_arg_type(tp), default=None, metavar="SPEC", help=help_)
+        else:
+            parser.add_argument(flag, type=_arg_type(tp), default=None, help=help_)
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None = None) -> EvalConfig:
+    """CLI flags over an optional --config YAML over the dataclass defaults."""
+    ns = vars(make_parser().parse_args(argv))
+    config_file = ns.pop("config")
+    values = _read_yaml(Path(config_file)) if config_file else {}
+    values.update({k: v for k, v in ns.items() if v is not None})
+    return EvalConfig(**values)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    if not path.is_file():
+        raise UsageError(f"--config: file {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping of settings")
+    names = {f.name for f in dataclasses.fields(EvalConfig)}
+    data = {k.replace("-", "_"): v for k, v in data.items()}
+    for k in data:
+        if k not in names:
+            raise UsageError(f"{path}: unknown setting {k!r}")
+    if isinstance(data.get("agent"), str):
+        data["agent"] = [data["agent"]]
+    return data
+
+
+@dataclass
+class Plan:
+    """What `prepare` resolved, before any model loads."""
+
+    tasks: list[Any]
+    agents: list[tuple[str, str]]  # (name, spec), the baseline last if not among the agents
+    baseline: str | None  # the baseline's name
+    seeds: list[int]
+    out_dir: Path
+
+
+def prepare(config: EvalConfig) -> Plan:
+    """Validate every input (tasks, specs, replay files, the output dir) without loading
+    a model. Raises UsageError/SpecError with one clear line."""
+    from colbench.envs import env_names
+    from simulators import check_simulator_spec
+
+    if config.env not in env_names():
+        raise UsageError(f"--env: unknown environment {config.env!r}; known: {', '.join(env_names())}")
+    try:
+        from colbench.tasks import load_tasks
+
+        all_tasks = load_tasks(config.tasks, env=config.env)
+    except (OSError, ValueError, KeyError, LookupError) as e:
+        raise UsageError(f"--tasks {config.tasks}: {e}") from None
+    if not all_tasks:
+        raise UsageError(f"--tasks {config.tasks}: no tasks")
+    tasks = list(all_tasks)[: config.limit] if config.limit else list(all_tasks)
+    known_ids = {t.task_id for t in all_tasks}
+    specs = list(config.agent) + ([config.baseline_agent] if config.baseline_agent else [])
+    for spec in specs:
+        check_agent_spec(spec, known_ids)
+        _, body = _split_name(spec)
+        if body.startswith("replay:"):
+            _check_replay_covers(body[len("replay:"):], tasks)
+    check_simulator_spec(config.simulator, config.env)
+    agents = [_split_name(s) for s in config.agent]
+    names = [n for n, _ in agents]
+    if len(set(names)) != len(names):
+        raise UsageError(f"two agents share the name {next(n for n in names if names.count(n) > 1)!r}; "
+                         "name them with --agent NAME=SPEC")
+    baseline = None
+    if config.baseline_agent:
+        baseline, bspec = _split_name(config.baseline_agent)
+        if baseline not in names:
+            agents.append((baseline, bspec))
+    if config.simulator is None and not config.single_turn:
+        asking = [s for _, s in agents if needs_simulator(s)]
+        if asking:
+            raise UsageError(f"agent {asking[0]!r} asks questions: give --simulator SPEC or use --single-turn")
+    out_dir = Path(config.output)
+    _check_previous_config(out_dir, config)
+    return Plan(tasks=tasks, agents=agents, baseline=baseline, seeds=list(range(config.seeds)), out_dir=out_dir)
+
+
+def _check_replay_covers(file: str, tasks: Sequence[Any]) -> None:
+    from colbench.agents import read_replay
+
+    answers = read_replay(file)
+    missing = [t.task_id for t in tasks if t.task_id not in answers]
+    if missing:
+        raise UsageError(f"replay file {file} has no answer for task {missing[0]!r} "
+                         f"({len(missing)} of {len(tasks)} tasks missing)")
+
+
+def _check_previous_config(out_dir: Path, config: EvalConfig) -> None:
+    """Episodes in DIR are reused by id, so they must come from the same settings."""
+    path = out_dir / "config.json"
+    if not path.exists():
+        return
+    try:
+        old = json.loads(path.read_text())["config"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise UsageError(f"{path}: unreadable; use a new --output DIR") from None
+    for k in _EPISODE_FIELDS:
+        if old.get(k) != getattr(config, k):
+            raise UsageError(f"--output {out_dir} holds a run with {k}={old.get(k)!r} (now {getattr(config, k)!r}); "
+                             "use a new --output DIR")
+
+
+def run(config: EvalConfig, plan: Plan) -> list[Any]:
+    """Run every agent (reusing finished episodes), then write the reports."""
+    from colbench.envs import make_env
+    from colbench.episodes import EpisodeConfig, read_episodes, run_episodes
+    from colbench.report import build_row, write_reports
+    from engines.base import EngineOptions, SamplingParams
+    from simulators import load_simulator
+
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    env_kwargs = {"clip_model": config.clip_model} if config.clip_model else {}
+    env = make_env(config.env, **env_kwargs)
+    episode_config = EpisodeConfig(max_turns=config.max_turns or env.max_turns, single_turn=config.single_turn,
+                                   max_concurrent=config.max_concurrent)
+    _write_config(plan, config, episode_config)
+    options = EngineOptions(device=config.device, dtype=config.dtype, batch_size=config.batch_size)
+    sampling = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=0)
+    simulator = None
+    episodes: dict[str, list[Any]] = {}
+    try:
+        for name, spec in plan.agents:
+            path = plan.out_dir / "episodes" / f"{file_slug(name)}.jsonl"
+            wanted = {f"{t.task_id}/{name}/{s}" for t in plan.tasks for s in plan.seeds}
+            have = {ep.episode_id: ep for ep in read_episodes(path) if ep.episode_id in wanted}
+            if len(have) == len(wanted):  # finished earlier: no model to load
+                episodes[name] = [have[f"{t.task_id}/{name}/{s}"] for t in plan.tasks for s in plan.seeds]
+                print(f"{name}: reusing {len(have)} finished episodes from {path}", file=sys.stderr)
+                continue
+            uses_sim = needs_simulator(spec) and not config.single_turn
+            if uses_sim and simulator is None:
+                simulator = load_simulator(config.simulator, env, engine_options=options,
+                                           max_reply_chars=config.max_reply_chars)
+            agent = load_agent(f"{name}={spec}", env, sampling=sampling, engine_options=options)
+            try:
+                episodes[name] = run_episodes(env, plan.tasks, agent, simulator if uses_sim else None,
+                                              seeds=plan.seeds, config=episode_config, out_path=path,
+                                              progress=config.progress)
+            finally:
+                getattr(agent, "close", lambda: None)()
+        base_eps = episodes.get(plan.baseline) if plan.baseline else None
+        rows = [build_row(name, spec, env.name, episodes[name], base_eps, is_baseline=name == plan.baseline)
+                for name, spec in plan.agents]
+        thumbs = _thumbnails(env, plan.tasks, episodes) if env.name == "frontend" else None
+        write_reports(plan.out_dir, rows, episodes, env=env.name, config=dataclasses.asdict(config), thumbs=thumbs)
+        return rows
+    finally:
+        if simulator is not None:
+            simulator.close()
+        env.close()
+
+
+def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
+    resolved = {
+        "config": dataclasses.asdict(config),
+        "agents": {name: spec for name, spec in plan.agents},
+        "baseline": plan.baseline,
+        "episode": dataclasses.asdict(episode_config),
+        "seeds": plan.seeds,
+        "n_tasks": len(plan.tasks),
+        "python": sys.version.split()[0],
+    }
+    (plan.out_dir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
+
+
+def _thumbnails(env: Any, tasks: Sequence[Any], episodes: dict[str, list[Any]]) -> str | None:
+    """Frontend thumbnails; a rendering problem costs the picture, never the report."""
+    from colbench.report import thumbnails
+
+    renderer = getattr(env, "renderer", None)
+    if renderer is None:
+        return None
+
+    def render(htmls: list[str]) -> list[Any]:
+        return [r.image if r.ok else None for r in renderer.render(htmls)]
+
+    try:
+        return thumbnails(tasks, episodes, render)
+    except Exception as e:  # noqa: BLE001 - report the reason, keep the report
+        print(f"warning: thumbnails skipped ({type(e).__name__}: {e})", file=sys.stderr)
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse_config(argv)
+        plan = prepare(config)
+    except (UsageError, SpecError, ValueError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    if config.seeds > 1 and config.temperature == 0:
+        print(f"warning: --seeds {config.seeds} at temperature 0 repeats the same greedy episodes", file=sys.stderr)
+    try:
+        rows = run(config, plan)
+    except KeyboardInterrupt:
+        print(f"interrupted: finished episodes are saved in {plan.out_dir}/episodes; rerun to resume",
+              file=sys.stderr)
+        return 130
+    from colbench.report import leaderboard_markdown
+
+    print(leaderboard_markdown(rows))
+    print(f"report: {plan.out_dir / 'report.html'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

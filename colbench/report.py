@@ -1,0 +1,253 @@
+"""Leaderboard rows and the files an evaluation writes: leaderboard.json,
+leaderboard.md and a self-contained report.html (plots embedded as base64 PNG).
+
+    rows = [build_row(name, spec, "backend", episodes) for ...]
+    write_reports(out_dir, rows, episodes_by_agent, env="backend")
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from colbench.stats import Metric, behaviour_stats, env_metrics
+from colbench.types import Episode, Task
+
+# Metric display order and labels.
+METRIC_LABELS = {
+    "tests_passed": "tests passed",
+    "success_rate": "success",
+    "clip_similarity": "CLIP similarity",
+    "win_rate": "win rate",
+}
+BEHAVIOUR_LABELS = {
+    "mean_turns": "mean turns",
+    "asked_before_answering": "asked first",
+    "answered_without_asking": "answered at once",
+    "mean_agent_reply_chars": "reply chars",
+    "simulator_dont_know_rate": "sim. don't know",
+    "simulator_failures": "sim. failures",
+}
+
+
+@dataclass
+class LeaderboardRow:
+    """One agent's line of the leaderboard."""
+
+    agent: str
+    spec: str
+    env: str
+    n_tasks: int
+    n_episodes: int
+    metrics: dict[str, Metric]
+    behaviour: dict[str, Any] = field(default_factory=dict)
+    baseline: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "agent": self.agent, "spec": self.spec, "env": self.env, "baseline": self.baseline,
+            "n_tasks": self.n_tasks, "n_episodes": self.n_episodes,
+            "metrics": {k: m.to_json() for k, m in self.metrics.items()},
+            "behaviour": self.behaviour,
+        }
+
+
+def build_row(agent: str, spec: str, env: str, episodes: Sequence[Episode],
+              baseline: Sequence[Episode] | None = None, is_baseline: bool = False) -> LeaderboardRow:
+    return LeaderboardRow(
+        agent=agent, spec=spec, env=env,
+        n_tasks=len({ep.task_id for ep in episodes}), n_episodes=len(episodes),
+        metrics=env_metrics(env, episodes, baseline), behaviour=behaviour_stats(episodes), baseline=is_baseline,
+    )
+
+
+def _pct(m: Metric, metric: str) -> str:
+    if metric == "clip_similarity":
+        return f"{m.value:.3f} [{m.low:.3f}, {m.high:.3f}]"
+    return f"{100 * m.value:.1f} [{100 * m.low:.1f}, {100 * m.high:.1f}]"
+
+
+def _metric_names(rows: Sequence[LeaderboardRow]) -> list[str]:
+    present = {k for r in rows for k in r.metrics}
+    return [k for k in METRIC_LABELS if k in present] + sorted(present - set(METRIC_LABELS))
+
+
+def _behaviour_cell(key: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if key in ("asked_before_answering", "answered_without_asking", "simulator_dont_know_rate"):
+        return f"{100 * value:.0f}%"
+    if isinstance(value, float):
+        return f"{value:.1f}" if key == "mean_agent_reply_chars" else f"{value:.2f}"
+    return str(value)
+
+
+def leaderboard_markdown(rows: Sequence[LeaderboardRow]) -> str:
+    """A Markdown table: metrics as value [95% CI] (percent, except CLIP cosine)."""
+    metrics = _metric_names(rows)
+    head = ["agent", "tasks", "episodes"] + [METRIC_LABELS.get(m, m) for m in metrics] \
+        + list(BEHAVIOUR_LABELS.values())
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        name = r.agent + (" (baseline)" if r.baseline else "")
+        cells = [name, str(r.n_tasks), str(r.n_episodes)]
+        cells += [_pct(r.metrics[m], m) if m in r.metrics else "" for m in metrics]
+        cells += [_behaviour_cell(k, r.behaviour.get(k)) for k in BEHAVIOUR_LABELS]
+        lines.append("| " + " | ".join(cells) + " |")
+    note = "Metrics: value [95% bootstrap CI over tasks], percent except CLIP similarity (cosine)."
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def plot_metrics(rows: Sequence[LeaderboardRow]) -> str:
+    """Bar chart per metric with 95% CI error bars; returns base64 PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = _metric_names(rows)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics) + 1, 3.2), squeeze=False)
+    names = [r.agent for r in rows]
+    for ax, m in zip(axes[0], metrics):
+        vals = [r.metrics[m].value if m in r.metrics else 0.0 for r in rows]
+        lo = [max(0.0, v - r.metrics[m].low) if m in r.metrics else 0.0 for v, r in zip(vals, rows)]
+        hi = [max(0.0, r.metrics[m].high - v) if m in r.metrics else 0.0 for v, r in zip(vals, rows)]
+        ax.bar(range(len(rows)), vals, yerr=[lo, hi], capsize=4, color="#4c72b0")
+        ax.set_xticks(range(len(rows)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(METRIC_LABELS.get(m, m))
+        ax.set_ylim(0, max(1.0, max(vals, default=0) * 1.1))
+    return _png(fig)
+
+
+def plot_counts(episodes_by_agent: dict[str, Sequence[Episode]], count: Callable[[Episode], int],
+                title: str, xlabel: str) -> str:
+    """Grouped histogram of an integer per episode (turns used, questions asked)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    agents = list(episodes_by_agent)
+    values = {a: [count(ep) for ep in eps] for a, eps in episodes_by_agent.items()}
+    top = max([max(v, default=0) for v in values.values()], default=0)
+    xs = list(range(top + 1))
+    width = 0.8 / max(1, len(agents))
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    for i, a in enumerate(agents):
+        n = max(1, len(values[a]))
+        ax.bar([x + i * width for x in xs], [values[a].count(x) / n for x in xs], width=width, label=a)
+    ax.set_xticks([x + width * (len(agents) - 1) / 2 for x in xs], [str(x) for x in xs])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("share of episodes")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def thumbnails(tasks: Sequence[Task], episodes_by_agent: dict[str, Sequence[Episode]],
+               render: Callable[[list[str]], list[Any]], n_tasks: int = 4) -> str:
+    """Frontend: a grid, one row per task: the target page, then each agent's final
+    page (seed 0). `render` maps HTML strings to PIL images (None when it failed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(tasks)[:n_tasks]
+    agents = list(episodes_by_agent)
+    finals = {a: {ep.task_id: ep.answer for ep in eps if ep.seed == min(e.seed for e in eps)}
+              for a, eps in episodes_by_agent.items()}
+    htmls = [t.hidden for t in tasks] + [finals[a].get(t.task_id, "") for t in tasks for a in agents]
+    images = render(htmls)
+    fig, axes = plt.subplots(len(tasks), 1 + len(agents), figsize=(2.4 * (1 + len(agents)), 2.4 * len(tasks)),
+                             squeeze=False)
+    for i, t in enumerate(tasks):
+        cells = [images[i]] + [images[len(tasks) + i * len(agents) + j] for j in range(len(agents))]
+        for j, (ax, img) in enumerate(zip(axes[i], cells)):
+            if img is not None:
+                ax.imshow(img)
+            else:
+                ax.text(0.5, 0.5, "no render", ha="center", va="center")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if i == 0:
+                ax.set_title("target" if j == 0 else agents[j - 1], fontsize=8)
+        axes[i][0].set_ylabel(t.task_id[:16], fontsize=7)
+    return _png(fig)
+
+
+def _table_html(md: str) -> str:
+    lines = [ln for ln in md.splitlines() if ln.startswith("|")]
+    out = ["<table>"]
+    for i, ln in enumerate(lines):
+        if i == 1:
+            continue
+        tag = "th" if i == 0 else "td"
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        out.append("<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>")
+    return "\n".join(out + ["</table>"])
+
+
+def _dialogue_html(ep: Episode) -> str:
+    parts = [f"<details><summary>{html.escape(ep.episode_id)}: reward {ep.reward:.2f}, "
+             f"{html.escape(ep.stop_reason)}, {len(ep.agent_turns)} turns</summary>"]
+    for t in ep.turns:
+        who = "agent" if t.role == "agent" else "human"
+        text = t.content if not t.failed else f"[failed: {t.error}]"
+        parts.append(f"<p class='{who}'><b>{who}</b><pre>{html.escape(text[:2000])}</pre></p>")
+    return "\n".join(parts + ["</details>"])
+
+
+def report_html(rows: Sequence[LeaderboardRow], episodes_by_agent: dict[str, Sequence[Episode]], *, env: str,
+                config: dict[str, Any] | None = None, thumbs: str | None = None) -> str:
+    """The whole report as one HTML string."""
+    imgs = [("Metrics (95% CI)", plot_metrics(rows)),
+            ("Agent turns used", plot_counts(episodes_by_agent, lambda e: len(e.agent_turns),
+                                             "Turns used", "agent turns")),
+            ("Questions asked", plot_counts(episodes_by_agent, lambda e: sum(t.role == "human" for t in e.turns),
+                                            "Questions asked before answering", "questions"))]
+    if thumbs:
+        imgs.append(("Final renders next to targets", thumbs))
+    body = [f"<h1>ColBench {html.escape(env)} evaluation</h1>", _table_html(leaderboard_markdown(rows)),
+            "<p>Metrics: value [95% bootstrap CI over tasks]; percent except CLIP similarity.</p>"]
+    for title, b64 in imgs:
+        body.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
+                    f"src='data:image/png;base64,{b64}'>")
+    body.append("<h2>Stop reasons</h2><ul>" + "".join(
+        f"<li>{html.escape(r.agent)}: {html.escape(json.dumps(r.behaviour.get('stop_reasons', {})))}</li>"
+        for r in rows) + "</ul>")
+    body.append("<h2>Example dialogues</h2>")
+    for agent, eps in episodes_by_agent.items():
+        body.append(f"<h3>{html.escape(agent)}</h3>" + "\n".join(_dialogue_html(ep) for ep in list(eps)[:3]))
+    if config:
+        body.append("<h2>Config</h2><pre>" + html.escape(json.dumps(config, indent=2)) + "</pre>")
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}pre{white-space:pre-wrap;margin:2px}"
+             "img{max-width:100%}.human{color:#345}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>ColBench {html.escape(env)}</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def write_reports(out_dir: Path, rows: Sequence[LeaderboardRow], episodes_by_agent: dict[str, Sequence[Episode]],
+                  *, env: str, config: dict[str, Any] | None = None, thumbs: str | None = None) -> None:
+    """Write leaderboard.json, leaderboard.md and report.html into out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "leaderboard.json").write_text(json.dumps([r.to_json() for r in rows], indent=2) + "\n")
+    (out_dir / "leaderboard.md").write_text(leaderboard_markdown(rows))
+    (out_dir / "report.html").write_text(
+        report_html(rows, episodes_by_agent, env=env, config=config, thumbs=thumbs), encoding="utf-8")
