@@ -1,0 +1,179 @@
+"""Episode runner: batching, stop rules, failures, incremental JSONL and resume.
+
+Runs on the real test-bed environment (real sandbox scoring) with a scripted agent
+and the scripted simulated human, so every number below is exact.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Sequence
+
+import pytest
+
+from colbench.agents import AgentRequest
+from colbench.envs.testbed import TestbedEnv, answer_text, make_tasks
+from colbench.episodes import EpisodeConfig, read_episodes, run_episodes
+from colbench.types import STOP_ANSWERED, STOP_ENGINE_ERROR, STOP_SIMULATOR_ERROR, STOP_SINGLE_TURN, STOP_TURN_LIMIT
+from engines.base import EngineError, Sample
+from simulators.scripted import FlakySimulator, ScriptedBackendSimulator
+
+
+class ScriptedAgent:
+    """Asks `questions(task)` questions, then answers with the task's true constants.
+    Records the size of every batch it is given."""
+
+    needs_simulator = True
+
+    def __init__(self, questions: Callable[[object], int], name: str = "scripted",
+                 fail_on_call: int | None = None, exc: type[BaseException] = EngineError):
+        self.questions, self.name = questions, name
+        self.batches: list[int] = []
+        self.fail_on_call, self.exc = fail_on_call, exc
+
+    def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
+        self.batches.append(len(requests))
+        if self.fail_on_call == len(self.batches):
+            raise self.exc("backend down")
+        out = []
+        for r in requests:
+            asked = sum(1 for m in r.messages if m["role"] == "assistant")
+            if asked < self.questions(r.task):
+                text = f"Question {asked + 1} about seed {r.seed}?"
+            else:
+                text = answer_text(r.task.meta["a"], r.task.meta["b"])
+            out.append(Sample(text=text, token_ids=(1, 2, 3), logprobs=(-0.1, -0.2, -0.3), prompt_token_ids=(9, 9)))
+        return out
+
+
+class CountingSimulator(ScriptedBackendSimulator):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def reply(self, requests):
+        self.batches.append(len(requests))
+        return super().reply(requests)
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = TestbedEnv(max_turns=10)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return make_tasks("test", n=6)
+
+
+def q_by_index(task) -> int:
+    return int(task.task_id[-1]) % 3  # tasks 0..5 ask 0,1,2,0,1,2 questions
+
+
+def test_one_batch_per_step_for_agent_and_simulator(env, tasks):
+    agent, sim = ScriptedAgent(q_by_index), CountingSimulator()
+    eps = run_episodes(env, tasks, agent, sim, progress=False)
+    assert agent.batches == [6, 4, 2]  # everyone, then those who asked once, then twice
+    assert sim.batches == [4, 2]
+    assert [ep.task_id for ep in eps] == [t.task_id for t in tasks]
+    for ep, t in zip(eps, tasks):
+        q = q_by_index(t)
+        assert ep.stop_reason == STOP_ANSWERED
+        assert len(ep.agent_turns) == q + 1 and len(ep.turns) == 2 * q + 1
+        assert [t.role for t in ep.turns][:2] == (["agent", "human"] if q else ["agent"])
+        assert ep.reward == 1.0 and ep.success
+        assert ep.episode_id == f"{t.task_id}/scripted/0"
+        assert ep.meta["simulator"] == "scripted:backend"
+    first = eps[1].turns[0]  # what the engine produced is kept on the turn
+    assert first.token_ids == [1, 2, 3] and first.logprobs == [-0.1, -0.2, -0.3] and first.prompt_token_ids == [9, 9]
+    assert first.prompt[-1]["role"] == "user" and tasks[1].description in first.prompt[-1]["content"]
+    assert eps[1].turns[1].content.startswith("It should be called f and take x.")
+
+
+def test_turn_limit_takes_last_message_as_answer(env, tasks):
+    agent = ScriptedAgent(lambda t: 99)
+    [ep] = run_episodes(env, tasks[:1], agent, CountingSimulator(), config=EpisodeConfig(max_turns=3),
+                        progress=False)
+    assert ep.stop_reason == STOP_TURN_LIMIT
+    assert len(ep.agent_turns) == 3 and len(ep.turns) == 5  # the human does not answer the last turn
+    assert ep.answer == env.extract_answer("Question 3 about seed 0?")
+    assert ep.reward == 0.0 and ep.score is not None
+
+
+def test_single_turn_first_message_is_answer_without_simulator(env, tasks):
+    agent = ScriptedAgent(lambda t: 5)
+    eps = run_episodes(env, tasks[:2], agent, None, config=EpisodeConfig(single_turn=True), seeds=(0, 1),
+                       progress=False)
+    assert agent.batches == [4]
+    assert [ep.stop_reason for ep in eps] == [STOP_SINGLE_TURN] * 4
+    assert [ep.seed for ep in eps] == [0, 1, 0, 1]
+    assert all(len(ep.turns) == 1 and ep.reward == 0.0 for ep in eps)
+
+
+def test_missing_simulator_is_an_error(env, tasks):
+    with pytest.raises(ValueError, match="give a simulator"):
+        run_episodes(env, tasks[:1], ScriptedAgent(lambda t: 1), None, progress=False)
+
+
+def test_simulator_failure_is_recorded_and_ends_only_its_episode(env, tasks):
+    sim = FlakySimulator(fail_every=2)  # the 2nd reply it gives fails
+    eps = run_episodes(env, tasks[1:3], ScriptedAgent(lambda t: 1), sim, progress=False)
+    ok, failed = eps
+    assert ok.stop_reason == STOP_ANSWERED and ok.reward == 1.0 and ok.n_simulator_failures == 0
+    assert failed.stop_reason == STOP_SIMULATOR_ERROR and failed.n_simulator_failures == 1
+    human = failed.turns[-1]
+    assert human.role == "human" and human.failed and human.content == ""
+    assert "scripted failure" in human.error
+    assert failed.answer == env.extract_answer(failed.turns[0].content)  # the last agent message, scored
+    assert failed.score is not None and failed.reward == 0.0
+
+
+def test_engine_error_ends_that_batch_with_zero_and_run_goes_on(env, tasks):
+    agent = ScriptedAgent(q_by_index, fail_on_call=2)
+    eps = run_episodes(env, tasks, agent, CountingSimulator(), progress=False)
+    for ep, t in zip(eps, tasks):
+        if q_by_index(t) == 0:
+            assert ep.stop_reason == STOP_ANSWERED and ep.reward == 1.0
+        else:
+            assert ep.stop_reason == STOP_ENGINE_ERROR and ep.reward == 0.0
+            assert "backend down" in ep.meta["error"] and ep.score.error
+    assert agent.batches == [6, 4]
+
+
+def test_jsonl_written_incrementally_and_resume_skips_done(env, tasks, tmp_path):
+    out = tmp_path / "eps.jsonl"
+    crashing = ScriptedAgent(q_by_index, fail_on_call=2, exc=KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt):
+        run_episodes(env, tasks, crashing, CountingSimulator(), out_path=out, progress=False)
+    saved = read_episodes(out)  # the step-1 answers were written before the crash
+    assert sorted(ep.task_id for ep in saved) == sorted(t.task_id for t in tasks if q_by_index(t) == 0)
+
+    with out.open("a") as f:  # a crash in the middle of a write leaves half a line
+        f.write('{"task_id": "half')
+    agent = ScriptedAgent(q_by_index)
+    with pytest.warns(UserWarning, match="truncated last line"):
+        eps = run_episodes(env, tasks, agent, CountingSimulator(), out_path=out, progress=False)
+    assert agent.batches == [4, 4, 2]  # only the 4 unfinished episodes ran
+    lines = out.read_text().splitlines()
+    assert len(lines) == 6 and all(json.loads(ln) for ln in lines)
+    assert [ep.reward for ep in eps] == [1.0] * 6
+
+    again = ScriptedAgent(q_by_index)
+    eps2 = run_episodes(env, tasks, again, CountingSimulator(), out_path=out, progress=False)
+    assert again.batches == [] and [e.to_json() for e in eps2] == [e.to_json() for e in eps]
+
+
+def test_max_concurrent_bounds_batches(env, tasks):
+    agent = ScriptedAgent(lambda t: 0)
+    run_episodes(env, tasks, agent, CountingSimulator(),
+                 config=EpisodeConfig(max_concurrent=4), progress=False)
+    assert agent.batches == [4, 2]
+
+
+def test_bad_inputs(env, tasks):
+    with pytest.raises(ValueError, match="duplicate task id"):
+        run_episodes(env, [tasks[0], tasks[0]], ScriptedAgent(lambda t: 0), CountingSimulator(), progress=False)
+    with pytest.raises(ValueError, match="must not contain '/'"):
+        run_episodes(env, tasks[:1], ScriptedAgent(lambda t: 0, name="a/b"), CountingSimulator(), progress=False)
