@@ -1,0 +1,329 @@
+"""Child side of the sandbox (see colbench/sandbox.py for the threat model).
+
+Run as `python -I -S _sandbox_child.py RESULT_FD CONFIG_JSON`, stdlib only (no site,
+no repo on sys.path). The parent writes one JSON job {"source", "calls"} on stdin and
+closes it; results come back as JSON lines on RESULT_FD:
+
+    {"event": "module", "ok": bool, "error": str|null, "isolation": {...}}
+    {"i": k, "ok": bool, "value": <plain-data encoding>|null, "error": str|null}
+
+Process tree when namespaces are available (we run as root):
+
+    A  (this script, root, own session)   unshare(NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS), fork
+    `- B  (root, pid 1 of the new PID ns)  private mounts, fork, reap, exit with C's status
+       `- C  (unique unprivileged uid)     rlimits, no_new_privs, runs the untrusted code
+
+The parent kills A's process group on timeout; B dies with it, and when a PID
+namespace's init dies the kernel SIGKILLs every process in it, including anything C
+forked or moved to another session. C cannot signal A or B (root, other uid).
+"""
+
+import ctypes
+import json
+import math
+import os
+import resource
+import signal
+import sys
+import types
+
+# Linux constants (not all exposed by the Python 3.11 stdlib).
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
+UID_BASE = 1_000_000  # sandbox uid = UID_BASE + pid of A: unique among live sandboxes
+# World-writable places that get a private, size-capped tmpfs (gone when the ns dies).
+PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+MAX_DEPTH = 100  # nesting depth of encoded values
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(src, target, fstype, flags, data=None) -> None:
+    enc = lambda s: s.encode() if isinstance(s, str) else s  # noqa: E731
+    _check(_libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+
+
+# ---------------------------------------------------------------- isolation setup
+
+
+def _unshare(iso: dict) -> None:
+    """New network ns (stops: any network, loopback included), PID ns (stops: seeing or
+    signalling the evaluator and other sandboxes; guarantees cleanup of grandchildren),
+    mount ns (stops: writing anywhere but a private tmpfs), IPC/UTS ns (shared memory,
+    hostname)."""
+    wanted = {"net_namespace": CLONE_NEWNET, "pid_namespace": CLONE_NEWPID, "mount_namespace": CLONE_NEWNS,
+              "ipc_namespace": CLONE_NEWIPC, "uts_namespace": CLONE_NEWUTS}
+    if _libc.unshare(sum(wanted.values())) == 0:
+        iso.update({k: True for k in wanted})
+        return
+    for key, flag in wanted.items():  # partial permissions: take what we can get
+        iso[key] = _libc.unshare(flag) == 0
+
+
+def _setup_mounts(iso: dict, tmpfs_mb: int) -> None:
+    """In the private mount ns (run in B, pid 1 of the new PID ns): fresh /proc showing only
+    this sandbox's processes; private tmpfs over world-writable dirs; everything else
+    read-only (stops: writing into the repo or leaving files behind, even if some dir is
+    world-writable or a uid collides)."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # our mounts never propagate to the host
+    if iso.get("pid_namespace"):
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        iso["private_proc"] = True
+    for d in PRIVATE_TMP_DIRS:
+        if os.path.isdir(d):
+            _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
+    iso["private_tmp"] = True
+    _expose_import_path()
+    try:
+        _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        iso["readonly_root"] = True
+    except OSError:
+        iso["readonly_root"] = False
+
+
+def _expose_import_path() -> None:
+    """Make the stdlib importable after dropping privileges even when the interpreter
+    lives in a directory the sandbox uid cannot traverse (e.g. pyenv under /root, mode
+    700): bind each sys.path dir read-only under the private /tmp and point sys.path
+    there. /root itself stays closed."""
+    base = "/tmp/.sandbox-python"
+    os.mkdir(base, 0o755)
+    new_path = []
+    for i, p in enumerate(sys.path):
+        if os.path.isdir(p):
+            target = f"{base}/{i}"
+            os.mkdir(target, 0o755)
+            _mount(p, target, None, MS_BIND | MS_REC)
+            _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            p = target
+        new_path.append(p)
+    sys.path[:] = new_path
+    sys.path_importer_cache.clear()
+
+
+def _set_rlimits(cfg: dict, n_calls: int) -> None:
+    """Kernel-enforced caps on C and everything it forks."""
+    cpu = int(math.ceil(cfg["cpu_seconds_per_call"] * (n_calls + 1))) + 1
+    mb = 1024 * 1024
+    limits = {
+        resource.RLIMIT_CPU: (cpu, cpu + 1),  # CPU spin that ignores our timers: SIGXCPU, then SIGKILL
+        resource.RLIMIT_AS: (cfg["memory_mb"] * mb,) * 2,  # memory bomb -> MemoryError
+        resource.RLIMIT_FSIZE: (cfg["file_size_mb"] * mb,) * 2,  # disk filling
+        resource.RLIMIT_NPROC: (cfg["max_processes"],) * 2,  # fork bomb (binds: we are not root)
+        resource.RLIMIT_CORE: (0, 0),  # no core dumps
+        resource.RLIMIT_NOFILE: (64, 64),  # fd exhaustion
+    }
+    for res, val in limits.items():
+        resource.setrlimit(res, val)
+
+
+def _drop_privileges(iso: dict, scratch: str) -> None:
+    """Unprivileged, unique uid/gid: file permissions protect the repo and the parent;
+    RLIMIT_NPROC applies; no capabilities left. no_new_privs: setuid binaries (su,
+    mount) cannot give root back. Non-dumpable: other processes cannot ptrace us."""
+    if os.geteuid() == 0:
+        uid = UID_BASE + int(os.environ["_SANDBOX_A_PID"]) % 3_000_000  # A's pid, as the host sees it
+        os.makedirs(scratch, exist_ok=True)
+        os.chown(scratch, uid, uid)
+        os.chmod(scratch, 0o700)
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        iso["drop_privileges"] = True
+    else:
+        os.makedirs(scratch, exist_ok=True)
+        iso["drop_privileges"] = False
+    iso["no_new_privs"] = _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+# ---------------------------------------------------------------- value encoding
+
+
+def encode(x, depth: int = 0, seen: frozenset = frozenset()):
+    """Python value -> plain-data, type-tagged JSON. Runs here, in the sandbox: the
+    parent never sees a live object, so a rigged __eq__ cannot fool the comparison."""
+    if depth > MAX_DEPTH:
+        raise ValueError("value nested too deeply")
+    if x is None:
+        return {"type": "none"}
+    if isinstance(x, bool):
+        return {"type": "bool", "value": bool(x)}
+    if isinstance(x, int):
+        x = int(x)
+        if x.bit_length() > 10_000:
+            return {"type": "int", "hex": hex(x)}
+        return {"type": "int", "value": x}
+    if isinstance(x, float):
+        return {"type": "float", "value": _enc_float(float(x))}
+    if isinstance(x, complex):
+        return {"type": "complex", "real": _enc_float(x.real), "imag": _enc_float(x.imag)}
+    if isinstance(x, str):
+        return {"type": "str", "value": str.__str__(x)}
+    if isinstance(x, (bytes, bytearray)):
+        return {"type": "bytes", "hex": bytes(x).hex()}
+    if isinstance(x, (list, tuple, set, frozenset, dict)):
+        if id(x) in seen:
+            return {"type": "object", "repr": "<cycle>"}
+        seen = seen | {id(x)}
+        if isinstance(x, dict):
+            items = [[encode(k, depth + 1, seen), encode(v, depth + 1, seen)] for k, v in list(x.items())]
+            return {"type": "dict", "items": items}
+        items = [encode(v, depth + 1, seen) for v in list(x)]
+        if isinstance(x, (set, frozenset)):
+            items.sort(key=lambda e: json.dumps(e, sort_keys=True))
+            return {"type": "set", "items": items}
+        return {"type": "tuple" if isinstance(x, tuple) else "list", "items": items}
+    try:
+        r = repr(x)
+    except BaseException as e:  # noqa: BLE001 - untrusted __repr__
+        r = f"<unrepresentable {type(e).__name__}>"
+    return {"type": "object", "class": type(x).__name__, "repr": str(r)[:1000]}
+
+
+def _enc_float(f: float):
+    if math.isnan(f):
+        return "nan"
+    if math.isinf(f):
+        return "inf" if f > 0 else "-inf"
+    return f
+
+
+# ---------------------------------------------------------------- running code
+
+
+class SandboxTimeout(BaseException):
+    """Raised by our timers; BaseException so `except Exception` in user code misses it."""
+
+
+def _on_timer(signum, frame):
+    raise SandboxTimeout()
+
+
+def _arm(cfg: dict) -> None:
+    # Per-call wall and CPU timers. They re-fire every 50 ms, so user code that swallows
+    # the exception is interrupted again; the parent's own deadline is the last resort.
+    signal.signal(signal.SIGALRM, _on_timer)
+    signal.signal(signal.SIGPROF, _on_timer)
+    signal.setitimer(signal.ITIMER_REAL, cfg["wall_seconds_per_call"], 0.05)
+    signal.setitimer(signal.ITIMER_PROF, cfg["cpu_seconds_per_call"], 0.05)
+
+
+def _disarm() -> None:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.setitimer(signal.ITIMER_PROF, 0)
+
+
+def _error_text(e: BaseException) -> str:
+    if isinstance(e, SandboxTimeout):
+        return "TimeoutError"
+    if isinstance(e, MemoryError):
+        return "MemoryError"
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError: {e.msg} (line {e.lineno})"
+    try:
+        return f"{type(e).__name__}: {e}"[:500]
+    except BaseException:  # noqa: BLE001
+        return type(e).__name__
+
+
+def _send(fd: int, record: dict, max_bytes: int) -> None:
+    data = json.dumps(record, allow_nan=False)
+    if len(data) > max_bytes:
+        data = json.dumps({**record, "ok": False, "value": None, "error": f"output too large (> {max_bytes} bytes)"})
+    buf = (data + "\n").encode()
+    while buf:
+        buf = buf[os.write(fd, buf):]
+
+
+def _guarded(fn, cfg):
+    """Run fn() under the timers; return (ok, result_or_error_text)."""
+    try:
+        _arm(cfg)
+        try:
+            return True, fn()
+        finally:
+            _disarm()
+    except BaseException as e:  # noqa: BLE001 - SystemExit/KeyboardInterrupt from user code fail the call
+        _disarm()
+        return False, _error_text(e)
+
+
+def run_job(fd: int, job: dict, cfg: dict, iso: dict) -> None:
+    """Execute the source as a module, then each call; stream one result line each."""
+    mod = types.ModuleType("solution")  # __name__ != "__main__": `if __name__ == ...` blocks stay off
+    sys.modules["solution"] = mod  # dataclasses, pickle and friends look the module up
+    ok, err = _guarded(lambda: exec(compile(job["source"], "<solution>", "exec"), mod.__dict__), cfg)
+    _send(fd, {"event": "module", "ok": ok, "error": None if ok else err, "isolation": iso}, cfg["max_output_bytes"])
+    for i, call in enumerate(job["calls"]):
+        if not ok:
+            break
+        good, res = _guarded(lambda c=call: encode(eval(compile(c, "<test>", "eval"), mod.__dict__)), cfg)
+        rec = {"i": i, "ok": good, "value": res if good else None, "error": None if good else res}
+        _send(fd, rec, cfg["max_output_bytes"])
+
+
+def _reap_until(child: int) -> int:
+    """As pid 1 of the namespace: reap orphans until `child` exits; return its exit code."""
+    while True:
+        pid, status = os.wait()
+        if pid == child:
+            return os.waitstatus_to_exitcode(status)
+
+
+def _shell_code(code: int) -> int:
+    """Exit code as a shell reports it: 128 + signal number when killed by a signal."""
+    return 128 - code if code < 0 else code & 0xFF
+
+
+def main() -> None:
+    fd, cfg = int(sys.argv[1]), json.loads(sys.argv[2])
+    job = json.loads(sys.stdin.buffer.read())  # read the source before anything else; then close stdin
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    iso = {"process": True, "isolated_interpreter": True, "rlimits": True}
+    os.environ.clear()
+    os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "_SANDBOX_A_PID": str(os.getpid())})
+    root = os.geteuid() == 0
+    if root:
+        _unshare(iso)
+    scratch = cfg["scratch_dir"]
+    if iso.get("pid_namespace"):
+        b = os.fork()
+        if b:  # A: wait for B, exit with its code
+            os.close(fd)
+            _, status = os.waitpid(b, 0)
+            os._exit(_shell_code(os.waitstatus_to_exitcode(status)))
+        # B: pid 1. Mount, then fork C and reap.
+        if iso.get("mount_namespace"):
+            _setup_mounts(iso, tmpfs_mb=max(16, 4 * cfg["file_size_mb"]))
+            scratch = "/tmp/work"
+        c = os.fork()
+        if c:
+            os.close(fd)
+            os._exit(_shell_code(_reap_until(c)))
+    elif iso.get("mount_namespace"):
+        _setup_mounts(iso, tmpfs_mb=max(16, 4 * cfg["file_size_mb"]))
+        scratch = "/tmp/work"
+    # C: the untrusted code's process.
+    _set_rlimits(cfg, len(job["calls"]))
+    _drop_privileges(iso, scratch)
+    del os.environ["_SANDBOX_A_PID"]
+    os.environ.update({"HOME": scratch, "TMPDIR": scratch})
+    os.chdir(scratch)
+    run_job(fd, job, cfg, iso)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""ColBench backend programming: the agent writes a Python function with a simulated human.
+
+    from colbench.envs import make_env
+    env = make_env("backend", workers=4)           # BackendEnv
+    msgs = env.agent_messages(task, turns)         # system + description + dialogue
+    env.is_final(text); code = env.extract_answer(text)
+    scores = env.score(tasks, answers)             # sandboxed; reward = fraction of tests passed
+
+Instructions for the agent live in colbench/envs/prompts/backend_agent.txt (our own
+wording of the paper's protocol: ask clarifying questions, then write the answer marker
+and the code; at most `max_turns` turns). Scoring runs the reference and the answer in
+separate sandboxes (colbench.sandbox, colbench.backend_scoring).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from colbench.backend_scoring import ReferenceCache, extract_code, score_backend
+from colbench.envs.base import DEFAULT_ANSWER_MARKER
+from colbench.sandbox import SandboxLimits, SandboxPool
+from colbench.types import Score, Task, Turn
+from engines.base import Message
+
+PROMPT_PATH = Path(__file__).with_name("prompts") / "backend_agent.txt"
+SINGLE_TURN_NOTE = (
+    "\n\nThis time you get a single turn: do not ask questions. Answer now: write \"{answer_marker}\" "
+    "followed by the complete function in a ```python code block."
+)
+
+
+class BackendEnv:
+    """Environment contract (colbench.envs.base.Environment) for ColBench backend programming.
+
+    answer_marker: the agent ends the dialogue with it (paper: "I WANT TO ANSWER:").
+    max_turns:     agent turns at most (paper: 10).
+    workers:       sandboxes run in parallel when scoring (default: CPU count).
+    limits:        per-answer sandbox limits (default SandboxLimits()).
+    """
+
+    name = "backend"
+
+    def __init__(self, answer_marker: str = DEFAULT_ANSWER_MARKER, max_turns: int = 10,
+                 workers: int | None = None, limits: SandboxLimits | None = None,
+                 prompt_path: str | Path | None = None):
+        if not answer_marker.strip():
+            raise ValueError("BackendEnv.answer_marker must be non-empty")
+        if max_turns < 1:
+            raise ValueError(f"BackendEnv.max_turns must be >= 1, got {max_turns}")
+        self.answer_marker = answer_marker
+        self.max_turns = max_turns
+        self.workers = workers
+        self.limits = limits or SandboxLimits()
+        path = Path(prompt_path) if prompt_path else PROMPT_PATH
+        self._template = path.read_text(encoding="utf-8")
+        self._pool: SandboxPool | None = None
+        self._cache = ReferenceCache()
+
+    def system_prompt(self, single_turn: bool = False) -> str:
+        text = self._template + (SINGLE_TURN_NOTE if single_turn else "")
+        return text.replace("{max_turns}", str(1 if single_turn else self.max_turns)).replace(
+            "{answer_marker}", self.answer_marker).strip()
+
+    def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
+        """System instructions, the task description as the human's first message, then the
+        dialogue (agent turns as "assistant", human turns as "user")."""
+        messages: list[Message] = [{"role": "system", "content": self.system_prompt(single_turn)},
+                                   {"role": "user", "content": task.description}]
+        for t in turns:
+            messages.append({"role": "assistant" if t.role == "agent" else "user", "content": t.content})
+        return messages
+
+    def is_final(self, agent_text: str) -> bool:
+        return self.answer_marker in agent_text
+
+    def extract_answer(self, agent_text: str) -> str:
+        """The code after the marker (first ```python block, else the text); without a
+        marker (turn limit reached) the code in the whole message."""
+        _, found, after = agent_text.partition(self.answer_marker)
+        return extract_code(after if found and after.strip() else agent_text)
+
+    def score(self, tasks: Sequence[Task], answers: Sequence[str]) -> list[Score]:
+        """Sandboxed scoring; a crash, hang or timeout scores 0 (Score.error), never raises."""
+        if self._pool is None:
+            self._pool = SandboxPool(workers=self.workers, limits=self.limits)
+        return score_backend(tasks, answers, self._pool, cache=self._cache)
+
+    def training_info(self, task: Task) -> str:
+        """The reference solution: SWEET-RL's training-time information for the critic."""
+        return task.hidden
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

@@ -1,0 +1,366 @@
+"""Run untrusted Python (agent answers, and reference solutions) outside our process.
+
+    from colbench.sandbox import SandboxPool, run_calls
+    outs = run_calls("def f(x):\\n    return x * 2", ["f(2)", "f('a')"])
+    # [CallOutcome(ok=True, value={'type': 'int', 'value': 4}), CallOutcome(ok=True, value={'type': 'str', ...})]
+    with SandboxPool(workers=4) as pool:
+        results = pool.run_many([(source, calls), ...])   # one list of CallOutcome per job
+
+The source runs as a module (module-level imports, helpers and recursion work); each
+call expression is evaluated in that module's namespace; its value is converted to a
+plain-data, type-tagged JSON encoding inside the sandbox, so this process only ever
+parses JSON (a rigged `__eq__` never runs here). Failures are data, never exceptions:
+a timeout, crash, kill or garbage output gives failed CallOutcomes.
+
+Threat model and the mechanism that stops each threat (child side in _sandbox_child.py):
+
+| threat                                    | mechanism                                              |
+|-------------------------------------------|--------------------------------------------------------|
+| crash/corrupt the evaluator's interpreter | separate process, `python -I -S` (no env vars, no site, |
+|                                           | no repo on sys.path); results only as JSON on a pipe    |
+| infinite loop, signal-handler tricks      | per-call itimers in the child + parent deadline per    |
+|                                           | call and per answer; RLIMIT_CPU (SIGXCPU then SIGKILL) |
+| fork bomb, leftover processes             | RLIMIT_NPROC under a unique unprivileged uid; PID ns   |
+|                                           | whose init dies with the group the parent kills, so the |
+|                                           | kernel kills every process in it (even after setsid)   |
+| memory bomb, disk filling, fd exhaustion  | RLIMIT_AS, RLIMIT_FSIZE + size-capped tmpfs, NOFILE    |
+| killing the evaluator / other sandboxes   | PID ns (cannot name them) + other uid (EPERM)          |
+| writing files (repo, /tmp), leaving junk  | mount ns: root remounted read-only, private tmpfs on   |
+|                                           | /tmp,/var/tmp,/dev/shm,/run/lock; unprivileged uid      |
+| network (exfiltration, local services)    | new network ns: no interfaces up, not even loopback    |
+| reading the reference solution            | reference and answer run in separate sandboxes; source |
+|                                           | goes through stdin (never a file); fresh /proc; other  |
+|                                           | uid + non-dumpable (no ptrace, no /proc/<pid>/mem)     |
+| regaining root (setuid binaries)          | PR_SET_NO_NEW_PRIVS; all capabilities dropped by setuid|
+| secrets in the environment                | minimal environment (PATH, LANG, HOME, TMPDIR)         |
+| flooding our memory with output           | stdout/stderr to /dev/null; result lines size-capped   |
+
+Where a mechanism is unavailable (not root, namespaces refused), one warning is logged
+per process naming what is missing and the strongest remaining set is used;
+`isolation_report()` says what is active. A forged result line (user code writing to
+the result pipe) can only claim values; the parent compares them with the reference's,
+so forging is no easier than computing the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+logger = logging.getLogger(__name__)
+
+CHILD_SCRIPT = str(Path(__file__).with_name("_sandbox_child.py"))
+SANDBOX_UID_BASE = 1_000_000  # sandboxes run as uid SANDBOX_UID_BASE + n (see _sandbox_child.py)
+STARTUP_GRACE_S = 10.0  # interpreter start + namespace setup, on a loaded machine
+LINE_GRACE_S = 1.0  # the child's own timer fires first; this covers reporting it
+# Mechanisms whose absence is worth a warning (the rest are always on).
+STRONG_MECHANISMS = ("drop_privileges", "net_namespace", "pid_namespace", "mount_namespace", "private_tmp",
+                     "readonly_root", "no_new_privs")
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits for one sandboxed answer (all its calls)."""
+
+    cpu_seconds_per_call: float = 2.0  # CPU time per call (and the module body)
+    wall_seconds_per_call: float = 4.0  # wall-clock time per call
+    wall_seconds_total: float = 20.0  # wall-clock time for the whole answer, restarts included
+    memory_mb: int = 512  # address space of each sandbox process
+    file_size_mb: int = 8  # largest file it may write (scratch tmpfs is 4x this)
+    max_processes: int = 32  # processes of the sandbox uid
+    max_output_bytes: int = 1_000_000  # encoded size of one call's value
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_seconds_per_call", "wall_seconds_per_call", "wall_seconds_total"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)}")
+        if self.memory_mb < 64:
+            raise ValueError(f"SandboxLimits.memory_mb must be >= 64 (the interpreter needs it), got {self.memory_mb}")
+        for name in ("file_size_mb", "max_processes", "max_output_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SandboxLimits.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """One call's result as plain data.
+
+    ok:    the call returned normally.
+    value: the returned value in the plain-data encoding (see backend_scoring.values_equal).
+    error: "TimeoutError", "MemoryError", "SyntaxError: ...", "<ExcType>: <message>",
+           "sandbox crashed: ...", or "output too large ...".
+    """
+
+    ok: bool
+    value: Any = None
+    error: str | None = None
+
+
+def _failed(n: int, error: str) -> list[CallOutcome]:
+    return [CallOutcome(ok=False, error=error) for _ in range(n)]
+
+
+def run_calls(source: str, calls: Sequence[str], limits: SandboxLimits | None = None) -> list[CallOutcome]:
+    """Run `source` as a module in a fresh sandbox and evaluate each call expression.
+
+    Returns one CallOutcome per call, never raises for anything the code does. When the
+    sandbox dies in the middle of call k (os._exit, a kill, a timeout it dodged), call k
+    fails and the remaining calls run in a fresh sandbox, within `wall_seconds_total`.
+    """
+    limits = limits or SandboxLimits()
+    calls = list(calls)
+    out: list[CallOutcome] = []
+    deadline = time.monotonic() + limits.wall_seconds_total + STARTUP_GRACE_S
+    while len(out) < len(calls):
+        if time.monotonic() >= deadline:
+            out += _failed(len(calls) - len(out), "TimeoutError (answer's total time budget spent)")
+            break
+        got, restartable = _run_once(source, calls[len(out):], limits, deadline)
+        out += got
+        if not restartable:
+            out += _failed(len(calls) - len(out), got[-1].error if got else "sandbox crashed")
+            break
+    return out
+
+
+class _Channel:
+    """Reads the child's JSON lines with per-line and total deadlines and a size cap."""
+
+    def __init__(self, fd: int, max_bytes: int):
+        self.fd, self.max_bytes, self.buf, self.total, self.eof = fd, max_bytes, b"", 0, False
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(fd, selectors.EVENT_READ)
+
+    def next_line(self, deadline: float) -> tuple[dict | None, str | None]:
+        """(record, None) or (None, reason) with reason "timeout", "eof", "overflow", "garbage"."""
+        while b"\n" not in self.buf:
+            if self.eof:
+                return None, "eof"
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sel.select(left):
+                return None, "timeout"
+            chunk = os.read(self.fd, 1 << 16)
+            self.eof = not chunk
+            self.buf += chunk
+            self.total += len(chunk)
+            if self.total > self.max_bytes:
+                return None, "overflow"
+        line, _, self.buf = self.buf.partition(b"\n")
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            return None, "garbage"
+        return (rec, None) if isinstance(rec, dict) else (None, "garbage")
+
+    def close(self) -> None:
+        self.sel.close()
+        os.close(self.fd)
+
+
+def _spawn(source: str, calls: list[str], limits: SandboxLimits, scratch: str) -> tuple[subprocess.Popen, int]:
+    r, w = os.pipe()
+    cfg = {**asdict(limits), "scratch_dir": os.path.join(scratch, "work")}
+    debug = os.environ.get("SWEET_SANDBOX_DEBUG") == "1"
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", CHILD_SCRIPT, str(w), json.dumps(cfg)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None if debug else subprocess.DEVNULL,
+            pass_fds=(w,), start_new_session=True,  # own process group: killpg reaches all of it
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/",
+        )
+    finally:
+        os.close(w)
+    try:  # the source goes through a pipe: it is never written to a file anyone can read
+        proc.stdin.write(json.dumps({"source": source, "calls": calls}).encode())
+        proc.stdin.close()
+    except OSError:
+        pass  # the child died at start; reading the channel reports it
+    return proc, r
+
+
+def _run_once(source: str, calls: list[str], limits: SandboxLimits, deadline: float) -> tuple[list[CallOutcome], bool]:
+    """One sandbox process. Returns the outcomes it could establish (a prefix of `calls`,
+    the last one failed if the sandbox died in it) and whether a restart makes sense."""
+    scratch = tempfile.mkdtemp(prefix="sweet-sandbox-")  # only used where no private tmpfs is possible
+    start = time.monotonic()
+    try:
+        proc, r = _spawn(source, calls, limits, scratch)
+    except OSError as e:
+        shutil.rmtree(scratch, ignore_errors=True)
+        return _failed(len(calls), f"sandbox crashed: could not start ({e})"), False
+    chan = _Channel(r, (len(calls) + 1) * (limits.max_output_bytes + 4096))
+    out: list[CallOutcome] = []
+    iso: dict = {}
+    try:
+        line_deadline = start + STARTUP_GRACE_S + limits.wall_seconds_per_call + LINE_GRACE_S
+        rec, why = chan.next_line(min(line_deadline, deadline))
+        if rec is None or rec.get("event") != "module":
+            return _failed(len(calls), _why_text(why or "garbage", proc)), False
+        iso = rec.get("isolation") if isinstance(rec.get("isolation"), dict) else {}
+        if not rec.get("ok"):
+            return _failed(len(calls), str(rec.get("error"))[:500]), False
+        for i in range(len(calls)):
+            rec, why = chan.next_line(min(time.monotonic() + limits.wall_seconds_per_call + LINE_GRACE_S, deadline))
+            outcome = _parse_call(rec, i) if rec is not None else None
+            if outcome is None:
+                out.append(CallOutcome(ok=False, error=_why_text(why or "garbage", proc)))
+                return out, why not in ("overflow",)
+            out.append(outcome)
+        return out, True
+    finally:
+        _cleanup(proc, chan, scratch, iso)
+        _warn_missing(iso)
+
+
+def _parse_call(rec: dict, i: int) -> CallOutcome | None:
+    """A call record from the child, validated; None when malformed."""
+    if rec.get("i") != i or not isinstance(rec.get("ok"), bool):
+        return None
+    if not rec["ok"]:
+        return CallOutcome(ok=False, error=str(rec.get("error"))[:500])
+    value = rec.get("value")
+    return CallOutcome(ok=True, value=value) if _valid_value(value) else None
+
+
+_SCALAR_TYPES = {"none", "bool", "int", "float", "complex", "str", "bytes", "object"}
+
+
+def _valid_value(v: Any, depth: int = 0) -> bool:
+    """Whether v is a well-formed plain-data encoding (it came from an untrusted process)."""
+    if depth > 200 or not isinstance(v, dict) or not isinstance(v.get("type"), str):
+        return False
+    t = v["type"]
+    if t in ("list", "tuple", "set"):
+        return isinstance(v.get("items"), list) and all(_valid_value(x, depth + 1) for x in v["items"])
+    if t == "dict":
+        items = v.get("items")
+        return isinstance(items, list) and all(
+            isinstance(kv, list) and len(kv) == 2 and _valid_value(kv[0], depth + 1) and _valid_value(kv[1], depth + 1)
+            for kv in items
+        )
+    return t in _SCALAR_TYPES
+
+
+def _why_text(why: str, proc: subprocess.Popen) -> str:
+    if why == "timeout":
+        return "TimeoutError"
+    if why == "overflow":
+        return "output too large"
+    if why == "garbage":
+        return "sandbox crashed: malformed result line"
+    try:
+        rc = proc.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        return "sandbox crashed: result channel closed"
+    if rc == 137:
+        return "sandbox crashed: killed (SIGKILL; memory or CPU limit?)"
+    return f"sandbox crashed: exit code {rc}"
+
+
+def _cleanup(proc: subprocess.Popen, chan: _Channel, scratch: str, iso: dict) -> None:
+    """Kill the whole sandbox, whatever state it is in, and remove its scratch dir."""
+    if proc.returncode is None:  # not reaped yet, so its pid (= pgid) cannot have been reused
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # A and B die; B was the PID ns init: the ns dies
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    chan.close()
+    if iso and not iso.get("pid_namespace") and iso.get("drop_privileges"):
+        _kill_uid(SANDBOX_UID_BASE + proc.pid % 3_000_000)  # no PID ns: escapees via setsid
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _kill_uid(uid: int) -> None:
+    """Fallback cleanup without a PID namespace: SIGKILL every process of the sandbox uid."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+_warned = False
+_warn_lock = threading.Lock()
+
+
+def _warn_missing(iso: dict) -> None:
+    global _warned
+    missing = [m for m in STRONG_MECHANISMS if iso and not iso.get(m)]
+    if missing and not _warned:
+        with _warn_lock:
+            if not _warned:
+                _warned = True
+                logger.warning("SANDBOX IS WEAKER THAN INTENDED: %s unavailable on this machine (run as root with "
+                               "namespace permissions for full isolation); using the strongest fallback.",
+                               ", ".join(missing))
+
+
+_report: dict[str, bool] | None = None
+
+
+def isolation_report() -> dict[str, bool]:
+    """Which isolation mechanisms are active on this machine (probed once, by a real sandbox)."""
+    global _report
+    if _report is None:
+        scratch = tempfile.mkdtemp(prefix="sweet-sandbox-")
+        proc, r = _spawn("", [], SandboxLimits(), scratch)
+        chan = _Channel(r, 1 << 20)
+        rec, _ = chan.next_line(time.monotonic() + STARTUP_GRACE_S + 5)
+        iso = rec.get("isolation", {}) if rec else {}
+        _cleanup(proc, chan, scratch, iso)
+        keys = ("process", "isolated_interpreter", "rlimits", *STRONG_MECHANISMS, "ipc_namespace", "uts_namespace",
+                "private_proc")
+        _report = {k: bool(iso.get(k)) for k in keys}
+    return dict(_report)
+
+
+class SandboxPool:
+    """Runs many sandboxed jobs in parallel (one sandbox process per job, `workers` at a time).
+
+    A crashed, hung or killed sandbox gives failed outcomes for its job; `run_many` never
+    raises for anything the code under test does.
+    """
+
+    def __init__(self, workers: int | None = None, limits: SandboxLimits | None = None):
+        if workers is not None and workers < 1:
+            raise ValueError(f"SandboxPool.workers must be >= 1, got {workers}")
+        self.workers = workers or os.cpu_count() or 1
+        self.limits = limits or SandboxLimits()
+        self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sandbox")
+
+    def _run_safe(self, job: tuple[str, Sequence[str]]) -> list[CallOutcome]:
+        source, calls = job
+        try:
+            return run_calls(source, calls, self.limits)
+        except Exception as e:  # noqa: BLE001 - our own bug or the OS refusing; never kill the run
+            logger.exception("sandbox job failed")
+            return _failed(len(calls), f"sandbox crashed: {type(e).__name__}: {e}")
+
+    def run_many(self, jobs: Sequence[tuple[str, Sequence[str]]]) -> list[list[CallOutcome]]:
+        """Run each (source, calls) job in its own sandbox; results in job order."""
+        return list(self._executor.map(self._run_safe, jobs))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
