@@ -1,0 +1,244 @@
+"""OpenAI-compatible backend: vLLM serve, OpenAI, `transformers serve`, ...
+
+    engine = load_engine("openai:meta-llama/Llama-3.1-70B-Instruct@http://localhost:8000/v1")
+
+One chat-completions request per conversation (n choices each), at most
+`options.max_concurrency` in flight. Failures on 429, 5xx, connection errors and
+timeouts are retried with exponential backoff and jitter (honouring Retry-After);
+other 4xx are not retried. A failure that survives its retries raises `ServerError`
+(an `EngineError`) carrying the server's status and message.
+
+Optional server features are used when offered and dropped when refused:
+- `n`: servers that return fewer choices than asked get one request per missing sample
+  (with seed + i, so seeded samples differ);
+- `logprobs`: per-token log-probs (None when the server returns none);
+- vLLM's `return_tokens_as_token_ids` / `return_token_ids`: exact token ids
+  (`token_ids=()` when the server returns none).
+Message contents (including image content parts as data URLs) are sent untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, Sequence
+
+from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams
+
+RETRY_STATUSES = frozenset({429}) | frozenset(range(500, 600))
+MAX_BACKOFF_S = 30.0
+VLLM_EXTRAS = ("return_tokens_as_token_ids", "return_token_ids")
+
+
+class ServerError(EngineError):
+    """A request that failed for good: `status` (None for connection errors) and the server's message."""
+
+    def __init__(self, message: str, status: int | None = None, server_message: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.server_message = server_message
+
+
+class _Retryable(Exception):
+    def __init__(self, status: int | None, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.retry_after = status, message, retry_after
+
+
+def _server_message(response: Any) -> str:
+    """The error text of an OpenAI-style error body ({"error": {"message": ...}}), else the raw body."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:2000]
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            return str(err.get("message") or err.get("detail") or err)[:2000]
+        return str(err)[:2000]
+    return str(body)[:2000]
+
+
+def _parse_choice(choice: dict[str, Any]) -> Sample:
+    """One chat-completions choice -> Sample (token ids and log-probs when the server gave them)."""
+    message = choice.get("message") or {}
+    text = message.get("content") or ""
+    content = (choice.get("logprobs") or {}).get("content") or []
+    logprobs = tuple(float(t["logprob"]) for t in content) if content else None
+    token_ids: tuple[int, ...] = ()
+    if choice.get("token_ids"):  # vLLM return_token_ids
+        token_ids = tuple(int(t) for t in choice["token_ids"])
+    elif content and all(str(t.get("token", "")).startswith("token_id:") for t in content):
+        token_ids = tuple(int(str(t["token"]).split(":", 1)[1]) for t in content)
+    if logprobs is not None and token_ids and len(token_ids) != len(logprobs):
+        token_ids = token_ids[: len(logprobs)] if len(token_ids) > len(logprobs) else ()
+    reason = choice.get("finish_reason") or "stop"
+    return Sample(
+        text=text,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason="length" if reason == "length" else "stop",
+    )
+
+
+class OpenAIEngine:
+    """Chat completions against any OpenAI-compatible server."""
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        options: EngineOptions | None = None,
+        *,
+        spec: str | None = None,
+        retry_backoff: float = 0.5,
+    ) -> None:
+        import httpx
+
+        self.model, self.base_url = model, base_url.rstrip("/")
+        self.options = options or EngineOptions()
+        self.spec = spec or f"openai:{model}@{base_url}"
+        self.retry_backoff = retry_backoff
+        api_key = self.options.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        self._client = httpx.Client(
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=self.options.request_timeout,
+            limits=httpx.Limits(max_connections=max(1, self.options.max_concurrency)),
+        )
+        self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.max_concurrency), thread_name_prefix="openai")
+        # Optional features, switched off for good the first time the server refuses one.
+        self._features = {"logprobs": True, "vllm_extras": "api.openai.com" not in self.base_url, "n": True}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ requests
+
+    def _body(self, conversation: Conversation, params: SamplingParams, n: int, seed: int | None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": conversation,  # sent as is: image parts and data URLs pass through untouched
+            "n": n,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_new_tokens,
+        }
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if seed is not None:
+            body["seed"] = seed
+        if self._features["logprobs"]:
+            body["logprobs"] = True
+        if self._features["vllm_extras"]:
+            body.update({key: True for key in VLLM_EXTRAS})
+        return body
+
+    def _refused_feature(self, status: int, message: str) -> bool:
+        """On a 400 that names an optional feature, switch it off; True if one was switched off."""
+        if status not in (400, 422):
+            return False
+        lowered = message.lower()
+        with self._lock:
+            if self._features["vllm_extras"] and any(k in lowered for k in VLLM_EXTRAS):
+                self._features["vllm_extras"] = False
+                return True
+            if self._features["logprobs"] and "logprobs" in lowered:
+                self._features["logprobs"] = False
+                return True
+        return False
+
+    def _post_once(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One HTTP attempt: the JSON body, `_Retryable`, or ServerError for a final 4xx."""
+        import httpx
+
+        url = f"{self.base_url}/chat/completions"
+        try:
+            response = self._client.post(url, json=body)
+        except httpx.TimeoutException as e:
+            raise _Retryable(None, f"timed out after {self.options.request_timeout:g}s ({type(e).__name__})") from e
+        except httpx.TransportError as e:
+            raise _Retryable(None, f"connection error: {type(e).__name__}: {e}") from e
+        if response.status_code == 200:
+            try:
+                return response.json()
+            except ValueError as e:
+                raise _Retryable(200, f"invalid JSON in response: {response.text[:200]!r}") from e
+        message = _server_message(response)
+        if response.status_code in RETRY_STATUSES:
+            retry_after = response.headers.get("retry-after")
+            try:
+                delay = float(retry_after) if retry_after is not None else None
+            except ValueError:
+                delay = None
+            raise _Retryable(response.status_code, message, delay)
+        raise ServerError(
+            f"{url} returned HTTP {response.status_code} (not retried): {message}", response.status_code, message
+        )
+
+    def _post(self, conversation: Conversation, params: SamplingParams, n: int, seed: int | None) -> dict[str, Any]:
+        """POST with retries; raises ServerError once retries are exhausted."""
+        attempt = 0
+        while True:
+            body = self._body(conversation, params, n, seed)
+            try:
+                return self._post_once(body)
+            except ServerError as e:
+                if self._refused_feature(e.status or 0, e.server_message):
+                    continue  # resend without the refused optional feature (not a retry)
+                raise
+            except _Retryable as e:
+                if attempt >= self.options.max_retries:
+                    where = f"HTTP {e.status}" if e.status is not None else "no response"
+                    raise ServerError(
+                        f"{self.base_url}/chat/completions failed after {attempt + 1} attempts ({where}): {e.message}",
+                        e.status,
+                        e.message,
+                    ) from None
+                delay = min(MAX_BACKOFF_S, self.retry_backoff * 2**attempt) * random.uniform(0.5, 1.5)
+                if e.retry_after is not None:
+                    delay = min(MAX_BACKOFF_S, max(delay, e.retry_after))
+                time.sleep(delay)
+                attempt += 1
+
+    def _complete(self, conversation: Conversation, params: SamplingParams) -> list[Sample]:
+        """`params.n` samples for one conversation (one request, or more if the server ignores n)."""
+        n_first = params.n if self._features["n"] else 1
+        data = self._post(conversation, params, n_first, params.seed)
+        prompt_ids = data.get("prompt_token_ids")
+        samples = [_parse_choice(c) for c in sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))]
+        if len(samples) < params.n and n_first > 1:
+            with self._lock:
+                self._features["n"] = False  # the server ignores n: one request per sample from now on
+        while len(samples) < params.n:
+            seed = None if params.seed is None else params.seed + len(samples)
+            extra = self._post(conversation, params, 1, seed)
+            choices = extra.get("choices") or []
+            if not choices:
+                raise ServerError(f"{self.base_url}/chat/completions returned no choices: {str(extra)[:300]}")
+            samples.append(_parse_choice(choices[0]))
+        if prompt_ids:
+            samples = [replace(s, prompt_token_ids=tuple(prompt_ids)) for s in samples]
+        return samples[: params.n]
+
+    # ------------------------------------------------------------------ Engine API
+
+    def generate(self, conversations: Sequence[Conversation], params: SamplingParams) -> list[list[Sample]]:
+        """Return `params.n` samples per conversation, requests running concurrently.
+
+        The first request that fails for good cancels the ones not yet started and its
+        ServerError is raised.
+        """
+        futures = [self._pool.submit(self._complete, conv, params) for conv in conversations]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+    def close(self) -> None:
+        """Stop the worker threads and close the HTTP connections."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._client.close()

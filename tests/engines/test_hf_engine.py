@@ -1,0 +1,137 @@
+"""The transformers backend on the tiny random Llama (CPU, float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engines import EngineError, EngineOptions, SamplingParams
+from engines.hf import HFEngine
+from engines.templating import prompt_ids
+
+CONVS = [
+    [{"role": "user", "content": "Write a function that adds two numbers."}],
+    [
+        {"role": "system", "content": "You are a careful assistant who asks questions before answering."},
+        {"role": "user", "content": "def f(x):\n    return x"},
+        {"role": "assistant", "content": "What should f return for negative x?"},
+        {"role": "user", "content": "I don't know."},
+    ],
+    [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": " there"}]}],
+]
+
+
+def teacher_forced_logprobs(model, prompt, completion):
+    """log π(completion[i] | prompt, completion[:i]) from one unpadded forward pass."""
+    ids = torch.tensor([list(prompt) + list(completion)])
+    with torch.no_grad():
+        logprobs = model(ids).logits[0].float().log_softmax(-1)
+    start = len(prompt) - 1
+    return [logprobs[start + i, t].item() for i, t in enumerate(completion)]
+
+
+def test_n_samples_per_conversation(hf_engine):
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=12, seed=0)
+    out = hf_engine.generate(CONVS, params)
+    assert len(out) == len(CONVS)
+    for conv, samples in zip(CONVS, out):
+        assert len(samples) == 3
+        assert len({s.token_ids for s in samples}) > 1  # sampled, not copies
+        for s in samples:
+            assert s.prompt_token_ids == tuple(prompt_ids(hf_engine.tokenizer, conv))
+            assert 0 < len(s.token_ids) <= 12 and len(s.logprobs) == len(s.token_ids)
+            assert s.finish_reason in ("stop", "length")
+            assert hf_engine.tokenizer.decode(list(s.token_ids)) == s.text
+    assert hf_engine.generate([], params) == []
+
+
+def test_prompt_ids_has_one_bos_and_ends_with_generation_prompt(hf_engine):
+    tok = hf_engine.tokenizer
+    ids = prompt_ids(tok, CONVS[0])
+    assert ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id
+    assert tok.decode(ids).endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_seed_makes_samples_reproducible(hf_engine):
+    params = SamplingParams(n=2, temperature=1.0, top_p=0.9, max_new_tokens=10, seed=123)
+    first = hf_engine.generate(CONVS, params)
+    torch.rand(5)  # global RNG state must not matter
+    assert hf_engine.generate(CONVS, params) == first
+    other = hf_engine.generate(CONVS, SamplingParams(n=2, temperature=1.0, top_p=0.9, max_new_tokens=10, seed=124))
+    assert other != first
+
+
+def test_logprobs_match_teacher_forced_forward(hf_engine):
+    # temperature and top-p change how tokens are drawn, never the reported log-probs
+    params = SamplingParams(n=2, temperature=0.7, top_p=0.8, max_new_tokens=16, seed=7)
+    for samples in hf_engine.generate(CONVS, params):
+        for s in samples:
+            expected = teacher_forced_logprobs(hf_engine.model, s.prompt_token_ids, s.token_ids)
+            assert max(abs(a - b) for a, b in zip(s.logprobs, expected)) < 1e-4
+
+
+def test_left_padding_matches_unbatched_greedy(tiny_path, hf_engine):
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=16)
+    batched = hf_engine.generate(CONVS, params)  # prompts of different lengths, one batch
+    single = HFEngine.from_model(hf_engine.model, hf_engine.tokenizer, options=EngineOptions(batch_size=1))
+    for conv, samples in zip(CONVS, batched):
+        alone = single.generate([conv], params)[0]
+        assert samples[0].token_ids == samples[1].token_ids == alone[0].token_ids
+        assert max(abs(a - b) for a, b in zip(samples[0].logprobs, alone[0].logprobs)) < 1e-4
+
+
+def test_stop_string_cuts_text_and_ids(hf_engine):
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
+    full = hf_engine.generate(CONVS[:1], greedy)[0][0]
+    assert full.finish_reason == "length" and len(full.text) > 12
+    stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 3]  # a string the model really produces
+    cut = hf_engine.generate(CONVS[:1], SamplingParams(temperature=0.0, max_new_tokens=24, stop=(stop,)))[0][0]
+    assert cut.finish_reason == "stop"
+    assert stop not in cut.text and full.text.startswith(cut.text)
+    assert hf_engine.tokenizer.decode(list(cut.token_ids)) == cut.text
+    assert full.token_ids[: len(cut.token_ids)] == cut.token_ids
+    # the longest prefix: one more token reaches the stop string
+    assert stop in hf_engine.tokenizer.decode(list(full.token_ids[: len(cut.token_ids) + 1]))
+    assert cut.logprobs == full.logprobs[: len(cut.token_ids)]
+
+
+def test_stop_string_ends_generation_early(hf_engine):
+    """Once every row has hit a stop string, the batch stops: fewer forward steps."""
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
+    full = hf_engine.generate(CONVS[:1], greedy)[0][0]
+    stop = full.text[4:8]
+    steps = []
+    hook = hf_engine.model.register_forward_hook(lambda *_: steps.append(1))
+    try:
+        hf_engine.generate(CONVS[:1], SamplingParams(n=2, temperature=0.0, max_new_tokens=40, stop=(stop,)))
+    finally:
+        hook.remove()
+    assert len(steps) < 20
+
+
+def test_end_of_turn_token_is_not_returned(tiny_path):
+    """A model that always says <|eot_id|>: empty completion, finish 'stop'."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    eos = tok.eos_token_id
+
+    def favour_eos(module, inputs, logits):
+        logits = logits.clone()
+        logits[..., eos] += 100.0
+        return logits
+
+    model.lm_head.register_forward_hook(favour_eos)
+    model.train()
+    engine = HFEngine.from_model(model, tok)
+    assert engine.model is model and engine.tokenizer is tok and engine.spec == "hf:live"
+    [[s]] = engine.generate(CONVS[:1], SamplingParams(temperature=1.0, max_new_tokens=8, seed=0))
+    assert (s.text, s.token_ids, s.logprobs, s.finish_reason) == ("", (), (), "stop")
+    assert model.training  # the trainer's mode is restored
+
+
+def test_image_parts_are_refused_with_a_clear_error(hf_engine):
+    conv = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
+    with pytest.raises(EngineError, match="'image_url' content part"):
+        hf_engine.generate([conv], SamplingParams())
