@@ -1,0 +1,147 @@
+"""A small collaborative test bed for proving that the algorithms learn on a CPU.
+
+Not ColBench: a toy with ColBench's interfaces (Task, Environment, Simulator, real
+sandbox scoring), small enough that a ~2M-parameter model learns it in minutes.
+
+Each task hides a function from one parametrised family
+
+    def f(x):
+        if x >= 0:
+            return x * A        # A in 2..9, told only when asked about positive numbers
+        return x + B            # B in 1..9, told only when asked about negative numbers
+
+The description is vague ("treats positive and negative numbers differently"). The
+scripted human (simulators/testbed.py) answers a question about positive numbers
+with A and one about negative numbers with B, and "I don't know" otherwise. Five of
+the ten hidden tests use positive inputs and five negative ones, so an agent that
+asks one question and guesses the other constant earns about half the reward, and
+only an agent that asks both questions and copies both numbers into its code earns
+full reward: multi-turn credit assignment in miniature.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Sequence
+
+from colbench.types import Score, Task, Turn
+from engines.base import Message
+
+ANSWER_MARKER = "I WANT TO ANSWER:"
+DESCRIPTION = "I need a function f(x) for my numbers. It treats positive and negative numbers differently. def f(x)"
+SYSTEM = "Ask the human about f, then write " + ANSWER_MARKER + " and the code."
+QUESTION_POS = "What happens to positive numbers?"
+QUESTION_NEG = "What happens to negative numbers?"
+QUESTION_VAGUE = "Can you tell me more?"
+
+REFERENCE = "def f(x):\n    if x >= 0:\n        return x * {a}\n    return x + {b}\n"
+
+
+def answer_text(a: int, b: int) -> str:
+    """The agent's final message for constants (a, b), in the canonical form."""
+    return f"{ANSWER_MARKER}\n```python\n{REFERENCE.format(a=a, b=b)}```"
+
+
+def make_task(index: int, split: str, a: int, b: int, rng: random.Random) -> Task:
+    pos = rng.sample(range(1, 10), 5)
+    neg = rng.sample(range(-9, 0), 5)
+    tests = tuple(f"f({x})" for x in pos + neg)
+    return Task(
+        task_id=f"testbed-{split}-{index:04d}",
+        env="testbed",
+        description=DESCRIPTION,
+        hidden=REFERENCE.format(a=a, b=b),
+        tests=tests,
+        meta={"a": a, "b": b, "split": split},
+    )
+
+
+def make_tasks(split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+    """Deterministic task sets. The 72 (A, B) combinations are shuffled once and split
+    56 train / 16 test, so test tasks have constant pairs never seen in training."""
+    combos = [(a, b) for a in range(2, 10) for b in range(1, 10)]
+    random.Random(1234).shuffle(combos)
+    chosen = {"train": combos[:56], "test": combos[56:]}.get(split)
+    if chosen is None:
+        raise ValueError(f"testbed split must be 'train' or 'test', got {split!r}")
+    rng = random.Random(f"{split}-{seed}")
+    tasks = [make_task(i, split, a, b, rng) for i, (a, b) in enumerate(chosen)]
+    return tasks[:n] if n is not None else tasks
+
+
+class TestbedEnv:
+    """Environment contract (colbench.envs.base.Environment) for the test bed."""
+
+    name = "testbed"
+    __test__ = False  # not a pytest class
+
+    def __init__(self, max_turns: int = 4, answer_marker: str = ANSWER_MARKER, workers: int = 2, limits=None):
+        self.max_turns = max_turns
+        self.answer_marker = answer_marker
+        self._workers = workers
+        self._limits = limits
+        self._pool = None
+
+    def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
+        system = SYSTEM if not single_turn else f"Write {self.answer_marker} and the code now."
+        messages: list[Message] = [{"role": "system", "content": system}, {"role": "user", "content": task.description}]
+        for t in turns:
+            messages.append({"role": "assistant" if t.role == "agent" else "user", "content": t.content})
+        return messages
+
+    def is_final(self, agent_text: str) -> bool:
+        return self.answer_marker in agent_text
+
+    def extract_answer(self, agent_text: str) -> str:
+        from colbench.backend_scoring import extract_code
+
+        _, _, after = agent_text.partition(self.answer_marker)
+        return extract_code(after if after.strip() else agent_text)
+
+    def score(self, tasks: Sequence[Task], answers: Sequence[str]) -> list[Score]:
+        from colbench.backend_scoring import score_backend
+        from colbench.sandbox import SandboxPool
+
+        if self._pool is None:
+            self._pool = SandboxPool(workers=self._workers, limits=self._limits)
+        return score_backend(tasks, answers, self._pool)
+
+    def training_info(self, task: Task) -> str:
+        return task.hidden
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+# ---- the scripted exploratory agent used for the warm start -------------------------
+
+_NUMBER = re.compile(r"-?\d+")
+
+
+def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.5, p_vague: float = 0.2) -> list[tuple[str, str]]:
+    """A dialogue of an exploratory scripted agent against the scripted human, as
+    (role, text) pairs. It asks about each side with probability `p_ask`, sometimes
+    asks a vague question, then answers, guessing any constant it did not learn.
+    Its success rate is modest by design (about p_ask² when guesses miss)."""
+    from simulators.testbed import reply_for
+
+    a, b = task.meta["a"], task.meta["b"]
+    questions = [q for q, p in ((QUESTION_POS, p_ask), (QUESTION_NEG, p_ask)) if rng.random() < p]
+    if rng.random() < p_vague:
+        questions.insert(rng.randrange(len(questions) + 1), QUESTION_VAGUE)
+    known_a = known_b = None
+    dialogue: list[tuple[str, str]] = []
+    for q in questions:
+        reply = reply_for(q, a, b)
+        dialogue += [("agent", q), ("human", reply)]
+        if q == QUESTION_POS:
+            known_a = a
+        elif q == QUESTION_NEG:
+            known_b = b
+    guess_a = known_a if known_a is not None else rng.randint(2, 9)
+    guess_b = known_b if known_b is not None else rng.randint(1, 9)
+    dialogue.append(("agent", answer_text(guess_a, guess_b)))
+    return dialogue
