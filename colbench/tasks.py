@@ -132,7 +132,8 @@ def load_trajectories(
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if source.startswith("hf:"):
-        rows = _hf_rows(source[3:], HF_TRAJECTORY_FILE, limit)
+        dataset_id = source[3:]
+        rows = _hf_rows(dataset_id, HF_TRAJECTORY_FILE if dataset_id == HF_DATASET_ID else None, limit)
     else:
         rows = _file_rows(Path(source), limit)
     episodes: list[Episode] = []
@@ -185,8 +186,9 @@ def stable_task_id(env: str, description: str, hidden: str) -> str:
     return f"{env}-{digest[:12]}"
 
 
-def validate_references(tasks: Sequence[Task], workers: int = 2) -> dict[str, str]:
-    """Run each backend reference twice on its tests in the sandbox.
+def validate_references(tasks: Sequence[Task], workers: int | None = None) -> dict[str, str]:
+    """Run each backend reference twice on its tests in the sandbox (`workers` sandboxes
+    at a time; default: one per CPU).
 
     Returns {task_id: reason} for the tasks whose reference does not parse, fails or
     returns None on some test, or returns different values on the two runs.
@@ -361,6 +363,11 @@ def _tests(value: Any, env: str, columnar: bool, prefix: str) -> tuple[str, ...]
         return ()  # frontend and other envs score without call tests
     if value is None:
         raise _RowProblem(f"missing field '{name}'")
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:  # some exports store the dict as a JSON string
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass
     if columnar and isinstance(value, list) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
         value = dict(value)  # parquet map columns read back as (key, value) pairs
     if not isinstance(value, dict):

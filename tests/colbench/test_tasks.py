@@ -177,6 +177,13 @@ def test_frontend_rows_keep_html_and_have_no_tests(tmp_path):
     assert task.task_id.startswith("frontend-")
 
 
+def test_bundled_frontend_sets_load():
+    if not (TASKS_DIR / "frontend" / "train.jsonl").exists():
+        pytest.skip("frontend task files not written yet")
+    pages = load_tasks("builtin:train", env="frontend")
+    assert pages and all(t.env == "frontend" and t.tests == () and "<" in t.hidden for t in pages)
+
+
 # ------------------------------------------------------------------ bad input
 
 
