@@ -115,6 +115,10 @@ class ModelAgent:
 
 
 def _fenced(env: "Environment", code: str) -> str:
+    """The final message for an answer: the marker, then the answer in a code fence
+    (left as is when it already holds fenced blocks, which the env extracts)."""
+    if "```" in code:
+        return f"{env.answer_marker}\n{code}"
     lang = "html" if env.name == "frontend" else "python"
     return f"{env.answer_marker}\n```{lang}\n{code.strip()}\n```"
 

@@ -180,22 +180,10 @@ def prepare(config: EvalConfig) -> Plan:
 
     if config.env not in env_names():
         raise UsageError(f"--env: unknown environment {config.env!r}; known: {', '.join(env_names())}")
-    try:
-        from colbench.tasks import load_tasks
-
-        all_tasks = load_tasks(config.tasks, env=config.env)
-    except (OSError, ValueError, KeyError, LookupError) as e:
-        raise UsageError(f"--tasks {config.tasks}: {e}") from None
-    if not all_tasks:
-        raise UsageError(f"--tasks {config.tasks}: no tasks")
-    tasks = list(all_tasks)[: config.limit] if config.limit else list(all_tasks)
-    known_ids = {t.task_id for t in all_tasks}
     specs = list(config.agent) + ([config.baseline_agent] if config.baseline_agent else [])
-    for spec in specs:
-        check_agent_spec(spec, known_ids)
-        _, body = _split_name(spec)
-        if body.startswith("replay:"):
-            _check_replay_covers(body[len("replay:"):], tasks)
+    replays = [b[len("replay:"):] for b in (_split_name(s)[1] for s in specs) if b.startswith("replay:")]
+    for spec in specs:  # specs first: a typo fails before tasks are loaded and validated
+        check_agent_spec(spec)
     check_simulator_spec(config.simulator, config.env)
     agents = [_split_name(s) for s in config.agent]
     names = [n for n, _ in agents]
@@ -207,10 +195,26 @@ def prepare(config: EvalConfig) -> Plan:
         baseline, bspec = _split_name(config.baseline_agent)
         if baseline not in names:
             agents.append((baseline, bspec))
+        elif dict(agents)[baseline] != bspec:
+            raise UsageError(f"--baseline-agent {config.baseline_agent!r}: the name {baseline!r} is another agent's")
     if config.simulator is None and not config.single_turn:
         asking = [s for _, s in agents if needs_simulator(s)]
         if asking:
             raise UsageError(f"agent {asking[0]!r} asks questions: give --simulator SPEC or use --single-turn")
+    try:
+        from colbench.tasks import load_tasks
+
+        tasks = load_tasks(config.tasks, env=config.env, limit=config.limit)
+        # Replay rows may cover more than the --limit'ed tasks: check their ids against all.
+        known_ids = {t.task_id for t in (load_tasks(config.tasks, env=config.env, validate=False)
+                                         if replays and config.limit else tasks)}
+    except (OSError, ValueError, KeyError, LookupError) as e:
+        raise UsageError(f"--tasks {config.tasks}: " + str(e).replace("\n", "; ")) from None
+    if not tasks:
+        raise UsageError(f"--tasks {config.tasks}: no tasks")
+    for file in replays:
+        check_agent_spec(f"replay:{file}", known_ids)
+        _check_replay_covers(file, tasks)
     out_dir = Path(config.output)
     _check_previous_config(out_dir, config)
     return Plan(tasks=tasks, agents=agents, baseline=baseline, seeds=list(range(config.seeds)), out_dir=out_dir)
@@ -250,7 +254,9 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
     from simulators import load_simulator
 
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    env_kwargs = {"clip_model": config.clip_model} if config.clip_model else {}
+    env_kwargs: dict[str, Any] = {"clip_model": config.clip_model} if config.clip_model else {}
+    if config.max_turns:  # the env tells the agent its turn budget
+        env_kwargs["max_turns"] = config.max_turns
     env = make_env(config.env, **env_kwargs)
     episode_config = EpisodeConfig(max_turns=config.max_turns or env.max_turns, single_turn=config.single_turn,
                                    max_concurrent=config.max_concurrent)
