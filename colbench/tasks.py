@@ -93,6 +93,8 @@ def load_tasks(
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
     rows, split = _task_rows(source, env, split, limit)
     tasks: list[Task] = []
     problems: list[tuple[str, str]] = []
@@ -131,6 +133,8 @@ def load_trajectories(
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
     if source.startswith("hf:"):
         dataset_id = source[3:]
         rows = _hf_rows(dataset_id, HF_TRAJECTORY_FILE if dataset_id == HF_DATASET_ID else None, limit)
