@@ -95,6 +95,11 @@ def load_tasks(
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
+    if env == "testbed" and source.startswith("builtin:"):
+        # the CPU test bed's tasks are generated, not stored (colbench/envs/testbed.py)
+        from colbench.envs.testbed import make_tasks
+
+        return make_tasks(split or source.partition(":")[2], n=limit)
     rows, split = _task_rows(source, env, split, limit)
     tasks: list[Task] = []
     problems: list[tuple[str, str]] = []
