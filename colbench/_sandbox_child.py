@@ -71,11 +71,20 @@ def _unshare(iso: dict) -> None:
 
 
 def _setup_mounts(iso: dict, tmpfs_mb: int) -> None:
-    """In the private mount ns (run in B, pid 1 of the new PID ns): fresh /proc showing only
-    this sandbox's processes; private tmpfs over world-writable dirs; everything else
-    read-only (stops: writing into the repo or leaving files behind, even if some dir is
-    world-writable or a uid collides)."""
+    """In the private mount ns (run in B, pid 1 of the new PID ns). Preferred: a minimal,
+    read-only root holding only /usr, /etc, the stdlib dirs and a few /dev nodes, plus a
+    private scratch tmpfs and a fresh /proc, entered with chroot (stops: reading the repo,
+    task files with reference solutions, /work, /home, other users' files; writing
+    anything that outlives the sandbox). Fallback: the host root remounted read-only with
+    private tmpfs over the world-writable dirs."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # our mounts never propagate to the host
+    try:
+        _minimal_root("/tmp", tmpfs_mb, iso)  # staged on a fresh tmpfs over /tmp (private)
+        iso["minimal_root"] = iso["private_tmp"] = iso["readonly_root"] = True
+        return
+    except OSError as e:
+        iso["minimal_root"] = False
+        iso["minimal_root_error"] = str(e)[:200]
     if iso.get("pid_namespace"):
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         iso["private_proc"] = True
@@ -91,24 +100,47 @@ def _setup_mounts(iso: dict, tmpfs_mb: int) -> None:
         iso["readonly_root"] = False
 
 
-def _expose_import_path() -> None:
-    """Make the stdlib importable after dropping privileges even when the interpreter
-    lives in a directory the sandbox uid cannot traverse (e.g. pyenv under /root, mode
-    700): bind each sys.path dir read-only under the private /tmp and point sys.path
-    there. /root itself stays closed."""
-    base = "/tmp/.sandbox-python"
-    os.mkdir(base, 0o755)
-    new_path = []
-    for i, p in enumerate(sys.path):
-        if os.path.isdir(p):
-            target = f"{base}/{i}"
-            os.mkdir(target, 0o755)
-            _mount(p, target, None, MS_BIND | MS_REC)
-            _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-            p = target
-        new_path.append(p)
-    sys.path[:] = new_path
-    sys.path_importer_cache.clear()
+ROOT_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc")
+DEV_NODES = ("null", "zero", "random", "urandom", "full")
+
+
+def _graft(src: str, root: str) -> None:
+    """Make `src` appear, read-only, at the same path inside `root` (symlinks copied)."""
+    dst = root + src
+    if os.path.islink(src):
+        os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
+        os.symlink(os.readlink(src), dst)
+    elif os.path.isdir(src):
+        os.makedirs(dst, 0o755, exist_ok=True)
+        _mount(src, dst, None, MS_BIND | MS_REC)
+        _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _minimal_root(root: str, tmpfs_mb: int, iso: dict) -> None:
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    grafted: list[str] = []
+    for d in ROOT_DIRS + tuple(p for p in sys.path if os.path.isdir(p)):
+        real = os.path.realpath(d) if not os.path.islink(d) else d
+        if any(real == g or real.startswith(g + "/") for g in grafted):
+            continue  # already inside a grafted tree (stdlib under /usr)
+        if os.path.lexists(d):
+            _graft(d, root)
+            grafted.append(real)
+    os.makedirs(root + "/dev", 0o755)
+    for name in DEV_NODES:
+        if os.path.exists("/dev/" + name):
+            open(f"{root}/dev/{name}", "w").close()
+            _mount("/dev/" + name, f"{root}/dev/{name}", None, MS_BIND)
+    for d in ("/tmp", "/dev/shm"):  # the only writable places: size-capped, gone with the ns
+        os.makedirs(root + d, 0o755, exist_ok=True)
+        _mount("tmpfs", root + d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
+    os.makedirs(root + "/proc", 0o755)
+    if iso.get("pid_namespace"):
+        _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        iso["private_proc"] = True
+    _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    os.chroot(root)  # C has no CAP_SYS_CHROOT after setuid: it cannot climb out
+    os.chdir("/")
 
 
 def _set_rlimits(cfg: dict, n_calls: int) -> None:

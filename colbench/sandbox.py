@@ -25,8 +25,10 @@ Threat model and the mechanism that stops each threat (child side in _sandbox_ch
 |                                           | kernel kills every process in it (even after setsid)   |
 | memory bomb, disk filling, fd exhaustion  | RLIMIT_AS, RLIMIT_FSIZE + size-capped tmpfs, NOFILE    |
 | killing the evaluator / other sandboxes   | PID ns (cannot name them) + other uid (EPERM)          |
-| writing files (repo, /tmp), leaving junk  | mount ns: root remounted read-only, private tmpfs on   |
-|                                           | /tmp,/var/tmp,/dev/shm,/run/lock; unprivileged uid      |
+| reading files (repo, task files holding   | mount ns + chroot into a minimal read-only root: /usr, |
+| reference solutions, /work, /home)        | /etc, the stdlib dirs, 5 /dev nodes, fresh /proc       |
+| writing files (repo, /tmp), leaving junk  | that root is read-only; scratch = private size-capped  |
+|                                           | tmpfs (/tmp, /dev/shm) that dies with the namespace    |
 | network (exfiltration, local services)    | new network ns: no interfaces up, not even loopback    |
 | reading the reference solution            | reference and answer run in separate sandboxes; source |
 |                                           | goes through stdin (never a file); fresh /proc; other  |
@@ -67,8 +69,8 @@ SANDBOX_UID_BASE = 1_000_000  # sandboxes run as uid SANDBOX_UID_BASE + n (see _
 STARTUP_GRACE_S = 10.0  # interpreter start + namespace setup, on a loaded machine
 LINE_GRACE_S = 1.0  # the child's own timer fires first; this covers reporting it
 # Mechanisms whose absence is worth a warning (the rest are always on).
-STRONG_MECHANISMS = ("drop_privileges", "net_namespace", "pid_namespace", "mount_namespace", "private_tmp",
-                     "readonly_root", "no_new_privs")
+STRONG_MECHANISMS = ("drop_privileges", "net_namespace", "pid_namespace", "mount_namespace", "minimal_root",
+                     "private_tmp", "readonly_root", "no_new_privs")
 
 
 @dataclass(frozen=True)

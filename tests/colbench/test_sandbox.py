@@ -1,0 +1,351 @@
+"""The sandbox against hostile code: every attack is contained, fails its call, leaves no
+process or file behind, and the evaluator (this pytest process) is unharmed.
+
+Real sandboxes throughout (no mocks). Hostile tests need the full isolation this machine
+offers (root, namespaces); where it is missing they are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from colbench.sandbox import CallOutcome, SandboxLimits, SandboxPool, isolation_report, run_calls
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = SandboxLimits(cpu_seconds_per_call=1.0, wall_seconds_per_call=1.5, wall_seconds_total=8.0, memory_mb=256,
+                     file_size_mb=2, max_processes=16, max_output_bytes=100_000)
+PRELUDE = "import os, sys, signal, time, socket, subprocess\n\ndef uid():\n    return os.getuid()\n\n"
+
+FULL = isolation_report()
+needs_isolation = pytest.mark.skipif(not all(FULL.values()), reason=f"full isolation unavailable here: {FULL}")
+
+
+def _can_unshare() -> bool:
+    try:
+        return subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount", "true"], timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(autouse=True)
+def scratch_root(tmp_path, monkeypatch):
+    """Point the sandbox's host-side scratch dirs at a fresh dir; it must be empty after."""
+    root = tmp_path / "scratch"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    yield root
+    assert list(root.iterdir()) == [], "sandbox scratch dirs left behind"
+
+
+def _procs_of(uid: int) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["uids"]):
+        uids = p.info.get("uids")
+        if uids is not None and uids.real == uid:
+            out.append(p.pid)
+    return out
+
+
+def assert_no_processes(uid: int) -> None:
+    deadline = time.monotonic() + 5.0  # the kernel tears a dead namespace down asynchronously
+    while _procs_of(uid):
+        assert time.monotonic() < deadline, f"processes of sandbox uid {uid} left behind: {_procs_of(uid)}"
+        time.sleep(0.05)
+
+
+def run_hostile(body: str, calls: list[str], limits: SandboxLimits = FAST) -> tuple[int, list[CallOutcome]]:
+    """Run PRELUDE + body; call 0 reports the sandbox uid, then `calls`. Returns (uid, outcomes)."""
+    outs = run_calls(PRELUDE + body, ["uid()", *calls], limits)
+    assert outs[0].ok, outs[0]
+    return outs[0].value["value"], outs[1:]
+
+
+def assert_contained(uid: int, outs: list[CallOutcome], after_ok: bool = True) -> None:
+    """The hostile call failed, the following uid() call ran, nothing is left behind."""
+    assert not outs[0].ok, outs[0]
+    if after_ok:
+        assert outs[-1].ok and outs[-1].value["type"] == "int", outs[-1]
+    assert_no_processes(uid)
+    assert run_calls("def g():\n    return 41 + 1", ["g()"], FAST)[0].value == {"type": "int", "value": 42}
+
+
+# ---------------------------------------------------------------- what is active here
+
+
+def test_isolation_report_lists_mechanisms():
+    report = isolation_report()
+    for key in ("process", "isolated_interpreter", "rlimits", "drop_privileges", "net_namespace", "pid_namespace",
+                "mount_namespace", "minimal_root", "no_new_privs"):
+        assert key in report
+    assert report["process"] and report["rlimits"]
+    if os.geteuid() == 0 and _can_unshare():  # this machine can do it all: then we must
+        assert all(report.values()), report
+
+
+# ---------------------------------------------------------------- positive behaviour
+
+
+def test_module_imports_helpers_recursion_and_print():
+    source = (
+        "import math\nfrom functools import lru_cache\n\nSCALE = 2\n\n"
+        "def helper(x):\n    return x * SCALE\n\n"
+        "@lru_cache(None)\ndef fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n\n"
+        "def f(xs):\n    print('debug output', xs)\n    return [helper(x) for x in xs], math.sqrt(16)\n\n"
+        "if __name__ == '__main__':\n    raise SystemExit('must not run')\n"
+    )
+    outs = run_calls(source, ["fib(30)", "f([1, 2])", "__name__ != '__main__'"], FAST)
+    assert outs[0] == CallOutcome(ok=True, value={"type": "int", "value": 832040})
+    assert outs[1].value == {"type": "tuple", "items": [
+        {"type": "list", "items": [{"type": "int", "value": 2}, {"type": "int", "value": 4}]},
+        {"type": "float", "value": 4.0}]}
+    assert outs[2].value == {"type": "bool", "value": True}
+
+
+def test_plain_data_encoding():
+    source = "class C:\n    def __repr__(self):\n        return 'C()'\n\ncyc = []\ncyc.append(cyc)\n"
+    calls = ["float('nan')", "-float('inf')", "{3, 1, 2}", "frozenset({'b', 'a'})", "{(1, 2): None}", "b'\\x00a'",
+             "2 ** 40000", "1j", "C()", "cyc", "True"]
+    v = [o.value for o in run_calls(source, calls, FAST)]
+    assert v[0] == {"type": "float", "value": "nan"} and v[1] == {"type": "float", "value": "-inf"}
+    assert v[2] == {"type": "set", "items": [{"type": "int", "value": i} for i in (1, 2, 3)]}
+    assert [x["value"] for x in v[3]["items"]] == ["a", "b"]
+    assert v[4]["items"][0][0]["type"] == "tuple" and v[4]["items"][0][1] == {"type": "none"}
+    assert v[5] == {"type": "bytes", "hex": "0061"}
+    assert int(v[6]["hex"], 16) == 2 ** 40000
+    assert v[7] == {"type": "complex", "real": 0.0, "imag": 1.0}
+    assert v[8] == {"type": "object", "class": "C", "repr": "C()"}
+    assert v[9]["items"][0] == {"type": "object", "repr": "<cycle>"}
+    assert v[10] == {"type": "bool", "value": True}
+
+
+def test_errors_are_reported_per_call():
+    outs = run_calls("def f(x):\n    return 10 // x\n", ["f(2)", "f(0)", "g()"], FAST)
+    assert outs[0].value == {"type": "int", "value": 5}
+    assert outs[1].error.startswith("ZeroDivisionError")
+    assert outs[2].error.startswith("NameError")
+    syntax = run_calls("def f(:\n    pass\n", ["f()", "f()"], FAST)
+    assert all(o.error.startswith("SyntaxError") for o in syntax)
+
+
+def test_pool_runs_jobs_in_order_and_isolates_failures():
+    jobs = [("def f():\n    return %d" % i, ["f()"]) for i in range(4)]
+    jobs.insert(2, ("def f():\n    while True:\n        pass", ["f()"]))
+    with SandboxPool(workers=2, limits=FAST) as pool:
+        results = pool.run_many(jobs)
+    assert [r[0].value["value"] for i, r in enumerate(results) if i != 2] == [0, 1, 2, 3]
+    assert results[2][0].error == "TimeoutError"
+
+
+def test_limits_validate():
+    with pytest.raises(ValueError, match="wall_seconds_per_call"):
+        SandboxLimits(wall_seconds_per_call=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        SandboxLimits(memory_mb=1)
+
+
+# ---------------------------------------------------------------- hostile code
+
+TIMER_TRICKS = {
+    "busy_loop": "def f():\n    while True:\n        pass\n",
+    "ignore_signals": (
+        "def f():\n    for s in (signal.SIGALRM, signal.SIGPROF, signal.SIGXCPU, signal.SIGTERM):\n"
+        "        signal.signal(s, signal.SIG_IGN)\n    while True:\n        pass\n"
+    ),
+    "swallow_timeouts": (
+        "def f():\n    while True:\n        try:\n            while True:\n                pass\n"
+        "        except BaseException:\n            pass\n"
+    ),
+    "disarm_timers_and_sleep": (
+        "def f():\n    signal.setitimer(signal.ITIMER_REAL, 0)\n    signal.setitimer(signal.ITIMER_PROF, 0)\n"
+        "    time.sleep(1000)\n"
+    ),
+}
+
+
+@needs_isolation
+@pytest.mark.parametrize("trick", sorted(TIMER_TRICKS))
+def test_timeouts_cannot_be_dodged(trick):
+    uid, outs = run_hostile(TIMER_TRICKS[trick], ["f()", "uid()"])
+    assert outs[0].error.startswith(("TimeoutError", "sandbox crashed")), outs[0]
+    assert_contained(uid, outs)
+
+
+FORKS = {
+    "fork_bomb": "def f():\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n",
+    "setsid_escapees": (
+        "def f():\n    for _ in range(4):\n        if os.fork() == 0:\n            os.setsid()\n"
+        "            time.sleep(1000)\n            os._exit(0)\n    raise RuntimeError('forked')\n"
+    ),
+    "subprocess_background": (
+        "def f():\n    subprocess.run(['sh', '-c', 'sleep 1000 & sleep 1000 &'])\n    raise RuntimeError('spawned')\n"
+    ),
+}
+
+
+@needs_isolation
+@pytest.mark.parametrize("kind", sorted(FORKS))
+def test_processes_are_contained_and_reaped(kind):
+    uid, outs = run_hostile(FORKS[kind], ["f()", "uid()"])
+    assert_contained(uid, outs)
+
+
+@needs_isolation
+@pytest.mark.parametrize("bomb", [
+    "def f():\n    return len(bytearray(10 ** 10))\n",
+    "def f():\n    x = []\n    while True:\n        x.append(bytearray(10 ** 7))\n",
+    "def f():\n    return len(' ' * 10 ** 10)\n",
+])
+def test_memory_bombs(bomb):
+    uid, outs = run_hostile(bomb, ["f()", "uid()"])
+    assert "MemoryError" in outs[0].error or outs[0].error.startswith(("sandbox crashed", "TimeoutError")), outs[0]
+    assert_contained(uid, outs)
+
+
+@needs_isolation
+def test_files_cannot_be_written_outside_scratch(tmp_path):
+    tag = uuid.uuid4().hex
+    targets = [f"/tmp/sweet_pwned_{tag}", f"/var/tmp/sweet_pwned_{tag}", f"/dev/shm/sweet_pwned_{tag}",
+               str(REPO / f"sweet_pwned_{tag}"), str(tmp_path / f"sweet_pwned_{tag}"), f"/sweet_pwned_{tag}"]
+    body = (
+        f"TARGETS = {targets!r}\n\n"
+        "def f():\n    for t in TARGETS:\n        try:\n            with open(t, 'w') as fh:\n"
+        "                fh.write('pwned')\n        except OSError:\n            pass\n"
+        "    subprocess.run(['sh', '-c', ' '.join('touch ' + t + ';' for t in TARGETS)])\n"
+        "    open('scratch_file', 'w').write('fine')\n    raise RuntimeError('tried')\n"
+    )
+    uid, outs = run_hostile(body, ["f()", "uid()"])
+    for t in targets:
+        assert not os.path.exists(t), f"sandbox wrote {t}"
+    assert_contained(uid, outs)
+
+
+@needs_isolation
+def test_no_network_even_to_a_local_server():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    port, accepted, stop = server.getsockname()[1], [], threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        body = (f"def f():\n    s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+                "    s.sendall(b'exfiltrated')\n    return 'connected'\n")
+        uid, outs = run_hostile(body, ["f()", "uid()"])
+        assert outs[0].error.startswith(("OSError", "ConnectionRefusedError", "TimeoutError")), outs[0]
+        time.sleep(0.3)
+        assert accepted == [], "the sandbox reached a server on the host's loopback"
+        assert_contained(uid, outs)
+        # Control: the server really was reachable from outside the sandbox.
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        time.sleep(0.3)
+        assert len(accepted) == 1
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+@needs_isolation
+@pytest.mark.parametrize("attack", [
+    "os.kill(os.getppid(), signal.SIGKILL)",
+    "os.killpg(0, signal.SIGKILL)",
+    "os.killpg(os.getpgrp(), signal.SIGKILL)",
+    "os.kill(1, signal.SIGKILL)",
+    "os.kill(-1, signal.SIGKILL)",
+    "os.kill(EVALUATOR, signal.SIGKILL)",
+    "os.kill(SENTINEL, signal.SIGKILL)",
+    "kill_every_pid()",
+])
+def test_cannot_kill_the_evaluator_or_other_processes(attack):
+    sentinel = subprocess.Popen(["sleep", "60"])
+    try:
+        body = (f"EVALUATOR, SENTINEL = {os.getpid()}, {sentinel.pid}\n\n"
+                "def kill_every_pid():\n    for p in range(1, 4096):\n        if p != os.getpid():\n"
+                "            try:\n                os.kill(p, signal.SIGKILL)\n            except OSError:\n"
+                "                pass\n\n"
+                f"def f():\n    try:\n        {attack}\n    except OSError:\n        pass\n    raise RuntimeError('tried')\n")
+        uid, outs = run_hostile(body, ["f()", "uid()"])
+        assert sentinel.poll() is None, "the sandbox killed a host process"
+        assert_contained(uid, outs)
+    finally:
+        sentinel.kill()
+        sentinel.wait()
+
+
+@pytest.mark.parametrize("exit_stmt", ["sys.exit(0)", "os._exit(0)", "raise SystemExit(0)", "raise KeyboardInterrupt",
+                                       "os.close(int(sys.argv[1]))"])
+def test_exiting_fails_only_that_call(exit_stmt):
+    body = f"def f():\n    {exit_stmt}\n    return 1\n\ndef g():\n    return 2\n"
+    outs = run_calls(PRELUDE + body, ["g()", "f()", "g()"], FAST)
+    assert outs[0].value == {"type": "int", "value": 2}
+    assert not outs[1].ok, outs[1]
+    assert outs[2].value == {"type": "int", "value": 2}
+
+
+def test_huge_output_is_contained():
+    body = ("def noisy():\n    for _ in range(100):\n        print('x' * 100_000)\n        sys.stderr.write('y' * 100_000)\n"
+            "    return 7\n\ndef huge():\n    return 'x' * 1_000_000\n")
+    outs = run_calls(PRELUDE + body, ["noisy()", "huge()", "noisy()"], FAST)
+    assert outs[0].value == {"type": "int", "value": 7}
+    assert not outs[1].ok and "output too large" in outs[1].error
+    assert outs[2].value == {"type": "int", "value": 7}
+
+
+@needs_isolation
+def test_cannot_read_the_reference_source():
+    secret = f"SWEET_SECRET_{uuid.uuid4().hex}"
+    reference = f"import time\n\nSECRET = {secret!r}\n\ndef f():\n    time.sleep(3)\n    return SECRET\n"
+    spy = (
+        "import gc, glob\n\nNEEDLE = " + repr(secret[:12]) + " + " + repr(secret[12:]) + "\n\n"
+        "def scan():\n    hits = []\n\n    def check(where, data):\n"
+        "        if isinstance(data, bytes):\n            data = data.decode('latin-1')\n"
+        "        if NEEDLE in data:\n            hits.append(where)\n\n"
+        "    for path in glob.glob('/proc/*/cmdline') + glob.glob('/proc/*/environ') + glob.glob('/proc/*/fd/*') \\\n"
+        "            + glob.glob('/tmp/**', recursive=True) + glob.glob('/dev/shm/**', recursive=True) \\\n"
+        "            + [REPO + '/colbench/sandbox.py', REPO + '/tasks/backend/test.jsonl', '/proc/1/mem']:\n"
+        "        try:\n            with open(path, 'rb') as fh:\n                check(path, fh.read(1 << 20))\n"
+        "        except OSError:\n            pass\n"
+        "    check('stdin', sys.stdin.read() if not sys.stdin.closed else '')\n"
+        "    check('environ', repr(dict(os.environ)))\n"
+        "    check('memory', ' '.join(o for o in gc.get_objects() if isinstance(o, str)))\n"
+        "    hits += [p for p in (REPO, '/work') if os.path.exists(p)]\n"
+        "    return hits, sorted(os.listdir('/proc'))[:3]\n"
+    ).replace("REPO", repr(str(REPO)))
+    with SandboxPool(workers=2, limits=SandboxLimits(wall_seconds_per_call=5, wall_seconds_total=10)) as pool:
+        ref_job = pool._executor.submit(run_calls, reference, ["f()"], pool.limits)
+        time.sleep(1.0)  # the reference is running, its source in its sandbox's memory
+        spy_out = run_calls(PRELUDE + spy, ["scan()"], FAST)[0]
+        ref_out = ref_job.result()[0]
+    assert ref_out.value == {"type": "str", "value": secret}
+    assert spy_out.ok, spy_out
+    hits = [x["value"] for x in spy_out.value["items"][0]["items"]]
+    assert hits == [], f"the answer found the reference (or the repo) at {hits}"
+
+
+def test_result_channel_garbage_fails_the_call():
+    body = ("def forge():\n    os.write(int(sys.argv[1]), b'{\"i\": 99, \"ok\": true}\\n')\n    return 1\n\n"
+            "def deep():\n    os.write(int(sys.argv[1]), b'{\"i\": 1, \"ok\": true, \"value\": ' + b'[' * 100000 + b'\\n')\n    return 1\n")
+    outs = run_calls(PRELUDE + body, ["forge()", "uid()"], FAST)
+    assert not outs[0].ok and outs[1].ok
+    outs = run_calls(PRELUDE + body, ["uid()", "deep()"], FAST)
+    assert not outs[1].ok
