@@ -47,6 +47,7 @@ class Candidate:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] | None = None
     advantage: float | None = None  # critic score A(o_t, a_t, c)
+    finish_reason: str = "stop"  # engines.Sample.finish_reason: "length" = cut, no end-of-turn token
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,76 @@
+"""The DPO loss (Rafailov et al. 2023, eq. 7) with an NLL term on the chosen action,
+shared by SWEET-RL stage 2 (per-turn pairs) and multi-turn DPO (trajectory pairs).
+
+    h      = β · [(log π_θ(y_w|x) − log π_ref(y_w|x)) − (log π_θ(y_l|x) − log π_ref(y_l|x))]
+    L_DPO  = −log σ(h)
+    L_NLL  = −log π_θ(y_w|x) / |y_w|          (chosen action only, per token)
+    L      = mean over pairs of  L_DPO + α · L_NLL
+
+log π(y|x) is a sum over ACTION tokens only (for a trajectory: over every agent turn,
+each in its own recorded context); prompts and simulator tokens are never in it. The
+reference code put the NLL term on the whole sequence, prompt included: here it is
+the chosen action's per-token NLL, as in RPO (Pang et al. 2024) / TRL's `rpo_alpha`.
+
+Why not TRL's DPOTrainer (trl 1.16, checked in its source):
+- `_prepare_dataset` always extracts the prompt and re-tokenises text or conversations
+  (`tokenize_fn`); it cannot take our recorded prompt ids and generated action ids
+  as they are, so trained tokens could drift from sampled ones;
+- one prompt + one completion per example: a multi-turn trajectory whose log-prob is
+  the sum of per-turn log-probs, each turn in its own context, is not expressible;
+- its only truncation mode, `keep_start`, cuts the end of the sequence (the action);
+  we cut contexts in the middle and never the action (sweet.tokens.truncate_context).
+Its `loss_type=["sigmoid", "sft"]` computes the same two terms as this function.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def dpo_loss(
+    policy_chosen_logps: "torch.Tensor",
+    policy_rejected_logps: "torch.Tensor",
+    ref_chosen_logps: "torch.Tensor",
+    ref_rejected_logps: "torch.Tensor",
+    chosen_token_counts: "torch.Tensor",
+    *,
+    beta: float = 0.1,
+    nll_coef: float = 0.0,
+) -> tuple["torch.Tensor", dict[str, float]]:
+    """DPO + α·NLL loss (module docstring) for a batch of B pairs.
+
+    All tensors are [B]: summed log-probs over action tokens, and the chosen actions'
+    token counts (for the per-token NLL). Returns the scalar loss and detached metrics:
+    loss/dpo, loss/nll, rewards/{chosen,rejected,margin,accuracy}, logps/{chosen,rejected}.
+    rewards/* are the implicit DPO rewards β·(log π_θ − log π_ref).
+    """
+    import torch.nn.functional as F
+
+    chosen_rewards = beta * (policy_chosen_logps - ref_chosen_logps)
+    rejected_rewards = beta * (policy_rejected_logps - ref_rejected_logps)
+    margin = chosen_rewards - rejected_rewards  # h in the module docstring
+    loss_dpo = -F.logsigmoid(margin).mean()
+    loss_nll = (-policy_chosen_logps / chosen_token_counts.clamp(min=1)).mean()
+    loss = loss_dpo + nll_coef * loss_nll
+    metrics = {
+        "loss/dpo": loss_dpo.item(),
+        "loss/nll": loss_nll.item(),
+        "loss/total": loss.item(),
+        "rewards/chosen": chosen_rewards.mean().item(),
+        "rewards/rejected": rejected_rewards.mean().item(),
+        "rewards/margin": margin.mean().item(),
+        "rewards/accuracy": (margin > 0).float().mean().item(),
+        "logps/chosen": policy_chosen_logps.mean().item(),
+        "logps/rejected": policy_rejected_logps.mean().item(),
+    }
+    return loss, metrics
+
+
+def sft_loss(policy_logps: "torch.Tensor", token_counts: "torch.Tensor") -> tuple["torch.Tensor", dict[str, float]]:
+    """Token-mean NLL over action tokens of a batch (rejection fine-tuning):
+    L = −Σ_i log π_θ(y_i|x_i) / Σ_i |y_i|, with [B] summed log-probs and token counts."""
+    loss = -policy_logps.sum() / token_counts.sum().clamp(min=1)
+    return loss, {"loss/nll": loss.item(), "logps/action_mean": (policy_logps / token_counts.clamp(min=1)).mean().item()}

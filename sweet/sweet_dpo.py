@@ -1,0 +1,322 @@
+"""SWEET-RL stage 2: per-turn DPO on candidate actions ranked by the stage-1 critic.
+
+For every agent turn of the input episodes (a State: the recorded prompt o_t):
+1. sample K candidate actions (default 16) from the state's prompt with any engine
+   (`--sampler`, default the policy's initial model) at temperature 1;
+2. score each with the critic, A(o_t, a, c) (sweet.critic.CriticScorer, conditioned
+   exactly as in critic training);
+3. pair a random candidate of the top half with a random one of the bottom half,
+   `pairs_per_state` times (states whose candidates all tie are skipped and counted;
+   a drawn pair with equal scores is dropped);
+4. train with DPO (sweet/dpo.py) on the action tokens only, NLL on the chosen action
+   (per token), reference log-probs precomputed with the initial policy.
+Paper defaults: lr 2e-7, β 0.1, NLL coefficient 0.01, batch 8, 1 epoch.
+
+Candidates and scores go to output_dir/candidates.jsonl one state per line, flushed
+per batch of states: a rerun skips states already there. Candidates are trained on
+as sampled: context = the sampler's prompt ids (else the state's recorded ids, else the
+chat template), action = the generated ids + eos (no eos when cut at max_new_tokens).
+The sampler must share the policy's tokenizer (its ids are trained on).
+
+    # CPU, tiny model (critic from `python -m sweet.train_critic ... --output_dir runs/critic-tiny`)
+    python -m sweet.train_policy --algorithm sweet --episodes eps.jsonl --tasks tasks.jsonl \\
+        --critic runs/critic-tiny --model tiny --num_candidates 4 --max_new_tokens 32 \\
+        --output_dir runs/sweet-tiny --micro_batch_size 4
+
+    # Llama-3.1-8B on 8 GPUs: sample with vLLM in one process, then train LoRA with accelerate
+    python -m sweet.train_policy --algorithm sweet --stage sample --episodes eps.jsonl --tasks tasks.jsonl \\
+        --critic runs/critic-8b --model hf:meta-llama/Llama-3.1-8B-Instruct \\
+        --sampler vllm:meta-llama/Llama-3.1-8B-Instruct --sampler_tensor_parallel 8 --output_dir runs/sweet-8b
+    accelerate launch --num_processes 8 -m sweet.train_policy --algorithm sweet --stage train \\
+        --episodes eps.jsonl --tasks tasks.jsonl --critic runs/critic-8b --lora \\
+        --model hf:meta-llama/Llama-3.1-8B-Instruct --micro_batch_size 1 --output_dir runs/sweet-8b
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, Sequence
+
+from sweet.data import ActionPair, Candidate, State
+from sweet.policy_trainer import PolicyTrainConfig
+from sweet.training import ModelConfig
+
+STAGES = ("all", "sample", "train")
+CANDIDATES_FILE = "candidates.jsonl"
+
+
+@dataclass
+class SweetConfig:
+    """Candidates, critic ranking and the per-turn DPO loss."""
+
+    episodes: str = field(default="", metadata={"help": "episodes JSONL whose agent turns become states"})
+    tasks: str = field(default="", metadata={"help": "tasks file (or builtin:<split>) holding the training-time information c"})
+    env: str = field(default="backend", metadata={"help": "environment name (training_info, offline trajectory format)"})
+    critic: str = field(default="", metadata={"help": "stage-1 critic dir (output_dir of python -m sweet.train_critic)"})
+    sampler: str = field(default="", metadata={"help": "engine spec for candidates: tiny|hf:..|vllm:..|openai:..; default the policy's initial model"})
+    num_candidates: int = field(default=16, metadata={"help": "K candidate actions per state (paper: 16)"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the candidates"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling of the candidates"})
+    max_new_tokens: int = field(default=512, metadata={"help": "max tokens per candidate"})
+    sample_batch_size: int = field(default=8, metadata={"help": "states per sampling + scoring call (one candidates.jsonl flush each)"})
+    sampler_batch_size: int = field(default=16, metadata={"help": "hf sampler: rows per forward batch"})
+    sampler_tensor_parallel: int = field(default=1, metadata={"help": "vllm sampler: tensor parallel size"})
+    sampler_gpu_memory_utilization: float = field(default=0.6, metadata={"help": "vllm sampler: GPU memory share (the critic shares the GPU)"})
+    pairs_per_state: int = field(default=4, metadata={"help": "top-half vs bottom-half pairs drawn per state (paper: 4)"})
+    beta: float = field(default=0.1, metadata={"help": "DPO β (paper: 0.1)"})
+    nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen action's per-token NLL (paper: 0.01)"})
+    max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes (paper: the first 10%)"})
+    stage: str = field(default="all", metadata={"help": "all | sample (candidates + scores only) | train (candidates must exist)"})
+    rounds: int = field(default=1, metadata={"help": "collect-retrain rounds (only 1 is implemented)"})
+
+    def __post_init__(self) -> None:
+        for name in ("episodes", "tasks"):
+            if not getattr(self, name):
+                raise ValueError(f"SweetConfig.{name} is required: give --{name}")
+        if self.stage not in STAGES:
+            raise ValueError(f"SweetConfig.stage must be one of {STAGES}, got {self.stage!r}")
+        for name in ("num_candidates", "pairs_per_state", "max_new_tokens", "sample_batch_size", "sampler_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SweetConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_candidates < 2:
+            raise ValueError(f"SweetConfig.num_candidates must be >= 2 to form pairs, got {self.num_candidates}")
+        if self.beta <= 0 or self.nll_coef < 0 or self.temperature < 0:
+            raise ValueError("SweetConfig: beta must be > 0, nll_coef and temperature >= 0")
+        if self.rounds < 1:
+            raise ValueError(f"SweetConfig.rounds must be >= 1, got {self.rounds}")
+
+
+@dataclass
+class SweetTrainConfig(PolicyTrainConfig):
+    output_dir: str = field(default="runs/sweet", metadata={"help": "checkpoints, candidates, metrics and the resolved config"})
+    learning_rate: float = field(default=2e-7, metadata={"help": "peak learning rate (AdamW; paper 2e-7)"})
+
+
+CONFIGS = (ModelConfig, SweetTrainConfig, SweetConfig)
+
+
+class Scorer(Protocol):
+    """What ranks candidates: sweet.critic.CriticScorer, or any object with this method."""
+
+    def score_states(self, items: Sequence[tuple[State, Sequence[Sequence[int]]]]) -> list[list[float]]: ...
+
+
+def state_key(state: State) -> str:
+    return f"{state.episode_id}#{state.turn_index}"
+
+
+# ---- candidates ------------------------------------------------------------------------
+
+
+def read_candidates(path: Path) -> dict[str, dict]:
+    """key -> row of candidates.jsonl; a truncated last line (interrupted write) is ignored."""
+    rows: dict[str, dict] = {}
+    if not path.exists():
+        return rows
+    lines = path.read_text().splitlines()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if lineno == len(lines):
+                break
+            raise ValueError(f"{path}:{lineno}: not a JSON candidates row") from None
+        rows[row["key"]] = row
+    return rows
+
+
+def row_candidates(state: State, row: dict) -> list[Candidate]:
+    return [Candidate(state, c["text"], tuple(c["token_ids"]), tuple(c["logprobs"]) if c.get("logprobs") else None,
+                      c["advantage"], c.get("finish_reason", "stop")) for c in row["candidates"]]
+
+
+def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cfg: SweetConfig, path: Path, seed: int) -> None:
+    """Sample K candidates for every state not yet in `path`, score them, append rows."""
+    from tqdm.auto import tqdm
+
+    from engines.base import SamplingParams
+
+    done = read_candidates(path)
+    todo = [(i, s) for i, s in enumerate(states) if state_key(s) not in done]
+    with path.open("a") as f, tqdm(total=len(states), initial=len(states) - len(todo), desc="candidates") as bar:
+        for start in range(0, len(todo), cfg.sample_batch_size):
+            chunk = todo[start : start + cfg.sample_batch_size]
+            params = SamplingParams(n=cfg.num_candidates, temperature=cfg.temperature, top_p=cfg.top_p,
+                                    max_new_tokens=cfg.max_new_tokens, seed=seed * 1_000_003 + chunk[0][0])
+            results = engine.generate([list(s.prompt) for _, s in chunk], params)
+            scores = scorer.score_states([(s, [smp.token_ids for smp in samples]) for (_, s), samples in zip(chunk, results)])
+            for (_, s), samples, advs in zip(chunk, results, scores):
+                f.write(json.dumps(_row(s, samples, advs)) + "\n")
+            f.flush()
+            bar.update(len(chunk))
+
+
+def _row(state: State, samples, advantages: Sequence[float]) -> dict:
+    if len(samples) != len(advantages):
+        raise RuntimeError(f"critic returned {len(advantages)} scores for {len(samples)} candidates")
+    prompt_ids = next((smp.prompt_token_ids for smp in samples if smp.prompt_token_ids is not None), None)
+    return {
+        "key": state_key(state), "task_id": state.task_id, "episode_id": state.episode_id, "turn_index": state.turn_index,
+        "prompt_token_ids": list(prompt_ids) if prompt_ids is not None else None,
+        "candidates": [{"text": smp.text, "token_ids": list(smp.token_ids),
+                        "logprobs": list(smp.logprobs) if smp.logprobs is not None else None,
+                        "finish_reason": smp.finish_reason, "advantage": float(a)} for smp, a in zip(samples, advantages)],
+    }
+
+
+# ---- ranking and pairing ---------------------------------------------------------------
+
+
+def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs_per_state: int,
+                      rng: random.Random) -> tuple[list[ActionPair], dict[str, float]]:
+    """Per state: rank candidates by advantage, draw `pairs_per_state` (top-half, bottom-half)
+    pairs at random (with replacement). States whose candidates all tie are skipped; drawn
+    pairs with equal scores are dropped. Returns the pairs and counts/spread metrics."""
+    pairs: list[ActionPair] = []
+    tied = dropped = 0
+    stds, ranges = [], []
+    for state, cands in scored:
+        advs = [c.advantage for c in cands]
+        if len(cands) < 2:
+            tied += 1
+            continue
+        stds.append(statistics.pstdev(advs))
+        ranges.append(max(advs) - min(advs))
+        if max(advs) == min(advs):
+            tied += 1
+            continue
+        ranked = sorted(cands, key=lambda c: c.advantage, reverse=True)
+        half = len(ranked) // 2  # an odd K leaves the median candidate out of both halves
+        top, bottom = ranked[:half], ranked[-half:]
+        for _ in range(pairs_per_state):
+            chosen, rejected = rng.choice(top), rng.choice(bottom)
+            if chosen.advantage > rejected.advantage:
+                pairs.append(ActionPair(state, chosen, rejected))
+            else:
+                dropped += 1
+    metrics = {
+        "sweet/states": len(scored), "sweet/tied_states": tied, "sweet/dropped_equal_pairs": dropped,
+        "sweet/pairs": len(pairs),
+        "sweet/critic_score_std": statistics.fmean(stds) if stds else 0.0,
+        "sweet/critic_score_range": statistics.fmean(ranges) if ranges else 0.0,
+    }
+    return pairs, metrics
+
+
+def pair_item(tokenizer, pair: ActionPair, prompt_token_ids: Sequence[int] | None):
+    """The DPO example of an action pair: both actions in the context they were sampled from."""
+    from sweet.policy_trainer import PreferenceItem
+    from sweet.sequences import Segment, action_ids, context_ids, eos_id
+
+    ctx = context_ids(tokenizer, prompt_token_ids if prompt_token_ids is not None else pair.state.prompt_token_ids,
+                      pair.state.prompt)
+    eos = eos_id(tokenizer)
+    seg = lambda c: Segment(ctx, action_ids(c.token_ids, eos, ended=c.finish_reason != "length"))  # noqa: E731
+    return PreferenceItem((seg(pair.chosen),), (seg(pair.rejected),))
+
+
+# ---- the run ------------------------------------------------------------------------------
+
+
+def load_states(cfg: SweetConfig) -> list[State]:
+    """One State per agent turn of the episodes, with the task's training-time information."""
+    from sweet.critic import load_training_info
+    from sweet.data import episode_states, load_episodes
+
+    episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]
+    info = load_training_info(cfg.tasks, env=cfg.env)
+    missing = sorted({ep.task_id for ep in episodes} - set(info))
+    if missing:
+        raise ValueError(f"{cfg.episodes}: tasks {missing[:5]} are not in --tasks {cfg.tasks}")
+    return [s for ep in episodes for s in episode_states(ep, info[ep.task_id])]
+
+
+def default_sampler(model_cfg: ModelConfig) -> str:
+    from sweet.training import resolve_model_path
+
+    return "hf:" + resolve_model_path(model_cfg.model)
+
+
+def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cfg: SweetConfig, path: Path, seed: int,
+                       scorer: Scorer | None) -> None:
+    """Load the sampler and the critic (unless every state is done), sample + score, free them."""
+    import gc
+
+    from engines import EngineOptions, load_engine
+
+    done = read_candidates(path)
+    if all(state_key(s) in done for s in states):
+        return
+    if scorer is None:
+        if not cfg.critic:
+            raise ValueError("SweetConfig.critic is required to score candidates: give --critic <critic dir>")
+        from sweet.critic import CriticScorer
+
+        scorer = CriticScorer.load(cfg.critic)
+    options = EngineOptions(dtype=model_cfg.dtype, batch_size=cfg.sampler_batch_size,
+                            tensor_parallel_size=cfg.sampler_tensor_parallel,
+                            gpu_memory_utilization=cfg.sampler_gpu_memory_utilization)
+    engine = load_engine(cfg.sampler or default_sampler(model_cfg), options)
+    try:
+        sample_and_score(states, engine, scorer, cfg, path, seed)
+    finally:
+        engine.close()
+        del engine, scorer
+        gc.collect()
+        _empty_cuda_cache()
+
+
+def _empty_cuda_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, scorer: Scorer | None = None):
+    """Run stage 2; returns output_dir/final (None for --stage sample). `scorer`
+    replaces the critic loaded from `cfg.critic` (API use and tests)."""
+    from accelerate import PartialState
+
+    from sweet.policy_trainer import dpo_loss_fn, run_training
+    from sweet.training import load_tokenizer, save_resolved_config
+
+    if cfg.rounds > 1:
+        raise NotImplementedError(
+            "SweetConfig.rounds > 1 (collect episodes with the improved policy, retrain the critic, repeat) is not "
+            "implemented yet: run colbench.evaluate with --agent hf:<output_dir>/final, then sweet.train_critic, "
+            "then this command again")
+    out = Path(train.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_resolved_config(out, model=model_cfg, train=train, sweet=cfg)
+    states = load_states(cfg)
+    path = out / CANDIDATES_FILE
+    proc = PartialState()
+    if cfg.stage != "train":
+        done = read_candidates(path)
+        if proc.num_processes > 1 and not all(state_key(s) in done for s in states):
+            raise RuntimeError(f"{path} is incomplete: sample candidates in ONE process first (--stage sample), "
+                               "then launch training with several processes (--stage train)")
+        if proc.is_main_process:
+            collect_candidates(states, model_cfg, cfg, path, train.seed, scorer)
+        if cfg.stage == "sample":
+            return None
+    rows = read_candidates(path)
+    missing = [state_key(s) for s in states if state_key(s) not in rows]
+    if missing:
+        raise ValueError(f"{path}: no candidates for {len(missing)} states (e.g. {missing[0]}); run --stage sample first")
+    scored = [(s, row_candidates(s, rows[state_key(s)])) for s in states]
+    pairs, metrics = make_action_pairs(scored, cfg.pairs_per_state, random.Random(train.seed))
+    print(f"sweet: {metrics['sweet/states']} states, {metrics['sweet/tied_states']} all-tied, {len(pairs)} pairs")
+    if not pairs:
+        raise ValueError(f"no preference pairs: the critic scored every state's candidates equal ({path})")
+    tokenizer = load_tokenizer(model_cfg.model)
+    items = [pair_item(tokenizer, p, rows[state_key(p.state)]["prompt_token_ids"]) for p in pairs]
+    return run_training(items, lambda pad: dpo_loss_fn(model_cfg, pad, cfg.beta, cfg.nll_coef), model_cfg, train,
+                        tokenizer, preference=True, run_config={"algorithm": "sweet"}, extra_metrics=metrics)

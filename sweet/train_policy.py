@@ -1,0 +1,79 @@
+"""Policy training: SWEET-RL stage 2 and the baselines, one entry point.
+
+    python -m sweet.train_policy --algorithm {sweet,rft,mtdpo} [that algorithm's flags]
+    python -m sweet.train_policy --algorithm sweet --help      # the algorithm's flags
+    python -m sweet.train_policy --algorithm rft --config run.yaml --learning_rate 1e-6
+
+Each algorithm is one module with `CONFIGS` (its config dataclasses, in the order
+`main` takes them) and `main(*configs)`; adding one = one module + one line in
+ALGORITHMS. Every run writes output_dir/config.json, metrics.jsonl, TensorBoard logs
+(`--report_to wandb` for W&B), checkpoints it resumes from, and output_dir/final (HF
+format: `--agent hf:<output_dir>/final` in `python -m colbench.evaluate`).
+
+    # CPU, tiny model: rejection fine-tuning on episodes from colbench.evaluate
+    python -m sweet.train_policy --algorithm rft --episodes eps.jsonl --model tiny \\
+        --success_threshold 0.5 --output_dir runs/rft-tiny
+
+    # CPU, tiny model: SWEET-RL stage 2 with a stage-1 critic
+    python -m sweet.train_policy --algorithm sweet --episodes eps.jsonl --tasks tasks.jsonl \\
+        --critic runs/critic-tiny --model tiny --num_candidates 4 --max_new_tokens 32 --output_dir runs/sweet-tiny
+
+    # 8B on 8 GPUs: vLLM sampling (one process), then LoRA DPO (see sweet/sweet_dpo.py)
+    python -m sweet.train_policy --algorithm sweet --stage sample --sampler vllm:meta-llama/Llama-3.1-8B-Instruct \\
+        --sampler_tensor_parallel 8 --model hf:meta-llama/Llama-3.1-8B-Instruct --episodes eps.jsonl \\
+        --tasks tasks.jsonl --critic runs/critic-8b --output_dir runs/sweet-8b
+    accelerate launch --num_processes 8 -m sweet.train_policy --algorithm sweet --stage train --lora \\
+        --model hf:meta-llama/Llama-3.1-8B-Instruct --episodes eps.jsonl --tasks tasks.jsonl \\
+        --critic runs/critic-8b --micro_batch_size 1 --output_dir runs/sweet-8b
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# --algorithm -> module with CONFIGS and main(*configs)
+ALGORITHMS = {
+    "sweet": "sweet.sweet_dpo",
+    "rft": "sweet.rft",
+    "mtdpo": "sweet.mtdpo",
+    "loop": "sweet.loop",
+}
+
+
+def split_algorithm(argv: list[str]) -> tuple[str, list[str]]:
+    """Take `--algorithm X` (or `--algorithm=X`) out of argv; default "sweet"."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--algorithm", default="sweet")
+    known, rest = pre.parse_known_args(argv)
+    if known.algorithm not in ALGORITHMS:
+        raise SystemExit(f"--algorithm: unknown {known.algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+    return known.algorithm, rest
+
+
+def load_algorithm(name: str):
+    """The algorithm's module (CONFIGS, main)."""
+    try:
+        return importlib.import_module(ALGORITHMS[name])
+    except ModuleNotFoundError as e:
+        if e.name == ALGORITHMS[name]:
+            raise SystemExit(f"--algorithm {name}: module {ALGORITHMS[name]} is not available in this install") from None
+        raise
+
+
+def main(argv: list[str] | None = None):
+    from sweet.training import parse_configs
+
+    argv = sys.argv[1:] if argv is None else argv
+    name, rest = split_algorithm(argv)
+    module = load_algorithm(name)
+    try:
+        configs = parse_configs(module.CONFIGS, rest, description=f"--algorithm {name}: " + " ".join(module.__doc__.split("\n\n")[0].split()))
+    except ValueError as e:  # a config's __post_init__ names the bad field
+        raise SystemExit(f"error: {e}") from None
+    return module.main(*configs)
+
+
+if __name__ == "__main__":
+    main()
