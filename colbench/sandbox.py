@@ -66,7 +66,8 @@ logger = logging.getLogger(__name__)
 
 CHILD_SCRIPT = str(Path(__file__).with_name("_sandbox_child.py"))
 SANDBOX_UID_BASE = 1_000_000  # sandboxes run as uid SANDBOX_UID_BASE + n (see _sandbox_child.py)
-STARTUP_GRACE_S = 10.0  # interpreter start + namespace setup, on a loaded machine
+STARTUP_GRACE_S = 10.0  # interpreter start + namespace setup, on a loaded machine (first line only)
+TOTAL_SLACK_S = 3.0  # added to wall_seconds_total for starting the sandbox(es)
 LINE_GRACE_S = 1.0  # the child's own timer fires first; this covers reporting it
 # Mechanisms whose absence is worth a warning (the rest are always on).
 STRONG_MECHANISMS = ("drop_privileges", "net_namespace", "pid_namespace", "mount_namespace", "minimal_root",
@@ -125,7 +126,7 @@ def run_calls(source: str, calls: Sequence[str], limits: SandboxLimits | None = 
     limits = limits or SandboxLimits()
     calls = list(calls)
     out: list[CallOutcome] = []
-    deadline = time.monotonic() + limits.wall_seconds_total + STARTUP_GRACE_S
+    deadline = time.monotonic() + limits.wall_seconds_total + TOTAL_SLACK_S
     while len(out) < len(calls):
         if time.monotonic() >= deadline:
             out += _failed(len(calls) - len(out), "TimeoutError (answer's total time budget spent)")
