@@ -135,19 +135,21 @@ class OpenAIEngine:
             body.update({key: True for key in VLLM_EXTRAS})
         return body
 
-    def _refused_feature(self, status: int, message: str) -> bool:
-        """On a 400 that names an optional feature, switch it off; True if one was switched off."""
+    def _refused_feature(self, status: int, message: str, body: dict[str, Any]) -> bool:
+        """On a 400/422 that names an optional feature `body` used, switch it off; True to resend."""
         if status not in (400, 422):
             return False
         lowered = message.lower()
-        with self._lock:
-            if self._features["vllm_extras"] and any(k in lowered for k in VLLM_EXTRAS):
-                self._features["vllm_extras"] = False
-                return True
-            if self._features["logprobs"] and "logprobs" in lowered:
-                self._features["logprobs"] = False
-                return True
-        return False
+        refused = None
+        if any(k in body and k in lowered for k in VLLM_EXTRAS):
+            refused = "vllm_extras"
+        elif "logprobs" in body and "logprobs" in lowered:
+            refused = "logprobs"
+        if refused is None:
+            return False
+        with self._lock:  # concurrent requests may all be refused; each resends once
+            self._features[refused] = False
+        return True
 
     def _post_once(self, body: dict[str, Any]) -> dict[str, Any]:
         """One HTTP attempt: the JSON body, `_Retryable`, or ServerError for a final 4xx."""
@@ -185,7 +187,7 @@ class OpenAIEngine:
             try:
                 return self._post_once(body)
             except ServerError as e:
-                if self._refused_feature(e.status or 0, e.server_message):
+                if self._refused_feature(e.status or 0, e.server_message, body):
                     continue  # resend without the refused optional feature (not a retry)
                 raise
             except _Retryable as e:

@@ -1,0 +1,296 @@
+"""The OpenAI-compatible backend against real HTTP servers on loopback.
+
+- `transformers serve` with the tiny model (a real OpenAI-compatible server; it ignores
+  `n` and `logprobs`, which exercises the one-request-per-sample fallback);
+- a scripted `http.server` that fails on purpose (503/429/500/400, slow replies) and
+  answers like vLLM (token ids as "token_id:N" with log-probs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from engines import EngineError, EngineOptions, SamplingParams
+from engines.openai_engine import OpenAIEngine, ServerError
+
+CONVS = [
+    [{"role": "user", "content": "Write a function that adds two numbers."}],
+    [{"role": "system", "content": "Ask questions first."}, {"role": "user", "content": "hi"}],
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- transformers serve
+
+
+@pytest.fixture(scope="module")
+def served_tiny(tiny_path, tmp_path_factory):
+    """`transformers serve` on a copy of the tiny model whose generation config samples.
+
+    (The server only samples when the checkpoint's generation config says do_sample.)
+    Yields (model name, base_url); the server is terminated at teardown.
+    """
+    model_dir = tmp_path_factory.mktemp("served") / "tiny-llama"
+    shutil.copytree(tiny_path, model_dir)
+    config_path = model_dir / "generation_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "do_sample": True}))
+    port = free_port()
+    cli = Path(sys.executable).parent / "transformers"
+    log = open(model_dir.parent / "serve.log", "w")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    proc = subprocess.Popen(
+        [str(cli), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"transformers serve exited ({proc.returncode}): {(model_dir.parent / 'serve.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("transformers serve was not ready after 120 s")
+            time.sleep(0.5)
+        yield str(model_dir), f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_transformers_serve_n_samples(served_tiny):
+    model, url = served_tiny
+    engine = OpenAIEngine(model, url, EngineOptions(max_retries=1, max_concurrency=4))
+    try:
+        out = engine.generate(CONVS, SamplingParams(n=3, temperature=1.0, max_new_tokens=8, seed=11))
+    finally:
+        engine.close()
+    assert [len(samples) for samples in out] == [3, 3]
+    for samples in out:
+        assert len({s.text for s in samples}) > 1  # fallback requests use seed, seed+1, ...: distinct samples
+        for s in samples:
+            assert s.text and s.finish_reason in ("stop", "length")
+            assert s.token_ids == () and s.logprobs is None  # this server returns no log-probs
+
+
+def test_transformers_serve_greedy_matches_hf_engine(served_tiny, hf_engine):
+    """Same chat template, same greedy tokens: the server and the local engine agree."""
+    model, url = served_tiny
+    engine = OpenAIEngine(model, url, EngineOptions(max_retries=1))
+    try:
+        remote = engine.generate(CONVS, SamplingParams(n=2, temperature=0.0, max_new_tokens=10))
+    finally:
+        engine.close()
+    local = hf_engine.generate(CONVS, SamplingParams(temperature=0.0, max_new_tokens=10))
+    for r, l in zip(remote, local):
+        assert r[0].text == r[1].text == l[0].text
+
+
+# --------------------------------------------------------------------------- scripted server
+
+
+class ScriptedServer:
+    """A real HTTP server whose replies come from `respond(body, i) -> (status, payload, headers, delay)`."""
+
+    def __init__(self, respond):
+        self.respond, self.requests = respond, []
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                    index = len(outer.requests) - 1
+                status, payload, headers, delay = outer.respond(body, index)
+                time.sleep(delay)
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    for k, v in {"Content-Type": "application/json", **headers}.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout test)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def vllm_like_reply(body, seed_offset=0):
+    """A vLLM-shaped completion: n choices, token ids as 'token_id:N', log-probs, prompt ids."""
+    choices = []
+    for i in range(body.get("n", 1)):
+        ids = [100 + i, 200 + i, 300 + (body.get("seed") or 0) + seed_offset]
+        content = [{"token": f"token_id:{t}", "logprob": -0.5 * (k + 1), "bytes": [], "top_logprobs": []} for k, t in enumerate(ids)]
+        choices.append({
+            "index": i,
+            "message": {"role": "assistant", "content": f"answer {i}"},
+            "logprobs": {"content": content} if body.get("logprobs") else None,
+            "finish_reason": "length" if i == 0 else "stop",
+        })
+    return {"id": "x", "object": "chat.completion", "choices": choices, "prompt_token_ids": [1, 2, 3]}
+
+
+@pytest.fixture
+def scripted():
+    servers = []
+
+    def make(respond):
+        servers.append(ScriptedServer(respond))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def engine_for(server, **options):
+    return OpenAIEngine("m", server.url, EngineOptions(**options), retry_backoff=0.01)
+
+
+def test_retries_on_503_and_429_then_succeeds(scripted):
+    failures = [(503, {"error": {"message": "overloaded"}}), (429, {"error": {"message": "slow down"}}), (503, {})]
+
+    def respond(body, i):
+        if i < len(failures):
+            status, payload = failures[i]
+            return status, payload, {"Retry-After": "0"}, 0
+        return 200, vllm_like_reply(body), {}, 0
+
+    server = scripted(respond)
+    engine = engine_for(server, max_retries=5, api_key="sk-test")
+    [samples] = engine.generate(CONVS[:1], SamplingParams(n=2, max_new_tokens=3, seed=5))
+    engine.close()
+    assert len(server.requests) == 4
+    assert server.requests[0]["auth"] == "Bearer sk-test" and server.requests[0]["path"] == "/v1/chat/completions"
+    assert [s.text for s in samples] == ["answer 0", "answer 1"]
+    assert samples[0].token_ids == (100, 200, 305) and samples[1].token_ids == (101, 201, 305)
+    assert samples[0].logprobs == (-0.5, -1.0, -1.5)
+    assert [s.finish_reason for s in samples] == ["length", "stop"]
+    assert samples[0].prompt_token_ids == (1, 2, 3)
+
+
+def test_persistent_500_raises_with_the_server_message(scripted):
+    server = scripted(lambda body, i: (500, {"error": {"message": "CUDA out of memory on worker 3"}}, {}, 0))
+    engine = engine_for(server, max_retries=2)
+    with pytest.raises(ServerError) as info:
+        engine.generate(CONVS[:1], SamplingParams())
+    engine.close()
+    assert isinstance(info.value, EngineError)
+    assert info.value.status == 500 and "CUDA out of memory on worker 3" in str(info.value)
+    assert "after 3 attempts" in str(info.value) and len(server.requests) == 3
+
+
+def test_400_is_not_retried(scripted):
+    server = scripted(lambda body, i: (400, {"error": {"message": "maximum context length is 8192 tokens"}}, {}, 0))
+    engine = engine_for(server, max_retries=5)
+    with pytest.raises(ServerError, match="HTTP 400 \\(not retried\\): maximum context length is 8192 tokens") as info:
+        engine.generate(CONVS[:1], SamplingParams())
+    engine.close()
+    assert info.value.status == 400 and len(server.requests) == 1
+
+
+def test_refused_optional_fields_are_dropped_once(scripted):
+    """A server that rejects vLLM's extra fields gets the request again without them."""
+
+    def respond(body, i):
+        if "return_tokens_as_token_ids" in body:
+            return 400, {"error": {"message": "Unrecognized request argument supplied: return_tokens_as_token_ids"}}, {}, 0
+        return 200, vllm_like_reply(body), {}, 0
+
+    server = scripted(respond)
+    engine = engine_for(server, max_retries=0)
+    out = engine.generate(CONVS, SamplingParams(n=1))
+    out += engine.generate(CONVS, SamplingParams(n=1))
+    engine.close()
+    assert all(s[0].text == "answer 0" for s in out)
+    assert len(server.requests) <= 2 + 2 + 2  # at most one refusal per first-wave request
+    assert "return_tokens_as_token_ids" not in server.requests[-1]["body"]
+
+
+def test_server_ignoring_n_gets_one_request_per_sample_with_distinct_seeds(scripted):
+    def respond(body, i):
+        reply = vllm_like_reply({**body, "n": 1})
+        return 200, reply, {}, 0
+
+    server = scripted(respond)
+    engine = engine_for(server, max_concurrency=1)
+    [samples] = engine.generate(CONVS[:1], SamplingParams(n=3, seed=40))
+    engine.close()
+    assert len(samples) == 3
+    assert [r["body"]["n"] for r in server.requests] == [3, 1, 1]
+    assert [r["body"]["seed"] for r in server.requests] == [40, 41, 42]
+    assert [s.token_ids[-1] for s in samples] == [340, 341, 342]
+
+
+def test_images_and_params_pass_through_untouched(scripted):
+    server = scripted(lambda body, i: (200, vllm_like_reply(body), {}, 0))
+    image = "data:image/png;base64," + "iVBORw0KGgo" * 50
+    conv = [{"role": "user", "content": [
+        {"type": "text", "text": "What differs?"},
+        {"type": "image_url", "image_url": {"url": image}},
+    ]}]
+    engine = engine_for(server)
+    engine.generate([conv], SamplingParams(n=2, temperature=0.3, top_p=0.9, max_new_tokens=7, stop=("\n\n",), seed=9))
+    engine.close()
+    body = server.requests[0]["body"]
+    assert body["messages"] == conv
+    assert (body["model"], body["n"], body["temperature"], body["top_p"], body["max_tokens"], body["stop"], body["seed"]) == (
+        "m", 2, 0.3, 0.9, 7, ["\n\n"], 9,
+    )
+    assert body["logprobs"] is True and body["return_tokens_as_token_ids"] is True
+
+
+def test_timeouts_are_retried_then_raised(scripted):
+    server = scripted(lambda body, i: (200, vllm_like_reply(body), {}, 1.0))
+    engine = engine_for(server, max_retries=1, request_timeout=0.2)
+    with pytest.raises(ServerError, match="after 2 attempts \\(no response\\): timed out after 0.2s"):
+        engine.generate(CONVS[:1], SamplingParams())
+    engine.close()
+    assert len(server.requests) == 2
+
+
+def test_connection_refused_raises_engine_error():
+    engine = OpenAIEngine("m", f"http://127.0.0.1:{free_port()}/v1", EngineOptions(max_retries=1), retry_backoff=0.01)
+    with pytest.raises(EngineError, match="connection error"):
+        engine.generate(CONVS[:1], SamplingParams())
+    engine.close()
