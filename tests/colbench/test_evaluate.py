@@ -1,0 +1,205 @@
+"""The evaluate CLI end to end: reference and replay scores, the tiny model through
+the LLM simulated human (as a subprocess), resume, bad input, the statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from colbench.evaluate import main, parse_config
+from colbench.stats import Metric, bootstrap_ci, win_outcomes
+from colbench.tasks import load_tasks
+from colbench.types import Episode, Score
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
+ENV = {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
+ERR = "python -m colbench.evaluate: error:"
+
+HALF_WATER_BILL = "def water_bill(gallons):\n    if gallons > 5000:\n        return 0.0\n" \
+                  "    if gallons <= 0:\n        return 12.0\n    return round(12.0 + gallons / 1000 * 3.0, 2)\n"
+
+
+def cli(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
+    cmd = [PY, "-c", code, *args] if code else [PY, "-m", "colbench.evaluate", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=540)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return load_tasks("builtin:test", env="backend", limit=3)
+
+
+@pytest.fixture()
+def replay_file(tmp_path, tasks):
+    good, water, wrong = tasks[1], tasks[0], tasks[2]
+    assert "water_bill" in water.description
+    rows = [{"task_id": good.task_id, "answer": good.hidden},
+            {"task_id": water.task_id, "answer": HALF_WATER_BILL},
+            {"task_id": wrong.task_id, "answer": "def nope():\n    pass\n"}]
+    path = tmp_path / "answers.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def metric(row: dict, name: str) -> float:
+    m = row["metrics"][name]
+    assert m["ci95"][0] <= m["value"] <= m["ci95"][1]
+    return m["value"]
+
+
+def test_reference_via_cli_scores_one_and_never_imports_sweet_or_torch(tmp_path):
+    code = ("import sys; from colbench.evaluate import main; rc = main(sys.argv[1:]); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('sweet', 'torch', 'transformers')); "
+            "print('HEAVY', bad); sys.exit(rc)")
+    out = tmp_path / "ref"
+    r = cli("--env", "backend", "--agent", "reference", "--output", str(out), "--no-progress", code=code)
+    assert r.returncode == 0, r.stderr
+    assert "HEAVY []" in r.stdout
+    [row] = json.loads((out / "leaderboard.json").read_text())
+    assert row["agent"] == "reference" and row["n_tasks"] == row["n_episodes"] >= 10
+    assert metric(row, "tests_passed") == 1.0 and metric(row, "success_rate") == 1.0
+    assert row["behaviour"]["answered_without_asking"] == 1.0 and row["behaviour"]["mean_turns"] == 1.0
+
+
+def test_replay_gives_exact_scores_and_resume_reuses(tmp_path, replay_file, capsys):
+    out = tmp_path / "run"
+    args = ["--env", "backend", "--agent", f"replay:{replay_file}", "--limit", "3", "--output", str(out),
+            "--no-progress"]
+    assert main(args) == 0
+    [row] = json.loads((out / "leaderboard.json").read_text())
+    assert row["agent"] == "replay-answers" and row["n_episodes"] == 3
+    assert metric(row, "tests_passed") == pytest.approx(0.5)  # (1 + 0.5 + 0) / 3
+    assert metric(row, "success_rate") == pytest.approx(1 / 3)
+    eps = (out / "episodes" / "replay-answers.jsonl").read_text()
+    assert main(args + ["--agent", "reference"]) == 0
+    assert (out / "episodes" / "replay-answers.jsonl").read_text() == eps
+    assert "replay-answers: reusing 3 finished episodes" in capsys.readouterr().err
+    rows = json.loads((out / "leaderboard.json").read_text())
+    assert [r["agent"] for r in rows] == ["replay-answers", "reference"]
+    assert main(args[:-1] + ["--max-turns", "3"]) == 2  # same DIR, different episode settings
+    assert "holds a run with max_turns=None" in capsys.readouterr().err
+
+
+def test_baseline_win_rate(tmp_path, replay_file):
+    out = tmp_path / "win"
+    assert main(["--env", "backend", "--agent", f"replay:{replay_file}", "--baseline-agent", "reference",
+                 "--limit", "3", "--output", str(out), "--no-progress"]) == 0
+    rows = {r["agent"]: r for r in json.loads((out / "leaderboard.json").read_text())}
+    # replay ties the reference on the one correct task and loses the others: (0.5 + 0 + 0) / 3
+    assert metric(rows["replay-answers"], "win_rate") == pytest.approx(1 / 6)
+    assert metric(rows["reference"], "win_rate") == 0.5 and rows["reference"]["baseline"]
+
+
+def test_bad_input_one_error_line_exit_2(tmp_path, replay_file, tasks, capsys):
+    bad_rows = tmp_path / "bad.jsonl"
+    bad_rows.write_text(json.dumps({"task_id": tasks[0].task_id, "answer": "x"}) + "\n{oops\n")
+    unknown = tmp_path / "unknown.jsonl"
+    unknown.write_text(json.dumps({"task_id": "no-such-task", "answer": "x"}) + "\n")
+    out = str(tmp_path / "o")
+    cases = [
+        (["--agent", "foo:bar"], "unknown backend 'foo'"),
+        (["--agent", "reference", "--tasks", str(tmp_path / "missing.jsonl")], "missing.jsonl"),
+        (["--agent", f"replay:{bad_rows}"], f"{bad_rows}:2: not valid JSON"),
+        (["--agent", f"replay:{unknown}"], f"{unknown}:1: unknown task_id 'no-such-task'"),
+        (["--agent", f"replay:{replay_file}"], "has no answer for task"),  # 3 answers, 20 tasks
+        (["--agent", "tiny"], "give --simulator SPEC or use --single-turn"),
+        (["--agent", "tiny", "--simulator", "scripted:nope"], "unknown simulator 'scripted:nope'"),
+        (["--agent", "reference", "--env", "nope"], "unknown environment 'nope'"),
+        (["--agent", "reference", "--seeds", "0"], "--seeds: invalid value 0"),
+        (["--agent", "a=reference", "--agent", "a=tiny", "--simulator", "tiny"], "share the name 'a'"),
+        (["--agent", "reference"], "--output DIR is required"),
+    ]
+    for args, message in cases:
+        full = args + (["--output", out] if "required" not in message else [])
+        assert main(full) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(ERR) and message in err[0], (args, err)
+    assert not Path(out).exists()  # nothing written, nothing loaded
+
+
+def test_bad_input_exit_code_as_subprocess_loads_no_model(tmp_path):
+    code = ("import sys; from colbench.evaluate import main; rc = main(sys.argv[1:]); "
+            "assert 'torch' not in sys.modules; sys.exit(rc)")
+    r = cli("--agent", "hf:/no/such/model", "--simulator", "tiny", "--output", str(tmp_path), code=code)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"{ERR} model spec 'hf:/no/such/model': path /no/such/model does not exist"]
+
+
+def test_yaml_config_with_flag_override(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("env: backend\nagent: [reference]\nseeds: 2\ntemperature: 0.7\noutput: out\n")
+    c = parse_config(["--config", str(cfg), "--seeds", "3"])
+    assert (c.agent, c.seeds, c.temperature, c.output) == (["reference"], 3, 0.7, "out")
+    cfg.write_text("agents: [reference]\n")
+    with pytest.raises(ValueError, match="unknown setting 'agents'"):
+        parse_config(["--config", str(cfg)])
+
+
+def _ep(task: str, seed: int, reward: float) -> Episode:
+    return Episode(task, "backend", "a", seed, score=Score(reward, reward == 1.0))
+
+
+def test_bootstrap_is_deterministic_and_over_tasks():
+    per_task = [[1.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.5, 0.5]]
+    a, b = bootstrap_ci(per_task), bootstrap_ci(per_task)
+    assert a == b and a.value == 0.5 and 0 <= a.low < 0.5 < a.high <= 1
+    assert bootstrap_ci([[1.0], [1.0]]) == Metric(1.0, 1.0, 1.0)  # no spread, no interval
+
+
+def test_win_outcomes_compare_seed_means_ties_half():
+    mine = [_ep("t1", 0, 1.0), _ep("t1", 1, 0.0), _ep("t2", 0, 0.3), _ep("t3", 0, 0.2)]
+    base = [_ep("t1", 0, 0.5), _ep("t2", 0, 0.1), _ep("t3", 0, 0.9)]
+    assert win_outcomes(mine, base) == [0.5, 1.0, 0.0]  # t1: mean 0.5 ties the baseline's 0.5
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    args = ["--env", "backend", "--agent", "tiny", "--simulator", "tiny", "--limit", "2", "--max-turns", "3",
+            "--max-new-tokens", "8", "--device", "cpu", "--output", str(out), "--no-progress"]
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, args
+
+
+def test_tiny_model_end_to_end_through_llm_simulator(tiny_run):
+    out, _ = tiny_run
+    [row] = json.loads((out / "leaderboard.json").read_text())
+    assert row["agent"] == "tiny" and row["n_tasks"] == 2 and row["n_episodes"] == 2
+    assert set(row["metrics"]) == {"tests_passed", "success_rate"}
+    for m in row["metrics"].values():
+        assert 0 <= m["ci95"][0] <= m["value"] <= m["ci95"][1] <= 1
+    assert {"mean_turns", "asked_before_answering", "answered_without_asking", "mean_agent_reply_chars",
+            "simulator_dont_know_rate", "simulator_failures"} <= set(row["behaviour"])
+    eps = [Episode.from_json(json.loads(ln)) for ln in (out / "episodes" / "tiny.jsonl").read_text().splitlines()]
+    assert len(eps) == 2
+    for ep in eps:
+        assert 1 <= len(ep.agent_turns) <= 3 and ep.score is not None
+        assert ep.meta["simulator"].startswith("llm:")
+        first = ep.agent_turns[0]
+        assert first.token_ids and len(first.logprobs) == len(first.token_ids) <= 8 and first.prompt_token_ids
+        for t in ep.turns:
+            if t.role == "human" and not t.failed:
+                assert t.content and "```" not in t.content and len(t.content) <= 400
+    html = (out / "report.html").read_text()
+    assert html.count("<img") >= 3 and "data:image/png;base64," in html
+    assert "| tiny |" in (out / "leaderboard.md").read_text()
+    config = json.loads((out / "config.json").read_text())
+    assert config["config"]["max_turns"] == 3 and config["seeds"] == [0]
+
+
+def test_rerun_with_one_more_agent_reuses_finished_episodes(tiny_run):
+    out, args = tiny_run
+    path = out / "episodes" / "tiny.jsonl"
+    before = (path.read_bytes(), path.stat().st_mtime_ns)
+    r = cli(*args, "--agent", "reference")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before
+    assert "tiny: reusing 2 finished episodes" in r.stderr and "Loading weights" not in r.stderr
+    assert [row["agent"] for row in json.loads((out / "leaderboard.json").read_text())] == ["tiny", "reference"]
