@@ -318,9 +318,16 @@ def _shell_code(code: int) -> int:
     return 128 - code if code < 0 else code & 0xFF
 
 
-def main() -> None:
-    fd, cfg = int(sys.argv[1]), json.loads(sys.argv[2])
-    job = json.loads(sys.stdin.buffer.read())  # read the source before anything else; then close stdin
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def sandbox(fd: int, cfg: dict) -> None:
+    """Process A (see the module docstring): job on fd 0, results on `fd`. Never returns."""
+    job = json.loads(_read_all(0))  # read the source before anything else; then close stdin
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     iso = {"process": True, "isolated_interpreter": True, "rlimits": True}
@@ -355,6 +362,56 @@ def main() -> None:
     os.chdir(scratch)
     run_job(fd, job, cfg, iso)
     os._exit(0)
+
+
+def zygote(ctrl_fd: int) -> None:
+    """Pre-started process that forks one A per job (saves the interpreter start).
+
+    Requests arrive on a SOCK_SEQPACKET socket: {"cmd": "fork", "cfg"} with two fds
+    (job read end, result write end), answered {"pid"}; {"cmd": "reap", "pid", "block"},
+    answered {"code"} (null while still running). The zygote never sees a job's source:
+    the forked A reads it from its own pipe. It reaps only on request, so a pid the
+    parent may still killpg is never reused. It exits when the parent closes the socket.
+    """
+    import socket
+
+    sock = socket.socket(fileno=ctrl_fd)
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 2)
+        except OSError:
+            break
+        if not msg:
+            break
+        req = json.loads(msg)
+        if req["cmd"] == "fork":
+            pid = os.fork()
+            if pid == 0:  # A: must never return into this loop
+                try:
+                    sock.close()  # the sandbox must not talk to the zygote
+                    os.setsid()  # own session and process group: the parent killpg's it
+                    os.dup2(fds[0], 0)
+                    os.close(fds[0])
+                    sandbox(fds[1], req["cfg"])
+                finally:
+                    os._exit(70)
+            for f in fds:
+                os.close(f)
+            sock.send(json.dumps({"pid": pid}).encode())
+        elif req["cmd"] == "reap":
+            try:
+                pid, status = os.waitpid(req["pid"], 0 if req.get("block") else os.WNOHANG)
+                code = os.waitstatus_to_exitcode(status) if pid else None
+            except ChildProcessError:
+                code = -1
+            sock.send(json.dumps({"code": code}).encode())
+    os._exit(0)
+
+
+def main() -> None:
+    if sys.argv[1] == "zygote":
+        zygote(int(sys.argv[2]))
+    sandbox(int(sys.argv[1]), json.loads(sys.argv[2]))
 
 
 if __name__ == "__main__":

@@ -64,9 +64,23 @@ def assert_no_processes(uid: int) -> None:
         time.sleep(0.05)
 
 
-def run_hostile(body: str, calls: list[str], limits: SandboxLimits = FAST) -> tuple[int, list[CallOutcome]]:
+@pytest.fixture(scope="module")
+def zygote_pool():
+    with SandboxPool(workers=2, limits=FAST) as pool:
+        yield pool
+
+
+@pytest.fixture(params=["exec", "zygote"])
+def runner(request, zygote_pool):
+    """Both ways a sandbox starts: a fresh interpreter (run_calls) or forked by the pool's zygote."""
+    if request.param == "exec":
+        return lambda source, calls: run_calls(source, calls, FAST)
+    return lambda source, calls: zygote_pool.run_many([(source, calls)])[0]
+
+
+def run_hostile(runner, body: str, calls: list[str]) -> tuple[int, list[CallOutcome]]:
     """Run PRELUDE + body; call 0 reports the sandbox uid, then `calls`. Returns (uid, outcomes)."""
-    outs = run_calls(PRELUDE + body, ["uid()", *calls], limits)
+    outs = runner(PRELUDE + body, ["uid()", *calls])
     assert outs[0].ok, outs[0]
     return outs[0].value["value"], outs[1:]
 
@@ -175,8 +189,8 @@ TIMER_TRICKS = {
 
 @needs_isolation
 @pytest.mark.parametrize("trick", sorted(TIMER_TRICKS))
-def test_timeouts_cannot_be_dodged(trick):
-    uid, outs = run_hostile(TIMER_TRICKS[trick], ["f()", "uid()"])
+def test_timeouts_cannot_be_dodged(trick, runner):
+    uid, outs = run_hostile(runner, TIMER_TRICKS[trick], ["f()", "uid()"])
     assert outs[0].error.startswith(("TimeoutError", "sandbox crashed")), outs[0]
     assert_contained(uid, outs)
 
@@ -195,8 +209,8 @@ FORKS = {
 
 @needs_isolation
 @pytest.mark.parametrize("kind", sorted(FORKS))
-def test_processes_are_contained_and_reaped(kind):
-    uid, outs = run_hostile(FORKS[kind], ["f()", "uid()"])
+def test_processes_are_contained_and_reaped(kind, runner):
+    uid, outs = run_hostile(runner, FORKS[kind], ["f()", "uid()"])
     assert_contained(uid, outs)
 
 
@@ -206,14 +220,14 @@ def test_processes_are_contained_and_reaped(kind):
     "def f():\n    x = []\n    while True:\n        x.append(bytearray(10 ** 7))\n",
     "def f():\n    return len(' ' * 10 ** 10)\n",
 ])
-def test_memory_bombs(bomb):
-    uid, outs = run_hostile(bomb, ["f()", "uid()"])
+def test_memory_bombs(bomb, runner):
+    uid, outs = run_hostile(runner, bomb, ["f()", "uid()"])
     assert "MemoryError" in outs[0].error or outs[0].error.startswith(("sandbox crashed", "TimeoutError")), outs[0]
     assert_contained(uid, outs)
 
 
 @needs_isolation
-def test_files_cannot_be_written_outside_scratch(tmp_path):
+def test_files_cannot_be_written_outside_scratch(tmp_path, runner):
     tag = uuid.uuid4().hex
     targets = [f"/tmp/sweet_pwned_{tag}", f"/var/tmp/sweet_pwned_{tag}", f"/dev/shm/sweet_pwned_{tag}",
                str(REPO / f"sweet_pwned_{tag}"), str(tmp_path / f"sweet_pwned_{tag}"), f"/sweet_pwned_{tag}"]
@@ -224,14 +238,14 @@ def test_files_cannot_be_written_outside_scratch(tmp_path):
         "    subprocess.run(['sh', '-c', ' '.join('touch ' + t + ';' for t in TARGETS)])\n"
         "    open('scratch_file', 'w').write('fine')\n    raise RuntimeError('tried')\n"
     )
-    uid, outs = run_hostile(body, ["f()", "uid()"])
+    uid, outs = run_hostile(runner, body, ["f()", "uid()"])
     for t in targets:
         assert not os.path.exists(t), f"sandbox wrote {t}"
     assert_contained(uid, outs)
 
 
 @needs_isolation
-def test_no_network_even_to_a_local_server():
+def test_no_network_even_to_a_local_server(runner):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(8)
@@ -250,7 +264,7 @@ def test_no_network_even_to_a_local_server():
     try:
         body = (f"def f():\n    s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
                 "    s.sendall(b'exfiltrated')\n    return 'connected'\n")
-        uid, outs = run_hostile(body, ["f()", "uid()"])
+        uid, outs = run_hostile(runner, body, ["f()", "uid()"])
         assert outs[0].error.startswith(("OSError", "ConnectionRefusedError", "TimeoutError")), outs[0]
         time.sleep(0.3)
         assert accepted == [], "the sandbox reached a server on the host's loopback"
@@ -276,7 +290,7 @@ def test_no_network_even_to_a_local_server():
     "os.kill(SENTINEL, signal.SIGKILL)",
     "kill_every_pid()",
 ])
-def test_cannot_kill_the_evaluator_or_other_processes(attack):
+def test_cannot_kill_the_evaluator_or_other_processes(attack, runner):
     sentinel = subprocess.Popen(["sleep", "60"])
     try:
         body = (f"EVALUATOR, SENTINEL = {os.getpid()}, {sentinel.pid}\n\n"
@@ -284,7 +298,7 @@ def test_cannot_kill_the_evaluator_or_other_processes(attack):
                 "            try:\n                os.kill(p, signal.SIGKILL)\n            except OSError:\n"
                 "                pass\n\n"
                 f"def f():\n    try:\n        {attack}\n    except OSError:\n        pass\n    raise RuntimeError('tried')\n")
-        uid, outs = run_hostile(body, ["f()", "uid()"])
+        uid, outs = run_hostile(runner, body, ["f()", "uid()"])
         assert sentinel.poll() is None, "the sandbox killed a host process"
         assert_contained(uid, outs)
     finally:
@@ -294,25 +308,25 @@ def test_cannot_kill_the_evaluator_or_other_processes(attack):
 
 @pytest.mark.parametrize("exit_stmt", ["sys.exit(0)", "os._exit(0)", "raise SystemExit(0)", "raise KeyboardInterrupt",
                                        "os.close(int(sys.argv[1]))"])
-def test_exiting_fails_only_that_call(exit_stmt):
+def test_exiting_fails_only_that_call(exit_stmt, runner):
     body = f"def f():\n    {exit_stmt}\n    return 1\n\ndef g():\n    return 2\n"
-    outs = run_calls(PRELUDE + body, ["g()", "f()", "g()"], FAST)
+    outs = runner(PRELUDE + body, ["g()", "f()", "g()"])
     assert outs[0].value == {"type": "int", "value": 2}
     assert not outs[1].ok, outs[1]
     assert outs[2].value == {"type": "int", "value": 2}
 
 
-def test_huge_output_is_contained():
+def test_huge_output_is_contained(runner):
     body = ("def noisy():\n    for _ in range(100):\n        print('x' * 100_000)\n        sys.stderr.write('y' * 100_000)\n"
             "    return 7\n\ndef huge():\n    return 'x' * 1_000_000\n")
-    outs = run_calls(PRELUDE + body, ["noisy()", "huge()", "noisy()"], FAST)
+    outs = runner(PRELUDE + body, ["noisy()", "huge()", "noisy()"])
     assert outs[0].value == {"type": "int", "value": 7}
     assert not outs[1].ok and "output too large" in outs[1].error
     assert outs[2].value == {"type": "int", "value": 7}
 
 
 @needs_isolation
-def test_cannot_read_the_reference_source():
+def test_cannot_read_the_reference_source(runner):
     secret = f"SWEET_SECRET_{uuid.uuid4().hex}"
     reference = f"import time\n\nSECRET = {secret!r}\n\ndef f():\n    time.sleep(3)\n    return SECRET\n"
     spy = (
@@ -331,21 +345,63 @@ def test_cannot_read_the_reference_source():
         "    hits += [p for p in (REPO, '/work') if os.path.exists(p)]\n"
         "    return hits, sorted(os.listdir('/proc'))[:3]\n"
     ).replace("REPO", repr(str(REPO)))
-    with SandboxPool(workers=2, limits=SandboxLimits(wall_seconds_per_call=5, wall_seconds_total=10)) as pool:
-        ref_job = pool._executor.submit(run_calls, reference, ["f()"], pool.limits)
+    with SandboxPool(workers=1, limits=SandboxLimits(wall_seconds_per_call=5, wall_seconds_total=10)) as pool:
+        ref_job = threading.Thread(target=lambda: ref_outs.extend(pool.run_many([(reference, ["f()"])])[0]))
+        ref_outs: list[CallOutcome] = []
+        ref_job.start()
         time.sleep(1.0)  # the reference is running, its source in its sandbox's memory
-        spy_out = run_calls(PRELUDE + spy, ["scan()"], FAST)[0]
-        ref_out = ref_job.result()[0]
+        spy_out = runner(PRELUDE + spy, ["scan()"])[0]
+        ref_job.join()
+        ref_out = ref_outs[0]
     assert ref_out.value == {"type": "str", "value": secret}
     assert spy_out.ok, spy_out
     hits = [x["value"] for x in spy_out.value["items"][0]["items"]]
     assert hits == [], f"the answer found the reference (or the repo) at {hits}"
 
 
-def test_result_channel_garbage_fails_the_call():
+def test_result_channel_garbage_fails_the_call(runner):
     body = ("def forge():\n    os.write(int(sys.argv[1]), b'{\"i\": 99, \"ok\": true}\\n')\n    return 1\n\n"
             "def deep():\n    os.write(int(sys.argv[1]), b'{\"i\": 1, \"ok\": true, \"value\": ' + b'[' * 100000 + b'\\n')\n    return 1\n")
-    outs = run_calls(PRELUDE + body, ["forge()", "uid()"], FAST)
+    outs = runner(PRELUDE + body, ["forge()", "uid()"])
     assert not outs[0].ok and outs[1].ok
-    outs = run_calls(PRELUDE + body, ["uid()", "deep()"], FAST)
+    outs = runner(PRELUDE + body, ["uid()", "deep()"])
     assert not outs[1].ok
+
+
+# ---------------------------------------------------------------- the zygote
+
+
+def _memory_contains(pid: int, needle: bytes) -> bool:
+    """Scan a process's readable memory (we are root) for `needle`."""
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            addr, perms = line.split()[:2]
+            if "r" not in perms or "[vvar" in line or "[vsyscall" in line:
+                continue
+            lo, hi = (int(x, 16) for x in addr.split("-"))
+            try:
+                mem.seek(lo)
+                if needle in mem.read(hi - lo):
+                    return True
+            except (OSError, ValueError, OverflowError):
+                pass
+    return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reading another process's memory needs root")
+def test_zygote_never_holds_the_source(zygote_pool):
+    secret = f"SWEET_ZYGOTE_SECRET_{uuid.uuid4().hex}"
+    out = zygote_pool.run_many([(f"S = {secret!r}\n", ["S"])])[0][0]
+    assert out.value == {"type": "str", "value": secret}  # it did run through the zygote
+    zpid = zygote_pool._zygote._proc.pid
+    assert _memory_contains(zpid, b"import")  # control: the scan sees the zygote's heap
+    assert not _memory_contains(zpid, secret.encode())
+
+
+def test_pool_survives_its_zygote_dying():
+    with SandboxPool(workers=1, limits=FAST) as pool:
+        assert pool.run_many([("x = 1", ["x"])])[0][0].ok
+        pool._zygote._proc.kill()
+        pool._zygote._proc.wait()
+        assert pool.run_many([("x = 2", ["x"])])[0][0].value == {"type": "int", "value": 2}
+        assert pool._zygote is not None  # restarted, not dropped
