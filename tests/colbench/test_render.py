@@ -1,0 +1,250 @@
+"""Offline rendering in real chromium: repeatable, Tailwind from vendored copies,
+local placeholder images, no network, hostile pages contained."""
+
+from __future__ import annotations
+
+import http.server
+import io
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from colbench import render as R
+from colbench.render import ChromiumNotFound, RenderPool, image_size_from_url
+
+pytestmark = pytest.mark.skipif(not Path(R.DEFAULT_CHROMIUM).exists(), reason="chromium not installed (apt-get install chromium)")
+
+TW2_JSDELIVR = '<link href="https://cdn.jsdelivr.net/npm/tailwindcss@2.2.19/dist/tailwind.min.css" rel="stylesheet">'
+TW2_UNPKG = '<link href="https://unpkg.com/tailwindcss@^2/dist/tailwind.min.css" rel="stylesheet">'
+TW_PLAY_CDN = '<script src="https://cdn.tailwindcss.com"></script>'
+
+RED_BOX = '<div class="bg-red-500 w-64 h-64"></div>'
+NORMAL = f"<html><head>{TW2_JSDELIVR}</head><body>{RED_BOX}<p class='text-xl'>normal</p></body></html>"
+
+
+def page(head: str, body: str) -> str:
+    return f"<!DOCTYPE html><html><head>{head}</head><body>{body}</body></html>"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RenderPool(workers=2, timeout_s=6.0) as p:
+        yield p
+
+
+def is_red(px: tuple[int, int, int]) -> bool:
+    return px[0] > 200 and px[1] < 90 and px[2] < 90
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+@pytest.mark.parametrize(
+    "url, size",
+    [
+        ("https://picsum.photos/200/300", (200, 300)),
+        ("https://picsum.photos/250", (250, 250)),
+        ("https://picsum.photos/id/237/640/480?grayscale", (640, 480)),
+        ("https://picsum.photos/seed/abc/320/200", (320, 200)),
+        ("https://source.unsplash.com/random/400x250", (400, 250)),
+        ("https://source.unsplash.com/1600x900/?nature,water", (1600, 900)),
+        ("https://placehold.co/600x400/png", (600, 400)),
+        ("https://via.placeholder.com/150", (150, 150)),
+        ("https://via.placeholder.com/150x50.png?text=hi", (150, 50)),
+        ("https://dummyimage.com/728x90/000/fff", (728, 90)),
+        ("https://images.unsplash.com/photo-1?w=500&h=200&fit=crop", (500, 200)),
+        ("https://source.unsplash.com/random", R.DEFAULT_IMAGE_SIZE),
+        ("https://example.com/logo.png", R.DEFAULT_IMAGE_SIZE),
+        ("https://picsum.photos/99999/5", (R.MAX_IMAGE_SIDE, 5)),
+    ],
+)
+def test_image_size_from_url(url, size):
+    assert image_size_from_url(url) == size
+
+
+def test_placeholder_png_is_deterministic_per_url():
+    a, b = R.placeholder_png("https://picsum.photos/64/48"), R.placeholder_png("https://picsum.photos/64/48?x")
+    assert Image.open(io.BytesIO(a)).size == (64, 48)
+    R.placeholder_png.cache_clear()
+    assert R.placeholder_png("https://picsum.photos/64/48") == a
+    assert a != b
+
+
+def test_purged_tailwind_keeps_every_rule_when_every_class_is_used():
+    rules, index = R._tailwind_rules()
+    full = R.tailwind_css_for('<div class="%s">' % " ".join(index))
+    strip = lambda css: re.sub(r"/\*.*?\*/", "", css, flags=re.S)  # noqa: E731
+    assert strip(full) == strip(R.TAILWIND_CSS.read_text())
+    small = R.tailwind_css_for('<div class="md:w-1/2 hover:bg-blue-200 group"><p class="group-hover:text-white">')
+    assert ".md\\:w-1\\/2{width:50%}" in small and ".group:hover .group-hover\\:text-white" in small
+    assert ".bg-red-500" not in small and len(small) < 50_000
+
+
+@pytest.mark.parametrize(
+    "url, kind",
+    [
+        ("https://cdn.tailwindcss.com", "application/javascript"),
+        ("https://cdn.tailwindcss.com/3.4.1?plugins=forms", "application/javascript"),
+        ("https://cdn.jsdelivr.net/npm/@tailwindcss/browser@4", "application/javascript"),
+        ("https://cdn.jsdelivr.net/npm/tailwindcss@2.2.19/dist/tailwind.min.css", "text/css"),
+        ("https://unpkg.com/tailwindcss@2.0.0/dist/tailwind.min.css", "text/css"),
+        ("https://unpkg.com/tailwindcss-forms.css", None),
+        ("https://fonts.googleapis.com/css2?family=Inter", None),
+        ("http://127.0.0.1:8000/x.js", None),
+    ],
+)
+def test_route_request_maps_cdns_and_blocks_the_rest(url, kind):
+    resource = "script" if kind == "application/javascript" else "stylesheet"
+    answer = R.route_request(url, resource, "<div class='p-4'>")
+    assert (answer[0] if answer else None) == kind
+
+
+def test_missing_chromium_says_how_to_install(monkeypatch):
+    monkeypatch.setenv("SWEET_CHROMIUM", "/nonexistent/chromium")
+    with pytest.raises(ChromiumNotFound, match="apt-get install chromium"):
+        RenderPool()
+
+
+# ---------------------------------------------------------------- real chromium
+
+
+def test_identical_html_renders_identically(pool, tmp_path):
+    html = page(TW2_JSDELIVR, RED_BOX + '<img src="https://picsum.photos/300/200"><p class="text-3xl font-bold">Hello</p>'
+                "<script>document.body.append(String(Math.random()))</script>")
+    a, b = pool.render([html, html], [tmp_path / "a.png", tmp_path / "b.png"])
+    (c,) = pool.render([html])
+    assert a.error is None and b.error is None and c.error is None
+    assert a.image.size == (1280, 800)
+    assert a.image.tobytes() == b.image.tobytes() == c.image.tobytes()
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+
+
+@pytest.mark.parametrize("head", [TW2_JSDELIVR, TW2_UNPKG, TW_PLAY_CDN], ids=["css-jsdelivr", "css-unpkg", "play-cdn"])
+def test_tailwind_applies_offline(pool, head):
+    (res,) = pool.render([page(head, RED_BOX + '<div class="bg-blue-500 w-32 h-32"></div>')])
+    assert res.error is None
+    assert is_red(res.image.getpixel((100, 100)))  # inside the 256x256 (w-64 h-64) red box
+    blue = res.image.getpixel((50, 300))
+    assert blue[2] > 200 and blue[0] < 120
+    assert res.image.getpixel((600, 100)) == (255, 255, 255)  # outside: unstyled white body
+
+
+def test_responsive_variants_apply_at_the_viewport_width(pool):
+    html = page(TW2_JSDELIVR, '<div class="w-full md:w-1/2 h-10 bg-red-500"></div>')
+    (s,) = pool.extract_structure([html])
+    assert s["blocks"][0]["box"][2] == 640  # md: applies at 1280 px
+
+
+def test_placeholder_images_render_at_requested_size(pool):
+    html = page("", '<img id="a" src="https://picsum.photos/200/300"><img src="https://source.unsplash.com/random/400x120">'
+                    '<img src="https://placehold.co/90x60">')
+    (s,) = pool.extract_structure([html])
+    imgs = [b for b in s["blocks"] if b["tag"] == "img"]
+    assert [b["natural"] for b in imgs] == [[200, 300], [400, 120], [90, 60]]
+    assert [b["box"][2:] for b in imgs] == [[200, 300], [400, 120], [90, 60]]
+    (res,) = pool.render([html])
+    assert len(res.image.crop((0, 0, 200, 300)).getcolors(maxcolors=10_000) or []) > 3  # an actual picture, not blank
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    hits: list[str] = []
+
+    def do_GET(self):  # noqa: N802
+        _Recorder.hits.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"x")
+
+    do_POST = do_GET  # noqa: N815
+
+    def log_message(self, *args):
+        pass
+
+
+def test_external_and_local_requests_are_blocked(pool):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Recorder.hits = []
+    try:
+        port = server.server_address[1]
+        # every way a page can reach out, to both 127.0.0.1 and localhost
+        probes = "".join(
+            f"""<link rel="stylesheet" href="http://{h}:{port}/css"><script src="http://{h}:{port}/js"></script>
+            <img src="http://{h}:{port}/img.png"><iframe src="http://{h}:{port}/frame"></iframe>
+            <link rel="prefetch" href="http://{h}:{port}/prefetch"><video src="http://{h}:{port}/v.mp4"></video>
+            <form id="f{i}" action="http://{h}:{port}/form" method="post"></form>
+            <script>
+              fetch("http://{h}:{port}/fetch").catch(() => {{}});
+              const x = new XMLHttpRequest(); x.open("GET", "http://{h}:{port}/xhr"); x.send();
+              navigator.sendBeacon("http://{h}:{port}/beacon", "b");
+              try {{ new WebSocket("ws://{h}:{port}/ws"); }} catch (e) {{}}
+              new EventSource("http://{h}:{port}/sse");
+              new Image().src = "http://{h}:{port}/img2";
+            </script>"""
+            for i, h in enumerate(["127.0.0.1", "localhost"])
+        )
+        probes += f'<script>setTimeout(() => {{ document.getElementById("f0").submit(); }}, 0);' \
+                  f'setTimeout(() => {{ location.href = "http://127.0.0.1:{port}/nav"; }}, 50);</script>'
+        (res,) = pool.render([page("", probes + RED_BOX)])
+        time.sleep(0.5)
+        assert res.error is None
+        assert _Recorder.hits == []
+    finally:
+        server.shutdown()
+
+
+HOSTILE = {
+    "infinite-loop": "<script>while(true){}</script><p>never</p>",
+    "loop-after-load": "<p>x</p><script>setTimeout(() => { while(true){} }, 0)</script>",
+    "dialogs": "<script>alert('a'); confirm('b'); prompt('c');</script>" + RED_BOX,
+    "navigate-away": '<script>location = "https://example.com/";</script>' + RED_BOX,
+    "reload-loop": "<script>setTimeout(() => location.reload(), 0)</script>" + RED_BOX,
+    "meta-refresh": '<meta http-equiv="refresh" content="0; url=https://example.com/">' + RED_BOX,
+    "window-open": '<script>window.open("https://example.com"); window.open("about:blank");</script>'
+                   '<a id="l" href="https://example.com" target="_blank">x</a><script>l.click()</script>' + RED_BOX,
+    "huge-page": '<div style="height:100000px;background:linear-gradient(red, blue)"></div>',
+    "malformed": "<div><p><span>unclosed <table><tr><td>x</div></b></i><<>>&&&;<script>if(</script>" + RED_BOX,
+    "beforeunload": "<script>onbeforeunload = e => { e.preventDefault(); e.returnValue = 'stay'; }</script>" + RED_BOX,
+}
+
+
+def test_hostile_pages_render_or_fail_within_the_timeout(pool):
+    names = list(HOSTILE)
+    htmls = [page(TW2_JSDELIVR, HOSTILE[n]) for n in names] + [NORMAL]
+    results = dict(zip(names + ["normal"], pool.render(htmls)))
+    for name in ("infinite-loop", "loop-after-load"):
+        assert results[name].image is None and "timed out" in results[name].error
+    for name in ("dialogs", "navigate-away", "reload-loop", "meta-refresh", "window-open", "malformed", "beforeunload", "normal"):
+        assert results[name].error is None, (name, results[name].error)
+        assert is_red(results[name].image.getpixel((100, 100))), name
+    huge = results["huge-page"]
+    assert huge.error is None and huge.image.size == (1280, pool.max_height) and huge.page_height >= 100_000
+    # the pool recovered: the contexts that hung were replaced and both workers render
+    after = pool.render([NORMAL, NORMAL])
+    assert all(r.error is None and is_red(r.image.getpixel((100, 100))) for r in after)
+    assert pool.n_recycled >= 2
+
+
+def test_render_is_thread_safe(pool):
+    htmls = [page(TW2_JSDELIVR, f'<div class="bg-green-500 h-{8 * (i % 3 + 1)}">{i}</div>') for i in range(6)]
+    with ThreadPoolExecutor(3) as ex:
+        runs = list(ex.map(lambda h: pool.render([h])[0], htmls))
+    serial = pool.render(htmls)
+    assert all(r.error is None for r in runs + serial)
+    assert [r.image.tobytes() for r in runs] == [r.image.tobytes() for r in serial]
+
+
+def test_extract_structure_reports_text_colours_and_layout(pool):
+    html = page(TW2_JSDELIVR, '<header class="bg-blue-600 text-white p-4"><h1 class="text-3xl font-bold">Acme</h1></header>'
+                              '<main class="p-8"><p class="text-gray-700">Welcome home</p><button class="bg-red-500">Buy</button></main>')
+    (s,) = pool.extract_structure([html])
+    texts = [b.get("text") for b in s["blocks"]]
+    assert texts.index("Acme") < texts.index("Welcome home")
+    h1 = next(b for b in s["blocks"] if b.get("text") == "Acme")
+    assert h1["color"] == "#ffffff" and h1["bg"] == "#2563eb" and h1["font"] == "30px bold"
+    assert any(b["tag"] == "button" and b["label"] == "Buy" for b in s["blocks"])
