@@ -4,7 +4,8 @@ Run as `python -I -S _sandbox_child.py RESULT_FD CONFIG_JSON`, stdlib only (no s
 no repo on sys.path). The parent writes one JSON job {"source", "calls"} on stdin and
 closes it; results come back as JSON lines on RESULT_FD:
 
-    {"event": "module", "ok": bool, "error": str|null, "isolation": {...}}
+    {"event": "ready", "isolation": {...}}        (sent before any untrusted code runs)
+    {"event": "module", "ok": bool, "error": str|null}
     {"i": k, "ok": bool, "value": <plain-data encoding>|null, "error": str|null}
 
 Process tree when namespaces are available (we run as root):
@@ -293,10 +294,11 @@ def _guarded(fn, cfg):
 
 def run_job(fd: int, job: dict, cfg: dict, iso: dict) -> None:
     """Execute the source as a module, then each call; stream one result line each."""
+    _send(fd, {"event": "ready", "isolation": iso}, cfg["max_output_bytes"])
     mod = types.ModuleType("solution")  # __name__ != "__main__": `if __name__ == ...` blocks stay off
     sys.modules["solution"] = mod  # dataclasses, pickle and friends look the module up
     ok, err = _guarded(lambda: exec(compile(job["source"], "<solution>", "exec"), mod.__dict__), cfg)
-    _send(fd, {"event": "module", "ok": ok, "error": None if ok else err, "isolation": iso}, cfg["max_output_bytes"])
+    _send(fd, {"event": "module", "ok": ok, "error": None if ok else err}, cfg["max_output_bytes"])
     for i, call in enumerate(job["calls"]):
         if not ok:
             break
@@ -330,6 +332,7 @@ def sandbox(fd: int, cfg: dict) -> None:
     job = json.loads(_read_all(0))  # read the source before anything else; then close stdin
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
+    os.close(null)
     iso = {"process": True, "isolated_interpreter": True, "rlimits": True}
     os.environ.clear()
     os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "_SANDBOX_A_PID": str(os.getpid())})

@@ -37,6 +37,8 @@ Threat model and the mechanism that stops each threat (child side in _sandbox_ch
 | secrets in the environment                | minimal environment (PATH, LANG, HOME, TMPDIR)         |
 | flooding our memory with output           | stdout/stderr to /dev/null; result lines size-capped   |
 
+Set SWEET_SANDBOX_DEBUG=1 to see the sandbox processes' stderr (setup failures).
+
 Where a mechanism is unavailable (not root, namespaces refused), one warning is logged
 per process naming what is missing and the strongest remaining set is used;
 `isolation_report()` says what is active. A forged result line (user code writing to
@@ -252,11 +254,13 @@ def _run_once(source: str, calls: list[str], limits: SandboxLimits, deadline: fl
     out: list[CallOutcome] = []
     iso: dict = {}
     try:
-        line_deadline = start + STARTUP_GRACE_S + limits.wall_seconds_per_call + LINE_GRACE_S
-        rec, why = chan.next_line(min(line_deadline, deadline))
-        if rec is None or rec.get("event") != "module":
+        rec, why = chan.next_line(min(start + STARTUP_GRACE_S, deadline))
+        if rec is None or rec.get("event") != "ready":
             return _failed(len(calls), _why_text(why or "garbage", proc)), False
         iso = rec.get("isolation") if isinstance(rec.get("isolation"), dict) else {}
+        rec, why = chan.next_line(min(time.monotonic() + limits.wall_seconds_per_call + LINE_GRACE_S, deadline))
+        if rec is None or rec.get("event") != "module":
+            return _failed(len(calls), _why_text(why or "garbage", proc)), False
         if not rec.get("ok"):
             return _failed(len(calls), str(rec.get("error"))[:500]), False
         for i in range(len(calls)):
