@@ -530,10 +530,14 @@ class RenderPool:
     async def _start(self) -> None:
         from playwright.async_api import async_playwright
 
+        # Index the Tailwind sheet (~1 s, once per process) while chromium starts, so
+        # no page's time budget pays for it.
+        indexing = asyncio.get_running_loop().run_in_executor(None, _tailwind_rules)
         self._pw = await async_playwright().start()
         self._state["pw"] = self._pw
         self._restart_lock = asyncio.Lock()
         await self._launch()
+        await indexing
         self._slots = asyncio.Queue()
         for _ in range(self.workers):
             self._slots.put_nowait(await self._new_slot())

@@ -1,0 +1,231 @@
+"""ColBench frontend design: the agent builds a web page with a simulated human.
+
+    from colbench.envs import make_env
+    env = make_env("frontend", render_dir="runs/x/renders")   # FrontendEnv
+    msgs = env.agent_messages(task, turns)       # system + site idea + dialogue
+    env.is_final(text); html = env.extract_answer(text)
+    scores = env.score(tasks, answers)           # CLIP cosine of the two renders
+    env.renderer                                 # the RenderPool simulators share
+
+Each agent turn may hold one HTML draft (```html fence); the simulated human sees it
+rendered next to the hidden target and says how they differ (simulators.vlm,
+simulators.text_frontend). The final answer is the HTML after the answer marker.
+
+Scoring renders the answer and the target offline (colbench.render: vendored
+Tailwind, local placeholder images, no network) and takes the cosine similarity of
+their CLIP image embeddings (colbench.clip_reward; paper: OpenAI ViT-B/32).
+Success = reward >= `success_threshold`. Target embeddings are cached per task.
+Departures from the reference: the answer is kept as HTML (the Episode stores it;
+Score.detail holds the screenshot paths), whole pages are embedded (scheme "pad",
+not a 224-px centre crop), and an empty answer scores 0 instead of the cosine of a
+blank page.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from colbench.envs.base import DEFAULT_ANSWER_MARKER
+from colbench.types import Score, Task, Turn
+from engines.base import Message
+
+if TYPE_CHECKING:
+    from colbench.clip_reward import ClipScorer
+    from colbench.render import RenderPool
+
+PROMPT_PATH = Path(__file__).with_name("prompts") / "frontend_agent.txt"
+SINGLE_TURN_NOTE = (
+    "\n\nThis time you get a single turn and no feedback: answer now. Write \"{answer_marker}\" "
+    "followed by the complete HTML document in a ```html code block."
+)
+
+_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|$)", re.DOTALL)
+_HTML_DOC = re.compile(r"(?:<!DOCTYPE html[^>]*>\s*)?<html\b.*?(?:</html\s*>|$)", re.DOTALL | re.IGNORECASE)
+
+
+def extract_html(text: str) -> str:
+    """The HTML in an agent message: the first ```html block (else the first fenced
+    block that looks like markup), else an <html>...</html> document, else the text."""
+    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
+    for lang, body in blocks:
+        if lang in ("html", "htm", "xhtml"):
+            return body.strip()
+    for _, body in blocks:
+        if "<" in body and ">" in body:
+            return body.strip()
+    m = _HTML_DOC.search(text)
+    return m.group(0).strip() if m else text.strip()
+
+
+def has_html(text: str) -> bool:
+    """Whether an agent message holds a page to render (a fenced block or an HTML tag)."""
+    return bool(_FENCE.search(text)) or bool(re.search(r"<(html|body|div|section|header|main)\b", text, re.I))
+
+
+def _slug(task_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", task_id)[:80] or "task"
+
+
+class FrontendEnv:
+    """Environment contract (colbench.envs.base.Environment) for ColBench frontend design.
+
+    answer_marker:     the agent ends the dialogue with it (paper: "I WANT TO ANSWER:").
+    max_turns:         agent turns at most (paper: 10).
+    success_threshold: success = CLIP cosine >= this.
+    clip_model, clip_pretrained, clip_scheme, clip_device: the ClipScorer ("tiny" for tests).
+    render_dir:        where screenshots go (answers/, targets/); default a temp dir.
+    workers:           browser contexts rendering at once.
+    render_timeout_s:  per page; a page past it scores 0 with Score.error.
+    """
+
+    name = "frontend"
+
+    def __init__(self, answer_marker: str = DEFAULT_ANSWER_MARKER, max_turns: int = 10,
+                 success_threshold: float = 0.9, clip_model: str = "ViT-B-32", clip_pretrained: str = "openai",
+                 clip_scheme: str = "pad", clip_device: str | None = None, render_dir: str | Path | None = None,
+                 workers: int = 2, render_timeout_s: float = 10.0, viewport_width: int = 1280,
+                 viewport_height: int = 800, max_height: int = 8000, prompt_path: str | Path | None = None):
+        if not answer_marker.strip():
+            raise ValueError("FrontendEnv.answer_marker must be non-empty")
+        if max_turns < 1:
+            raise ValueError(f"FrontendEnv.max_turns must be >= 1, got {max_turns}")
+        if not 0.0 <= success_threshold <= 1.0:
+            raise ValueError(f"FrontendEnv.success_threshold must be in [0, 1], got {success_threshold}")
+        self.answer_marker = answer_marker
+        self.max_turns = max_turns
+        self.success_threshold = success_threshold
+        self.clip_options = dict(model=clip_model, pretrained=clip_pretrained, scheme=clip_scheme, device=clip_device)
+        self.render_options = dict(workers=workers, timeout_s=render_timeout_s, viewport_width=viewport_width,
+                                   viewport_height=viewport_height, max_height=max_height)
+        self._render_dir = Path(render_dir) if render_dir is not None else None
+        path = Path(prompt_path) if prompt_path else PROMPT_PATH
+        self._template = path.read_text(encoding="utf-8")
+        self._renderer: RenderPool | None = None
+        self._scorer: ClipScorer | None = None
+        self._targets: dict[tuple[str, str], tuple[str, Any, None]] = {}  # (task_id, html hash) -> (png, embedding, None)
+        self._lock = threading.Lock()
+
+    # ---- dialogue
+
+    def system_prompt(self, single_turn: bool = False) -> str:
+        text = self._template + (SINGLE_TURN_NOTE if single_turn else "")
+        return text.replace("{max_turns}", str(1 if single_turn else self.max_turns)).replace(
+            "{answer_marker}", self.answer_marker).strip()
+
+    def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
+        """System instructions, the site idea as the human's first message, then the
+        dialogue (agent turns as "assistant", human feedback as "user")."""
+        messages: list[Message] = [{"role": "system", "content": self.system_prompt(single_turn)},
+                                   {"role": "user", "content": task.description}]
+        for t in turns:
+            messages.append({"role": "assistant" if t.role == "agent" else "user", "content": t.content})
+        return messages
+
+    def is_final(self, agent_text: str) -> bool:
+        return self.answer_marker in agent_text
+
+    def extract_answer(self, agent_text: str) -> str:
+        """The HTML after the marker; without a marker (turn limit reached) the HTML in
+        the whole message."""
+        _, found, after = agent_text.partition(self.answer_marker)
+        return extract_html(after if found and after.strip() else agent_text)
+
+    def training_info(self, task: Task) -> str:
+        """The target page's HTML: SWEET-RL's training-time information for the critic."""
+        return task.hidden
+
+    # ---- shared machinery (lazy: building prompts needs neither a browser nor CLIP)
+
+    @property
+    def renderer(self) -> "RenderPool":
+        """The RenderPool this env renders with; simulators share it."""
+        with self._lock:
+            if self._renderer is None:
+                from colbench.render import RenderPool
+
+                self._renderer = RenderPool(**self.render_options)
+            return self._renderer
+
+    @property
+    def scorer(self) -> "ClipScorer":
+        with self._lock:
+            if self._scorer is None:
+                from colbench.clip_reward import ClipScorer
+
+                opts = self.clip_options
+                self._scorer = ClipScorer(opts["model"], opts["pretrained"], scheme=opts["scheme"], device=opts["device"])
+            return self._scorer
+
+    @property
+    def render_dir(self) -> Path:
+        with self._lock:
+            if self._render_dir is None:
+                self._render_dir = Path(tempfile.mkdtemp(prefix="colbench-frontend-"))
+            return self._render_dir
+
+    # ---- scoring
+
+    def score(self, tasks: Sequence[Task], answers: Sequence[str]) -> list[Score]:
+        """Render answers and targets, reward = CLIP cosine of the two screenshots.
+        A render failure or timeout scores 0 (Score.error); never raises for one answer.
+        (A CLIP model that cannot be loaded is a setup error and does raise.)"""
+        if len(tasks) != len(answers):
+            raise ValueError(f"score: {len(tasks)} tasks but {len(answers)} answers")
+        if not tasks:
+            return []
+        targets = self._target_embeddings(tasks)
+        todo = [i for i, a in enumerate(answers) if a.strip()]
+        paths = [self.render_dir / "answers" / f"{_slug(tasks[i].task_id)}-{_digest(answers[i])}.png" for i in todo]
+        renders = dict(zip(todo, self.renderer.render([answers[i] for i in todo], paths)))
+        ok = [i for i in todo if renders[i].ok and targets[i][1] is not None]
+        embeddings = dict(zip(ok, self.scorer.embed([renders[i].image for i in ok]))) if ok else {}
+        scores = []
+        for i, (task, answer) in enumerate(zip(tasks, answers)):
+            target_png, target_emb, target_error = targets[i]
+            detail: dict[str, Any] = {"answer_png": None, "target_png": target_png, "answer_html_chars": len(answer)}
+            res = renders.get(i)
+            if res is not None and res.ok:
+                detail.update(answer_png=str(res.png_path), answer_page_height=res.page_height)
+            error = ("empty answer" if not answer.strip() else
+                     f"target render failed: {target_error}" if target_error else
+                     f"answer render failed: {res.error}" if not res.ok else None)
+            if error:
+                scores.append(Score(0.0, False, detail, error))
+                continue
+            reward = float((embeddings[i] * target_emb).sum().clamp(-1.0, 1.0))
+            scores.append(Score(reward, reward >= self.success_threshold, detail))
+        return scores
+
+    def _target_embeddings(self, tasks: Sequence[Task]) -> list[tuple[str | None, Any, str | None]]:
+        """(png path, CLIP embedding, error) of each task's target; rendered and embedded
+        once per (task_id, target HTML)."""
+        keys = [(t.task_id, _digest(t.hidden)) for t in tasks]
+        missing = {k: t for k, t in zip(keys, tasks) if k not in self._targets}
+        if missing:
+            paths = [self.render_dir / "targets" / f"{_slug(k[0])}-{k[1]}.png" for k in missing]
+            renders = self.renderer.render([t.hidden for t in missing.values()], paths)
+            ok = [(k, r) for k, r in zip(missing, renders) if r.ok]
+            embs = self.scorer.embed([r.image for _, r in ok]) if ok else []
+            with self._lock:
+                for (k, r), e in zip(ok, embs):
+                    self._targets[k] = (str(r.png_path), e, None)
+            failed = {k: r.error for k, r in zip(missing, renders) if not r.ok}  # not cached: retried next time
+        else:
+            failed = {}
+        return [self._targets[k] if k in self._targets else (None, None, failed.get(k, "not rendered")) for k in keys]
+
+    def close(self) -> None:
+        """Close the browser (screenshots under render_dir are kept)."""
+        with self._lock:
+            if self._renderer is not None:
+                self._renderer.close()
+                self._renderer = None
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()[:12]

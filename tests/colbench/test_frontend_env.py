@@ -1,0 +1,104 @@
+"""FrontendEnv: prompts, answer extraction, and CLIP scoring of real renders (tiny CLIP)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from colbench.envs import make_env
+from colbench.envs.base import Environment
+from colbench.envs.frontend import FrontendEnv, extract_html, has_html
+from colbench.render import DEFAULT_CHROMIUM
+from colbench.types import Task, Turn
+
+TW = '<link href="https://cdn.jsdelivr.net/npm/tailwindcss@2.2.19/dist/tailwind.min.css" rel="stylesheet">'
+TARGET = (f"<html><head>{TW}</head><body><header class='bg-blue-700 text-white p-8 text-4xl'>Acme Bakery</header>"
+          "<img src='https://picsum.photos/600/300' class='mx-auto my-8'><p class='p-8'>Fresh bread daily.</p></body></html>")
+TASK = Task("fe-1", "frontend", "A bakery homepage.", TARGET)
+needs_chromium = pytest.mark.skipif(not Path(DEFAULT_CHROMIUM).exists(), reason="chromium not installed")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    e = FrontendEnv(clip_model="tiny", render_dir=tmp_path_factory.mktemp("renders"), render_timeout_s=6.0)
+    yield e
+    e.close()
+
+
+def test_registry_builds_frontend_env_satisfying_the_contract():
+    e = make_env("frontend", clip_model="tiny")
+    assert isinstance(e, Environment) and e.name == "frontend" and e.max_turns == 10
+    assert e.answer_marker == "I WANT TO ANSWER:"
+    e.close()
+
+
+def test_agent_messages_have_instructions_description_and_dialogue(env):
+    turns = [Turn("agent", "```html\n<div>v1</div>\n```"), Turn("human", "The header should be blue.")]
+    msgs = env.agent_messages(TASK, turns)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+    system = msgs[0]["content"]
+    assert "Tailwind" in system and "I WANT TO ANSWER:" in system and "10 turns" in system and "{" not in system
+    assert msgs[1]["content"] == TASK.description and msgs[3]["content"] == "The header should be blue."
+    assert TARGET not in str(msgs)  # the hidden page never reaches the agent
+    single = env.agent_messages(TASK, [], single_turn=True)[0]["content"]
+    assert "single turn" in single and "at most 1 turns" in single
+
+
+@pytest.mark.parametrize(
+    "text, html",
+    [
+        ("Here:\n```html\n<div>a</div>\n```\nthanks", "<div>a</div>"),
+        ("```HTML\n<p>x</p>```", "<p>x</p>"),
+        ("```\n<section>s</section>\n```", "<section>s</section>"),
+        ("```python\nprint(1)\n```\n```html\n<b>2</b>\n```", "<b>2</b>"),
+        ("intro <!DOCTYPE html><html><body>x</body></html> outro", "<!DOCTYPE html><html><body>x</body></html>"),
+        ("<html><body>unterminated", "<html><body>unterminated"),
+        ("```html\n<div>cut off by the token limit", "<div>cut off by the token limit"),
+        ("  <div>bare</div>  ", "<div>bare</div>"),
+    ],
+)
+def test_extract_html(text, html):
+    assert extract_html(text) == html
+
+
+def test_final_answer_extraction(env):
+    final = "Great, thanks!\nI WANT TO ANSWER:\n```html\n<html><body>final</body></html>\n```"
+    assert env.is_final(final) and not env.is_final("```html\n<div>draft</div>\n```")
+    assert env.extract_answer(final) == "<html><body>final</body></html>"
+    # turn limit reached: no marker, the message's HTML is the answer
+    assert env.extract_answer("```html\n<div>draft</div>\n```") == "<div>draft</div>"
+    assert has_html(final) and not has_html("What colour should the header be?")
+    assert env.training_info(TASK) == TARGET
+
+
+@needs_chromium
+def test_score_rewards_the_target_most_and_records_renders(env):
+    near = TARGET.replace("Fresh bread daily.", "Fresh bread every day.")
+    far = "<html><body style='background:#111'><h1 style='color:lime;font-size:90px'>Totally different</h1></body></html>"
+    hostile = "<script>while(true){}</script>"
+    scores = env.score([TASK] * 5, [TARGET, near, far, hostile, "   "])
+    exact, close, other, hung, empty = scores
+    assert exact.error is None and exact.reward == pytest.approx(1.0, abs=1e-5) and exact.success
+    assert close.error is None and other.error is None
+    assert exact.reward >= close.reward > other.reward
+    assert Path(exact.detail["answer_png"]).is_file() and Path(exact.detail["target_png"]).is_file()
+    assert exact.detail["answer_html_chars"] == len(TARGET)
+    assert Path(exact.detail["target_png"]).parent.name == "targets"
+    assert hung.reward == 0.0 and not hung.success and "timed out" in hung.error
+    assert empty.reward == 0.0 and empty.error == "empty answer"
+    # the target is rendered and embedded once per task, then reused
+    assert len(env._targets) == 1
+    again = env.score([TASK], [far])[0]
+    assert again.reward == pytest.approx(other.reward, abs=1e-6)
+
+
+@needs_chromium
+def test_success_threshold_is_configurable(tmp_path):
+    e = FrontendEnv(clip_model="tiny", render_dir=tmp_path, success_threshold=1.0)
+    try:
+        far = "<html><body><h1>other</h1></body></html>"
+        s = e.score([TASK], [far])[0]
+        assert s.error is None and s.reward < 1.0 and not s.success
+    finally:
+        e.close()
