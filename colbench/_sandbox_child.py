@@ -144,6 +144,23 @@ def _minimal_root(root: str, tmpfs_mb: int, iso: dict) -> None:
     os.chdir("/")
 
 
+COMMON_MODULES = ("math", "cmath", "collections", "itertools", "functools", "operator", "re", "string", "datetime",
+                  "time", "calendar", "heapq", "bisect", "random", "statistics", "decimal", "fractions", "json",
+                  "typing", "dataclasses", "copy", "enum", "hashlib", "textwrap", "unicodedata", "array", "io",
+                  "struct", "base64", "csv", "pathlib", "urllib.parse", "ast", "pprint", "zlib", "subprocess",
+                  "socket", "glob", "shutil", "tempfile")
+
+
+def _preimport() -> None:
+    """Without the minimal root (fallback), the interpreter's stdlib may be unreadable once we
+    drop to the sandbox uid (pyenv under /root): import the usual suspects while still root."""
+    for name in COMMON_MODULES:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+
+
 def _set_rlimits(cfg: dict, n_calls: int) -> None:
     """Kernel-enforced caps on C and everything it forks."""
     cpu = int(math.ceil(cfg["cpu_seconds_per_call"] * (n_calls + 1))) + 1
@@ -167,6 +184,8 @@ def _drop_privileges(iso: dict, scratch: str) -> None:
     if os.geteuid() == 0:
         uid = UID_BASE + int(os.environ["_SANDBOX_A_PID"]) % 3_000_000  # A's pid, as the host sees it
         os.makedirs(scratch, exist_ok=True)
+        if not iso.get("minimal_root"):  # fallback scratch under the parent's 0700 tempdir
+            os.chmod(os.path.dirname(scratch), 0o711)
         os.chown(scratch, uid, uid)
         os.chmod(scratch, 0o700)
         os.setgroups([])
@@ -337,7 +356,7 @@ def sandbox(fd: int, cfg: dict) -> None:
     os.environ.clear()
     os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "_SANDBOX_A_PID": str(os.getpid())})
     root = os.geteuid() == 0
-    if root:
+    if root and cfg.get("namespaces", True):
         _unshare(iso)
     scratch = cfg["scratch_dir"]
     if iso.get("pid_namespace"):
@@ -358,6 +377,8 @@ def sandbox(fd: int, cfg: dict) -> None:
         _setup_mounts(iso, tmpfs_mb=max(16, 4 * cfg["file_size_mb"]))
         scratch = "/tmp/work"
     # C: the untrusted code's process.
+    if root and not iso.get("minimal_root"):
+        _preimport()  # fallback: the stdlib may sit where the sandbox uid cannot read it
     _set_rlimits(cfg, len(job["calls"]))
     _drop_privileges(iso, scratch)
     del os.environ["_SANDBOX_A_PID"]

@@ -37,7 +37,8 @@ Threat model and the mechanism that stops each threat (child side in _sandbox_ch
 | secrets in the environment                | minimal environment (PATH, LANG, HOME, TMPDIR)         |
 | flooding our memory with output           | stdout/stderr to /dev/null; result lines size-capped   |
 
-Set SWEET_SANDBOX_DEBUG=1 to see the sandbox processes' stderr (setup failures).
+Set SWEET_SANDBOX_DEBUG=1 to see the sandbox processes' stderr (setup failures), and
+SWEET_SANDBOX_NO_NAMESPACES=1 to run without namespaces (weaker; warns).
 
 Where a mechanism is unavailable (not root, namespaces refused), one warning is logged
 per process naming what is missing and the strongest remaining set is used;
@@ -70,7 +71,10 @@ logger = logging.getLogger(__name__)
 CHILD_SCRIPT = str(Path(__file__).with_name("_sandbox_child.py"))
 SANDBOX_UID_BASE = 1_000_000  # sandboxes run as uid SANDBOX_UID_BASE + n (see _sandbox_child.py)
 STARTUP_GRACE_S = 10.0  # interpreter start + namespace setup, on a loaded machine (first line only)
-TOTAL_SLACK_S = 3.0  # added to wall_seconds_total for starting the sandbox(es)
+TOTAL_SLACK_S = 3.0
+# Where host-side scratch dirs go (None: the system temp dir). Only the no-namespace
+# fallback uses them; with namespaces the scratch is a private tmpfs.
+SCRATCH_BASE: str | None = os.environ.get("SWEET_SANDBOX_SCRATCH") or None  # added to wall_seconds_total for starting the sandbox(es)
 LINE_GRACE_S = 1.0  # the child's own timer fires first; this covers reporting it
 # Mechanisms whose absence is worth a warning (the rest are always on).
 STRONG_MECHANISMS = ("drop_privileges", "net_namespace", "pid_namespace", "mount_namespace", "minimal_root",
@@ -179,6 +183,13 @@ class _Channel:
         os.close(self.fd)
 
 
+def _child_config(limits: SandboxLimits, scratch: str) -> dict:
+    # SWEET_SANDBOX_NO_NAMESPACES=1: skip namespaces (kernels or container runtimes that
+    # misbehave with them; also how the tests exercise the fallback).
+    return {**asdict(limits), "scratch_dir": os.path.join(scratch, "work"),
+            "namespaces": os.environ.get("SWEET_SANDBOX_NO_NAMESPACES") != "1"}
+
+
 def _child_env() -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # no secrets from our environment
 
@@ -242,8 +253,8 @@ def _run_once(source: str, calls: list[str], limits: SandboxLimits, deadline: fl
               spawner) -> tuple[list[CallOutcome], bool]:
     """One sandbox process. Returns the outcomes it could establish (a prefix of `calls`,
     the last one failed if the sandbox died in it) and whether a restart makes sense."""
-    scratch = tempfile.mkdtemp(prefix="sweet-sandbox-")  # only used where no private tmpfs is possible
-    cfg = {**asdict(limits), "scratch_dir": os.path.join(scratch, "work")}
+    scratch = tempfile.mkdtemp(prefix="sweet-sandbox-", dir=SCRATCH_BASE)  # only used where no private tmpfs is possible
+    cfg = _child_config(limits, scratch)
     start = time.monotonic()
     try:
         proc = spawner(cfg, json.dumps({"source": source, "calls": calls}).encode())
@@ -364,8 +375,8 @@ def isolation_report() -> dict[str, bool]:
     """Which isolation mechanisms are active on this machine (probed once, by a real sandbox)."""
     global _report
     if _report is None:
-        scratch = tempfile.mkdtemp(prefix="sweet-sandbox-")
-        cfg = {**asdict(SandboxLimits()), "scratch_dir": os.path.join(scratch, "work")}
+        scratch = tempfile.mkdtemp(prefix="sweet-sandbox-", dir=SCRATCH_BASE)
+        cfg = _child_config(SandboxLimits(), scratch)
         proc = _ExecProc(cfg, json.dumps({"source": "", "calls": []}).encode())
         chan = _Channel(proc.result_fd, 1 << 20)
         rec, _ = chan.next_line(time.monotonic() + STARTUP_GRACE_S + 5)

@@ -8,6 +8,7 @@ offers (root, namespaces); where it is missing they are skipped with the reason.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+import colbench.sandbox as sandbox
 from colbench.sandbox import CallOutcome, SandboxLimits, SandboxPool, isolation_report, run_calls
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,13 +41,16 @@ def _can_unshare() -> bool:
 
 
 @pytest.fixture(autouse=True)
-def scratch_root(tmp_path, monkeypatch):
-    """Point the sandbox's host-side scratch dirs at a fresh dir; it must be empty after."""
-    root = tmp_path / "scratch"
-    root.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
+def scratch_root(monkeypatch):
+    """Point the sandbox's host-side scratch dirs at a fresh dir; it must be empty after.
+    (Traversable by the sandbox uid, as /tmp is, for the no-namespace fallback.)"""
+    root = Path(tempfile.mkdtemp(prefix="sweet-test-scratch-", dir="/tmp"))
+    root.chmod(0o711)
+    monkeypatch.setattr(sandbox, "SCRATCH_BASE", str(root))
     yield root
-    assert list(root.iterdir()) == [], "sandbox scratch dirs left behind"
+    left = list(root.iterdir())
+    shutil.rmtree(root, ignore_errors=True)
+    assert left == [], "sandbox scratch dirs left behind"
 
 
 def _procs_of(uid: int) -> list[int]:
@@ -405,3 +410,21 @@ def test_pool_survives_its_zygote_dying():
         pool._zygote._proc.wait()
         assert pool.run_many([("x = 2", ["x"])])[0][0].value == {"type": "int", "value": 2}
         assert pool._zygote is not None  # restarted, not dropped
+
+
+# ---------------------------------------------------------------- the fallback
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fallback's cleanup by uid needs root")
+def test_fallback_without_namespaces_warns_once_and_still_contains(monkeypatch, caplog):
+    monkeypatch.setenv("SWEET_SANDBOX_NO_NAMESPACES", "1")
+    monkeypatch.setattr(sandbox, "_warned", False)
+    body = ("import math\n\ndef f():\n    for _ in range(3):\n        if os.fork() == 0:\n            os.setsid()\n"
+            "            time.sleep(1000)\n    return math.sqrt(16)\n")
+    with caplog.at_level("WARNING", logger="colbench.sandbox"):
+        uid, outs = run_hostile(lambda src, calls: run_calls(src, calls, FAST), body, ["f()"])
+        run_calls("x = 1", ["x"], FAST)
+    assert outs[0].value == {"type": "float", "value": 4.0}
+    warnings = [r.getMessage() for r in caplog.records if "WEAKER" in r.getMessage()]
+    assert len(warnings) == 1 and "net_namespace" in warnings[0]
+    assert_no_processes(uid)  # escapees found by uid and killed
