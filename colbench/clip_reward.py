@@ -26,6 +26,10 @@ that differ only in their header or footer score 1.0. Schemes (`scheme=`):
 - "center_crop": the paper's preprocessing (shorter side resized, centre crop), for
   numbers comparable with the published ones.
 
+For OpenAI weights the QuickGELU activation they were trained with is switched on
+from the tag (open_clip's plain "ViT-B-32" config uses GELU); with a checkpoint file,
+name a "-quickgelu" model yourself, as in the example above.
+
 Weights are resolved without surprises offline: a pretrained tag is first looked up
 in the local caches (Hugging Face hub cache, ~/.cache/clip); only when absent does
 open_clip try to download it, and any failure becomes one ClipWeightsUnavailable
@@ -114,7 +118,8 @@ def load_clip(model: str, pretrained: str, device: str) -> tuple[torch.nn.Module
         tag_cfg = open_clip.get_pretrained_cfg(model, pretrained)
         if not tag_cfg:
             known = ", ".join(open_clip.list_pretrained_tags_by_model(model)[:8])
-            raise _weights_error(model, pretrained, f"{pretrained!r} is neither a pretrained tag of {model} ({known}, ...) nor a file")
+            cause = f"{pretrained!r} is neither a pretrained tag of {model} ({known}, ...) nor a file"
+            raise _weights_error(model, pretrained, cause)
         # OpenAI weights were trained with QuickGELU; open_clip's plain "ViT-B-32" config
         # uses GELU, which would silently change the embeddings.
         kwargs["force_quick_gelu"] = bool(tag_cfg.get("quick_gelu", False))
@@ -126,9 +131,12 @@ def load_clip(model: str, pretrained: str, device: str) -> tuple[torch.nn.Module
         else:
             log.info("downloading CLIP weights %s/%s (set HF_HUB_OFFLINE=1 to fail fast offline)", model, pretrained)
     try:
-        clip, _, _ = open_clip.create_model_and_transforms(model, pretrained=pretrained or None, device=device, **kwargs)
+        clip, _, _ = open_clip.create_model_and_transforms(
+            model, pretrained=pretrained or None, device=device, **kwargs
+        )
     except Exception as e:  # open_clip raises RuntimeError/FileNotFoundError/OSError/ValueError
-        cause = "not in the local cache and the download failed (offline?)" if "download" in str(e).lower() else "loading failed"
+        offline = "download" in str(e).lower()
+        cause = "not in the local cache and the download failed (offline?)" if offline else "loading failed"
         raise _weights_error(model, pretrained, f"{cause}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
     clip.eval()
     return clip, dict(open_clip.get_model_preprocess_cfg(clip))

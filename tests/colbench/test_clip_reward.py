@@ -122,6 +122,16 @@ def test_similarity_validates_pairs(scorer):
         ClipScorer("tiny", scheme="crop")
 
 
+@pytest.mark.gpu
+def test_cuda_embeddings_match_cpu(scorer):
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available")
+    gpu = ClipScorer("tiny", device="cuda", batch_size=4)
+    for scheme in SCHEMES:
+        scorer.scheme = gpu.scheme = scheme
+        torch.testing.assert_close(gpu.embed(_pages()), scorer.embed(_pages()), atol=1e-4, rtol=0)
+
+
 def test_unknown_model_or_tag_gives_one_clear_error():
     with pytest.raises(ClipWeightsUnavailable, match=r"bogus-tag.*--clip-model tiny.*--clip-pretrained PATH"):
         ClipScorer("ViT-B-32", "bogus-tag", device="cpu")

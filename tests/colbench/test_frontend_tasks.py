@@ -21,7 +21,9 @@ TAILWIND_CDN = (
     '<script src="https://cdn.tailwindcss.com"></script>',
     '<link href="https://cdn.jsdelivr.net/npm/tailwindcss@2.2.19/dist/tailwind.min.css" rel="stylesheet">',
 )
-PLACEHOLDER_IMAGE = re.compile(r"https://(picsum\.photos/seed/[\w-]+/\d+/\d+|source\.unsplash\.com/random/\d+x\d+/\?[\w,]+)")
+PLACEHOLDER_IMAGE = re.compile(
+    r"https://(picsum\.photos/seed/[\w-]+/\d+/\d+|source\.unsplash\.com/random/\d+x\d+/\?[\w,]+)"
+)
 VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
 
 
