@@ -143,6 +143,7 @@ def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cfg: Sweet
     from engines.base import SamplingParams
 
     done = read_candidates(path)
+    _cut_torn_line(path)
     todo = [(i, s) for i, s in enumerate(states) if state_key(s) not in done]
     with path.open("a") as f, tqdm(total=len(states), initial=len(states) - len(todo), desc="candidates") as bar:
         for start in range(0, len(todo), cfg.sample_batch_size):
@@ -155,6 +156,16 @@ def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cfg: Sweet
                 f.write(json.dumps(_row(s, samples, advs)) + "\n")
             f.flush()
             bar.update(len(chunk))
+
+
+def _cut_torn_line(path: Path) -> None:
+    """Drop a last line left unfinished by an interrupted write, so appends start on a fresh line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
 
 
 def _row(state: State, samples, advantages: Sequence[float]) -> dict:

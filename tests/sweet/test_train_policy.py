@@ -1,0 +1,272 @@
+"""End to end: episodes from real tiny-model runs -> (critic) -> policy checkpoint ->
+loads as an engine, for `python -m sweet.train_policy --algorithm {sweet,rft,mtdpo}`.
+
+Also: candidate pairing, resumable candidate files, resume with identical metrics,
+config validation, and (slow) a 2-process CPU run with accelerate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from policy_fixtures import cached_tiny_episodes, read_metrics
+from sweet.data import Candidate, State
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = ["--model", "tiny", "--dtype", "float32", "--report_to", "none", "--max_length", "512", "--keep_head", "64"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """(episodes.jsonl, tasks.jsonl, episodes): 3 test-bed tasks × 2 seeds, 2 agent turns."""
+    torch.set_num_threads(2)
+    return cached_tiny_episodes(tmp_path_factory.getbasetemp())
+
+
+def _cli(*args: str, timeout: int = 300, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = (launcher or [sys.executable, "-m"]) + ["sweet.train_policy", *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _weights(path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return {k: v.detach().clone() for k, v in AutoModelForCausalLM.from_pretrained(str(path)).state_dict().items()}
+
+
+def _assert_trained(final: Path, run_dir: Path, loss_key: str) -> None:
+    """A loss was logged, weights moved, and the checkpoint generates through hf:<path>."""
+    from engines import EngineOptions, SamplingParams, load_engine
+    from engines.tiny import tiny_model_path
+
+    rows = [r for r in read_metrics(run_dir) if loss_key in r]
+    assert rows and all(torch.isfinite(torch.tensor(r[loss_key])) for r in rows)
+    before, after = _weights(tiny_model_path()), _weights(final)
+    assert any(not torch.equal(before[k], after[k]) for k in before), "no parameter changed"
+    engine = load_engine(f"hf:{final}", EngineOptions(device="cpu", dtype="float32"))
+    out = engine.generate([[{"role": "user", "content": "hi"}]], SamplingParams(n=2, max_new_tokens=4, seed=0))
+    assert len(out[0]) == 2 and all(s.token_ids for s in out[0])
+
+
+# ---- pairing (pure) ------------------------------------------------------------------------
+
+
+def _state(i: int = 0) -> State:
+    return State("t", "t/a/0", i, ({"role": "user", "content": "x"},), (1, 2), "c")
+
+
+def _cands(state, advs):
+    return [Candidate(state, f"c{j}", (10 + j,), advantage=a) for j, a in enumerate(advs)]
+
+
+def test_pairs_are_top_half_vs_bottom_half_and_ties_are_skipped():
+    from sweet.sweet_dpo import make_action_pairs
+
+    s0, s1, s2 = _state(0), _state(1), _state(2)
+    scored = [(s0, _cands(s0, [0.9, 0.1, 0.5, 0.3, 0.7])),  # odd K: median 0.5 in neither half
+              (s1, _cands(s1, [0.2, 0.2, 0.2, 0.2])),  # all tie -> skipped
+              (s2, _cands(s2, [1.0, 0.0, 0.0, 0.0]))]  # top {1.0, 0.0}, bottom {0.0, 0.0}
+    pairs, m = make_action_pairs(scored, pairs_per_state=50, rng=random.Random(0))
+    first = [p for p in pairs if p.state == s0]
+    assert len(first) == 50
+    assert {p.chosen.advantage for p in first} == {0.9, 0.7}
+    assert {p.rejected.advantage for p in first} == {0.1, 0.3}
+    assert not [p for p in pairs if p.state == s1]
+    third = [p for p in pairs if p.state == s2]
+    assert third and all(p.chosen.advantage == 1.0 and p.rejected.advantage == 0.0 for p in third)
+    assert m["sweet/tied_states"] == 1 and m["sweet/states"] == 3
+    assert m["sweet/dropped_equal_pairs"] == 50 - len(third)  # 0.0 drawn from the top half vs 0.0
+    assert m["sweet/critic_score_range"] == pytest.approx((0.8 + 0.0 + 1.0) / 3)
+    assert m["sweet/critic_score_std"] > 0
+
+
+# ---- rft -----------------------------------------------------------------------------------
+
+
+def test_rft_trains_and_resumes_with_identical_metrics(data, tmp_path, capsys):
+    episodes, _, eps = data
+    out = tmp_path / "rft"
+    args = ["--algorithm", "rft", "--episodes", str(episodes), "--output_dir", str(out), *FAST,
+            "--learning_rate", "1e-3", "--batch_size", "4", "--micro_batch_size", "2", "--save_steps", "1"]
+    from sweet.train_policy import main
+
+    main(args)
+    n_success = sum(ep.reward >= 1.0 for ep in eps)
+    assert f"rft: {n_success}/{len(eps)} episodes" in capsys.readouterr().out
+    _assert_trained(out / "final", out, "loss/nll")
+    first = read_metrics(out)
+    assert json.loads((out / "config.json").read_text())["rft"]["episodes"] == str(episodes)
+    # interrupt after step 1: drop the final model; the rerun resumes from checkpoint-1
+    import shutil
+
+    shutil.rmtree(out / "final")
+    main(args)
+    assert "resuming from" in capsys.readouterr().out
+    again = read_metrics(out)
+    assert again[-1] == first[-1] and again[-1]["step"] == 2
+
+
+# ---- mtdpo ---------------------------------------------------------------------------------
+
+
+def test_mtdpo_lora_end_to_end(data, tmp_path):
+    from sweet.train_policy import main
+
+    episodes, _, eps = data
+    out = tmp_path / "mtdpo"
+    final = main(["--algorithm", "mtdpo", "--episodes", str(episodes), "--output_dir", str(out), *FAST,
+                  "--lora", "--lora_r", "4", "--learning_rate", "1e-2", "--micro_batch_size", "2",
+                  "--batch_size", "2", "--save_steps", "0"])
+    assert final == out / "final" and (out / "final-adapter").exists()
+    n_tasks = len({ep.task_id for ep in eps})
+    assert read_metrics(out)[0]["data/pairs"] == n_tasks  # one solved vs one failed per task
+    refs = json.loads((out / "ref_logps.json").read_text())
+    assert len(refs) == n_tasks and all(c < 0 and r < 0 for c, r in refs)
+    rows = [r for r in read_metrics(out) if "loss/dpo" in r]
+    # first step: the policy equals the reference, so every implicit reward is 0 and L = log 2
+    assert rows[0]["rewards/margin"] == pytest.approx(0.0, abs=1e-5)
+    assert rows[0]["loss/dpo"] == pytest.approx(0.693147, abs=1e-4)
+    _assert_trained(final, out, "loss/dpo")
+
+
+# ---- sweet -------------------------------------------------------------------------------
+
+
+def low_ids_score(action) -> float:
+    return -sum(action) / max(len(action), 1)
+
+
+class LowIdsWin:
+    """A deterministic scorer with the CriticScorer interface: A = −mean(action ids)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def score_states(self, items):
+        self.calls += 1
+        return [[low_ids_score(a) for a in actions] for _, actions in items]
+
+
+def test_sweet_pairs_by_score_and_resumes_candidates(data, tmp_path):
+    from sweet.sweet_dpo import CANDIDATES_FILE, SweetConfig, SweetTrainConfig, main, read_candidates
+    from sweet.training import ModelConfig
+
+    episodes, tasks, eps = data
+    out = tmp_path / "sweet"
+    model = ModelConfig(model="tiny", dtype="float32", max_length=512, keep_head=64)
+    train = SweetTrainConfig(output_dir=str(out), report_to="none", learning_rate=1e-3, micro_batch_size=4,
+                             save_steps=0)
+    cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", num_candidates=4, max_new_tokens=8,
+                      pairs_per_state=2, max_episodes=3, stage="sample")
+    scorer = LowIdsWin()
+    assert main(model, train, cfg, scorer=scorer) is None  # sample only
+    rows = read_candidates(out / CANDIDATES_FILE)
+    n_states = sum(len(ep.agent_turns) for ep in eps[:3])
+    assert len(rows) == n_states and scorer.calls >= 1
+    for row in rows.values():
+        assert len(row["candidates"]) == 4
+        assert all(c["advantage"] == pytest.approx(low_ids_score(c["token_ids"])) for c in row["candidates"])
+        assert row["prompt_token_ids"]  # the sampler reported the prompt it sampled from
+    text = (out / CANDIDATES_FILE).read_text()
+
+    # a rerun finds every state sampled: no sampling, no scoring, same file
+    cfg_all = SweetConfig(**{**cfg.__dict__, "stage": "all"})
+    final = main(model, train, cfg_all, scorer=LowIdsWin())
+    assert (out / CANDIDATES_FILE).read_text() == text
+    metrics = read_metrics(out)
+    assert {"sweet/critic_score_std", "sweet/critic_score_range", "sweet/tied_states"} <= set(metrics[0])
+    logged = {k for r in metrics for k in r}
+    assert {"loss/dpo", "loss/nll", "rewards/margin", "rewards/accuracy", "logps/chosen", "logps/rejected"} <= logged
+    _assert_trained(final, out, "loss/dpo")
+
+
+def test_sweet_candidate_file_is_resumed_after_interruption(data, tmp_path):
+    """A candidates file cut mid-line (crash) keeps its whole rows; only missing states are sampled."""
+    from sweet.sweet_dpo import CANDIDATES_FILE, SweetConfig, SweetTrainConfig, main, read_candidates
+    from sweet.training import ModelConfig
+
+    episodes, tasks, _ = data
+    out = tmp_path / "sweet-resume"
+    model = ModelConfig(model="tiny", dtype="float32")
+    train = SweetTrainConfig(output_dir=str(out), report_to="none")
+    cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", num_candidates=2, max_new_tokens=4,
+                      sample_batch_size=1, max_episodes=2, stage="sample")
+    main(model, train, cfg, scorer=LowIdsWin())
+    path = out / CANDIDATES_FILE
+    lines = path.read_text().splitlines(keepends=True)
+    assert len(lines) == 4  # 2 episodes × 2 agent turns
+    path.write_text("".join(lines[:2]) + lines[2][:20])  # 2 whole rows and a torn one
+    scorer = LowIdsWin()
+    main(model, train, cfg, scorer=scorer)
+    assert scorer.calls == 2  # only the 2 missing states, one per call
+    new_lines = path.read_text().splitlines(keepends=True)
+    assert new_lines[:2] == lines[:2] and len(new_lines) == 4
+    assert set(read_candidates(path)) == {json.loads(line)["key"] for line in lines}
+
+
+@pytest.mark.skipif(not (REPO / "sweet" / "train_critic.py").exists(), reason="sweet.train_critic not available")
+def test_sweet_end_to_end_with_the_real_critic(data, tmp_path):
+    """episodes -> python -m sweet.train_critic -> python -m sweet.train_policy --algorithm sweet -> hf engine."""
+    episodes, tasks, eps = data
+    critic = tmp_path / "critic"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweet.train_critic", "--model", "tiny", "--episodes", str(episodes), "--tasks", str(tasks),
+         "--env", "testbed", "--output_dir", str(critic), "--num_epochs", "1", "--learning_rate", "1e-3",
+         "--max_length", "512", "--report_to", "none", "--eval_fraction", "0", "--dtype", "float32"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = tmp_path / "sweet"
+    _cli("--algorithm", "sweet", "--episodes", str(episodes), "--tasks", str(tasks), "--env", "testbed",
+         "--critic", str(critic), "--output_dir", str(out), *FAST, "--num_candidates", "4", "--max_new_tokens", "8",
+         "--learning_rate", "1e-3", "--micro_batch_size", "4")
+    from sweet.sweet_dpo import CANDIDATES_FILE, read_candidates
+
+    rows = read_candidates(out / CANDIDATES_FILE)
+    assert len(rows) == sum(len(ep.agent_turns) for ep in eps)
+    # the critic's scores are real: they vary between candidates of a state
+    assert any(len({c["advantage"] for c in r["candidates"]}) > 1 for r in rows.values())
+    _assert_trained(out / "final", out, "loss/dpo")
+
+
+# ---- CLI -----------------------------------------------------------------------------------
+
+
+def test_cli_errors_name_the_bad_field(tmp_path):
+    from sweet.train_policy import main
+
+    with pytest.raises(SystemExit, match="MTDPOConfig.pairing"):
+        main(["--algorithm", "mtdpo", "--episodes", "x.jsonl", "--pairing", "nope"])
+    with pytest.raises(SystemExit, match="SweetConfig.num_candidates"):
+        main(["--algorithm", "sweet", "--episodes", "x", "--tasks", "y", "--num_candidates", "1"])
+    with pytest.raises(SystemExit, match="unknown 'ppo'"):
+        main(["--algorithm", "ppo"])
+    with pytest.raises(SystemExit, match="RFTConfig.episodes is required"):
+        main(["--algorithm", "rft"])
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("episodes: missing.jsonl\nsuccess_threshold: 0.5\n")
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        main(["--algorithm", "rft", "--config", str(cfg), "--output_dir", str(tmp_path / "o"), "--report_to", "none"])
+
+
+@pytest.mark.slow
+def test_mtdpo_two_cpu_processes(data, tmp_path):
+    episodes, _, _ = data
+    out = tmp_path / "ddp"
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                str(REPO / "sweet" / "configs" / "ddp_cpu_2proc.yaml"), "-m"]
+    _cli("--algorithm", "mtdpo", "--episodes", str(episodes), "--output_dir", str(out), *FAST,
+         "--pairing", "best_vs_worst", "--learning_rate", "1e-3", "--micro_batch_size", "1", "--batch_size", "2",
+         launcher=launcher, timeout=600)
+    _assert_trained(out / "final", out, "loss/dpo")
