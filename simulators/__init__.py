@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from engines.base import SpecError
+from engines.base import SamplingParams, SpecError
 from simulators.base import SimReply, SimRequest, Simulator
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ _REGISTRY: dict[str, str] = {
     "backend": "simulators.scripted:ScriptedBackendSimulator",
     "idk": "simulators.scripted:DontKnowSimulator",
     "flaky": "simulators.scripted:FlakySimulator",
+    "testbed": "simulators.testbed:TestbedSimulator",
 }
 
 
@@ -72,8 +73,9 @@ def check_simulator_spec(spec: str | None, env_name: str) -> None:
 
 
 def load_simulator(spec: str | None, env: "Environment", *, engine_options: "EngineOptions | None" = None,
-                   max_reply_chars: int = 400) -> Simulator | None:
-    """Build the simulator a spec names (None -> None). Model specs load an engine."""
+                   max_reply_chars: int = 400, max_new_tokens: int | None = None) -> Simulator | None:
+    """Build the simulator a spec names (None -> None). Model specs load an engine.
+    `max_new_tokens` sets the backend LLM simulator's reply budget (default 200)."""
     check_simulator_spec(spec, env.name)
     if spec is None:
         return None
@@ -86,7 +88,8 @@ def load_simulator(spec: str | None, env: "Environment", *, engine_options: "Eng
     if env.name == "backend":
         from simulators.llm import LLMSimulator
 
-        return LLMSimulator(load_engine(spec, engine_options), max_reply_chars=max_reply_chars)
+        kwargs = {"sampling": SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)} if max_new_tokens else {}
+        return LLMSimulator(load_engine(spec, engine_options), max_reply_chars=max_reply_chars, **kwargs)
     renderer = env.renderer  # type: ignore[attr-defined]  # FrontendEnv's RenderPool
     if spec.startswith("text+"):
         from simulators.text_frontend import TextFrontendSimulator
