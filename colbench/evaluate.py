@@ -53,7 +53,7 @@ PROG = "python -m colbench.evaluate"
 
 # Settings that change what an episode is; a rerun into the same DIR must keep them.
 _EPISODE_FIELDS = ("env", "tasks", "simulator", "single_turn", "temperature", "max_new_tokens", "max_turns",
-                   "max_reply_chars", "clip_model")
+                   "max_reply_chars", "clip_model", "simulator_max_new_tokens")
 
 
 class UsageError(ValueError):
@@ -85,6 +85,8 @@ class EvalConfig:
     max_new_tokens: int = field(default=1024, metadata={"help": "agent tokens per turn at most"})
     max_turns: int | None = field(default=None, metadata={"help": "agent turns at most (default: env's, 10)"})
     max_reply_chars: int = field(default=400, metadata={"help": "simulator reply length cap (paper: 400)"})
+    simulator_max_new_tokens: int = field(default=200, metadata={
+        "help": "LLM simulator tokens per reply at most (backend; greedy)"})
     max_concurrent: int | None = field(default=None, metadata={"help": "episodes in flight at once (default all)"})
     device: str | None = field(default=None, metadata={"help": "hf engines: cpu, cuda, ... (default: cuda if any)"})
     dtype: str = field(default="auto", metadata={"help": "hf/vllm dtype: auto, bfloat16, float16, float32"})
@@ -97,7 +99,8 @@ class EvalConfig:
         if not self.agent:
             raise UsageError("give at least one --agent SPEC")
         checks = [("seeds", self.seeds >= 1), ("temperature", self.temperature >= 0),
-                  ("max_new_tokens", self.max_new_tokens >= 1), ("max_reply_chars", self.max_reply_chars >= 1),
+                  ("max_new_tokens", self.max_new_tokens >= 1), ("simulator_max_new_tokens", self.simulator_max_new_tokens >= 1),
+                  ("max_reply_chars", self.max_reply_chars >= 1),
                   ("limit", self.limit is None or self.limit >= 1),
                   ("max_turns", self.max_turns is None or self.max_turns >= 1),
                   ("max_concurrent", self.max_concurrent is None or self.max_concurrent >= 1),
@@ -277,7 +280,8 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
             uses_sim = needs_simulator(spec) and not config.single_turn
             if uses_sim and simulator is None:
                 simulator = load_simulator(config.simulator, env, engine_options=options,
-                                           max_reply_chars=config.max_reply_chars)
+                                           max_reply_chars=config.max_reply_chars,
+                                           max_new_tokens=config.simulator_max_new_tokens)
             agent = load_agent(f"{name}={spec}", env, sampling=sampling, engine_options=options)
             try:
                 episodes[name] = run_episodes(env, plan.tasks, agent, simulator if uses_sim else None,
