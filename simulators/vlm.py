@@ -1,0 +1,212 @@
+"""The vision-language simulated human for frontend design (ColBench; paper: Qwen2-VL-72B).
+
+For each request it renders the agent's latest HTML draft and the hidden target page
+(colbench.render.RenderPool, offline), and asks a VLM, shown both screenshots, to
+describe the most important differences in words, as the person who wants the target.
+
+    sim = VLMSimulator(load_engine("openai:Qwen/Qwen2-VL-72B-Instruct@http://host:8000/v1"), env.renderer)
+    replies = sim.reply([SimRequest(task, turns), ...])   # one batched generate call
+
+Conversation layout (OpenAI chat format, images as PNG data URLs in content parts):
+the prompt (`simulators/prompts/frontend_vlm.txt`, placeholder `{description}`) is the
+system message; earlier agent turns are "user" turns with their HTML replaced by a
+note (the person saw it as a page, not code) and the simulator's own replies are
+"assistant" turns; the latest agent turn carries the two screenshots, agent's first.
+Departure from the reference, on purpose: the reference shows the model no dialogue,
+so its feedback contradicts itself from turn to turn; here it sees what it said.
+
+When the agent's turn holds no HTML, the model sees only the target and says there is
+no page to compare yet, describing the wanted page's overall look. When the agent's
+page does not render (timeout, crash), the reply says so without calling the model.
+Replies are cleaned like the backend simulator's (no code, whitespace collapsed, cut
+to `max_reply_chars`); an engine failure or an empty reply is `failed=True`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from PIL import Image
+
+from colbench.envs.frontend import extract_html, has_html
+from colbench.types import Task, Turn
+from engines.base import Engine, Message, SamplingParams
+from simulators.base import SimReply, SimRequest
+from simulators.llm import clean_reply
+
+if TYPE_CHECKING:
+    from colbench.render import RenderPool
+
+PROMPTS_DIR = Path(__file__).parent / "prompts"
+DEFAULT_PROMPT = PROMPTS_DIR / "frontend_vlm.txt"
+DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_new_tokens=256)
+
+DRAFT_NOTE = "[I showed you a draft of the page.]"
+COMPARE_NOTE = "Here is my page (first picture) and the page you want (second picture). How is mine different?"
+NO_PAGE_NOTE = ("I have not shown you a page yet. Tell me so in one short sentence, then describe the overall look "
+                "of the page you want (the picture) in two or three sentences.")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()[:12]
+
+
+def _slug(task_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", task_id)[:80] or "task"
+
+
+def spoken_text(agent_text: str) -> str:
+    """An agent message as the person perceives it: code is shown as a page, not read."""
+    text = re.sub(r"```.*?(```|$)", f" {DRAFT_NOTE} ", agent_text, flags=re.DOTALL)
+    text = re.sub(r"<html\b.*?(</html\s*>|$)", f" {DRAFT_NOTE} ", text, flags=re.DOTALL | re.IGNORECASE)
+    text = " ".join(text.split())
+    return text or DRAFT_NOTE
+
+
+def dialogue_messages(system: str, turns: Sequence[Turn]) -> list[Message]:
+    """System prompt, then the dialogue from the simulator's side: agent turns as
+    "user" (code replaced by a note), its own replies as "assistant"; failed human
+    turns (no text) are skipped."""
+    messages: list[Message] = [{"role": "system", "content": system}]
+    for t in turns:
+        if t.role == "agent":
+            messages.append({"role": "user", "content": spoken_text(t.content)})
+        elif t.content:
+            messages.append({"role": "assistant", "content": t.content})
+    return messages
+
+
+def png_data_url(png: bytes, width: int = 768, max_height: int = 2048) -> str:
+    """A screenshot as a data URL for a VLM: scaled to `width`, cropped to `max_height`."""
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    if img.width > width:
+        img = img.resize((width, max(1, round(img.height * width / img.width))), Image.Resampling.LANCZOS)
+    if img.height > max_height:
+        img = img.crop((0, 0, img.width, max_height))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", optimize=False)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def image_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def build_vlm_conversation(system: str, turns: Sequence[Turn], agent_image: str | None, target_image: str) -> list[Message]:
+    """The chat the VLM sees for a reply to `turns[-1]` (pure: images as data URLs).
+
+    agent_image: the agent's latest page, or None when its turn holds no HTML."""
+    messages = dialogue_messages(system, turns[:-1])
+    said = spoken_text(turns[-1].content)
+    if agent_image is None:
+        parts = [{"type": "text", "text": f"{said}\n\n{NO_PAGE_NOTE}"}, image_part(target_image)]
+    else:
+        parts = [{"type": "text", "text": f"{said}\n\n{COMPARE_NOTE}"}, image_part(agent_image), image_part(target_image)]
+    messages.append({"role": "user", "content": parts})
+    return messages
+
+
+def generate_replies(engine: Engine, conversations: list[list[Message]], sampling: SamplingParams,
+                     max_reply_chars: int) -> list[SimReply]:
+    """One batched engine call, replies cleaned; an engine failure fails the batch's
+    replies (recorded with the error, never replaced), an empty reply fails alone."""
+    if not conversations:
+        return []
+    try:
+        results = engine.generate(conversations, sampling)
+    except Exception as e:  # EngineError after retries, or a backend that cannot take images
+        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        return [SimReply("", failed=True, error=error) for _ in conversations]
+    out = []
+    for samples in results:
+        text = clean_reply(samples[0].text, max_reply_chars)
+        out.append(SimReply(text) if text else SimReply("", failed=True, error="empty reply after removing code"))
+    return out
+
+
+class VLMSimulator:
+    """A simulated human for frontend design backed by a vision-language `Engine`.
+
+    engine:          any Engine whose server accepts image content parts (vLLM, OpenAI).
+    renderer:        the env's RenderPool (FrontendEnv.renderer).
+    max_reply_chars: replies are cut to this (paper: 400).
+    render_dir:      where the agent's renders are saved (SimReply.render); default a temp dir.
+    image_width, max_image_height: screenshots are scaled/cropped to this before sending.
+    """
+
+    def __init__(self, engine: Engine, renderer: "RenderPool", *, max_reply_chars: int = 400,
+                 sampling: SamplingParams = DEFAULT_SAMPLING, prompt_file: str | Path | None = None,
+                 render_dir: str | Path | None = None, image_width: int = 768, max_image_height: int = 2048):
+        self.engine = engine
+        self.renderer = renderer
+        self.max_reply_chars = max_reply_chars
+        self.sampling = sampling if sampling.n == 1 else SamplingParams(**{**sampling.__dict__, "n": 1})
+        self.prompt_file = Path(prompt_file) if prompt_file is not None else DEFAULT_PROMPT
+        self.template = self.prompt_file.read_text(encoding="utf-8")
+        if "{description}" not in self.template:
+            raise ValueError(f"simulator prompt {self.prompt_file} lacks the placeholder {{description}}")
+        self.render_dir = Path(render_dir) if render_dir is not None else Path(tempfile.mkdtemp(prefix="colbench-vlm-"))
+        self.image_width, self.max_image_height = image_width, max_image_height
+        self._targets: dict[tuple[str, str], Path] = {}  # (task_id, html digest) -> target PNG
+        self._lock = threading.Lock()
+        self.name = f"vlm:{engine.spec}"
+
+    def system_prompt(self, task: Task) -> str:
+        return self.template.replace("{description}", task.description)
+
+    def _target_pngs(self, tasks: Sequence[Task]) -> list[Path | str]:
+        """Each task's target screenshot path (rendered once per target), or an error string."""
+        keys = [(t.task_id, _digest(t.hidden)) for t in tasks]
+        with self._lock:
+            missing = {k: t for k, t in zip(keys, tasks) if k not in self._targets}
+        errors: dict[tuple[str, str], str] = {}
+        if missing:
+            paths = [self.render_dir / "targets" / f"{_slug(k[0])}-{k[1]}.png" for k in missing]
+            for k, res in zip(missing, self.renderer.render([t.hidden for t in missing.values()], paths)):
+                if res.ok:
+                    with self._lock:
+                        self._targets[k] = res.png_path
+                else:
+                    errors[k] = f"target render failed: {res.error}"
+        return [self._targets.get(k) or errors[k] for k in keys]
+
+    def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
+        if not requests:
+            return []
+        for r in requests:
+            if not r.turns or r.turns[-1].role != "agent":
+                raise ValueError(f"task {r.task.task_id}: the last turn of a simulator request must be the agent's")
+        targets = self._target_pngs([r.task for r in requests])
+        drafts = {i: extract_html(r.turns[-1].content) for i, r in enumerate(requests) if has_html(r.turns[-1].content)}
+        paths = [self.render_dir / "drafts" / f"{_slug(requests[i].task.task_id)}-{_digest(h)}.png" for i, h in drafts.items()]
+        renders = dict(zip(drafts, self.renderer.render(list(drafts.values()), paths)))
+
+        replies: list[SimReply | None] = [None] * len(requests)
+        conversations, asked = [], []
+        for i, r in enumerate(requests):
+            target, render = targets[i], renders.get(i)
+            if isinstance(target, str):
+                replies[i] = SimReply("", failed=True, error=target)
+            elif render is not None and not render.ok:  # the agent's page is broken: say so
+                replies[i] = SimReply(f"I could not see your page: it did not load in my browser ({render.error}). "
+                                      "Could you send a simpler version?")
+            else:
+                agent_url = png_data_url(render.png_path.read_bytes(), self.image_width, self.max_image_height) if render else None
+                target_url = png_data_url(target.read_bytes(), self.image_width, self.max_image_height)
+                conversations.append(build_vlm_conversation(self.system_prompt(r.task), r.turns, agent_url, target_url))
+                asked.append(i)
+        for i, reply in zip(asked, generate_replies(self.engine, conversations, self.sampling, self.max_reply_chars)):
+            render = renders.get(i)
+            replies[i] = SimReply(reply.text, reply.failed, reply.error, str(render.png_path) if render else None)
+        return replies  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Close the engine (the renderer belongs to the env)."""
+        self.engine.close()
