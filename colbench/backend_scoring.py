@@ -258,10 +258,10 @@ def _score_one(task: Task, ref: list[CallOutcome], got: list[CallOutcome]) -> Sc
         else:
             try:
                 row["passed"] = values_equal(r.value, a.value)
-            except RecursionError:
-                row["error"] = "value nested too deeply to compare"
-            if not row["passed"]:
-                row["expected"], row["got"] = render(r.value), render(a.value)
+                if not row["passed"]:
+                    row["expected"], row["got"] = render(r.value), render(a.value)
+            except (RecursionError, ValueError, TypeError, KeyError) as e:  # malformed value: a failed test
+                row["error"] = f"cannot compare values: {type(e).__name__}"
         n_pass += row["passed"]
         rows.append(row)
     reward = n_pass / len(task.tests)

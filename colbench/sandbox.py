@@ -71,10 +71,10 @@ logger = logging.getLogger(__name__)
 CHILD_SCRIPT = str(Path(__file__).with_name("_sandbox_child.py"))
 SANDBOX_UID_BASE = 1_000_000  # sandboxes run as uid SANDBOX_UID_BASE + n (see _sandbox_child.py)
 STARTUP_GRACE_S = 10.0  # interpreter start + namespace setup, on a loaded machine (first line only)
-TOTAL_SLACK_S = 3.0
+TOTAL_SLACK_S = 3.0  # added to wall_seconds_total for starting the sandbox(es)
 # Where host-side scratch dirs go (None: the system temp dir). Only the no-namespace
 # fallback uses them; with namespaces the scratch is a private tmpfs.
-SCRATCH_BASE: str | None = os.environ.get("SWEET_SANDBOX_SCRATCH") or None  # added to wall_seconds_total for starting the sandbox(es)
+SCRATCH_BASE: str | None = os.environ.get("SWEET_SANDBOX_SCRATCH") or None
 LINE_GRACE_S = 1.0  # the child's own timer fires first; this covers reporting it
 # Mechanisms whose absence is worth a warning (the rest are always on).
 STRONG_MECHANISMS = ("drop_privileges", "net_namespace", "pid_namespace", "mount_namespace", "minimal_root",
@@ -253,7 +253,7 @@ def _run_once(source: str, calls: list[str], limits: SandboxLimits, deadline: fl
               spawner) -> tuple[list[CallOutcome], bool]:
     """One sandbox process. Returns the outcomes it could establish (a prefix of `calls`,
     the last one failed if the sandbox died in it) and whether a restart makes sense."""
-    scratch = tempfile.mkdtemp(prefix="sweet-sandbox-", dir=SCRATCH_BASE)  # only used where no private tmpfs is possible
+    scratch = tempfile.mkdtemp(prefix="sweet-sandbox-", dir=SCRATCH_BASE)  # used only without a private tmpfs
     cfg = _child_config(limits, scratch)
     start = time.monotonic()
     try:
@@ -297,7 +297,28 @@ def _parse_call(rec: dict, i: int) -> CallOutcome | None:
     return CallOutcome(ok=True, value=value) if _valid_value(value) else None
 
 
-_SCALAR_TYPES = {"none", "bool", "int", "float", "complex", "str", "bytes", "object"}
+def _is_float(x: Any) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool)) or x in ("nan", "inf", "-inf")
+
+
+def _valid_scalar(v: dict) -> bool:
+    t = v["type"]
+    if t == "none":
+        return True
+    if t == "bool":
+        return isinstance(v.get("value"), bool)
+    if t == "int":
+        x = v.get("value", v.get("hex"))
+        return (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, str) and "hex" in v)
+    if t == "float":
+        return _is_float(v.get("value"))
+    if t == "complex":
+        return _is_float(v.get("real")) and _is_float(v.get("imag"))
+    if t == "str":
+        return isinstance(v.get("value"), str)
+    if t == "bytes":
+        return isinstance(v.get("hex"), str)
+    return t == "object"
 
 
 def _valid_value(v: Any, depth: int = 0) -> bool:
@@ -313,7 +334,7 @@ def _valid_value(v: Any, depth: int = 0) -> bool:
             isinstance(kv, list) and len(kv) == 2 and _valid_value(kv[0], depth + 1) and _valid_value(kv[1], depth + 1)
             for kv in items
         )
-    return t in _SCALAR_TYPES
+    return _valid_scalar(v)
 
 
 def _why_text(why: str, proc) -> str:
@@ -382,8 +403,7 @@ def isolation_report() -> dict[str, bool]:
         rec, _ = chan.next_line(time.monotonic() + STARTUP_GRACE_S + 5)
         iso = rec.get("isolation", {}) if rec else {}
         _cleanup(proc, chan, scratch, iso)
-        keys = ("process", "isolated_interpreter", "rlimits", *STRONG_MECHANISMS, "ipc_namespace", "uts_namespace",
-                "private_proc")
+        keys = ("process", "isolated_interpreter", "rlimits", *STRONG_MECHANISMS, "ipc_namespace", "private_proc")
         _report = {k: bool(iso.get(k)) for k in keys}
     return dict(_report)
 
@@ -397,6 +417,11 @@ class _Zygote:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
+        # Killed sandboxes are reaped in the background (namespace teardown takes ms);
+        # until then their pids stay taken, so no killpg can hit a reused pid.
+        self._to_reap: list[int] = []
+        self._reap_cv = threading.Condition()
+        self._reaper: threading.Thread | None = None
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -441,7 +466,36 @@ class _Zygote:
                 self._proc.wait()
             self._proc = None
 
+    def reap_later(self, pid: int) -> None:
+        with self._reap_cv:
+            self._to_reap.append(pid)
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True)
+                self._reaper.start()
+            self._reap_cv.notify()
+
+    def _reap_loop(self) -> None:
+        while True:
+            with self._reap_cv:
+                while not self._to_reap:
+                    self._reap_cv.wait()
+                pids = list(self._to_reap)
+            for pid in pids:
+                try:
+                    done = self.request({"cmd": "reap", "pid": pid, "block": False})["code"] is not None
+                except OSError:
+                    done = True  # zygote gone: init reaped its children
+                if done:
+                    with self._reap_cv:
+                        self._to_reap.remove(pid)
+                        self._reap_cv.notify_all()
+            time.sleep(0.002)
+
     def close(self) -> None:
+        deadline = time.monotonic() + 10
+        with self._reap_cv:  # let the reaper finish (all were SIGKILLed: quick)
+            while self._to_reap and time.monotonic() < deadline:
+                self._reap_cv.wait(timeout=0.1)
         with self._lock:
             self._stop()
 
@@ -492,7 +546,7 @@ class _ZygoteProc:
 
     def release(self) -> None:
         if not self.reaped:
-            self._reap(block=True)
+            self.zygote.reap_later(self.pid)
 
 
 class SandboxPool:
