@@ -67,7 +67,7 @@ def test_is_final_and_extract_answer(env, text, final, answer):
 def test_score_end_to_end(env):
     good = env.extract_answer("I WANT TO ANSWER:\n```python\ndef area(w, h):\n    if w <= 0 or h <= 0:\n"
                               "        return 0\n    return w * h\n```")
-    half = "def area(w, h):\n    return w * h\n"  # wrong for area(-1, 2) and area(0, 3)? 0*3 == 0: 3 of 4 pass
+    half = "def area(w, h):\n    return w * h\n"  # only area(-1, 2) differs (-2 vs 0): 3 of 4 pass
     bad = "import os\nos.kill(os.getppid(), 9)\n"
     scores = env.score([TASK, TASK, TASK], [good, half, bad])
     assert (scores[0].reward, scores[0].success) == (1.0, True)

@@ -311,6 +311,31 @@ def test_cannot_kill_the_evaluator_or_other_processes(attack, runner):
         sentinel.wait()
 
 
+ESCALATIONS = {
+    # A new user namespace would give capabilities back (and with them a chroot escape);
+    # the kernel refuses it inside a chroot.
+    "user_namespace": "libc.unshare(0x10000000) == 0",
+    "chroot": "os.chroot('/tmp') is None",
+    "setuid_root": "os.setuid(0) is None",
+    "ptrace_init": "libc.ptrace(16, 1, 0, 0) == 0",
+    "init_root_fs": "len(os.listdir('/proc/1/root')) > 0",
+    "mount_tmpfs": "libc.mount(b'none', b'/tmp/work', b'tmpfs', 0, None) == 0",
+    "su_binary": "subprocess.run(['su', '-c', 'id -u'], capture_output=True, timeout=5).stdout.strip() == b'0'",
+}
+
+
+@needs_isolation
+def test_privilege_escalation_fails(runner):
+    checks = "".join(
+        f"    try:\n        if {expr}:\n            won.append({name!r})\n    except Exception:\n        pass\n"
+        for name, expr in ESCALATIONS.items()
+    )
+    body = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n\ndef f():\n    won = []\n" + checks + "    return won\n"
+    uid, outs = run_hostile(runner, body, ["f()"])
+    assert outs[0] == CallOutcome(ok=True, value={"type": "list", "items": []}), outs[0]
+    assert_no_processes(uid)
+
+
 @pytest.mark.parametrize("exit_stmt", ["sys.exit(0)", "os._exit(0)", "raise SystemExit(0)", "raise KeyboardInterrupt",
                                        "os.close(int(sys.argv[1]))"])
 def test_exiting_fails_only_that_call(exit_stmt, runner):
