@@ -33,9 +33,16 @@ Threat model and the mechanism that stops each threat (child side in _sandbox_ch
 | reading the reference solution            | reference and answer run in separate sandboxes; source |
 |                                           | goes through stdin (never a file); fresh /proc; other  |
 |                                           | uid + non-dumpable (no ptrace, no /proc/<pid>/mem)     |
-| regaining root (setuid binaries)          | PR_SET_NO_NEW_PRIVS; all capabilities dropped by setuid|
+| regaining root (setuid binaries, user ns, | PR_SET_NO_NEW_PRIVS; all capabilities dropped by      |
+| chroot escape)                            | setuid; the kernel refuses new user ns inside a chroot |
 | secrets in the environment                | minimal environment (PATH, LANG, HOME, TMPDIR)         |
 | flooding our memory with output           | stdout/stderr to /dev/null; result lines size-capped   |
+
+Speed: SandboxPool forks each sandbox from a pre-started "zygote" interpreter (it never
+holds a job's source; every sandbox still gets fresh namespaces, uid and limits), which
+skips the ~30-60 ms interpreter start; run_calls starts a fresh interpreter. Killed
+sandboxes are reaped in the background. Not done: seccomp; non-root users get no
+namespaces (unprivileged user namespaces would be the next step).
 
 Set SWEET_SANDBOX_DEBUG=1 to see the sandbox processes' stderr (setup failures), and
 SWEET_SANDBOX_NO_NAMESPACES=1 to run without namespaces (weaker; warns).
