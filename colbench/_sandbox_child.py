@@ -30,10 +30,15 @@ import types
 
 # Linux constants (not all exposed by the Python 3.11 stdlib).
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWUSER = 0x20000000, 0x40000000, 0x10000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+ST_RELATIME = 4096  # statvfs flag; the others share their MS_ values
+PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT = 4, 38, 24, 28, 47
+# SECBIT_NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE (+ their locks) and KEEP_CAPS_LOCKED:
+# uid 0 inside a user namespace never (re)gains capabilities, not even by exec.
+LOCKED_SECUREBITS = 0b11101111
 UID_BASE = 1_000_000  # sandbox uid = UID_BASE + pid of A: unique among live sandboxes
 # World-writable places that get a private, size-capped tmpfs (gone when the ns dies).
 PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
@@ -72,7 +77,25 @@ def _unshare(iso: dict) -> None:
         iso[key] = _libc.unshare(flag) == 0
 
 
-def _setup_mounts(iso: dict, tmpfs_mb: int) -> None:
+def _unshare_as_user(iso: dict) -> None:
+    """Not root: the same namespaces inside a new user namespace, where we are uid 0 with
+    capabilities that count only there (enough to mount and chroot). The code under test
+    later loses every capability (_drop_capabilities); the read-only minimal root, not a
+    uid, then protects the files of the user running the evaluator."""
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC
+    if _libc.unshare(flags) != 0:
+        iso["user_namespace"] = False
+        return
+    for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"0 {uid} 1"),
+                       ("/proc/self/gid_map", f"0 {gid} 1")):
+        with open(path, "w") as fh:
+            fh.write(text)
+    iso.update(user_namespace=True, net_namespace=True, pid_namespace=True, mount_namespace=True,
+               ipc_namespace=True)
+
+
+def _setup_mounts(iso: dict, tmpfs_mb: int, minimal: bool = True) -> None:
     """In the private mount ns (run in B, pid 1 of the new PID ns). Preferred: a minimal,
     read-only root holding only /usr, /etc, the stdlib dirs and a few /dev nodes, plus a
     private scratch tmpfs and a fresh /proc, entered with chroot (stops: reading the repo,
@@ -81,15 +104,20 @@ def _setup_mounts(iso: dict, tmpfs_mb: int) -> None:
     private tmpfs over the world-writable dirs."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # our mounts never propagate to the host
     try:
+        if not minimal:
+            raise OSError("minimal root disabled (SWEET_SANDBOX_NO_MINIMAL_ROOT)")
         _minimal_root("/tmp", tmpfs_mb, iso)  # staged on a fresh tmpfs over /tmp (private)
         iso["minimal_root"] = iso["private_tmp"] = iso["readonly_root"] = True
         return
     except OSError as e:
         iso["minimal_root"] = False
         iso["minimal_root_error"] = str(e)[:200]
-    if iso.get("pid_namespace"):
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        iso["private_proc"] = True
+    try:
+        if iso.get("pid_namespace"):
+            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            iso["private_proc"] = True
+    except OSError:
+        iso["private_proc"] = False
     for d in PRIVATE_TMP_DIRS:
         if os.path.isdir(d):
             _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
@@ -100,6 +128,26 @@ def _setup_mounts(iso: dict, tmpfs_mb: int) -> None:
         iso["readonly_root"] = True
     except OSError:
         iso["readonly_root"] = False
+
+
+def _expose_import_path() -> None:
+    """Fallback only. Make the stdlib importable after dropping privileges even when the
+    interpreter lives in a directory the sandbox uid cannot traverse (pyenv under /root,
+    mode 700): bind each sys.path dir read-only under the private /tmp and point sys.path
+    there. /root itself stays closed."""
+    base = "/tmp/.sandbox-python"
+    os.mkdir(base, 0o755)
+    new_path = []
+    for i, p in enumerate(sys.path):
+        if os.path.isdir(p):
+            target = f"{base}/{i}"
+            os.mkdir(target, 0o755)
+            _mount(p, target, None, MS_BIND | MS_REC)
+            _remount_readonly(target)
+            p = target
+        new_path.append(p)
+    sys.path[:] = new_path
+    sys.path_importer_cache.clear()
 
 
 ROOT_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc")
@@ -115,7 +163,16 @@ def _graft(src: str, root: str) -> None:
     elif os.path.isdir(src):
         os.makedirs(dst, 0o755, exist_ok=True)
         _mount(src, dst, None, MS_BIND | MS_REC)
-        _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        _remount_readonly(dst)
+
+
+def _remount_readonly(path: str) -> None:
+    """Read-only bind remount keeping the mount's other flags (in a user namespace the
+    kernel refuses to clear flags such as noexec or the atime mode)."""
+    f = os.statvfs(path).f_flag
+    keep = f & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
+    keep |= MS_RELATIME if f & ST_RELATIME else 0
+    _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | keep)
 
 
 def _minimal_root(root: str, tmpfs_mb: int, iso: dict) -> None:
@@ -138,8 +195,11 @@ def _minimal_root(root: str, tmpfs_mb: int, iso: dict) -> None:
         _mount("tmpfs", root + d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
     os.makedirs(root + "/proc", 0o755)
     if iso.get("pid_namespace"):
-        _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        iso["private_proc"] = True
+        try:  # a user namespace may not mount proc (masked host /proc): then there is none
+            _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            iso["private_proc"] = True
+        except OSError:
+            iso["private_proc"] = False
     _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=755")
     os.chroot(root)  # C has no CAP_SYS_CHROOT after setuid: it cannot climb out
     os.chdir("/")
@@ -185,7 +245,7 @@ def _drop_privileges(iso: dict, scratch: str) -> None:
     if os.geteuid() == 0:
         uid = UID_BASE + int(os.environ["_SANDBOX_A_PID"]) % 3_000_000  # A's pid, as the host sees it
         os.makedirs(scratch, exist_ok=True)
-        if not iso.get("minimal_root"):  # fallback scratch under the parent's 0700 tempdir
+        if not iso.get("mount_namespace"):  # fallback: scratch under the parent's 0700 tempdir
             os.chmod(os.path.dirname(scratch), 0o711)
         os.chown(scratch, uid, uid)
         os.chmod(scratch, 0o700)
@@ -196,6 +256,30 @@ def _drop_privileges(iso: dict, scratch: str) -> None:
     else:
         os.makedirs(scratch, exist_ok=True)
         iso["drop_privileges"] = False
+    iso["no_new_privs"] = _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_capabilities(iso: dict, scratch: str) -> None:
+    """In a user namespace (not root): lose every capability for good (securebits locked,
+    bounding and ambient sets cleared, capset to zero), so uid 0 of the namespace cannot
+    unmount, remount, chroot or ptrace. no_new_privs and non-dumpable as for root."""
+    os.makedirs(scratch, exist_ok=True)
+    ok = _libc.prctl(PR_SET_SECUREBITS, LOCKED_SECUREBITS, 0, 0, 0) == 0
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # EINVAL past the last capability
+    _libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    ok &= _libc.capset(ctypes.byref(_CapHeader(0x20080522, 0)), (_CapData * 2)()) == 0  # version 3
+    iso["drop_privileges"] = ok
     iso["no_new_privs"] = _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
@@ -357,8 +441,8 @@ def sandbox(fd: int, cfg: dict) -> None:
     os.environ.clear()
     os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "_SANDBOX_A_PID": str(os.getpid())})
     root = os.geteuid() == 0
-    if root and cfg.get("namespaces", True):
-        _unshare(iso)
+    if cfg.get("namespaces", True):
+        _unshare(iso) if root else _unshare_as_user(iso)
     scratch = cfg["scratch_dir"]
     if iso.get("pid_namespace"):
         b = os.fork()
@@ -368,20 +452,23 @@ def sandbox(fd: int, cfg: dict) -> None:
             os._exit(_shell_code(os.waitstatus_to_exitcode(status)))
         # B: pid 1. Mount, then fork C and reap.
         if iso.get("mount_namespace"):
-            _setup_mounts(iso, tmpfs_mb=max(16, 4 * cfg["file_size_mb"]))
+            _setup_mounts(iso, max(16, 4 * cfg["file_size_mb"]), cfg.get("minimal_root", True))
             scratch = "/tmp/work"
         c = os.fork()
         if c:
             os.close(fd)
             os._exit(_shell_code(_reap_until(c)))
     elif iso.get("mount_namespace"):
-        _setup_mounts(iso, tmpfs_mb=max(16, 4 * cfg["file_size_mb"]))
+        _setup_mounts(iso, max(16, 4 * cfg["file_size_mb"]), cfg.get("minimal_root", True))
         scratch = "/tmp/work"
     # C: the untrusted code's process.
     if root and not iso.get("minimal_root"):
         _preimport()  # fallback: the stdlib may sit where the sandbox uid cannot read it
     _set_rlimits(cfg, len(job["calls"]))
-    _drop_privileges(iso, scratch)
+    if iso.get("user_namespace"):
+        _drop_capabilities(iso, scratch)
+    else:
+        _drop_privileges(iso, scratch)
     del os.environ["_SANDBOX_A_PID"]
     os.environ.update({"HOME": scratch, "TMPDIR": scratch})
     os.chdir(scratch)

@@ -45,7 +45,8 @@ sandboxes are reaped in the background. Not done: seccomp; non-root users get no
 namespaces (unprivileged user namespaces would be the next step).
 
 Set SWEET_SANDBOX_DEBUG=1 to see the sandbox processes' stderr (setup failures), and
-SWEET_SANDBOX_NO_NAMESPACES=1 to run without namespaces (weaker; warns).
+SWEET_SANDBOX_NO_NAMESPACES=1 to run without namespaces, SWEET_SANDBOX_NO_MINIMAL_ROOT=1
+without the chroot (host root read-only instead); both weaker, both warn.
 
 Where a mechanism is unavailable (not root, namespaces refused), one warning is logged
 per process naming what is missing and the strongest remaining set is used;
@@ -194,7 +195,8 @@ def _child_config(limits: SandboxLimits, scratch: str) -> dict:
     # SWEET_SANDBOX_NO_NAMESPACES=1: skip namespaces (kernels or container runtimes that
     # misbehave with them; also how the tests exercise the fallback).
     return {**asdict(limits), "scratch_dir": os.path.join(scratch, "work"),
-            "namespaces": os.environ.get("SWEET_SANDBOX_NO_NAMESPACES") != "1"}
+            "namespaces": os.environ.get("SWEET_SANDBOX_NO_NAMESPACES") != "1",
+            "minimal_root": os.environ.get("SWEET_SANDBOX_NO_MINIMAL_ROOT") != "1"}
 
 
 def _child_env() -> dict[str, str]:

@@ -453,3 +453,69 @@ def test_fallback_without_namespaces_warns_once_and_still_contains(monkeypatch, 
     warnings = [r.getMessage() for r in caplog.records if "WEAKER" in r.getMessage()]
     assert len(warnings) == 1 and "net_namespace" in warnings[0]
     assert_no_processes(uid)  # escapees found by uid and killed
+
+
+@needs_isolation
+def test_fallback_without_minimal_root_still_protects_files(monkeypatch):
+    monkeypatch.setenv("SWEET_SANDBOX_NO_MINIMAL_ROOT", "1")
+    monkeypatch.setattr(sandbox, "_warned", True)  # this fallback's warning is not under test here
+    tag = uuid.uuid4().hex
+    targets = [f"/tmp/sweet_pwned_{tag}", str(REPO / f"sweet_pwned_{tag}"), f"/var/tmp/sweet_pwned_{tag}"]
+    body = (f"import datetime\nTARGETS = {targets!r}\n\ndef f():\n    for t in TARGETS:\n        try:\n"
+            "            open(t, 'w').close()\n        except OSError:\n            pass\n"
+            "    return str(datetime.date(2020, 1, 2))\n")
+    uid, outs = run_hostile(lambda src, calls: run_calls(src, calls, FAST), body, ["f()"])
+    assert outs[0].value == {"type": "str", "value": "2020-01-02"}  # stdlib importable after the uid drop
+    assert not any(os.path.exists(t) for t in targets)
+    assert_no_processes(uid)
+
+
+# ---------------------------------------------------------------- not root
+
+
+NON_ROOT_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import colbench.sandbox as sb
+src = '''import os, ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+def cap_eff():
+    return [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
+def escapes():
+    won = []
+    for name, fn in (("chroot", lambda: os.chroot("/tmp")), ("umount", lambda: libc.umount2(b"/tmp", 2) == 0 or 1 / 0),
+                     ("user_ns", lambda: libc.unshare(0x10000000) == 0 or 1 / 0),
+                     ("mount", lambda: libc.mount(b"none", b"/tmp/work", b"tmpfs", 0, None) == 0 or 1 / 0),
+                     ("read_repo", lambda: open(REPO + "/colbench/sandbox.py").read(1)),
+                     ("write_repo", lambda: open(REPO + "/sweet_pwned_nonroot", "w").close())):
+        try:
+            fn()
+            won.append(name)
+        except Exception:
+            pass
+    return won
+'''.replace("REPO", repr(sys.argv[1]))
+with sb.SandboxPool(workers=1) as pool:
+    outs = pool.run_many([(src, ["cap_eff()", "escapes()"])])[0]
+print(json.dumps({"report": sb.isolation_report(), "outs": [o.value for o in outs]}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root (to become another user), setpriv and a system python3")
+def test_non_root_user_gets_full_isolation_through_a_user_namespace():
+    import json
+
+    proc = subprocess.run(
+        ["setpriv", "--reuid=4321", "--regid=4321", "--clear-groups", "/usr/bin/python3", "-c", NON_ROOT_SCRIPT,
+         str(REPO)], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, cwd="/")
+    if proc.returncode != 0 and "user" in proc.stderr.lower() and "namespace" in proc.stderr.lower():
+        pytest.skip("unprivileged user namespaces are disabled here")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not result["report"]["net_namespace"]:
+        pytest.skip(f"unprivileged user namespaces unavailable: {result['report']}")
+    assert all(result["report"].values()), result["report"]
+    assert result["outs"][0] == {"type": "str", "value": "0000000000000000"}  # no capabilities at all
+    assert result["outs"][1] == {"type": "list", "items": []}  # every escape failed
+    assert not (REPO / "sweet_pwned_nonroot").exists()
