@@ -138,6 +138,7 @@ def clipped_policy_loss(
         0, group, (per_token * mask).sum(-1))
     present = tok_per_group > 0
     loss = (loss_per_group[present] / tok_per_group[present]).sum() / n_groups
+    rho = rho.detach()
     clipped = ((rho < clip_low) | (rho > clip_high)).to(logp.dtype) * mask
     metrics = {
         "loop/clip_fraction": float(clipped.sum() / mask.sum().clamp(min=1)),
