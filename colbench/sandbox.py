@@ -33,16 +33,20 @@ Threat model and the mechanism that stops each threat (child side in _sandbox_ch
 | reading the reference solution            | reference and answer run in separate sandboxes; source |
 |                                           | goes through stdin (never a file); fresh /proc; other  |
 |                                           | uid + non-dumpable (no ptrace, no /proc/<pid>/mem)     |
-| regaining root (setuid binaries, user ns, | PR_SET_NO_NEW_PRIVS; all capabilities dropped by      |
-| chroot escape)                            | setuid; the kernel refuses new user ns inside a chroot |
+| regaining root (setuid binaries, user ns, | PR_SET_NO_NEW_PRIVS; all capabilities dropped (setuid,|
+| chroot escape)                            | or capset + locked securebits); no user ns in a chroot |
 | secrets in the environment                | minimal environment (PATH, LANG, HOME, TMPDIR)         |
 | flooding our memory with output           | stdout/stderr to /dev/null; result lines size-capped   |
 
 Speed: SandboxPool forks each sandbox from a pre-started "zygote" interpreter (it never
 holds a job's source; every sandbox still gets fresh namespaces, uid and limits), which
 skips the ~30-60 ms interpreter start; run_calls starts a fresh interpreter. Killed
-sandboxes are reaped in the background. Not done: seccomp; non-root users get no
-namespaces (unprivileged user namespaces would be the next step).
+sandboxes are reaped in the background. Not done: seccomp, cgroups (memory is capped
+per process by RLIMIT_AS, not per sandbox).
+
+Not root: the same namespaces and minimal root are set up inside an unprivileged user
+namespace, and the code under test then loses every capability (instead of switching
+uid); where user namespaces are disabled, the fallback has rlimits and a process group.
 
 Set SWEET_SANDBOX_DEBUG=1 to see the sandbox processes' stderr (setup failures), and
 SWEET_SANDBOX_NO_NAMESPACES=1 to run without namespaces, SWEET_SANDBOX_NO_MINIMAL_ROOT=1
@@ -393,8 +397,8 @@ def _warn_missing(iso: dict) -> None:
         with _warn_lock:
             if not _warned:
                 _warned = True
-                logger.warning("SANDBOX IS WEAKER THAN INTENDED: %s unavailable on this machine (run as root with "
-                               "namespace permissions for full isolation); using the strongest fallback.",
+                logger.warning("SANDBOX IS WEAKER THAN INTENDED: %s unavailable on this machine (full isolation needs "
+                               "root or unprivileged user namespaces); using the strongest fallback.",
                                ", ".join(missing))
 
 
