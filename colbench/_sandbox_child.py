@@ -62,18 +62,20 @@ def _mount(src, target, fstype, flags, data=None) -> None:
 # ---------------------------------------------------------------- isolation setup
 
 
+_NAMESPACES = {"net_namespace": CLONE_NEWNET, "pid_namespace": CLONE_NEWPID, "mount_namespace": CLONE_NEWNS,
+               "ipc_namespace": CLONE_NEWIPC}
+
+
 def _unshare(iso: dict) -> None:
     """New network ns (stops: any network, loopback included), PID ns (stops: seeing or
     signalling the evaluator and other sandboxes; guarantees cleanup of grandchildren),
     mount ns (stops: reading/writing outside the minimal root), IPC ns (stops: SysV/POSIX
     shared memory and message queues of the host). No UTS ns: changing the hostname
     needs capabilities the sandbox no longer has, and each namespace costs ~1 ms."""
-    wanted = {"net_namespace": CLONE_NEWNET, "pid_namespace": CLONE_NEWPID, "mount_namespace": CLONE_NEWNS,
-              "ipc_namespace": CLONE_NEWIPC}
-    if _libc.unshare(sum(wanted.values())) == 0:
-        iso.update({k: True for k in wanted})
+    if _libc.unshare(sum(_NAMESPACES.values())) == 0:
+        iso.update({k: True for k in _NAMESPACES})
         return
-    for key, flag in wanted.items():  # partial permissions: take what we can get
+    for key, flag in _NAMESPACES.items():  # partial permissions: take what we can get
         iso[key] = _libc.unshare(flag) == 0
 
 
@@ -81,18 +83,21 @@ def _unshare_as_user(iso: dict) -> None:
     """Not root: the same namespaces inside a new user namespace, where we are uid 0 with
     capabilities that count only there (enough to mount and chroot). The code under test
     later loses every capability (_drop_capabilities); the read-only minimal root, not a
-    uid, then protects the files of the user running the evaluator."""
+    uid, then protects the files of the user running the evaluator. Each step may be
+    refused (user namespaces disabled, or allowed without capabilities as under Ubuntu's
+    AppArmor policy): we keep whatever worked."""
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC
-    if _libc.unshare(flags) != 0:
-        iso["user_namespace"] = False
+    iso["user_namespace"] = _libc.unshare(CLONE_NEWUSER) == 0
+    if not iso["user_namespace"]:
         return
-    for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"0 {uid} 1"),
-                       ("/proc/self/gid_map", f"0 {gid} 1")):
-        with open(path, "w") as fh:
-            fh.write(text)
-    iso.update(user_namespace=True, net_namespace=True, pid_namespace=True, mount_namespace=True,
-               ipc_namespace=True)
+    try:  # without a mapping we stay an unmapped (nobody-like) user: still fine
+        for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"0 {uid} 1"),
+                           ("/proc/self/gid_map", f"0 {gid} 1")):
+            with open(path, "w") as fh:
+                fh.write(text)
+    except OSError:
+        pass
+    _unshare(iso)
 
 
 def _setup_mounts(iso: dict, tmpfs_mb: int, minimal: bool = True) -> None:
@@ -102,7 +107,11 @@ def _setup_mounts(iso: dict, tmpfs_mb: int, minimal: bool = True) -> None:
     task files with reference solutions, /work, /home, other users' files; writing
     anything that outlives the sandbox). Fallback: the host root remounted read-only with
     private tmpfs over the world-writable dirs."""
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # our mounts never propagate to the host
+    try:
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)  # our mounts never propagate to the host
+    except OSError:
+        iso["mount_namespace"] = False  # unusable: mounting would leak to the host, so do not
+        return
     try:
         if not minimal:
             raise OSError("minimal root disabled (SWEET_SANDBOX_NO_MINIMAL_ROOT)")
@@ -118,16 +127,16 @@ def _setup_mounts(iso: dict, tmpfs_mb: int, minimal: bool = True) -> None:
             iso["private_proc"] = True
     except OSError:
         iso["private_proc"] = False
-    for d in PRIVATE_TMP_DIRS:
-        if os.path.isdir(d):
-            _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
-    iso["private_tmp"] = True
-    _expose_import_path()
     try:
+        for d in PRIVATE_TMP_DIRS:
+            if os.path.isdir(d):
+                _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
+        iso["private_tmp"] = True
+        _expose_import_path()
         _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
         iso["readonly_root"] = True
     except OSError:
-        iso["readonly_root"] = False
+        pass  # whatever is missing shows in the isolation report and the warning
 
 
 def _expose_import_path() -> None:
@@ -245,7 +254,7 @@ def _drop_privileges(iso: dict, scratch: str) -> None:
     if os.geteuid() == 0:
         uid = UID_BASE + int(os.environ["_SANDBOX_A_PID"]) % 3_000_000  # A's pid, as the host sees it
         os.makedirs(scratch, exist_ok=True)
-        if not iso.get("mount_namespace"):  # fallback: scratch under the parent's 0700 tempdir
+        if not iso.get("private_tmp"):  # fallback: scratch under the parent's 0700 tempdir
             os.chmod(os.path.dirname(scratch), 0o711)
         os.chown(scratch, uid, uid)
         os.chmod(scratch, 0o700)
@@ -453,15 +462,15 @@ def sandbox(fd: int, cfg: dict) -> None:
         # B: pid 1. Mount, then fork C and reap.
         if iso.get("mount_namespace"):
             _setup_mounts(iso, max(16, 4 * cfg["file_size_mb"]), cfg.get("minimal_root", True))
-            scratch = "/tmp/work"
         c = os.fork()
         if c:
             os.close(fd)
             os._exit(_shell_code(_reap_until(c)))
     elif iso.get("mount_namespace"):
         _setup_mounts(iso, max(16, 4 * cfg["file_size_mb"]), cfg.get("minimal_root", True))
-        scratch = "/tmp/work"
     # C: the untrusted code's process.
+    if iso.get("private_tmp"):
+        scratch = "/tmp/work"  # on the private tmpfs; else the parent's host-side scratch dir
     if root and not iso.get("minimal_root"):
         _preimport()  # fallback: the stdlib may sit where the sandbox uid cannot read it
     _set_rlimits(cfg, len(job["calls"]))

@@ -27,7 +27,8 @@ from colbench.sandbox import CallOutcome, SandboxLimits, SandboxPool, isolation_
 REPO = Path(__file__).resolve().parents[2]
 FAST = SandboxLimits(cpu_seconds_per_call=1.0, wall_seconds_per_call=1.5, wall_seconds_total=8.0, memory_mb=256,
                      file_size_mb=2, max_processes=16, max_output_bytes=100_000)
-PRELUDE = "import os, sys, signal, time, socket, subprocess\n\ndef uid():\n    return os.getuid()\n\n"
+PRELUDE = ("import os, sys, signal, time, socket, subprocess\n\ndef uid():\n    return os.getuid()\n\n"
+           "def ident():\n    return os.getuid(), os.readlink('/proc/self/ns/pid')\n\n")
 
 FULL = isolation_report()
 needs_isolation = pytest.mark.skipif(not all(FULL.values()), reason=f"full isolation unavailable here: {FULL}")
@@ -53,20 +54,45 @@ def scratch_root(monkeypatch):
     assert left == [], "sandbox scratch dirs left behind"
 
 
-def _procs_of(uid: int) -> list[int]:
-    out = []
-    for p in psutil.process_iter(["uids"]):
-        uids = p.info.get("uids")
-        if uids is not None and uids.real == uid:
-            out.append(p.pid)
+def _procs_of(ident: tuple[int, str]) -> list[int]:
+    """Host processes left from the sandbox identified by (uid, pid-ns link) as seen inside."""
+    uid, ns = ident
+    if os.geteuid() == 0 and uid != 0:  # root: every sandbox has its own uid
+        return [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid]
+    if ns == os.readlink("/proc/self/ns/pid"):
+        return []  # not root and no PID namespace: nothing to tell the sandbox's processes by
+    out = []  # not root: the sandbox runs under our uid, in a user ns; find its PID ns members
+    for p in psutil.process_iter():
+        try:
+            if os.readlink(f"/proc/{p.pid}/ns/pid") == ns:
+                out.append(p.pid)
+        except OSError:  # non-dumpable sandbox process: nested pids (NSpid) give it away
+            try:
+                with open(f"/proc/{p.pid}/status") as fh:
+                    nspid = next(line for line in fh if line.startswith("NSpid")).split()[1:]
+                if len(nspid) > 1 and p.uids().real == os.getuid():
+                    out.append(p.pid)
+            except (OSError, StopIteration, psutil.Error):
+                pass
     return out
 
 
-def assert_no_processes(uid: int) -> None:
+def assert_no_processes(ident: tuple[int, str]) -> None:
     deadline = time.monotonic() + 5.0  # the kernel tears a dead namespace down asynchronously
-    while _procs_of(uid):
-        assert time.monotonic() < deadline, f"processes of sandbox uid {uid} left behind: {_procs_of(uid)}"
+    while _procs_of(ident):
+        assert time.monotonic() < deadline, f"processes of sandbox {ident} left behind: {_procs_of(ident)}"
         time.sleep(0.05)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting a process as another uid needs root")
+def test_leftover_detector_sees_a_live_process():
+    """Control for assert_no_processes: it does find a process of a given uid."""
+    proc = subprocess.Popen(["sleep", "30"], user=sandbox.SANDBOX_UID_BASE - 7, group=sandbox.SANDBOX_UID_BASE - 7)
+    try:
+        assert proc.pid in _procs_of((sandbox.SANDBOX_UID_BASE - 7, "pid:[0]"))
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +109,16 @@ def runner(request, zygote_pool):
     return lambda source, calls: zygote_pool.run_many([(source, calls)])[0]
 
 
-def run_hostile(runner, body: str, calls: list[str]) -> tuple[int, list[CallOutcome]]:
-    """Run PRELUDE + body; call 0 reports the sandbox uid, then `calls`. Returns (uid, outcomes)."""
-    outs = runner(PRELUDE + body, ["uid()", *calls])
+def run_hostile(runner, body: str, calls: list[str]) -> tuple[tuple[int, str], list[CallOutcome]]:
+    """Run PRELUDE + body; call 0 identifies the sandbox (uid, PID ns), then `calls`.
+    Returns (identity, outcomes of `calls`)."""
+    outs = runner(PRELUDE + body, ["ident()", *calls])
     assert outs[0].ok, outs[0]
-    return outs[0].value["value"], outs[1:]
+    uid, ns = (item["value"] for item in outs[0].value["items"])
+    return (uid, ns), outs[1:]
 
 
-def assert_contained(uid: int, outs: list[CallOutcome], after_ok: bool = True) -> None:
+def assert_contained(uid: tuple[int, str], outs: list[CallOutcome], after_ok: bool = True) -> None:
     """The hostile call failed, the following uid() call ran, nothing is left behind."""
     assert not outs[0].ok, outs[0]
     if after_ok:
