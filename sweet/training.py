@@ -176,10 +176,14 @@ def make_accelerator(train: TrainConfig, n_processes_hint: int | None = None):
     """An Accelerator whose gradient accumulation turns micro-batches into `batch_size`."""
     from accelerate import Accelerator
 
+    import torch
+
     world = int(os.environ.get("WORLD_SIZE", n_processes_hint or 1))
     per_step = train.micro_batch_size * world
     accum = max(1, math.ceil(train.batch_size / per_step))
-    return Accelerator(gradient_accumulation_steps=accum)
+    # Without CUDA, say so: torchrun-launched CPU processes (sweet/configs/ddp_cpu_2proc.yaml)
+    # otherwise skip the process group and each train alone.
+    return Accelerator(gradient_accumulation_steps=accum, cpu=not torch.cuda.is_available())
 
 
 def make_optimizer(model, train: TrainConfig, total_steps: int):

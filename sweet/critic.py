@@ -1,0 +1,352 @@
+"""SWEET-RL stage 1: the per-turn advantage critic, its maths and its scoring API.
+
+The critic is a causal LM θ read through its own LM head (paper, Sec. 4): for agent
+turn t with observation o_t (the policy's messages), action a_t (the generated
+tokens) and training-time information c (the hidden reference, never shown to the
+policy),
+
+    A(o_t, a_t, c) = β · mean_{y ∈ a_t} [ log π_θ(y | o_t, c, y_<) − log π_ref(y | o_t, c, y_<) ]
+
+with π_ref the frozen initial model, conditioned on the SAME context (o_t, c). A
+trajectory τ scores Σ_t A(o_t, a_t, c), and the critic is trained with a
+Bradley-Terry loss on pairs of trajectories of one task,
+
+    L_BT = −log σ( Σ_t A(chosen turn t) − Σ_t A(rejected turn t) ).
+
+Departures from the reference implementation (not from the paper):
+- the trajectory score is the SUM over turns of per-turn means (the reference took
+  one mean over all tokens of the trajectory);
+- scoring at stage 2 subtracts π_ref computed with c in the context, exactly as in
+  training (the reference subtracted a log-prob computed without c);
+- over-long contexts lose tokens from the middle, never the action nor the head
+  that holds the task and c (the reference truncated from the right).
+
+Conventions (recorded in critic_config.json so scoring reproduces training):
+- context = `template_ids(with_training_info(o_t, c, header))`: the policy's chat
+  messages with c appended to the first message, chat-templated with the
+  generation prompt;
+- action = the turn's generated `token_ids` + the end-of-turn id (`eos_token_id`):
+  engines report ids without the end-of-turn token, but the policy did emit it, and
+  ending the turn is part of the action the critic judges. Never re-tokenised text.
+- `length_normalize=False` uses the sum over the action's tokens instead of the
+  mean (the paper's ablation, which collapses success to 3.6%).
+- β: the paper does not state the critic's β; default 1.0 (with the mean it only
+  rescales the BT logits, i.e. acts like a learning-rate/temperature knob).
+
+Stage 2 uses `CriticScorer.load(critic_dir).advantages(state, actions)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from colbench.types import Episode
+from sweet.data import State, episode_states
+
+if TYPE_CHECKING:  # torch stays out of `--help`
+    import torch
+
+    from sweet.tokens import TokenBatch
+
+DEFAULT_HEADER = "Training-time information"
+CRITIC_CONFIG_FILE = "critic_config.json"
+
+
+# ---- records ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TurnExample:
+    """One agent turn as the critic sees it.
+
+    state:      o_t and c (State.prompt, State.training_info).
+    action_ids: a_t = the generated ids + eos, [T]; the tokens A is averaged over.
+    """
+
+    state: State
+    action_ids: tuple[int, ...]
+
+    def fingerprint(self) -> str:
+        """Stable hash of everything that determines this turn's log-probs (no tokenizer needed)."""
+        blob = json.dumps([list(self.state.prompt), self.state.training_info, list(self.action_ids)], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class CriticSpec:
+    """What `critic_config.json` records: everything scoring needs to reproduce training."""
+
+    beta: float
+    length_normalize: bool
+    header: str  # the training-time-information header used by with_training_info
+    reference_model: str  # model spec of π_ref (the initial model)
+    eos_token_id: int  # appended to every action
+    lora: bool  # True: critic = reference + adapter in `adapter_dir`; π_ref = adapters disabled
+    model_dir: str = "final"  # relative to the critic dir: merged/full weights
+    adapter_dir: str | None = None  # relative: the LoRA adapter
+    dtype: str = "auto"
+    max_length: int = 4096
+    keep_head: int = 512
+    env: str = "backend"
+
+    def save(self, critic_dir: str | Path) -> None:
+        (Path(critic_dir) / CRITIC_CONFIG_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, critic_dir: str | Path) -> "CriticSpec":
+        path = Path(critic_dir) / CRITIC_CONFIG_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found: is {critic_dir} the output_dir of `python -m sweet.train_critic`?")
+        data = json.loads(path.read_text())
+        try:
+            return cls(**data)
+        except TypeError as e:
+            raise ValueError(f"{path}: malformed critic config ({e})") from None
+
+
+# ---- building examples -------------------------------------------------------------
+
+
+def critic_context_ids(tokenizer, state: State, header: str = DEFAULT_HEADER) -> list[int]:
+    """(o_t, c) as ids: the policy's messages with c added, chat-templated."""
+    from sweet.tokens import template_ids, with_training_info
+
+    return template_ids(tokenizer, with_training_info(state.prompt, state.training_info, header))
+
+
+def critic_action_ids(token_ids: Sequence[int], eos_token_id: int) -> tuple[int, ...]:
+    """a_t = generated ids + the end-of-turn id (not appended twice)."""
+    ids = tuple(int(i) for i in token_ids)
+    return ids if ids and ids[-1] == eos_token_id else ids + (eos_token_id,)
+
+
+def episode_turn_examples(
+    episode: Episode, training_info: str, eos_token_id: int, tokenizer=None
+) -> list[TurnExample]:
+    """One TurnExample per agent turn. Turns without `token_ids` (published offline
+    data, scripted agents) are an error unless `tokenizer` is given, in which case
+    their text is tokenised once (the only option when the ids were never recorded)."""
+    states = episode_states(episode, training_info)
+    examples = []
+    for state, turn in zip(states, episode.agent_turns):
+        ids = turn.token_ids
+        if ids is None:
+            if tokenizer is None:
+                raise ValueError(
+                    f"episode {episode.episode_id}: agent turn {state.turn_index} has no token_ids "
+                    "(pass --tokenize_missing_actions true to tokenise its text)"
+                )
+            ids = tokenizer(turn.content, add_special_tokens=False)["input_ids"]
+        examples.append(TurnExample(state, critic_action_ids(ids, eos_token_id)))
+    return examples
+
+
+def critic_batch(tokenizer, examples: Sequence[TurnExample], header: str, max_length: int | None,
+                 keep_head: int) -> "TokenBatch":
+    """Pack turn examples into one right-padded batch (contexts cut in the middle)."""
+    from sweet.tokens import make_batch
+
+    pairs = [(critic_context_ids(tokenizer, ex.state, header), ex.action_ids) for ex in examples]
+    return make_batch(pairs, tokenizer.pad_token_id, max_length=max_length, keep_head=keep_head)
+
+
+def action_logprob_sums(model, batch: "TokenBatch") -> "torch.Tensor":
+    """Σ_{y ∈ a} log π(y | context, y_<) per sequence, [B] (float32)."""
+    from sweet.tokens import action_logprob_sum_and_mean, token_logprobs
+
+    total, _ = action_logprob_sum_and_mean(token_logprobs(model, batch), batch.action_mask)
+    return total
+
+
+# ---- the maths (pure functions) ------------------------------------------------------
+
+
+def per_turn_advantage(
+    policy_logp_sum: "torch.Tensor",
+    ref_logp_sum: "torch.Tensor",
+    n_tokens: "torch.Tensor",
+    beta: float,
+    length_normalize: bool = True,
+) -> "torch.Tensor":
+    """A(o_t, a_t, c) = β · mean_y [log π_θ − log π_ref] (or Σ_y without length
+    normalisation). Inputs are per-turn sums over a_t's tokens, [N]; returns [N]."""
+    diff = policy_logp_sum - ref_logp_sum.to(policy_logp_sum)
+    if length_normalize:
+        diff = diff / n_tokens.to(diff).clamp(min=1)
+    return beta * diff
+
+
+def trajectory_scores(advantages: "torch.Tensor", trajectory_index: "torch.Tensor", n_trajectories: int) -> "torch.Tensor":
+    """score(τ) = Σ_{t ∈ τ} A(o_t, a_t, c): sums per-turn advantages [N] by the
+    trajectory each turn belongs to, returns [n_trajectories]."""
+    import torch
+
+    out = torch.zeros(n_trajectories, dtype=advantages.dtype, device=advantages.device)
+    return out.index_add(0, trajectory_index.to(advantages.device), advantages)
+
+
+def bradley_terry_loss(score_chosen: "torch.Tensor", score_rejected: "torch.Tensor") -> tuple["torch.Tensor", dict[str, float]]:
+    """Per-pair L_BT = −log σ(score(chosen) − score(rejected)), [P], and metrics."""
+    import torch.nn.functional as F
+
+    margin = score_chosen - score_rejected
+    loss = -F.logsigmoid(margin)
+    metrics = {"margin": margin.detach().mean().item(), "accuracy": (margin > 0).float().mean().item()}
+    return loss, metrics
+
+
+def pair_accuracy_and_margin(score_chosen: "torch.Tensor", score_rejected: "torch.Tensor") -> tuple[float, float]:
+    """Held-out metrics: share of pairs with score(chosen) > score(rejected) (ties
+    count as wrong), and the mean margin."""
+    margin = (score_chosen - score_rejected).double()
+    if margin.numel() == 0:
+        return float("nan"), float("nan")
+    return (margin > 0).double().mean().item(), margin.mean().item()
+
+
+# ---- training-time information --------------------------------------------------------
+
+
+def load_training_info(tasks: str, env: str = "backend") -> dict[str, str]:
+    """task_id -> c for every task of `tasks` (a path or `builtin:<split>`).
+
+    Files of our own Task records (JSONL rows with task_id/hidden) are read directly;
+    anything else goes through `colbench.tasks.load_tasks`. c is the environment's
+    `training_info(task)`, or `task.hidden` when the environment cannot be built."""
+    from colbench.types import Task
+
+    path = Path(tasks)
+    rows = None
+    if path.suffix == ".jsonl" and path.exists():
+        with path.open() as f:
+            first = next((line for line in f if line.strip()), None)
+        if first is None:
+            raise ValueError(f"{path}: no tasks (empty file)")
+        if {"task_id", "hidden"} <= set(json.loads(first)):
+            rows = []
+            for lineno, line in enumerate(path.read_text().splitlines(), 1):
+                if line.strip():
+                    try:
+                        rows.append(Task.from_json(json.loads(line)))
+                    except (json.JSONDecodeError, TypeError) as e:
+                        raise ValueError(f"{path}:{lineno}: not a task record ({e})") from None
+    if rows is None:
+        from colbench.tasks import load_tasks
+
+        rows = load_tasks(tasks, env=env, validate=False)
+    info_of = _training_info_fn(env)
+    return {t.task_id: info_of(t) for t in rows}
+
+
+def _training_info_fn(env: str):
+    try:
+        from colbench.envs import make_env
+
+        environment = make_env(env)
+    except Exception as e:  # the environment may need resources we do not (sandbox, browser)
+        warnings.warn(f"cannot build environment {env!r} ({e}); using task.hidden as training-time information")
+        return lambda task: task.hidden
+    info = {}
+
+    def get(task):
+        if task.task_id not in info:
+            info[task.task_id] = environment.training_info(task)
+        return info[task.task_id]
+
+    return get
+
+
+# ---- scoring API for stage 2 -------------------------------------------------------------
+
+
+class CriticScorer:
+    """A trained critic, ready to score candidate actions exactly as in training.
+
+        scorer = CriticScorer.load("runs/critic")
+        advs = scorer.advantages(state, [cand.token_ids for cand in candidates])
+
+    Holds the critic θ and π_ref: for LoRA critics one model (π_ref = the base with
+    adapters disabled), otherwise two.
+    """
+
+    def __init__(self, spec: CriticSpec, model, ref_model, tokenizer, device, batch_size: int = 16):
+        self.spec = spec
+        self.model = model
+        self.ref_model = ref_model  # None: LoRA, π_ref = model with adapters disabled
+        self.tokenizer = tokenizer
+        self.device = device
+        self.batch_size = batch_size
+
+    @classmethod
+    def load(cls, critic_dir: str | Path, device=None, batch_size: int = 16) -> "CriticScorer":
+        """Read critic_config.json in `critic_dir` (a train_critic output_dir) and load
+        the trained critic and π_ref, frozen, on `device` (default: cuda if available)."""
+        import torch
+
+        from sweet.training import ModelConfig, load_model, load_tokenizer
+
+        critic_dir = Path(critic_dir)
+        spec = CriticSpec.load(critic_dir)
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        ref_cfg = ModelConfig(model=spec.reference_model, dtype=spec.dtype, max_length=spec.max_length, keep_head=spec.keep_head)
+        if spec.lora:
+            if not spec.adapter_dir or not (critic_dir / spec.adapter_dir).exists():
+                raise FileNotFoundError(f"{critic_dir}: LoRA critic without its adapter dir {spec.adapter_dir!r}")
+            model = load_model(ref_cfg, trainable=False, adapter=str(critic_dir / spec.adapter_dir))
+            ref_model = None
+        else:
+            model = load_model(ModelConfig(model=str(critic_dir / spec.model_dir), dtype=spec.dtype), trainable=False)
+            ref_model = load_model(ref_cfg, trainable=False).to(device)
+        tokenizer = load_tokenizer(str(critic_dir / spec.model_dir))
+        return cls(spec, model.to(device), ref_model, tokenizer, device, batch_size)
+
+    def advantages(self, state: State, actions: Sequence[Sequence[int]]) -> list[float]:
+        """A(o_t, a, c) for each candidate action a (generated ids, eos is appended)
+        of one state, in batched passes."""
+        return self.score_states([(state, actions)])[0]
+
+    def score_states(self, items: Sequence[tuple[State, Sequence[Sequence[int]]]]) -> list[list[float]]:
+        """advantages() for many states at once; batches across states."""
+        examples = [
+            TurnExample(state, critic_action_ids(a, self.spec.eos_token_id)) for state, actions in items for a in actions
+        ]
+        flat = self._advantages(examples)
+        out, i = [], 0
+        for _, actions in items:
+            out.append(flat[i : i + len(actions)])
+            i += len(actions)
+        return out
+
+    def _advantages(self, examples: Sequence[TurnExample]) -> list[float]:
+        import torch
+
+        values: list[float] = []
+        # sort by length so padding stays small; restore the order at the end
+        order = sorted(range(len(examples)), key=lambda i: len(examples[i].action_ids))
+        with torch.no_grad():
+            for start in range(0, len(order), self.batch_size):
+                chunk = [examples[i] for i in order[start : start + self.batch_size]]
+                batch = critic_batch(self.tokenizer, chunk, self.spec.header, self.spec.max_length, self.spec.keep_head)
+                batch = batch.to(self.device)
+                policy = action_logprob_sums(self.model, batch)
+                if self.ref_model is None:
+                    with self.model.disable_adapter():
+                        ref = action_logprob_sums(self.model, batch)
+                else:
+                    ref = action_logprob_sums(self.ref_model, batch)
+                n = torch.tensor([len(ex.action_ids) for ex in chunk], device=policy.device)
+                values.extend(per_turn_advantage(policy, ref, n, self.spec.beta, self.spec.length_normalize).tolist())
+        out = [0.0] * len(examples)
+        for pos, i in enumerate(order):
+            out[i] = values[pos]
+        return out
+
+
+def iter_chunks(items: Sequence, size: int) -> Iterable[Sequence]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

@@ -1,0 +1,448 @@
+"""SWEET-RL stage 1: train the per-turn advantage critic with training-time information.
+
+    A(o_t, a_t, c) = β · mean_{y ∈ a_t} [log π_θ(y | o_t, c) − log π_ref(y | o_t, c)]
+    L = −log σ(Σ_t A(chosen_t) − Σ_t A(rejected_t))  [+ nll_coef · NLL(chosen actions)]
+
+(maths and conventions: sweet/critic.py). π_ref log-probs are computed once, before
+training, by the initial model (LoRA: adapters disabled) and cached in
+`output_dir/ref_logprobs.pt`; only θ is in memory while training.
+
+Tiny CPU run (seconds; episodes from `python -m colbench.evaluate ...`):
+
+    python -m sweet.train_critic --model tiny --episodes runs/rollouts/episodes.jsonl \\
+        --tasks tasks/backend/train.jsonl --output_dir runs/critic-tiny \\
+        --num_epochs 2 --learning_rate 1e-3 --max_length 1024
+
+Same on 2 CPU processes (gloo):
+
+    accelerate launch --config_file sweet/configs/ddp_cpu_2proc.yaml -m sweet.train_critic \\
+        --model tiny --episodes runs/rollouts/episodes.jsonl --tasks tasks/backend/train.jsonl \\
+        --output_dir runs/critic-tiny-ddp
+
+Llama-3.1-8B-Instruct critic with LoRA on 8 GPUs (paper: 4 epochs, batch 8):
+
+    accelerate launch --config_file sweet/configs/deepspeed_zero2.yaml -m sweet.train_critic \\
+        --model hf:meta-llama/Llama-3.1-8B-Instruct --lora true --gradient_checkpointing true \\
+        --episodes data/backend_offline.jsonl --tokenize_missing_actions true --tasks builtin:train \\
+        --env backend --output_dir runs/critic-8b --num_epochs 4 --batch_size 8 --micro_batch_size 1 \\
+        --learning_rate 2e-5 --max_length 8192
+
+Or everything from a YAML file (`--config run.yaml`; flags override it). Outputs:
+`final/` (HF weights; LoRA: merged weights + `final-adapter/`), `critic_config.json`
+(what `sweet.critic.CriticScorer.load` needs), `metrics.jsonl` (`loss/bt`, `loss/nll`,
+`critic/pair_accuracy`, `critic/margin`), `config.json`, `checkpoint-<step>/` each
+epoch; rerunning the command resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweet.critic import DEFAULT_HEADER, CriticSpec, TurnExample
+from sweet.training import ModelConfig, TrainConfig
+
+
+@dataclass
+class CriticConfig:
+    """The critic's data and objective."""
+
+    episodes: str = field(default="", metadata={"help": "comma list of episode JSONL files (our runner's or published offline rows)"})
+    tasks: str = field(default="", metadata={"help": "tasks the episodes ran on (path or builtin:<split>): source of the training-time information"})
+    env: str = field(default="backend", metadata={"help": "environment name: its training_info(task) is c"})
+    eval_episodes: str = field(default="", metadata={"help": "comma list of held-out episode files; empty: hold out eval_fraction of the tasks"})
+    eval_fraction: float = field(default=0.1, metadata={"help": "share of tasks (not pairs) held out for pairwise accuracy"})
+    beta: float = field(default=1.0, metadata={"help": "β in A = β·mean(log π_θ − log π_ref); not stated in the paper"})
+    length_normalize: bool = field(default=True, metadata={"help": "mean over the action's tokens (paper); false: sum (ablation)"})
+    nll_coef: float = field(default=0.0, metadata={"help": "weight of an NLL term on the chosen trajectories' actions"})
+    success_threshold: float = field(default=1.0, metadata={"help": "a task yields pairs when its best reward reaches this (backend: 1.0 = all tests)"})
+    min_reward_gap: float = field(default=0.0, metadata={"help": "rejected episodes must be worse than the best by more than this"})
+    max_pairs: int = field(default=0, metadata={"help": "cap on training pairs (0: all)"})
+    header: str = field(default=DEFAULT_HEADER, metadata={"help": "header around c in the critic's prompt"})
+    tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns that carry no token_ids (published data)"})
+    eval_batch_size: int = field(default=8, metadata={"help": "turns per forward pass when computing π_ref and held-out scores"})
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"CriticConfig.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.beta <= 0:
+            raise ValueError(f"CriticConfig.beta must be > 0, got {self.beta}")
+        if self.nll_coef < 0:
+            raise ValueError(f"CriticConfig.nll_coef must be >= 0, got {self.nll_coef}")
+        if self.max_pairs < 0 or self.eval_batch_size < 1:
+            raise ValueError("CriticConfig.max_pairs must be >= 0 and eval_batch_size >= 1")
+
+
+@dataclass
+class CriticTrainConfig(TrainConfig):
+    """TrainConfig with the paper's critic defaults (4 epochs, batch 8 pairs)."""
+
+    output_dir: str = field(default="runs/critic", metadata={"help": "checkpoints, metrics, final/ and critic_config.json"})
+    num_epochs: int = field(default=4, metadata={"help": "passes over the training pairs (paper: 4)"})
+    batch_size: int = field(default=8, metadata={"help": "trajectory pairs per optimiser step across processes (paper: 8)"})
+    micro_batch_size: int = field(default=1, metadata={"help": "pairs per forward pass per process (all their turns in one batch)"})
+
+
+# ---- data --------------------------------------------------------------------------------
+
+
+@dataclass
+class CriticData:
+    """Every turn once, indexed. Episodes are numbered 0..E-1.
+
+    turns:         every agent turn of every paired episode.
+    episode_turns: episode -> indices into `turns`, in turn order.
+    train_pairs / eval_pairs: (chosen episode, rejected episode).
+    """
+
+    turns: list[TurnExample]
+    episode_turns: list[list[int]]
+    train_pairs: list[tuple[int, int]]
+    eval_pairs: list[tuple[int, int]]
+
+
+def _load_all(paths: str, env: str) -> list:
+    from sweet.data import load_episodes
+
+    episodes = []
+    for p in [p.strip() for p in paths.split(",") if p.strip()]:
+        episodes.extend(load_episodes(p, env=env))
+    return episodes
+
+
+def _pairs(cfg: CriticConfig, episodes: list, source: str) -> list:
+    from sweet.data import group_by_task, make_trajectory_pairs
+
+    pairs = make_trajectory_pairs(episodes, cfg.success_threshold, cfg.min_reward_gap)
+    if not pairs:
+        groups = group_by_task(episodes)
+        good = sum(max(e.reward for e in g) >= cfg.success_threshold for g in groups.values())
+        raise ValueError(
+            f"{source}: no trajectory pairs from {len(episodes)} episodes over {len(groups)} tasks "
+            f"({good} tasks reach success_threshold={cfg.success_threshold}; a pair also needs a strictly worse "
+            "episode of the same task)"
+        )
+    return pairs
+
+
+def build_data(cfg: CriticConfig, eos_token_id: int, tokenizer, seed: int) -> CriticData:
+    """Episodes -> pairs -> train/held-out split (by task) -> indexed turn examples."""
+    from sweet.critic import episode_turn_examples, load_training_info
+
+    if not cfg.episodes:
+        raise ValueError("--episodes is required (episode JSONL file(s))")
+    if not cfg.tasks:
+        raise ValueError("--tasks is required: the task file the episodes ran on (training-time information)")
+    pairs = _pairs(cfg, _load_all(cfg.episodes, cfg.env), cfg.episodes)
+    if cfg.eval_episodes:
+        eval_pairs = _pairs(cfg, _load_all(cfg.eval_episodes, cfg.env), cfg.eval_episodes)
+    else:
+        tasks = sorted({p.task_id for p in pairs})
+        random.Random(seed).shuffle(tasks)
+        n_eval = min(len(tasks) - 1, math.ceil(cfg.eval_fraction * len(tasks))) if cfg.eval_fraction > 0 else 0
+        held = set(tasks[:n_eval])
+        eval_pairs = [p for p in pairs if p.task_id in held]
+        pairs = [p for p in pairs if p.task_id not in held]
+    if cfg.max_pairs and len(pairs) > cfg.max_pairs:
+        pairs = random.Random(seed).sample(pairs, cfg.max_pairs)
+    info = load_training_info(cfg.tasks, cfg.env)
+    index: dict[int, int] = {}  # id(episode) -> episode number
+    turns: list[TurnExample] = []
+    episode_turns: list[list[int]] = []
+
+    def number(ep) -> int:
+        if id(ep) not in index:
+            if ep.task_id not in info:
+                raise ValueError(f"task {ep.task_id!r} (episode {ep.episode_id}) is not in --tasks {cfg.tasks}")
+            examples = episode_turn_examples(ep, info[ep.task_id], eos_token_id,
+                                             tokenizer if cfg.tokenize_missing_actions else None)
+            if not examples:
+                raise ValueError(f"episode {ep.episode_id} has no agent turns")
+            index[id(ep)] = len(episode_turns)
+            episode_turns.append(list(range(len(turns), len(turns) + len(examples))))
+            turns.extend(examples)
+        return index[id(ep)]
+
+    train = [(number(p.chosen), number(p.rejected)) for p in pairs]
+    held_out = [(number(p.chosen), number(p.rejected)) for p in eval_pairs]
+    return CriticData(turns, episode_turns, train, held_out)
+
+
+# ---- forward passes ------------------------------------------------------------------------
+
+
+def sharded_logprob_sums(accelerator, model, tokenizer, turns: list[TurnExample], indices: list[int],
+                         mcfg: ModelConfig, header: str, batch_size: int, desc: str = "") -> Any:
+    """Σ_{y ∈ a_t} log π(y | o_t, c) for turns[indices], no grad, split over processes;
+    every process gets all values, float64 [len(indices)]. Every process makes the same
+    number of forward calls (DDP buffer syncs / ZeRO-3 gathers need it)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from sweet.critic import action_logprob_sums, critic_batch
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    out = torch.zeros(len(indices), dtype=torch.float64, device=accelerator.device)
+    # contexts of similar length together: less padding
+    positions = sorted(range(len(indices)), key=lambda p: _length_key(turns[indices[p]]))[rank::world]
+    n_calls = math.ceil(math.ceil(len(indices) / world) / batch_size) if indices else 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for c in tqdm(range(n_calls), desc=desc, disable=not accelerator.is_main_process or not desc):
+            chunk = positions[c * batch_size : (c + 1) * batch_size]
+            examples = [turns[indices[p]] for p in chunk] or [turns[indices[0]]]  # dummy call keeps ranks in step
+            batch = critic_batch(tokenizer, examples, header, mcfg.max_length, mcfg.keep_head).to(accelerator.device)
+            sums = action_logprob_sums(model, batch)
+            if chunk:
+                out[torch.tensor(chunk, device=out.device)] = sums.double()
+    model.train(was_training)
+    return accelerator.reduce(out, "sum") if world > 1 else out
+
+
+def _length_key(ex: TurnExample) -> int:
+    return sum(len(str(m.get("content", ""))) for m in ex.state.prompt) + len(ex.action_ids)
+
+
+def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig,
+                       output_dir: Path, allow_compute: bool) -> Any:
+    """π_ref sums per turn, from `ref_logprobs.pt` when it matches these turns, else
+    computed once with the initial model (LoRA: adapters disabled) and cached."""
+    import contextlib
+    import hashlib
+
+    import torch
+
+    path = output_dir / "ref_logprobs.pt"
+    digest = hashlib.sha256("".join(t.fingerprint() for t in data.turns).encode()).hexdigest()
+    key = {"model": mcfg.model, "dtype": mcfg.dtype, "max_length": mcfg.max_length, "keep_head": mcfg.keep_head,
+           "header": ccfg.header, "turns": digest}
+    if path.exists():
+        blob = torch.load(path, weights_only=False)
+        if blob["key"] == key:
+            return blob["sums"].to(accelerator.device)
+        if accelerator.is_main_process:
+            print(f"{path} was computed for other turns or settings; recomputing")
+    if not allow_compute:
+        raise RuntimeError(
+            f"{path} is missing or stale and the model was restored from a full-weight checkpoint, so π_ref "
+            f"(the initial model) is gone; delete the checkpoints in {output_dir} to restart"
+        )
+    unwrapped = accelerator.unwrap_model(model)
+    ctx = unwrapped.disable_adapter() if hasattr(unwrapped, "disable_adapter") else contextlib.nullcontext()
+    with ctx:
+        sums = sharded_logprob_sums(accelerator, model, tokenizer, data.turns, list(range(len(data.turns))), mcfg,
+                                    ccfg.header, ccfg.eval_batch_size, desc="π_ref log-probs")
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": key, "sums": sums.cpu()}, path)
+    accelerator.wait_for_everyone()
+    return sums
+
+
+def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[int, int]], ccfg: CriticConfig,
+               mcfg: ModelConfig, device) -> tuple[Any, Any, Any]:
+    """One forward over every turn of the pairs' episodes. Returns per pair [P]:
+    L_BT, NLL of the chosen trajectory's actions (token mean), and the margin."""
+    import torch
+
+    from sweet.critic import (action_logprob_sums, bradley_terry_loss, critic_batch, per_turn_advantage,
+                              trajectory_scores)
+
+    episodes = sorted({e for pair in pairs for e in pair})
+    slot = {e: k for k, e in enumerate(episodes)}
+    turn_idx = [t for e in episodes for t in data.episode_turns[e]]
+    traj = torch.tensor([slot[e] for e in episodes for _ in data.episode_turns[e]], device=device)
+    batch = critic_batch(tokenizer, [data.turns[t] for t in turn_idx], ccfg.header, mcfg.max_length, mcfg.keep_head)
+    logp = action_logprob_sums(model, batch.to(device))  # log π_θ, Σ over a_t
+    n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in turn_idx], device=device, dtype=logp.dtype)
+    advantages = per_turn_advantage(logp, ref_sums[turn_idx], n_tokens, ccfg.beta, ccfg.length_normalize)
+    scores = trajectory_scores(advantages, traj, len(episodes))
+    chosen = torch.tensor([slot[c] for c, _ in pairs], device=device)
+    rejected = torch.tensor([slot[r] for _, r in pairs], device=device)
+    bt, _ = bradley_terry_loss(scores[chosen], scores[rejected])
+    nll = -trajectory_scores(logp, traj, len(episodes)) / trajectory_scores(n_tokens, traj, len(episodes))
+    return bt, nll[chosen], (scores[chosen] - scores[rejected]).detach()
+
+
+def evaluate(accelerator, model, tokenizer, data: CriticData, ref_sums, ccfg: CriticConfig,
+             mcfg: ModelConfig) -> dict[str, float]:
+    """Held-out pairwise accuracy and mean margin."""
+    import torch
+
+    from sweet.critic import pair_accuracy_and_margin, per_turn_advantage, trajectory_scores
+
+    if not data.eval_pairs:
+        return {}
+    episodes = sorted({e for pair in data.eval_pairs for e in pair})
+    turn_idx = [t for e in episodes for t in data.episode_turns[e]]
+    logp = sharded_logprob_sums(accelerator, model, tokenizer, data.turns, turn_idx, mcfg, ccfg.header,
+                                ccfg.eval_batch_size)
+    n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in turn_idx], device=logp.device, dtype=logp.dtype)
+    adv = per_turn_advantage(logp, ref_sums[turn_idx], n_tokens, ccfg.beta, ccfg.length_normalize)
+    slot = {e: k for k, e in enumerate(episodes)}
+    traj = torch.tensor([slot[e] for e in episodes for _ in data.episode_turns[e]], device=logp.device)
+    scores = trajectory_scores(adv, traj, len(episodes))
+    acc, margin = pair_accuracy_and_margin(scores[[slot[c] for c, _ in data.eval_pairs]],
+                                           scores[[slot[r] for _, r in data.eval_pairs]])
+    return {"critic/pair_accuracy": acc, "critic/margin": margin}
+
+
+# ---- the loop -------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """What the loop carries: prepared objects and the schedule."""
+
+    accelerator: Any
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    data: CriticData
+    ref_sums: Any
+    ccfg: CriticConfig
+    mcfg: ModelConfig
+    tcfg: CriticTrainConfig
+    logger: Any
+    accum: int
+    steps_per_epoch: int
+
+
+def train_epoch(run: Run, epoch: int, global_step: int) -> int:
+    """One pass over the training pairs in a seeded order; returns the global step.
+
+    Each optimiser step takes `micro * world * accum` pairs; process r handles micro-batch
+    slots r, r+world, ... Per-pair weights make the step's loss the exact mean over its
+    pairs whatever the process count (accelerate divides by accum, DDP averages ranks).
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    acc, model = run.accelerator, run.model
+    world, rank, micro = acc.num_processes, acc.process_index, run.tcfg.micro_batch_size
+    order = torch.randperm(len(run.data.train_pairs), generator=torch.Generator().manual_seed(run.tcfg.seed * 1000 + epoch))
+    per_step = micro * world * run.accum
+    model.train()
+    bar = tqdm(range(run.steps_per_epoch), desc=f"critic epoch {epoch + 1}", disable=not acc.is_main_process)
+    for step in bar:
+        step_pairs = [run.data.train_pairs[i] for i in order[step * per_step : (step + 1) * per_step].tolist()]
+        totals = torch.zeros(4, dtype=torch.float64, device=acc.device)  # Σ bt, Σ nll, Σ correct, n
+        for k in range(run.accum):
+            slot = k * world + rank
+            mine = step_pairs[slot * micro : (slot + 1) * micro]
+            weight = world * run.accum / len(step_pairs)
+            if not mine:  # keep every rank's forward/backward count equal
+                mine, weight = step_pairs[:1], 0.0
+            with acc.accumulate(model):
+                bt, nll, margin = pair_terms(model, run.tokenizer, run.data, run.ref_sums, mine, run.ccfg, run.mcfg, acc.device)
+                acc.backward(weight * (bt + run.ccfg.nll_coef * nll).sum())
+                if acc.sync_gradients and run.tcfg.max_grad_norm > 0:
+                    acc.clip_grad_norm_(model.parameters(), run.tcfg.max_grad_norm)
+                run.optimizer.step()
+                run.optimizer.zero_grad()
+            if weight:
+                totals += torch.stack([bt.detach().sum().double(), nll.detach().sum().double(),
+                                       (margin > 0).sum().double(), torch.tensor(float(len(mine)), dtype=torch.float64, device=acc.device)])
+        run.scheduler.step()  # once per optimiser step, not once per process (as a prepared scheduler would)
+        global_step += 1
+        totals = acc.reduce(totals, "sum") if world > 1 else totals
+        metrics = {"loss/bt": (totals[0] / totals[3]).item(), "loss/nll": (totals[1] / totals[3]).item(),
+                   "critic/train_accuracy": (totals[2] / totals[3]).item(), "lr": run.scheduler.get_last_lr()[0]}
+        bar.set_postfix({"bt": f"{metrics['loss/bt']:.4f}"})
+        if global_step % run.tcfg.logging_steps == 0:
+            run.logger.log(metrics, global_step)
+    return global_step
+
+
+def _trim_metrics(path: Path, last_step: int) -> None:
+    """Drop rows logged after the checkpoint we resume from (they will be logged again)."""
+    if path.exists():
+        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+        path.write_text("".join(r + "\n" for r in rows))
+
+
+def main(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dict[str, float]:
+    """Train the critic; returns the last held-out metrics."""
+    from dataclasses import replace
+
+    from sweet.training import (MetricsLogger, latest_checkpoint, load_model, load_tokenizer, load_trainer_state,
+                                make_accelerator, make_optimizer, save_checkpoint, save_final, save_resolved_config,
+                                set_seed)
+
+    set_seed(tcfg.seed)
+    accelerator = make_accelerator(tcfg)
+    out = Path(tcfg.output_dir)
+    tokenizer = load_tokenizer(mcfg.model)
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"model {mcfg.model!r}: tokenizer has no eos token (needed to end every action)")
+    data = build_data(ccfg, tokenizer.eos_token_id, tokenizer, tcfg.seed)
+    world = accelerator.num_processes
+    accum = accelerator.gradient_accumulation_steps
+    steps_per_epoch = math.ceil(len(data.train_pairs) / (tcfg.micro_batch_size * world * accum))
+    ckpt = latest_checkpoint(out) if tcfg.resume else None
+    if ckpt is None:
+        model = load_model(mcfg, trainable=True)
+    elif mcfg.lora:
+        model = load_model(mcfg, trainable=True, adapter=str(ckpt))
+    else:
+        model = load_model(replace(mcfg, model=str(ckpt)), trainable=True)
+    optimizer, scheduler = make_optimizer(model, tcfg, steps_per_epoch * tcfg.num_epochs)
+    if accelerator.state.deepspeed_plugin is not None:  # no dataloader to infer it from
+        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = tcfg.micro_batch_size
+    model, optimizer = accelerator.prepare(model, optimizer)
+    ref_sums = reference_logprobs(accelerator, model, tokenizer, data, ccfg, mcfg, out,
+                                  allow_compute=ckpt is None or mcfg.lora)
+    start_epoch, global_step = 0, 0
+    if ckpt is not None:
+        state = load_trainer_state(ckpt, optimizer, scheduler)
+        start_epoch, global_step = state["epoch"], state["step"]
+        if accelerator.is_main_process:
+            _trim_metrics(out / "metrics.jsonl", global_step)
+            print(f"resuming from {ckpt} (epoch {start_epoch}, step {global_step})")
+    if accelerator.is_main_process:
+        save_resolved_config(out, critic=ccfg, model=mcfg, train=tcfg)
+    logger = MetricsLogger(out, tcfg.report_to, accelerator.is_main_process)
+    run = Run(accelerator, model, tokenizer, optimizer, scheduler, data, ref_sums, ccfg, mcfg, tcfg, logger, accum,
+              steps_per_epoch)
+    if accelerator.is_main_process:
+        print(f"critic: {len(data.train_pairs)} training pairs, {len(data.eval_pairs)} held-out pairs, "
+              f"{len(data.turns)} turns; {steps_per_epoch} steps/epoch x {tcfg.num_epochs} epochs; "
+              f"{world} process(es) x {accum} accumulation step(s)")
+    metrics: dict[str, float] = {}
+    for epoch in range(start_epoch, tcfg.num_epochs):
+        global_step = train_epoch(run, epoch, global_step)
+        metrics = evaluate(accelerator, model, tokenizer, data, ref_sums, ccfg, mcfg)
+        logger.log({**metrics, "epoch": epoch + 1}, global_step)
+        if accelerator.is_main_process and metrics:
+            print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, out, global_step, {"epoch": epoch + 1})
+    if not metrics:
+        metrics = evaluate(accelerator, model, tokenizer, data, ref_sums, ccfg, mcfg)
+    logger.close()
+    save_final(accelerator, model, tokenizer, out)
+    if accelerator.is_main_process:
+        CriticSpec(beta=ccfg.beta, length_normalize=ccfg.length_normalize, header=ccfg.header,
+                   reference_model=mcfg.model, eos_token_id=tokenizer.eos_token_id, lora=mcfg.lora,
+                   adapter_dir="final-adapter" if mcfg.lora else None, dtype=mcfg.dtype,
+                   max_length=mcfg.max_length, keep_head=mcfg.keep_head, env=ccfg.env).save(out)
+        (out / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
+    accelerator.wait_for_everyone()
+    return metrics
+
+
+def cli(argv: list[str] | None = None) -> dict[str, float]:
+    from sweet.training import parse_configs
+
+    ccfg, mcfg, tcfg = parse_configs([CriticConfig, ModelConfig, CriticTrainConfig], argv,
+                                     description="SWEET-RL stage 1: per-turn advantage critic (Bradley-Terry)")
+    return main(ccfg, mcfg, tcfg)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,96 @@
+"""Synthetic critic data built with the tiny model's tokenizer.
+
+Each task hides a secret word w (its training-time information c = "def f(): return
+'<w>'"). Every episode asks one question and then answers; the successful episode
+names w, the failed one names the other word. With `secrets=("apple",)` (default)
+every task's secret is "apple": a pattern a ~2M-parameter model learns in a few
+steps. With `secrets=("apple", "river")` only a critic that reads c can tell chosen
+from rejected (copying from c: too slow to learn for a unit test, used where values,
+not learning, are checked).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from colbench.types import Episode, Score, Task, Turn
+
+WORDS = ("apple", "river")
+SYSTEM = "Ask the human about f, then write I WANT TO ANSWER: and the code."
+DESCRIPTION = "I need a function f that returns a word."
+
+
+def _agent_turn(tokenizer, prompt: list[dict], text: str) -> Turn:
+    from sweet.tokens import template_ids
+
+    return Turn(role="agent", content=text, prompt=[dict(m) for m in prompt],
+                prompt_token_ids=template_ids(tokenizer, prompt),
+                token_ids=tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def make_episode(tokenizer, task: Task, word: str, seed: int, reward: float) -> Episode:
+    """Two agent turns: a question naming `word`, then an answer returning it."""
+    prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.description}]
+    turns = []
+    question = f"Is the word {word}?"
+    turns.append(_agent_turn(tokenizer, prompt, question))
+    reply = "I don't know."
+    turns.append(Turn(role="human", content=reply))
+    prompt = prompt + [{"role": "assistant", "content": question}, {"role": "user", "content": reply}]
+    turns.append(_agent_turn(tokenizer, prompt, f"I WANT TO ANSWER:\ndef f():\n    return '{word}'"))
+    return Episode(task_id=task.task_id, env="backend", agent="synthetic", seed=seed, turns=turns,
+                   answer=f"def f():\n    return '{word}'", score=Score(reward=reward, success=reward >= 1.0),
+                   stop_reason="answered")
+
+
+def make_synthetic(tokenizer, n_tasks: int, seed: int = 0, secrets: tuple[str, ...] = ("apple",)
+                   ) -> tuple[list[Task], list[Episode]]:
+    """n_tasks tasks, each with one success (names the secret) and one failure."""
+    rng = random.Random(seed)
+    tasks, episodes = [], []
+    for k in range(n_tasks):
+        secret = secrets[k % len(secrets)]
+        other = next(w for w in WORDS if w != secret)
+        task = Task(task_id=f"syn-{k:03d}", env="backend", description=DESCRIPTION,
+                    hidden=f"def f():\n    return '{secret}'")
+        tasks.append(task)
+        eps = [make_episode(tokenizer, task, secret, 0, 1.0), make_episode(tokenizer, task, other, 1, 0.0)]
+        rng.shuffle(eps)
+        episodes.extend(eps)
+    return tasks, episodes
+
+
+def write_jsonl(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from sweet.training import load_tokenizer
+
+    return load_tokenizer("tiny")
+
+
+@pytest.fixture(scope="session")
+def synthetic_files(tmp_path_factory, tiny_tokenizer):
+    """(episodes.jsonl, tasks.jsonl) for 40 tasks (80 episodes, 40 pairs)."""
+    d = tmp_path_factory.mktemp("critic_data")
+    tasks, episodes = make_synthetic(tiny_tokenizer, 40)
+    return write_jsonl(d / "episodes.jsonl", episodes), write_jsonl(d / "tasks.jsonl", tasks)
+
+
+@pytest.fixture
+def fresh_accelerate():
+    """Accelerate keeps process-wide singletons; reset them around in-process runs."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
