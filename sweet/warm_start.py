@@ -74,3 +74,32 @@ def write_episodes(episodes: list[Episode], path: Path) -> None:
     with path.open("w") as f:
         for ep in episodes:
             f.write(json.dumps(ep.to_json()) + "\n")
+
+
+def main(cfg: WarmStartConfig | None = None, argv: list[str] | None = None) -> Path:
+    """Write scripted episodes, then fine-tune on all of them (RFT with no filter)."""
+    from sweet import rft
+    from sweet.training import ModelConfig, load_tokenizer, parse_configs
+
+    if cfg is None:
+        (cfg,) = parse_configs([WarmStartConfig], argv, description=__doc__.split("\n\n")[0])
+    out = Path(cfg.output_dir)
+    if (out / "final" / "config.json").exists():
+        print(f"warm start: {out / 'final'} exists, reusing it")
+        return out / "final"
+    episodes_path = out / "scripted_episodes.jsonl"
+    if not episodes_path.exists():
+        tokenizer = load_tokenizer(cfg.model)
+        episodes = scripted_episodes(tokenizer, cfg.n_dialogues, cfg.p_ask, cfg.seed)
+        write_episodes(episodes, episodes_path)
+        success = sum(e.success for e in episodes) / len(episodes)
+        print(f"warm start: {len(episodes)} scripted dialogues, explorer success rate {success:.2f}")
+    model_cfg = ModelConfig(model=cfg.model, max_length=512, keep_head=64)
+    train = rft.RFTTrainConfig(output_dir=str(out), learning_rate=cfg.learning_rate, num_epochs=cfg.epochs,
+                               batch_size=cfg.batch_size, micro_batch_size=cfg.batch_size, seed=cfg.seed,
+                               warmup_ratio=0.05, report_to="none", save_steps=0)
+    return rft.main(model_cfg, train, rft.RFTConfig(episodes=str(episodes_path), env="testbed", success_threshold=0.0))
+
+
+if __name__ == "__main__":
+    main()
