@@ -388,10 +388,12 @@ class _Slot:
     after a timeout or crash the whole context is closed, which kills its renderer.
     """
 
-    context: Any
+    context: Any  # None: a dead slot, replaced before its next use
     page: Any
+    browser: Any = None  # the browser the context belongs to
     html: str = ""
     served: bool = False
+    crashed: bool = False  # its renderer died (set by the page's "crash" event)
 
 
 class RenderPool:
@@ -565,20 +567,23 @@ class RenderPool:
         context.set_default_timeout(self.timeout_s * 1000)
         await context.add_init_script(INIT_SCRIPT)
         page = await context.new_page()
-        slot = _Slot(context, page)
+        slot = _Slot(context, page, self._browser)
         await context.route("**/*", lambda route: self._route(slot, route))
         # WebSockets bypass HTTP routing: refuse them all.
         await context.route_web_socket("**/*", lambda ws: asyncio.ensure_future(_quietly(ws.close())))
+        page.on("crash", lambda _: setattr(slot, "crashed", True))
         page.on("dialog", lambda d: asyncio.ensure_future(_quietly(d.dismiss())))
         # window.open is stubbed, but a target=_blank link clicked by a script still opens one.
         page.on("popup", lambda p: asyncio.ensure_future(_quietly(p.close(run_before_unload=False))))
         return slot
 
-    async def _restart_browser(self) -> None:
+    async def _restart_browser(self, broken: Any = None) -> None:
+        """Launch a new browser if the current one died, or is `broken` (hung); once,
+        however many slots ask at the same time."""
         async with self._restart_lock:
-            if self._browser is not None and self._browser.is_connected():
+            if self._browser.is_connected() and self._browser is not broken:
                 return
-            await _quietly(self._browser.close(), 5)
+            await _quietly(self._browser.close(), 5)  # Playwright kills it if it does not close
             await self._launch()
 
     async def _route(self, slot: _Slot, route: Any) -> None:
@@ -613,6 +618,9 @@ class RenderPool:
             self._waiting -= 1
         healthy = False
         try:
+            if (slot.context is None or slot.crashed or slot.browser is not self._browser
+                    or not self._browser.is_connected()):
+                slot = await self._replace(slot)  # its renderer or the browser died since
             slot.html, slot.served = html, False
             result = await asyncio.wait_for(self._load_and(slot.page, action), self.timeout_s)
             healthy = True
@@ -641,7 +649,8 @@ class RenderPool:
 
     async def _release(self, slot: _Slot, healthy: bool) -> _Slot:
         """Park a healthy slot on about:blank (stops the page's timers); after a failure,
-        close the context (killing its renderer, hung or not) and open a new one."""
+        replace it. Never raises: a slot that cannot be replaced now is handed back
+        dead and replaced before its next use, so the pool never loses a worker."""
         slot.html = ""
         if healthy:
             try:
@@ -651,17 +660,26 @@ class RenderPool:
                 return slot
             except Exception:
                 pass
+        try:
+            return await self._replace(slot)
+        except Exception:
+            return _Slot(None, None)
+
+    async def _replace(self, slot: _Slot) -> _Slot:
+        """Close a slot's context (killing its renderer, hung or not) and open a new one,
+        restarting the browser if it died or hangs."""
         self.n_recycled += 1
-        if not await _quietly(slot.context.close(), 5):
-            await _quietly(self._browser.close(), 5)  # the browser itself is stuck: start anew
+        if slot.context is not None and slot.browser is self._browser and self._browser.is_connected():
+            if not await _quietly(slot.context.close(), 5):
+                await self._restart_browser(broken=slot.browser)  # the browser itself is stuck
         for attempt in range(3):
+            browser = self._browser
             try:
                 return await asyncio.wait_for(self._new_slot(), 30)
             except Exception:
                 if attempt == 2:
                     raise
-                await _quietly(self._browser.close(), 5)
-                await self._restart_browser()
+                await self._restart_browser(broken=browser)
         raise AssertionError("unreachable")
 
 

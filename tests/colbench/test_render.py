@@ -3,6 +3,7 @@ local placeholder images, no network, hostile pages contained."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import io
 import re
@@ -248,3 +249,35 @@ def test_extract_structure_reports_text_colours_and_layout(pool):
     h1 = next(b for b in s["blocks"] if b.get("text") == "Acme")
     assert h1["color"] == "#ffffff" and h1["bg"] == "#2563eb" and h1["font"] == "30px bold"
     assert any(b["tag"] == "button" and b["label"] == "Buy" for b in s["blocks"])
+
+
+def _on_render_thread(pool, make_coro):
+    return asyncio.run_coroutine_threadsafe(make_coro(), pool._loop).result(timeout=30)
+
+
+def test_pool_recovers_from_renderer_and_browser_crashes(pool):
+    pool.render([NORMAL])  # make sure the pool is started
+
+    async def crash_renderer():  # a renderer process dies (as on out-of-memory)
+        slot = pool._slots._queue[0]
+        cdp = await slot.context.new_cdp_session(slot.page)
+        try:
+            await asyncio.wait_for(cdp.send("Page.crash"), 2)  # never answers: the renderer is gone
+        except Exception:
+            pass
+
+    _on_render_thread(pool, crash_renderer)
+    assert all(r.error is None for r in pool.render([NORMAL, NORMAL, NORMAL]))
+
+    async def crash_browser():  # the whole browser dies
+        cdp = await pool._browser.new_browser_cdp_session()
+        try:
+            await asyncio.wait_for(cdp.send("Browser.crash"), 2)
+        except Exception:
+            pass
+
+    old = pool._browser
+    _on_render_thread(pool, crash_browser)
+    results = pool.render([NORMAL] * 3)
+    assert pool._browser is not old
+    assert all(r.error is None and is_red(r.image.getpixel((100, 100))) for r in results)
