@@ -1,0 +1,128 @@
+"""The whole pipeline as plain function calls: warm start → collect → train → evaluate.
+
+Each step calls an entry point's own `main` with the flags a user would type, so the
+demo (`python -m sweet.demo`) and the learning benchmark (`bench/learning.py`) run
+exactly the code paths of the README's commands. Every step writes into its own
+folder and is skipped when its output exists, so a crashed run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+
+@dataclass
+class TestbedSetup:
+    """The CPU test bed's sizes; the defaults fit the ~10-minute demo."""
+
+    __test__ = False  # not a pytest class
+
+    env: str = "testbed"
+    simulator: str = "scripted:testbed"
+    train_tasks: str = "builtin:train"
+    test_tasks: str = "builtin:test"
+    episodes_per_task: int = 4  # K rollouts per train task for the offline algorithms
+    max_turns: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # collection (exploration)
+    eval_seeds: int = 4  # sampled evaluation episodes per test task
+    eval_temperature: float = 0.7
+    candidates: int = 8  # SWEET stage 2: K candidates per state (paper: 16)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def timed(setup: TestbedSetup, name: str):
+    """Context manager adding the step's wall time to setup.timings[name]."""
+
+    class _T:
+        def __enter__(self):
+            self.t = time.perf_counter()
+
+        def __exit__(self, *exc):
+            setup.timings[name] = setup.timings.get(name, 0.0) + time.perf_counter() - self.t
+
+    return _T()
+
+
+def collect_episodes(model: str, setup: TestbedSetup, out_path: Path, seed: int = 0) -> Path:
+    """K sampled episodes per train task with the model (resumable JSONL)."""
+    from colbench.agents import ModelAgent
+    from colbench.envs import make_env
+    from colbench.episodes import EpisodeConfig, run_episodes
+    from colbench.tasks import load_tasks
+    from engines import SamplingParams, load_engine
+    from simulators import load_simulator
+
+    env = make_env(setup.env)
+    tasks = load_tasks(setup.train_tasks, env=setup.env, validate=False)
+    agent = ModelAgent(load_engine(f"hf:{model}"),
+                       SamplingParams(temperature=setup.temperature, max_new_tokens=setup.max_new_tokens), name="policy")
+    seeds = [seed * 1000 + k for k in range(setup.episodes_per_task)]
+    run_episodes(env, tasks, agent, load_simulator(setup.simulator, env), seeds=seeds,
+                 config=EpisodeConfig(max_turns=setup.max_turns), out_path=out_path, progress=True)
+    env.close()
+    return out_path
+
+
+def train_critic(episodes: Path, base_model: str, setup: TestbedSetup, out: Path, seed: int = 0) -> Path:
+    from sweet import train_critic
+
+    if not (out / "final").exists():
+        train_critic.main([
+            "--episodes", str(episodes), "--tasks", setup.train_tasks, "--env", setup.env, "--model", base_model,
+            "--output_dir", str(out), "--num_epochs", "2", "--learning_rate", "3e-4", "--batch_size", "8",
+            "--micro_batch_size", "4", "--success_threshold", "1.0", "--report_to", "none", "--seed", str(seed),
+            "--max_length", "512", "--keep_head", "64"])
+    return out
+
+
+def train_policy(algorithm: str, episodes: Path, base_model: str, setup: TestbedSetup, out: Path,
+                 critic: Path | None = None, seed: int = 0, extra: Sequence[str] = ()) -> Path:
+    """One of sweet / rft / mtdpo (offline, from `episodes`) or loop (online)."""
+    from sweet import train_policy as tp
+
+    if (out / "final" / "config.json").exists():
+        return out / "final"
+    common = ["--model", base_model, "--output_dir", str(out), "--report_to", "none", "--seed", str(seed),
+              "--max_length", "512", "--keep_head", "64"]
+    if algorithm == "rft":
+        args = ["--episodes", str(episodes), "--success_threshold", "1.0", "--learning_rate", "3e-4",
+                "--num_epochs", "2", "--batch_size", "16", "--micro_batch_size", "16"]
+    elif algorithm == "mtdpo":
+        args = ["--episodes", str(episodes), "--learning_rate", "1e-4", "--beta", "0.1", "--num_epochs", "2",
+                "--batch_size", "8", "--micro_batch_size", "8", "--success_threshold", "1.0"]
+    elif algorithm == "sweet":
+        args = ["--episodes", str(episodes), "--tasks", setup.train_tasks, "--env", setup.env, "--critic", str(critic),
+                "--num_candidates", str(setup.candidates), "--max_new_tokens", str(setup.max_new_tokens),
+                "--learning_rate", "1e-4", "--beta", "0.1", "--num_epochs", "1", "--batch_size", "16",
+                "--micro_batch_size", "16", "--pairs_per_state", "4"]
+    elif algorithm == "loop":
+        n_tasks = 8
+        budget = 56 * setup.episodes_per_task  # the same number of episodes as the offline algorithms
+        args = ["--env", setup.env, "--simulator", setup.simulator, "--tasks", setup.train_tasks,
+                "--iterations", str(max(1, budget // (n_tasks * 6))), "--tasks_per_iteration", str(n_tasks),
+                "--k", "6", "--max_turns", str(setup.max_turns), "--max_new_tokens", str(setup.max_new_tokens),
+                "--learning_rate", "1e-4", "--micro_batch_size", "16"]
+    else:
+        raise ValueError(f"unknown algorithm {algorithm!r}")
+    tp.main(["--algorithm", algorithm, *common, *args, *extra])
+    return out / "final"
+
+
+def evaluate(agents: dict[str, str], setup: TestbedSetup, out: Path) -> list[dict]:
+    """Leaderboard rows of `name=hf:<path>` agents on the held-out test tasks."""
+    from colbench import evaluate as ev
+
+    argv = ["--env", setup.env, "--simulator", setup.simulator, "--tasks", setup.test_tasks,
+            "--seeds", str(setup.eval_seeds), "--temperature", str(setup.eval_temperature),
+            "--max-turns", str(setup.max_turns), "--max-new-tokens", str(setup.max_new_tokens), "--output", str(out)]
+    for name, model in agents.items():
+        argv += ["--agent", f"{name}=hf:{model}"]
+    code = ev.main(argv)
+    if code:
+        raise RuntimeError(f"colbench.evaluate exited with {code}")
+    return json.loads((out / "leaderboard.json").read_text())
