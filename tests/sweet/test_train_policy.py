@@ -168,11 +168,11 @@ def test_sweet_pairs_by_score_and_resumes_candidates(data, tmp_path):
     train = SweetTrainConfig(output_dir=str(out), report_to="none", learning_rate=1e-3, micro_batch_size=4,
                              save_steps=0)
     cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", num_candidates=4, max_new_tokens=8,
-                      pairs_per_state=2, max_episodes=3, stage="sample")
+                      pairs_per_state=2, max_episodes=2, stage="sample")
     scorer = LowIdsWin()
     assert main(model, train, cfg, scorer=scorer) is None  # sample only
     rows = read_candidates(out / CANDIDATES_FILE)
-    n_states = sum(len(ep.agent_turns) for ep in eps[:3])
+    n_states = sum(len(ep.agent_turns) for ep in eps[:2])
     assert len(rows) == n_states and scorer.calls >= 1
     for row in rows.values():
         assert len(row["candidates"]) == 4
@@ -230,14 +230,26 @@ def test_sweet_end_to_end_with_the_real_critic(data, tmp_path):
     out = tmp_path / "sweet"
     _cli("--algorithm", "sweet", "--episodes", str(episodes), "--tasks", str(tasks), "--env", "testbed",
          "--critic", str(critic), "--output_dir", str(out), *FAST, "--num_candidates", "4", "--max_new_tokens", "8",
-         "--learning_rate", "1e-3", "--micro_batch_size", "4")
+         "--max_episodes", "2", "--learning_rate", "1e-3", "--micro_batch_size", "4")
     from sweet.sweet_dpo import CANDIDATES_FILE, read_candidates
 
     rows = read_candidates(out / CANDIDATES_FILE)
-    assert len(rows) == sum(len(ep.agent_turns) for ep in eps)
+    assert len(rows) == sum(len(ep.agent_turns) for ep in eps[:2])
     # the critic's scores are real: they vary between candidates of a state
     assert any(len({c["advantage"] for c in r["candidates"]}) > 1 for r in rows.values())
     _assert_trained(out / "final", out, "loss/dpo")
+
+    # the checkpoint plays through the evaluation CLI beside the reference agent
+    report = tmp_path / "eval"
+    proc = subprocess.run(
+        [sys.executable, "-m", "colbench.evaluate", "--env", "testbed", "--tasks", "builtin:train", "--limit", "2",
+         "--agent", f"sweet=hf:{out / 'final'}", "--agent", "reference", "--simulator", "scripted:testbed",
+         "--max-turns", "2", "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32",
+         "--output", str(report), "--no-progress"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sweet_eps = [json.loads(line) for line in (report / "episodes" / "sweet.jsonl").read_text().splitlines()]
+    assert len(sweet_eps) == 2 and all(ep["turns"][0]["token_ids"] for ep in sweet_eps)
 
 
 # ---- CLI -----------------------------------------------------------------------------------
