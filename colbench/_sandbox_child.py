@@ -1,8 +1,9 @@
 """Child side of the sandbox (see colbench/sandbox.py for the threat model).
 
-Run as `python -I -S _sandbox_child.py RESULT_FD CONFIG_JSON`, stdlib only (no site,
-no repo on sys.path). The parent writes one JSON job {"source", "calls"} on stdin and
-closes it; results come back as JSON lines on RESULT_FD:
+Run as `python -I -S _sandbox_child.py RESULT_FD CONFIG_JSON` (one sandbox), or as
+`... zygote CTRL_FD` (a pre-started process forking one sandbox per request); stdlib
+only (no site, no repo on sys.path). The parent writes one JSON job {"source", "calls"}
+on stdin (the sandbox's fd 0) and closes it; results come back as JSON lines on RESULT_FD:
 
     {"event": "ready", "isolation": {...}}        (sent before any untrusted code runs)
     {"event": "module", "ok": bool, "error": str|null}
@@ -17,6 +18,9 @@ Process tree when namespaces are available (we run as root):
 The parent kills A's process group on timeout; B dies with it, and when a PID
 namespace's init dies the kernel SIGKILLs every process in it, including anything C
 forked or moved to another session. C cannot signal A or B (root, other uid).
+Not root: A first enters a new user namespace (uid 0 there), and C drops every
+capability instead of switching uid. Each step that the kernel refuses is recorded in
+the isolation report and skipped.
 """
 
 import ctypes
