@@ -509,10 +509,15 @@ class RenderPool:
                 thread = threading.Thread(target=loop.run_forever, name="colbench-render", daemon=True)
                 thread.start()
                 try:
-                    asyncio.run_coroutine_threadsafe(self._start(), loop).result(timeout=60)
-                except BaseException:
-                    loop.call_soon_threadsafe(loop.stop)
-                    thread.join(timeout=5)
+                    asyncio.run_coroutine_threadsafe(self._start(), loop).result(timeout=90)
+                except BaseException as e:  # leave no driver or browser behind
+                    self._state.update(loop=loop, thread=thread)
+                    RenderPool._shutdown(self._state)
+                    self._state.clear()
+                    if isinstance(e, Exception):
+                        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                        raise RuntimeError(f"could not start chromium at {self.executable!r} ({first}); a working "
+                                           "Debian chromium is needed: `apt-get install chromium`") from e
                     raise
                 self._loop, self._thread = loop, thread
                 self._state.update(loop=loop, thread=thread)

@@ -281,3 +281,13 @@ def test_pool_recovers_from_renderer_and_browser_crashes(pool):
     results = pool.render([NORMAL] * 3)
     assert pool._browser is not old
     assert all(r.error is None and is_red(r.image.getpixel((100, 100))) for r in results)
+
+
+def test_a_browser_that_does_not_start_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("SWEET_CHROMIUM", "/bin/false")
+    render_threads = lambda: {t for t in threading.enumerate() if t.name == "colbench-render"}  # noqa: E731
+    before = render_threads()
+    broken = RenderPool()
+    with pytest.raises(RuntimeError, match="could not start chromium at '/bin/false'.*apt-get install chromium"):
+        broken.render(["<p>x</p>"])
+    assert render_threads() == before  # the render thread and the driver were stopped
