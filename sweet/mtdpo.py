@@ -44,6 +44,7 @@ class MTDPOConfig:
     beta: float = field(default=0.1, metadata={"help": "DPO β"})
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen trajectory's per-token NLL"})
     max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes of the file"})
+    tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns without token_ids (published data)"})
 
     def __post_init__(self) -> None:
         if not self.episodes:
@@ -69,7 +70,7 @@ def trajectory_pairs(episodes, cfg: MTDPOConfig):
     """TrajectoryPairs by reward (see --pairing)."""
     from sweet.data import TrajectoryPair, group_by_task, make_trajectory_pairs
 
-    usable = [ep for ep in episodes if ep.agent_turns and all(t.token_ids is not None for t in ep.agent_turns)]
+    usable = [ep for ep in episodes if ep.agent_turns]
     if cfg.pairing == "paper":
         return make_trajectory_pairs(usable, cfg.success_threshold, cfg.min_reward_gap)
     pairs = []
@@ -95,8 +96,9 @@ def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     if not pairs:
         raise ValueError(f"{cfg.episodes}: no trajectory pairs (need tasks with several episodes of different rewards"
                          f"{'; the best reaching --success_threshold' if cfg.pairing == 'paper' else ''})")
-    items = [PreferenceItem(tuple(episode_segments(tokenizer, p.chosen)), tuple(episode_segments(tokenizer, p.rejected)))
-             for p in pairs]
+    tok_missing = cfg.tokenize_missing_actions
+    items = [PreferenceItem(tuple(episode_segments(tokenizer, p.chosen, tok_missing)),
+                            tuple(episode_segments(tokenizer, p.rejected, tok_missing))) for p in pairs]
     stats = {"data/episodes": len(episodes), "data/pairs": len(pairs)}
     return run_training(items, lambda pad: dpo_loss_fn(model_cfg, pad, cfg.beta, cfg.nll_coef), model_cfg, train,
                         tokenizer, preference=True, run_config={"algorithm": "mtdpo"}, extra_metrics=stats)

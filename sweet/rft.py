@@ -34,6 +34,7 @@ class RFTConfig:
     env: str = field(default="backend", metadata={"help": "environment of published offline trajectories"})
     success_threshold: float = field(default=1.0, metadata={"help": "keep episodes with reward >= this (1.0: all tests pass)"})
     max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes of the file"})
+    tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns without token_ids (published data)"})
 
     def __post_init__(self) -> None:
         if not self.episodes:
@@ -51,13 +52,12 @@ class RFTTrainConfig(PolicyTrainConfig):
 CONFIGS = (ModelConfig, RFTTrainConfig, RFTConfig)
 
 
-def rft_segments(episodes, tokenizer, success_threshold: float):
+def rft_segments(episodes, tokenizer, success_threshold: float, tokenize_missing: bool = False):
     """The training segments of every agent turn of the successful episodes."""
-    from sweet.sequences import turn_segment
+    from sweet.sequences import episode_segments
 
     kept = [ep for ep in episodes if ep.reward >= success_threshold]
-    segments = [turn_segment(tokenizer, t) for ep in kept for t in ep.agent_turns if t.token_ids is not None]
-    return kept, segments
+    return kept, [seg for ep in kept for seg in episode_segments(tokenizer, ep, tokenize_missing)]
 
 
 def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
@@ -69,10 +69,10 @@ def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
     save_resolved_config(train.output_dir, model=model_cfg, train=train, rft=cfg)
     episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]
     tokenizer = load_tokenizer(model_cfg.model)
-    kept, segments = rft_segments(episodes, tokenizer, cfg.success_threshold)
+    kept, segments = rft_segments(episodes, tokenizer, cfg.success_threshold, cfg.tokenize_missing_actions)
     print(f"rft: {len(kept)}/{len(episodes)} episodes with reward >= {cfg.success_threshold}, {len(segments)} agent turns")
     if not segments:
-        raise ValueError(f"{cfg.episodes}: no episode reaches reward >= {cfg.success_threshold} with generated token ids; "
+        raise ValueError(f"{cfg.episodes}: no episode reaches reward >= {cfg.success_threshold}; "
                          "lower --success_threshold or collect more episodes")
     stats = {"data/episodes": len(episodes), "data/kept_episodes": len(kept), "data/turns": len(segments)}
     return run_training(segments, lambda pad: sft_loss_fn(model_cfg, pad), model_cfg, train, tokenizer,

@@ -59,18 +59,26 @@ def action_ids(token_ids: Sequence[int], eos_id: int, ended: bool = True) -> tup
     return ids + (eos_id,) if ended else ids
 
 
-def turn_segment(tokenizer, turn: Turn) -> Segment:
-    """The training segment of one recorded agent turn."""
+def turn_segment(tokenizer, turn: Turn, tokenize_missing: bool = False) -> Segment:
+    """The training segment of one recorded agent turn.
+
+    A turn without generated ids (published offline trajectories, scripted agents) is
+    an error unless `tokenize_missing`: then its text is tokenised once, the only
+    option when the ids were never recorded."""
     if turn.role != "agent":
         raise ValueError(f"only agent turns are trained on, got a {turn.role!r} turn")
-    if turn.token_ids is None:
-        raise ValueError("agent turn has no generated token_ids (scripted agent or text-only record): cannot train on it")
-    return Segment(context_ids(tokenizer, turn.prompt_token_ids, turn.prompt), action_ids(turn.token_ids, eos_id(tokenizer)))
+    ids = turn.token_ids
+    if ids is None:
+        if not tokenize_missing:
+            raise ValueError("agent turn has no generated token_ids (offline or scripted record): cannot train on it "
+                             "exactly; pass --tokenize_missing_actions true to tokenise its text")
+        ids = tokenizer(turn.content, add_special_tokens=False)["input_ids"]
+    return Segment(context_ids(tokenizer, turn.prompt_token_ids, turn.prompt), action_ids(ids, eos_id(tokenizer)))
 
 
-def episode_segments(tokenizer, episode: Episode) -> list[Segment]:
+def episode_segments(tokenizer, episode: Episode, tokenize_missing: bool = False) -> list[Segment]:
     """One segment per agent turn of an episode, in order."""
-    return [turn_segment(tokenizer, t) for t in episode.agent_turns]
+    return [turn_segment(tokenizer, t, tokenize_missing) for t in episode.agent_turns]
 
 
 def eos_id(tokenizer) -> int:

@@ -98,8 +98,12 @@ def test_bad_turns_are_refused(episodes, tok):
         turn_segment(tok, human)
     from dataclasses import replace
 
+    textual = replace(ep.agent_turns[0], token_ids=None)
     with pytest.raises(ValueError, match="no generated token_ids"):
-        turn_segment(tok, replace(ep.agent_turns[0], token_ids=None))
+        turn_segment(tok, textual)
+    # published data: the text is tokenised once, only when asked to
+    seg = turn_segment(tok, textual, tokenize_missing=True)
+    assert list(seg.action) == tok(textual.content, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
 
 
 def test_action_ids_eos_only_when_the_generation_ended():
