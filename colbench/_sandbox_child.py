@@ -49,7 +49,9 @@ PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 MAX_DEPTH = 100  # nesting depth of encoded values
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+LINUX = sys.platform.startswith("linux")  # elsewhere: process, rlimits, timers only (warned)
+if LINUX:
+    _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
 
 def _check(ret: int, what: str) -> None:
@@ -235,7 +237,7 @@ def _preimport() -> None:
             pass
 
 
-def _set_rlimits(cfg: dict, n_calls: int) -> None:
+def _set_rlimits(cfg: dict, n_calls: int, iso: dict) -> None:
     """Kernel-enforced caps on C and everything it forks."""
     cpu = int(math.ceil(cfg["cpu_seconds_per_call"] * (n_calls + 1))) + 1
     mb = 1024 * 1024
@@ -248,7 +250,10 @@ def _set_rlimits(cfg: dict, n_calls: int) -> None:
         resource.RLIMIT_NOFILE: (64, 64),  # fd exhaustion
     }
     for res, val in limits.items():
-        resource.setrlimit(res, val)
+        try:
+            resource.setrlimit(res, val)
+        except (ValueError, OSError):  # e.g. RLIMIT_AS on macOS
+            iso["rlimits"] = False
 
 
 def _drop_privileges(iso: dict, scratch: str) -> None:
@@ -263,14 +268,19 @@ def _drop_privileges(iso: dict, scratch: str) -> None:
         os.chown(scratch, uid, uid)
         os.chmod(scratch, 0o700)
         os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
+        if hasattr(os, "setresuid"):
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+        else:  # macOS: setuid as root sets real, effective and saved ids
+            os.setgid(uid)
+            os.setuid(uid)
         iso["drop_privileges"] = True
     else:
         os.makedirs(scratch, exist_ok=True)
         iso["drop_privileges"] = False
-    iso["no_new_privs"] = _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    if LINUX:
+        iso["no_new_privs"] = _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 class _CapHeader(ctypes.Structure):
@@ -454,7 +464,7 @@ def sandbox(fd: int, cfg: dict) -> None:
     os.environ.clear()
     os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "_SANDBOX_A_PID": str(os.getpid())})
     root = os.geteuid() == 0
-    if cfg.get("namespaces", True):
+    if cfg.get("namespaces", True) and LINUX:
         _unshare(iso) if root else _unshare_as_user(iso)
     scratch = cfg["scratch_dir"]
     if iso.get("pid_namespace"):
@@ -477,7 +487,7 @@ def sandbox(fd: int, cfg: dict) -> None:
         scratch = "/tmp/work"  # on the private tmpfs; else the parent's host-side scratch dir
     if root and not iso.get("minimal_root"):
         _preimport()  # fallback: the stdlib may sit where the sandbox uid cannot read it
-    _set_rlimits(cfg, len(job["calls"]))
+    _set_rlimits(cfg, len(job["calls"]), iso)
     if iso.get("user_namespace"):
         _drop_capabilities(iso, scratch)
     else:

@@ -392,7 +392,7 @@ _warn_lock = threading.Lock()
 
 def _warn_missing(iso: dict) -> None:
     global _warned
-    missing = [m for m in STRONG_MECHANISMS if iso and not iso.get(m)]
+    missing = [m for m in ("rlimits", *STRONG_MECHANISMS) if iso and not iso.get(m)]
     if missing and not _warned:
         with _warn_lock:
             if not _warned:
