@@ -9,9 +9,13 @@ Untrusted HTML never runs in our process: it runs in Debian's chromium
 (`/usr/bin/chromium`, or `$SWEET_CHROMIUM`) driven by Playwright, which we never let
 download a browser. Every request the page makes is intercepted:
 
-- Tailwind from a CDN is served from vendored copies in `colbench/assets/tailwind/`
-  (the prebuilt v2.2.19 stylesheet for `<link>`s, the `@tailwindcss/browser` script
-  for `cdn.tailwindcss.com`), so renders do not depend on the network.
+- Tailwind from a CDN is served from vendored copies in `colbench/assets/tailwind/`,
+  so renders do not depend on the network: npm's prebuilt `tailwindcss@2.2.19`
+  stylesheet for `<link>`s to jsDelivr/unpkg (purged per page to the classes the
+  page's text contains, as Tailwind's production build does: identical renders,
+  without shipping and parsing 2.9 MB per page), and npm's `@tailwindcss/browser`
+  (v4) script for the Play CDN `cdn.tailwindcss.com` (v3 there: a few utilities
+  differ, e.g. colours are v4's oklch palette).
 - Images (placeholder photo services, or any image request) are generated here at
   the size the URL asks for, deterministically from the URL.
 - Everything else is aborted, localhost included; a dead proxy catches anything the
@@ -19,8 +23,11 @@ download a browser. Every request the page makes is intercepted:
 
 Renders are repeatable: fixed viewport, scale 1, light scheme, UTC, animations off,
 `Math.random` seeded, storage cleared between pages. Hostile pages (infinite loops,
-dialogs, navigation away, popups, 100k-px pages) render or fail within `timeout_s`;
-a context that timed out is thrown away and replaced, so the pool never stalls.
+dialogs, navigation away, popups, 100k-px pages) render or fail within `timeout_s`:
+the page's own navigations are cancelled in the page (Navigation API; a 204 answer
+at the network as backup), dialogs and `window.open` are stubbed, screenshots are
+clipped at `max_height`, and a context that timed out or crashed is closed (killing
+its renderer) and replaced, so the pool never stalls.
 
 Playwright's API is not thread-safe: the browser lives on one dedicated thread with
 its own asyncio loop, and `render` (callable from any thread) submits work to it.

@@ -291,3 +291,20 @@ def test_a_browser_that_does_not_start_is_one_clear_error(monkeypatch):
     with pytest.raises(RuntimeError, match="could not start chromium at '/bin/false'.*apt-get install chromium"):
         broken.render(["<p>x</p>"])
     assert render_threads() == before  # the render thread and the driver were stopped
+
+
+def test_vendored_assets_are_small():
+    total = sum(p.stat().st_size for p in (Path(R.__file__).parent / "assets").rglob("*") if p.is_file())
+    assert total < 5_000_000
+
+
+def test_purged_stylesheet_renders_like_the_full_one(pool):
+    body = ('<div class="container mx-auto md:flex space-x-4 p-4 group"><div class="w-full md:w-1/3 bg-indigo-600 '
+            'text-white rounded-lg shadow-lg p-6 hover:bg-red-500"><h2 class="text-2xl font-bold tracking-wide">Hi</h2>'
+            '<p class="mt-2 text-indigo-100 group-hover:text-white">text</p></div><button class="px-4 py-2 border-2 '
+            'border-green-500 rounded-full focus:outline-none">Go</button><ul class="list-disc pl-8 divide-y">'
+            '<li class="py-1">a</li><li class="py-1">b</li></ul></div>')
+    full = f"<style>{R.TAILWIND_CSS.read_text()}</style>"
+    purged, unpurged = pool.render([page(TW2_JSDELIVR, body), page(full, body)])
+    assert purged.error is None and unpurged.error is None
+    assert purged.image.tobytes() == unpurged.image.tobytes()
