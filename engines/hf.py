@@ -70,14 +70,14 @@ class _RawLogprobRecorder:
 class _StopStringCriteria:
     """Marks a row finished once its generated text contains a stop string.
 
-    Only the tail of each row is decoded: a stop string of c characters lies within the
-    last c + 4 tokens (every token decodes to at least one character, a few bytes
-    may be an incomplete UTF-8 character).
+    Only the tail of each row is decoded: a stop string of b UTF-8 bytes lies within
+    the last b + 4 tokens (every token is at least one byte; the extra tokens cover a
+    character split across tokens at the window's edge).
     """
 
     def __init__(self, tokenizer: Any, stop: Sequence[str], prompt_len: int) -> None:
         self.tokenizer, self.stop, self.prompt_len = tokenizer, [s for s in stop if s], prompt_len
-        self.window = max(len(s) for s in self.stop) + 4
+        self.window = max(len(s.encode()) for s in self.stop) + 4
 
     def __call__(self, input_ids, scores, **kwargs):
         import torch
@@ -127,7 +127,8 @@ class HFEngine:
     ) -> "HFEngine":
         """Wrap an already loaded model (e.g. the policy a trainer is updating); no copy is made.
 
-        The model's train/eval mode is restored after each `generate` call.
+        Pass the unwrapped model (`accelerator.unwrap_model(model)`; a PeftModel is
+        fine). The model's train/eval mode is restored after each `generate` call.
         """
         engine = cls.__new__(cls)
         engine._setup(model, tokenizer, options or EngineOptions(), spec)

@@ -13,7 +13,11 @@ Optional server features are used when offered and dropped when refused:
   (with seed + i, so seeded samples differ);
 - `logprobs`: per-token log-probs (None when the server returns none);
 - vLLM's `return_tokens_as_token_ids` / `return_token_ids`: exact token ids
-  (`token_ids=()` when the server returns none).
+  (`token_ids=()` when the server returns none);
+- `max_tokens`, or `max_completion_tokens` for servers that refuse the former.
+vLLM returns the end-of-turn and stop-string tokens among the ids; give the engine the
+served model's tokenizer (`options.extra["tokenizer"]`) to cut them as the local
+backends do, so that `tokenizer.decode(token_ids) == text`.
 Message contents (including image content parts as data URLs) are sent untouched.
 """
 
@@ -28,6 +32,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams
+from engines.templating import cut_completion, end_token_ids
 
 RETRY_STATUSES = frozenset({429}) | frozenset(range(500, 600))
 MAX_BACKOFF_S = 30.0
@@ -96,11 +101,22 @@ class OpenAIEngine:
         *,
         spec: str | None = None,
         retry_backoff: float = 0.5,
+        tokenizer: Any = None,
     ) -> None:
+        """`tokenizer` (or `options.extra["tokenizer"]`, a path or hub id) is the served
+        model's tokenizer; with it, returned token ids are cut like the local backends'
+        (no end-of-turn token, nothing from a stop string on) and text = decode(ids)."""
         import httpx
 
         self.model, self.base_url = model, base_url.rstrip("/")
         self.options = options or EngineOptions()
+        tokenizer = tokenizer if tokenizer is not None else self.options.extra.get("tokenizer")
+        if isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.tokenizer = tokenizer
+        self._end_ids = end_token_ids(tokenizer) if tokenizer is not None else set()
         self.spec = spec or f"openai:{model}@{base_url}"
         self.retry_backoff = retry_backoff
         api_key = self.options.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
@@ -111,7 +127,12 @@ class OpenAIEngine:
         )
         self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.max_concurrency), thread_name_prefix="openai")
         # Optional features, switched off for good the first time the server refuses one.
-        self._features = {"logprobs": True, "vllm_extras": "api.openai.com" not in self.base_url, "n": True}
+        self._features = {
+            "logprobs": True,
+            "vllm_extras": "api.openai.com" not in self.base_url,
+            "n": True,
+            "max_tokens": True,  # newer OpenAI models want max_completion_tokens instead
+        }
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ requests
@@ -123,8 +144,8 @@ class OpenAIEngine:
             "n": n,
             "temperature": params.temperature,
             "top_p": params.top_p,
-            "max_tokens": params.max_new_tokens,
         }
+        body["max_tokens" if self._features["max_tokens"] else "max_completion_tokens"] = params.max_new_tokens
         if params.stop:
             body["stop"] = list(params.stop)
         if seed is not None:
@@ -145,6 +166,8 @@ class OpenAIEngine:
             refused = "vllm_extras"
         elif "logprobs" in body and "logprobs" in lowered:
             refused = "logprobs"
+        elif "max_tokens" in body and "max_completion_tokens" in lowered:
+            refused = "max_tokens"
         if refused is None:
             return False
         with self._lock:  # concurrent requests may all be refused; each resends once
@@ -222,7 +245,18 @@ class OpenAIEngine:
             samples.append(_parse_choice(choices[0]))
         if prompt_ids:
             samples = [replace(s, prompt_token_ids=tuple(prompt_ids)) for s in samples]
+        if self.tokenizer is not None:
+            samples = [self._cut(s, params) for s in samples]
         return samples[: params.n]
+
+    def _cut(self, sample: Sample, params: SamplingParams) -> Sample:
+        """Cut server token ids (vLLM keeps the eos / stop-string tokens) so decode(ids) == text."""
+        if not sample.token_ids:
+            return sample
+        ids, text, stopped = cut_completion(self.tokenizer, sample.token_ids, params.stop, self._end_ids)
+        logprobs = sample.logprobs[: len(ids)] if sample.logprobs is not None else None
+        reason = "stop" if stopped else sample.finish_reason
+        return replace(sample, text=text, token_ids=tuple(ids), logprobs=logprobs, finish_reason=reason)
 
     # ------------------------------------------------------------------ Engine API
 

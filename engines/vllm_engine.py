@@ -87,7 +87,9 @@ class VLLMEngine:
         Best effort: uses `LLM.apply_model` (vLLM >= 0.9), which calls the model's
         `load_weights` in every worker, then drops the prefix cache so no stale KV
         entries are reused. With tensor parallelism the tensors are pickled to each
-        worker; for large models prefer LoRA (`load_lora`) or a restart.
+        worker; for large models prefer LoRA (`load_lora`) or a restart. vLLM's V1
+        engine with worker processes only ships functions to them when
+        VLLM_ALLOW_INSECURE_SERIALIZATION=1 is set.
         """
         weights = [(name, tensor.detach().cpu()) for name, tensor in named_tensors]
         if not hasattr(self.llm, "apply_model"):

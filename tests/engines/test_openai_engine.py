@@ -294,3 +294,43 @@ def test_connection_refused_raises_engine_error():
     with pytest.raises(EngineError, match="connection error"):
         engine.generate(CONVS[:1], SamplingParams())
     engine.close()
+
+
+def test_max_completion_tokens_fallback(scripted):
+    def respond(body, i):
+        if "max_tokens" in body:
+            return 400, {"error": {"message": "Unsupported parameter: 'max_tokens'. Use 'max_completion_tokens'."}}, {}, 0
+        return 200, vllm_like_reply(body), {}, 0
+
+    server = scripted(respond)
+    engine = engine_for(server, max_retries=0)
+    [[sample]] = engine.generate(CONVS[:1], SamplingParams(max_new_tokens=5))
+    engine.close()
+    assert sample.text == "answer 0" and server.requests[-1]["body"]["max_completion_tokens"] == 5
+
+
+def test_tokenizer_cuts_server_ids_like_local_backends(scripted, tiny_path):
+    """vLLM returns eos / stop-string tokens among the ids; with the tokenizer they are cut."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    before = tok("def f(x):\n    return x", add_special_tokens=False)["input_ids"]
+    after = tok("\n\nmore text", add_special_tokens=False)["input_ids"]
+
+    def respond(body, i):
+        ids = before + after if body.get("stop") else before + [tok.eos_token_id]
+        content = [{"token": f"token_id:{t}", "logprob": -1.0 - k} for k, t in enumerate(ids)]
+        text = tok.decode(before)
+        choice = {"index": 0, "message": {"content": text}, "logprobs": {"content": content}, "finish_reason": "stop"}
+        return 200, {"choices": [choice]}, {}, 0
+
+    server = scripted(respond)
+    engine = OpenAIEngine("m", server.url, EngineOptions(extra={"tokenizer": str(tiny_path)}), retry_backoff=0.01)
+    [[stopped]] = engine.generate(CONVS[:1], SamplingParams(stop=("\n\n",)))
+    [[ended]] = engine.generate(CONVS[:1], SamplingParams())
+    engine.close()
+    for s in (stopped, ended):
+        assert tok.decode(list(s.token_ids)) == s.text and "\n\n" not in s.text
+        assert tok.eos_token_id not in s.token_ids and len(s.logprobs) == len(s.token_ids)
+        assert s.finish_reason == "stop" and s.text.startswith("def f(x):")
+    assert ended.token_ids == tuple(before)
