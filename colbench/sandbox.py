@@ -35,14 +35,16 @@ Threat model and the mechanism that stops each threat (child side in _sandbox_ch
 |                                           | uid + non-dumpable (no ptrace, no /proc/<pid>/mem)     |
 | regaining root (setuid binaries, user ns, | PR_SET_NO_NEW_PRIVS; all capabilities dropped (setuid,|
 | chroot escape)                            | or capset + locked securebits); no user ns in a chroot |
+| kernel attack surface, inspection tools   | seccomp deny list (ptrace, bpf, io_uring, keyctl,      |
+|                                           | userfaultfd, mount, unshare, ...) -> EPERM; optional   |
 | secrets in the environment                | minimal environment (PATH, LANG, HOME, TMPDIR)         |
 | flooding our memory with output           | stdout/stderr to /dev/null; result lines size-capped   |
 
 Speed: SandboxPool forks each sandbox from a pre-started "zygote" interpreter (it never
 holds a job's source; every sandbox still gets fresh namespaces, uid and limits), which
 skips the ~30-60 ms interpreter start; run_calls starts a fresh interpreter. Killed
-sandboxes are reaped in the background. Not done: seccomp, cgroups (memory is capped
-per process by RLIMIT_AS, not per sandbox).
+sandboxes are reaped in the background. Not done: cgroups (memory is capped per
+process by RLIMIT_AS, not per sandbox); seccomp is a deny list, not an allow list.
 
 Not root: the same namespaces and minimal root are set up inside an unprivileged user
 namespace, and the code under test then loses every capability (instead of switching
@@ -416,7 +418,8 @@ def isolation_report() -> dict[str, bool]:
         rec, _ = chan.next_line(time.monotonic() + STARTUP_GRACE_S + 5)
         iso = rec.get("isolation", {}) if rec else {}
         _cleanup(proc, chan, scratch, iso)
-        keys = ("process", "isolated_interpreter", "rlimits", *STRONG_MECHANISMS, "ipc_namespace", "private_proc")
+        keys = ("process", "isolated_interpreter", "rlimits", *STRONG_MECHANISMS, "ipc_namespace", "private_proc",
+                "seccomp")
         _report = {k: bool(iso.get(k)) for k in keys}
     return dict(_report)
 

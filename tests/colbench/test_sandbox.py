@@ -353,6 +353,17 @@ ESCALATIONS = {
 
 
 @needs_isolation
+def test_seccomp_denies_dangerous_syscalls(runner):
+    # Both calls succeed for any unprivileged process without the filter.
+    body = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n\n"
+            "def f():\n    out = []\n    for call in (lambda: libc.unshare(0), lambda: libc.ptrace(0, 0, 0, 0)):\n"
+            "        ctypes.set_errno(0)\n        out.append((call(), ctypes.get_errno()))\n    return out\n")
+    uid, outs = run_hostile(runner, body, ["f()"])
+    pairs = [[x["value"] for x in t["items"]] for t in outs[0].value["items"]]
+    assert pairs == [[-1, 1], [-1, 1]]  # EPERM from the filter
+
+
+@needs_isolation
 def test_privilege_escalation_fails(runner):
     checks = "".join(
         f"    try:\n        if {expr}:\n            won.append({name!r})\n    except Exception:\n        pass\n"
