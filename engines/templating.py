@@ -84,14 +84,16 @@ def _reaches_stop(text: str, stop: Sequence[str]) -> bool:
 
 
 def stop_prefix_length(tokenizer: Any, ids: Sequence[int], stop: Sequence[str]) -> int | None:
-    """Length of the longest prefix of `ids` whose decoding contains no stop string.
+    """Length of the longest prefix of `ids` whose decoding contains no stop string
+    (and is a prefix of the full decoding: no half-decoded character at its end).
 
     None when the full decoding contains none. Containment grows with the prefix, so
     a binary search finds the first prefix that reaches a stop string; a linear scan
     backs it up for tokenizers where partial decodings are not prefixes of each other.
     """
     stop = [s for s in stop if s]
-    if not stop or not _reaches_stop(tokenizer.decode(list(ids)), stop):
+    full = tokenizer.decode(list(ids))
+    if not stop or not _reaches_stop(full, stop):
         return None
     lo, hi = 1, len(ids)  # invariant: decode(ids[:hi]) reaches a stop string
     while lo < hi:
@@ -100,12 +102,14 @@ def stop_prefix_length(tokenizer: Any, ids: Sequence[int], stop: Sequence[str]) 
             hi = mid
         else:
             lo = mid + 1
-    if not _reaches_stop(tokenizer.decode(list(ids[: hi - 1])), stop):
-        return hi - 1
-    for k in range(len(ids)):  # non-monotone decoding: fall back to the plain scan
-        if _reaches_stop(tokenizer.decode(list(ids[: k + 1])), stop):
-            return k
-    return None
+    k = hi - 1
+    if _reaches_stop(tokenizer.decode(list(ids[:k])), stop):  # non-monotone decoding: plain scan
+        k = next(i for i in range(len(ids)) if _reaches_stop(tokenizer.decode(list(ids[: i + 1])), stop))
+    # Drop the leading bytes of a character the stop string starts with: they decode
+    # to U+FFFD, which is not part of the completion's text.
+    while k > 0 and not full.startswith(tokenizer.decode(list(ids[:k]))):
+        k -= 1
+    return k
 
 
 def cut_completion(

@@ -135,3 +135,24 @@ def test_image_parts_are_refused_with_a_clear_error(hf_engine):
     conv = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
     with pytest.raises(EngineError, match="'image_url' content part"):
         hf_engine.generate([conv], SamplingParams())
+
+
+def test_lora_adapter_is_applied(tiny_path, tmp_path, hf_engine):
+    """EngineOptions.lora_path: the engine samples from base + adapter."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    for name, param in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.5)  # a fresh adapter is the identity: make it count
+    peft_model.save_pretrained(tmp_path / "adapter")
+    engine = HFEngine(str(tiny_path), EngineOptions(device="cpu", dtype="float32", lora_path=str(tmp_path / "adapter")))
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    [[adapted]] = engine.generate(CONVS[:1], params)
+    [[plain]] = hf_engine.generate(CONVS[:1], params)
+    assert adapted.token_ids != plain.token_ids
+    expected = teacher_forced_logprobs(peft_model.eval(), adapted.prompt_token_ids, adapted.token_ids)
+    assert max(abs(a - b) for a, b in zip(adapted.logprobs, expected)) < 1e-4
