@@ -76,6 +76,23 @@ def tiny_tokenizer():
     return load_tokenizer("tiny")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """The test machine's cores are shared: one thread per process is much faster here."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(name="make_synthetic")
+def make_synthetic_fixture():
+    """The builder itself, for tests that need variations."""
+    return make_synthetic
+
+
 @pytest.fixture(scope="session")
 def synthetic_files(tmp_path_factory, tiny_tokenizer):
     """(episodes.jsonl, tasks.jsonl) for 40 tasks (80 episodes, 40 pairs)."""

@@ -1,0 +1,118 @@
+"""SWEET-RL critic maths: hand-derived values, and the scorer against plain forward passes."""
+
+import math
+
+import pytest
+import torch
+
+from sweet.critic import (CriticScorer, CriticSpec, bradley_terry_loss, critic_action_ids, pair_accuracy_and_margin,
+                          per_turn_advantage, trajectory_scores)
+from sweet.data import State
+from sweet.tokens import with_training_info
+
+
+def test_action_ids_append_eos_once():
+    assert critic_action_ids([5, 6], eos_token_id=4) == (5, 6, 4)
+    assert critic_action_ids([5, 4], eos_token_id=4) == (5, 4)  # already ends the turn
+    assert critic_action_ids([], eos_token_id=4) == (4,)
+
+
+def test_per_turn_advantage_by_hand():
+    policy = torch.tensor([-2.0, -6.0])  # Σ log π_θ over a_t
+    ref = torch.tensor([-3.0, -3.0])  # Σ log π_ref over a_t
+    n = torch.tensor([2, 3])
+    # mean: β (Σθ − Σref)/n = 0.5·(1/2) = 0.25 ; 0.5·(−3/3) = −0.5
+    assert per_turn_advantage(policy, ref, n, beta=0.5).tolist() == pytest.approx([0.25, -0.5])
+    # ablation without length normalisation: 0.5·1 = 0.5 ; 0.5·(−3) = −1.5
+    assert per_turn_advantage(policy, ref, n, beta=0.5, length_normalize=False).tolist() == pytest.approx([0.5, -1.5])
+
+
+def test_trajectory_score_is_sum_of_per_turn_means_and_bt_loss():
+    # turns 0,1 belong to trajectory 0, turn 2 to trajectory 1
+    adv = torch.tensor([0.25, -0.5, 1.0])
+    scores = trajectory_scores(adv, torch.tensor([0, 0, 1]), 2)
+    assert scores.tolist() == pytest.approx([-0.25, 1.0])
+    # chosen = trajectory 1, rejected = 0: −log σ(1.25) = log(1 + e^−1.25) ≈ 0.251929
+    loss, metrics = bradley_terry_loss(scores[[1]], scores[[0]])
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-1.25)), rel=1e-6)
+    assert metrics["accuracy"] == 1.0 and metrics["margin"] == pytest.approx(1.25)
+    # a sum over turns (paper), not a mean: (0.25 − 0.5)/2 = −0.125 would be the mean
+    assert scores[0].item() != pytest.approx(adv[:2].mean().item())
+
+
+def test_pair_accuracy_counts_ties_as_wrong():
+    acc, margin = pair_accuracy_and_margin(torch.tensor([1.0, 0.0, 2.0]), torch.tensor([0.0, 0.0, 3.0]))
+    assert acc == pytest.approx(1 / 3) and margin == pytest.approx(0.0)
+
+
+# ---- against plain forward passes of two models ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_models(tiny_tokenizer):
+    """π_ref = the tiny model; θ = the tiny model with seeded noise on every weight."""
+    from sweet.training import ModelConfig, load_model
+
+    ref = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
+    theta = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in theta.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return theta, ref
+
+
+def _state(info: str = "def f():\n    return 'apple'") -> State:
+    prompt = ({"role": "system", "content": "Ask, then answer."}, {"role": "user", "content": "I need f."},
+              {"role": "assistant", "content": "Is it a word?"}, {"role": "user", "content": "Yes."})
+    return State("t0", "t0/a/0", 1, prompt, None, info)
+
+
+def _manual_advantage(tok, theta, ref, state, action, beta, length_normalize, header="Training-time information"):
+    """A by hand: template the critic's messages, append a_t + eos, one unpadded forward each."""
+    text = tok.apply_chat_template(with_training_info(state.prompt, state.training_info, header),
+                                   add_generation_prompt=True, tokenize=False)
+    context = tok(text, add_special_tokens=False)["input_ids"]
+    assert state.training_info.splitlines()[0] in tok.decode(context)  # c is in the critic's context
+    ids = torch.tensor([context + list(action) + [tok.eos_token_id]])
+    n = len(action) + 1
+    diffs = []
+    for model in (theta, ref):
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)
+        # token at position i is predicted by the logits at i − 1
+        diffs.append(sum(logp[i - 1, ids[0, i]].item() for i in range(len(context), ids.shape[1])))
+    total = diffs[0] - diffs[1]
+    return beta * (total / n if length_normalize else total)
+
+
+@pytest.mark.parametrize("length_normalize", [True, False])
+def test_scorer_matches_manual_forward(tiny_tokenizer, two_models, length_normalize):
+    theta, ref = two_models
+    tok = tiny_tokenizer
+    spec = CriticSpec(beta=0.7, length_normalize=length_normalize, header="Training-time information",
+                      reference_model="tiny", eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=1024)
+    scorer = CriticScorer(spec, theta, ref, tok, torch.device("cpu"), batch_size=4)
+    state = _state()
+    actions = [tok("I WANT TO ANSWER: return 'apple'", add_special_tokens=False)["input_ids"],
+               tok("Is it red?", add_special_tokens=False)["input_ids"],
+               tok("ok", add_special_tokens=False)["input_ids"]]
+    got = scorer.advantages(state, actions)  # one padded batch of 3 different lengths
+    want = [_manual_advantage(tok, theta, ref, state, a, 0.7, length_normalize) for a in actions]
+    assert got == pytest.approx(want, abs=1e-4)
+    assert all(abs(w) > 1e-3 for w in want)  # the perturbation makes θ ≠ π_ref: not a 0 == 0 test
+    # batched == one at a time, and score_states keeps the order across states
+    assert [scorer.advantages(state, [a])[0] for a in actions] == pytest.approx(got, abs=1e-5)
+    other = _state("def f():\n    return 'river'")
+    both = scorer.score_states([(state, actions[:2]), (other, actions[2:])])
+    assert both[0] == pytest.approx(got[:2], abs=1e-5)
+    # c matters: the same action under other training-time information scores differently
+    assert both[1][0] != pytest.approx(got[2], abs=1e-6)
+
+
+def test_scorer_load_needs_a_critic_dir(tmp_path):
+    with pytest.raises(FileNotFoundError, match="critic_config.json"):
+        CriticScorer.load(tmp_path)
+    (tmp_path / "critic_config.json").write_text('{"beta": 1.0}')
+    with pytest.raises(ValueError, match="malformed critic config"):
+        CriticScorer.load(tmp_path)

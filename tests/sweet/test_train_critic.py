@@ -1,0 +1,204 @@
+"""`python -m sweet.train_critic` end to end on the tiny model: it learns, resumes
+exactly, gives the same result on 2 processes, and the scorer reproduces training."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sweet.train_critic import CriticConfig, CriticTrainConfig, build_data, cli
+from sweet.training import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _args(episodes, tasks, out, *extra):
+    return ["--episodes", str(episodes), "--tasks", str(tasks), "--output_dir", str(out), "--num_epochs", "2",
+            "--batch_size", "4", "--micro_batch_size", "2", "--learning_rate", "2e-3", "--eval_fraction", "0.2",
+            "--max_pairs", "12", "--max_length", "512", "--report_to", "none", *extra]
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, synthetic_files):
+    """One in-process 2-epoch run: 12 training pairs, 8 held-out pairs (by task)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    out = tmp_path_factory.mktemp("critic") / "run"
+    metrics = cli(_args(*synthetic_files, out))
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return out, metrics
+
+
+def test_critic_learns_and_writes_outputs(trained):
+    out, final = trained
+    rows = _metrics(out)
+    bt = [r["loss/bt"] for r in rows if "loss/bt" in r]
+    assert bt[0] == pytest.approx(0.6931, abs=1e-3)  # θ = π_ref at start: every A is 0, L = log 2
+    assert bt[-1] < 0.4 * bt[0]
+    evals = [r for r in rows if "critic/pair_accuracy" in r]
+    assert [r["epoch"] for r in evals] == [1, 2]
+    assert final["critic/pair_accuracy"] >= 0.75 and final["critic/margin"] > 0  # chance: 0.5 (0 at start)
+    spec = json.loads((out / "critic_config.json").read_text())
+    assert spec["beta"] == 1.0 and spec["length_normalize"] is True and spec["reference_model"] == "tiny"
+    assert spec["header"] == "Training-time information"
+    from engines.tiny import tiny_model_path
+
+    before, after = _weights(tiny_model_path()), _weights(out / "final")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert (out / "ref_logprobs.pt").exists() and (out / "config.json").exists()
+
+
+def test_resume_matches_uninterrupted_run(trained, tmp_path, synthetic_files, fresh_accelerate):
+    out, final = trained
+    resumed = tmp_path / "run"
+    shutil.copytree(out, resumed)
+    # as if killed during epoch 2: keep the epoch-1 checkpoint (step 3) only
+    for name in ("checkpoint-6", "final", "final_metrics.json", "critic_config.json"):
+        path = resumed / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    rows = _metrics(resumed)
+    (resumed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))  # + a half-logged step 4
+    got = cli(_args(*synthetic_files, resumed))
+    assert got == pytest.approx(final, abs=1e-6)
+    assert [r.keys() for r in _metrics(resumed)] == [r.keys() for r in _metrics(out)]
+    for a, b in zip(_metrics(resumed), _metrics(out)):
+        assert a == pytest.approx(b, abs=1e-6)
+    w1, w2 = _weights(out / "final"), _weights(resumed / "final")
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-6) for k in w1)
+
+
+def test_two_cpu_processes_match_one(trained, tmp_path, synthetic_files):
+    out, final = trained
+    ddp = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "sweet/configs/ddp_cpu_2proc.yaml"),
+           "--main_process_port", "29623", "-m", "sweet.train_critic", *_args(*synthetic_files, ddp)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 process(es)" in proc.stdout  # really distributed, not two lone processes
+    got = json.loads((ddp / "final_metrics.json").read_text())
+    assert got == pytest.approx(final, abs=1e-4)
+    w1, w2 = _weights(out / "final"), _weights(ddp / "final")
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-4) for k in w1)
+
+
+def test_scorer_reproduces_training_conditioning(trained, synthetic_files, tiny_tokenizer):
+    """CriticScorer.load(out).advantages == A computed the training way (final θ and
+    the cached π_ref sums of training) for held-out turns."""
+    from sweet.critic import CriticScorer, action_logprob_sums, critic_batch, per_turn_advantage
+    from sweet.training import load_model
+
+    out, _ = trained
+    episodes, tasks = synthetic_files
+    ccfg = CriticConfig(episodes=str(episodes), tasks=str(tasks), eval_fraction=0.2, max_pairs=12)
+    data = build_data(ccfg, tiny_tokenizer.eos_token_id, tiny_tokenizer, seed=0)
+    ref_sums = torch.load(out / "ref_logprobs.pt", weights_only=False)["sums"]
+    chosen, rejected = data.eval_pairs[0]
+    idx = data.episode_turns[chosen] + data.episode_turns[rejected]
+    turns = [data.turns[i] for i in idx]
+    theta = load_model(ModelConfig(model=str(out / "final"), dtype="float32"), trainable=False)
+    with torch.no_grad():
+        logp = action_logprob_sums(theta, critic_batch(tiny_tokenizer, turns, ccfg.header, 512, 512))
+    n = torch.tensor([len(t.action_ids) for t in turns])
+    want = per_turn_advantage(logp, ref_sums[idx], n, 1.0, True).tolist()
+
+    scorer = CriticScorer.load(out, device="cpu")
+    # stage 2 passes the generated ids without eos; the scorer appends it as training did
+    got = [scorer.advantages(t.state, [list(t.action_ids[:-1])])[0] for t in turns]
+    assert got == pytest.approx(want, abs=1e-4)
+    assert sum(got[:2]) > sum(got[2:])  # the trained critic prefers the held-out chosen trajectory
+
+
+def test_lora_critic_trains_and_scores(tmp_path, synthetic_files, fresh_accelerate):
+    out = tmp_path / "lora"
+    cli(_args(*synthetic_files, out, "--lora", "true", "--lora_r", "4", "--num_epochs", "1", "--max_pairs", "4",
+              "--learning_rate", "1e-2"))
+    spec = json.loads((out / "critic_config.json").read_text())
+    assert spec["lora"] is True and (out / spec["adapter_dir"]).exists()
+    from sweet.critic import CriticScorer
+    from sweet.data import episode_states, load_episodes
+
+    scorer = CriticScorer.load(out, device="cpu")
+    assert scorer.ref_model is None  # π_ref = the base with adapters disabled, one model in memory
+    ep = load_episodes(synthetic_files[0])[0]
+    state = episode_states(ep, "def f():\n    return 'apple'")[0]
+    advs = scorer.advantages(state, [ep.agent_turns[0].token_ids])
+    assert advs[0] != 0.0
+
+
+# ---- bad input -----------------------------------------------------------------------------
+
+
+def _write(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
+    return path
+
+
+def test_bad_inputs_give_clear_errors(tmp_path, tiny_tokenizer, make_synthetic):
+    tasks, episodes = make_synthetic(tiny_tokenizer, 4)
+    tasks_file = _write(tmp_path / "tasks.jsonl", tasks)
+    eos = tiny_tokenizer.eos_token_id
+
+    for ep in episodes:  # nothing succeeds: no pairs
+        ep.score.reward = 0.0
+    failing = _write(tmp_path / "failing.jsonl", episodes)
+    with pytest.raises(ValueError, match=r"no trajectory pairs from 8 episodes over 4 tasks \(0 tasks reach"):
+        build_data(CriticConfig(episodes=str(failing), tasks=str(tasks_file)), eos, tiny_tokenizer, 0)
+
+    tasks, episodes = make_synthetic(tiny_tokenizer, 4)
+    good = _write(tmp_path / "good.jsonl", episodes)
+    partial = _write(tmp_path / "partial.jsonl", tasks[:3])
+    with pytest.raises(ValueError, match="task 'syn-003'.*not in --tasks"):
+        build_data(CriticConfig(episodes=str(good), tasks=str(partial), eval_fraction=0.0), eos, tiny_tokenizer, 0)
+
+    for ep in episodes:
+        ep.turns[0].token_ids = None
+    no_ids = _write(tmp_path / "no_ids.jsonl", episodes)
+    with pytest.raises(ValueError, match="agent turn 0 has no token_ids.*tokenize_missing_actions"):
+        build_data(CriticConfig(episodes=str(no_ids), tasks=str(tasks_file)), eos, tiny_tokenizer, 0)
+    data = build_data(CriticConfig(episodes=str(no_ids), tasks=str(tasks_file), tokenize_missing_actions=True),
+                      eos, tiny_tokenizer, 0)
+    assert data.turns
+
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        build_data(CriticConfig(episodes=str(tmp_path / "missing.jsonl"), tasks=str(tasks_file)), eos, tiny_tokenizer, 0)
+    with pytest.raises(ValueError, match="--tasks is required"):
+        build_data(CriticConfig(episodes=str(good)), eos, tiny_tokenizer, 0)
+    with pytest.raises(ValueError, match="cannot load tokenizer for model 'hf:/nonexistent/model'"):
+        cli(["--episodes", str(good), "--tasks", str(tasks_file), "--model", "hf:/nonexistent/model",
+             "--output_dir", str(tmp_path / "x"), "--report_to", "none"])
+    with pytest.raises(ValueError, match="eval_fraction"):
+        CriticConfig(eval_fraction=1.5)
+
+
+def test_help_is_fast_and_yaml_config_works(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "sweet.train_critic", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and "--length_normalize" in proc.stdout and "--nll_coef" in proc.stdout
+    probe = "import sys, sweet.train_critic, sweet.critic; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True).stdout.strip() == "False"
+    from sweet.training import parse_configs
+
+    (tmp_path / "run.yaml").write_text("beta: 0.5\nnum_epochs: 3\nlora: true\n")
+    ccfg, mcfg, tcfg = parse_configs([CriticConfig, ModelConfig, CriticTrainConfig],
+                                     ["--config", str(tmp_path / "run.yaml"), "--num_epochs", "2"])
+    assert (ccfg.beta, mcfg.lora, tcfg.num_epochs, tcfg.batch_size) == (0.5, True, 2, 8)
+    assert CriticTrainConfig().num_epochs == 4  # the paper's critic epochs
