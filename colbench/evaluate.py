@@ -86,7 +86,7 @@ class EvalConfig:
     max_turns: int | None = field(default=None, metadata={"help": "agent turns at most (default: env's, 10)"})
     max_reply_chars: int = field(default=400, metadata={"help": "simulator reply length cap (paper: 400)"})
     simulator_max_new_tokens: int = field(default=200, metadata={
-        "help": "LLM simulator tokens per reply at most (backend; greedy)"})
+        "help": "model simulator tokens per reply at most (greedy)"})
     max_concurrent: int | None = field(default=None, metadata={"help": "episodes in flight at once (default all)"})
     device: str | None = field(default=None, metadata={"help": "hf engines: cpu, cuda, ... (default: cuda if any)"})
     dtype: str = field(default="auto", metadata={"help": "hf/vllm dtype: auto, bfloat16, float16, float32"})
@@ -260,6 +260,8 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
     env_kwargs: dict[str, Any] = {"clip_model": config.clip_model} if config.clip_model else {}
     if config.max_turns:  # the env tells the agent its turn budget
         env_kwargs["max_turns"] = config.max_turns
+    if config.env == "frontend":  # keep the screenshots beside the episodes (report thumbnails)
+        env_kwargs["render_dir"] = str(plan.out_dir / "renders")
     env = make_env(config.env, **env_kwargs)
     episode_config = EpisodeConfig(max_turns=config.max_turns or env.max_turns, single_turn=config.single_turn,
                                    max_concurrent=config.max_concurrent)
@@ -292,7 +294,7 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
         base_eps = episodes.get(plan.baseline) if plan.baseline else None
         rows = [build_row(name, spec, env.name, episodes[name], base_eps, is_baseline=name == plan.baseline)
                 for name, spec in plan.agents]
-        thumbs = _thumbnails(env, plan.tasks, episodes) if env.name == "frontend" else None
+        thumbs = _thumbnails(plan.tasks, episodes) if env.name == "frontend" else None
         write_reports(plan.out_dir, rows, episodes, env=env.name, config=dataclasses.asdict(config), thumbs=thumbs)
         return rows
     finally:
@@ -314,19 +316,12 @@ def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
     (plan.out_dir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
 
 
-def _thumbnails(env: Any, tasks: Sequence[Any], episodes: dict[str, list[Any]]) -> str | None:
-    """Frontend thumbnails; a rendering problem costs the picture, never the report."""
+def _thumbnails(tasks: Sequence[Any], episodes: dict[str, list[Any]]) -> str | None:
+    """Frontend thumbnails; a problem costs the picture, never the report."""
     from colbench.report import thumbnails
 
-    renderer = getattr(env, "renderer", None)
-    if renderer is None:
-        return None
-
-    def render(htmls: list[str]) -> list[Any]:
-        return [r.image if r.ok else None for r in renderer.render(htmls)]
-
     try:
-        return thumbnails(tasks, episodes, render)
+        return thumbnails(tasks, episodes)
     except Exception as e:  # noqa: BLE001 - report the reason, keep the report
         print(f"warning: thumbnails skipped ({type(e).__name__}: {e})", file=sys.stderr)
         return None

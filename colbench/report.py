@@ -158,26 +158,45 @@ def plot_counts(episodes_by_agent: dict[str, Sequence[Episode]], count: Callable
     return _png(fig)
 
 
-def thumbnails(tasks: Sequence[Task], episodes_by_agent: dict[str, Sequence[Episode]],
-               render: Callable[[list[str]], list[Any]], n_tasks: int = 4) -> str:
+def _open_png(path: Any) -> Any:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            return im.crop((0, 0, im.width, min(im.height, int(im.width * 1.25))))  # the top of long pages
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def thumbnails(tasks: Sequence[Task], episodes_by_agent: dict[str, Sequence[Episode]], n_tasks: int = 4) -> str | None:
     """Frontend: a grid, one row per task: the target page, then each agent's final
-    page (seed 0). `render` maps HTML strings to PIL images (None when it failed)."""
+    page (lowest seed), from the screenshots scoring saved (Score.detail "target_png",
+    "answer_png"). None when there is no screenshot at all."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = list(tasks)[:n_tasks]
     agents = list(episodes_by_agent)
-    finals = {a: {ep.task_id: ep.answer for ep in eps if ep.seed == min(e.seed for e in eps)}
-              for a, eps in episodes_by_agent.items()}
-    htmls = [t.hidden for t in tasks] + [finals[a].get(t.task_id, "") for t in tasks for a in agents]
-    images = render(htmls)
-    fig, axes = plt.subplots(len(tasks), 1 + len(agents), figsize=(2.4 * (1 + len(agents)), 2.4 * len(tasks)),
+    first = {a: {} for a in agents}  # agent -> task_id -> episode of the lowest seed
+    for a, eps in episodes_by_agent.items():
+        for ep in sorted(eps, key=lambda e: e.seed, reverse=True):
+            first[a][ep.task_id] = ep
+    tasks = list(tasks)[:n_tasks]
+    grid = []
+    for t in tasks:
+        eps = [first[a].get(t.task_id) for a in agents]
+        details = [ep.score.detail if ep and ep.score else {} for ep in eps]
+        target = next((d["target_png"] for d in details if d.get("target_png")), None)
+        grid.append([_open_png(target) if target else None]
+                    + [_open_png(d["answer_png"]) if d.get("answer_png") else None for d in details])
+    if not any(img is not None for row in grid for img in row):
+        return None
+    fig, axes = plt.subplots(len(tasks), 1 + len(agents), figsize=(2.4 * (1 + len(agents)), 2.8 * len(tasks)),
                              squeeze=False)
-    for i, t in enumerate(tasks):
-        cells = [images[i]] + [images[len(tasks) + i * len(agents) + j] for j in range(len(agents))]
-        for j, (ax, img) in enumerate(zip(axes[i], cells)):
+    for i, (t, row) in enumerate(zip(tasks, grid)):
+        for j, (ax, img) in enumerate(zip(axes[i], row)):
             if img is not None:
                 ax.imshow(img)
             else:
@@ -186,7 +205,7 @@ def thumbnails(tasks: Sequence[Task], episodes_by_agent: dict[str, Sequence[Epis
             ax.set_yticks([])
             if i == 0:
                 ax.set_title("target" if j == 0 else agents[j - 1], fontsize=8)
-        axes[i][0].set_ylabel(t.task_id[:16], fontsize=7)
+        axes[i][0].set_ylabel(t.task_id[:20], fontsize=7)
     return _png(fig)
 
 

@@ -75,7 +75,7 @@ def check_simulator_spec(spec: str | None, env_name: str) -> None:
 def load_simulator(spec: str | None, env: "Environment", *, engine_options: "EngineOptions | None" = None,
                    max_reply_chars: int = 400, max_new_tokens: int | None = None) -> Simulator | None:
     """Build the simulator a spec names (None -> None). Model specs load an engine.
-    `max_new_tokens` sets the backend LLM simulator's reply budget (default 200)."""
+    `max_new_tokens` sets a model simulator's reply budget (default: the simulator's)."""
     check_simulator_spec(spec, env.name)
     if spec is None:
         return None
@@ -85,17 +85,18 @@ def load_simulator(spec: str | None, env: "Environment", *, engine_options: "Eng
         return getattr(importlib.import_module(module), cls)(env=env, max_reply_chars=max_reply_chars)
     from engines import load_engine
 
+    # Greedy replies, as in the paper; only the length budget is configurable here.
+    kwargs = {"sampling": SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)} if max_new_tokens else {}
     if env.name == "backend":
         from simulators.llm import LLMSimulator
 
-        kwargs = {"sampling": SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)} if max_new_tokens else {}
         return LLMSimulator(load_engine(spec, engine_options), max_reply_chars=max_reply_chars, **kwargs)
     renderer = env.renderer  # type: ignore[attr-defined]  # FrontendEnv's RenderPool
     if spec.startswith("text+"):
         from simulators.text_frontend import TextFrontendSimulator
 
         engine = load_engine(spec[len("text+"):], engine_options)
-        return TextFrontendSimulator(engine, renderer, max_reply_chars=max_reply_chars)
+        return TextFrontendSimulator(engine, renderer, max_reply_chars=max_reply_chars, **kwargs)
     from simulators.vlm import VLMSimulator
 
-    return VLMSimulator(load_engine(spec, engine_options), renderer, max_reply_chars=max_reply_chars)
+    return VLMSimulator(load_engine(spec, engine_options), renderer, max_reply_chars=max_reply_chars, **kwargs)

@@ -203,3 +203,23 @@ def test_rerun_with_one_more_agent_reuses_finished_episodes(tiny_run):
     assert (path.read_bytes(), path.stat().st_mtime_ns) == before
     assert "tiny: reusing 2 finished episodes" in r.stderr and "Loading weights" not in r.stderr
     assert [row["agent"] for row in json.loads((out / "leaderboard.json").read_text())] == ["tiny", "reference"]
+
+
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists() and not os.environ.get("SWEET_CHROMIUM"),
+                    reason="needs chromium for rendering")
+def test_frontend_reference_beats_replayed_baseline_with_thumbnails(tmp_path):
+    tasks = load_tasks("builtin:test", env="frontend", limit=2)
+    base = tmp_path / "base.jsonl"
+    base.write_text("".join(json.dumps({"task_id": t.task_id, "answer": "<html><body><h1>Hello</h1></body></html>"})
+                            + "\n" for t in tasks))
+    out = tmp_path / "fe"
+    assert main(["--env", "frontend", "--agent", "reference", "--baseline-agent", f"base=replay:{base}",
+                 "--clip-model", "tiny", "--limit", "2", "--output", str(out), "--no-progress"]) == 0
+    ref, baseline = json.loads((out / "leaderboard.json").read_text())
+    assert set(ref["metrics"]) == {"clip_similarity", "win_rate"}
+    assert metric(ref, "clip_similarity") == pytest.approx(1.0, abs=1e-4)  # the target, rendered the same way
+    assert metric(baseline, "clip_similarity") < 1.0
+    assert metric(ref, "win_rate") == 1.0 and metric(baseline, "win_rate") == 0.5 and baseline["baseline"]
+    html = (out / "report.html").read_text()
+    assert "Final renders next to targets" in html and html.count("<img") == 4
+    assert len(list((out / "renders" / "targets").glob("*.png"))) == 2
