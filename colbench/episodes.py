@@ -205,10 +205,11 @@ def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: l
     finished: list[_Live] = []
     asking: list[_Live] = []
     for lv, req, s in zip(active, requests, samples):
+        from_engine = bool(s.token_ids) or s.logprobs is not None or s.prompt_token_ids is not None
         lv.episode.turns.append(Turn(
             role="agent", content=s.text, prompt=req.messages,
             prompt_token_ids=list(s.prompt_token_ids) if s.prompt_token_ids is not None else None,
-            token_ids=list(s.token_ids) if s.token_ids else None,
+            token_ids=list(s.token_ids) if from_engine else None,  # [] = the engine generated nothing
             logprobs=list(s.logprobs) if s.logprobs is not None else None,
         ))
         n_agent = len(lv.episode.agent_turns)

@@ -20,6 +20,7 @@ is a failure (failed=True), not replaced by made-up text.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -60,7 +61,7 @@ class LLMSimulator:
             if key not in self.template:
                 raise ValueError(f"simulator prompt {self.prompt_file} lacks the placeholder {key}")
         self.max_reply_chars = max_reply_chars
-        self.sampling = sampling if sampling.n == 1 else SamplingParams(**{**sampling.__dict__, "n": 1})
+        self.sampling = replace(sampling, n=1)
         self.name = f"llm:{engine.spec}"
 
     def conversation(self, task: Task, turns: Sequence[Turn]) -> list[Message]:

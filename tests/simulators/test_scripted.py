@@ -73,3 +73,16 @@ def test_scripted_backend_on_testbed_task_mentions_its_constants():
     task = make_tasks("test", n=1)[0]
     [r] = ScriptedBackendSimulator().reply([SimRequest(task, [Turn("agent", "?")])])
     assert str(task.meta["a"]) in r.text and str(task.meta["b"]) in r.text
+
+
+def test_model_simulator_specs_are_checked_without_loading():
+    from simulators import check_simulator_spec
+
+    check_simulator_spec("tiny", "backend")
+    check_simulator_spec("text+tiny", "frontend")
+    with pytest.raises(SpecError, match="frontend env only"):
+        check_simulator_spec("text+tiny", "backend")
+    with pytest.raises(SpecError, match="does not exist"):
+        check_simulator_spec("hf:/no/such/dir", "frontend")
+    with pytest.raises(SpecError, match="bad model spec"):
+        check_simulator_spec("gpt4", "backend")
