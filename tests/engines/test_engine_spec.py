@@ -75,3 +75,22 @@ def test_bad_dtype_option(tiny_path):
 def test_vllm_missing_is_a_clear_engine_error():
     with pytest.raises(EngineError, match=r"vLLM is not installed: pip install '\.\[vllm\]' on a CUDA machine"):
         load_engine("vllm:tiny")
+
+
+def test_unknown_hub_id_is_a_spec_error_offline(tmp_path):
+    """Run offline in a child process (HF_HUB_OFFLINE is read at import): nothing is downloaded."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from engines import load_engine, SpecError\n"
+        "try:\n    load_engine('hf:no-such-org-xyz/no-such-model')\n"
+        "except SpecError as e:\n    print('SpecError:', e)\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    line = out.stdout.strip()
+    assert line.startswith("SpecError: cannot load model 'no-such-org-xyz/no-such-model'"), out.stderr[-2000:]
+    assert "hub id available offline" in line and "\n" not in line
