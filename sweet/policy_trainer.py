@@ -193,6 +193,8 @@ def run_training(
     if ckpt is not None:
         step = load_trainer_state(ckpt, optimizer, scheduler)["step"]
         accelerator.print(f"resuming from {ckpt} (step {step} of {total_steps})")
+        if accelerator.is_main_process:
+            _trim_metrics(out / "metrics.jsonl", step)
     logger = MetricsLogger(out, train.report_to, accelerator.is_main_process, run_config)
     if extra_metrics and step == 0:
         logger.log(extra_metrics, step=0)
@@ -237,3 +239,10 @@ def _optimizer_step(accelerator, model, optimizer, scheduler, loss_fn, items, gr
     values = torch.tensor([sums[k] for k in keys] + [float(grad_norm)], device=accelerator.device)
     values = accelerator.reduce(values, reduction="mean")
     return {**dict(zip(keys, values[:-1].tolist())), "train/grad_norm": values[-1].item()}
+
+
+def _trim_metrics(path: Path, last_step: int) -> None:
+    """Drop rows logged after the checkpoint we resume from (they are logged again)."""
+    if path.exists():
+        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+        path.write_text("".join(r + "\n" for r in rows))

@@ -18,6 +18,13 @@ as sampled: context = the sampler's prompt ids (else the state's recorded ids, e
 chat template), action = the generated ids + eos (no eos when cut at max_new_tokens).
 The sampler must share the policy's tokenizer (its ids are trained on).
 
+`--rounds R` (R > 1, one process): after each round, the trained policy plays
+`rollouts_per_task` new episodes per task against `--simulator` (resumable JSONL in
+output_dir/round-r/episodes.jsonl), the critic is retrained with the settings of
+`--critic` (its config.json) on all episodes so far, and stage 2 runs again from the
+previous round's policy, which is also the new DPO reference. Round r writes to
+output_dir/round-r/. The paper trains one round.
+
     # CPU, tiny model (critic from `python -m sweet.train_critic ... --output_dir runs/critic-tiny`)
     python -m sweet.train_policy --algorithm sweet --episodes eps.jsonl --tasks tasks.jsonl \\
         --critic runs/critic-tiny --model tiny --num_candidates 4 --max_new_tokens 32 \\
@@ -71,7 +78,10 @@ class SweetConfig:
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen action's per-token NLL (paper: 0.01)"})
     max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes (paper: the first 10%)"})
     stage: str = field(default="all", metadata={"help": "all | sample (candidates + scores only) | train (candidates must exist)"})
-    rounds: int = field(default=1, metadata={"help": "collect-retrain rounds (only 1 is implemented)"})
+    rounds: int = field(default=1, metadata={"help": "rounds: >1 collects new episodes with the trained policy, retrains the critic, repeats"})
+    simulator: str = field(default="", metadata={"help": "rounds > 1: simulated human for the new episodes (e.g. scripted:backend, vllm:...)"})
+    rollouts_per_task: int = field(default=2, metadata={"help": "rounds > 1: new episodes per task (seeds 0..N-1)"})
+    max_turns: int | None = field(default=None, metadata={"help": "rounds > 1: agent turns per new episode (default: the env's)"})
 
     def __post_init__(self) -> None:
         for name in ("episodes", "tasks"):
@@ -88,6 +98,11 @@ class SweetConfig:
             raise ValueError("SweetConfig: beta must be > 0, nll_coef and temperature >= 0")
         if self.rounds < 1:
             raise ValueError(f"SweetConfig.rounds must be >= 1, got {self.rounds}")
+        if self.rounds > 1 and not (self.simulator and self.critic):
+            raise ValueError("SweetConfig.simulator and SweetConfig.critic are required with rounds > 1 "
+                             "(new episodes need a simulated human; the critic's config is reused)")
+        if self.rollouts_per_task < 1:
+            raise ValueError(f"SweetConfig.rollouts_per_task must be >= 1, got {self.rollouts_per_task}")
 
 
 @dataclass
@@ -291,18 +306,90 @@ def _empty_cuda_cache() -> None:
 
 
 def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, scorer: Scorer | None = None):
-    """Run stage 2; returns output_dir/final (None for --stage sample). `scorer`
-    replaces the critic loaded from `cfg.critic` (API use and tests)."""
+    """Run stage 2 (`rounds` times); returns the last output_dir/final (None for --stage sample).
+    `scorer` replaces the critic loaded from `cfg.critic` (API use and tests; round 1 only)."""
+    from dataclasses import replace
+
+    from accelerate import PartialState
+
+    if cfg.rounds > 1 and (PartialState().num_processes > 1 or cfg.stage != "all"):
+        raise ValueError("SweetConfig.rounds > 1 runs in one process with --stage all (it collects episodes "
+                         "and retrains the critic between rounds)")
+    final = run_round(model_cfg, train, cfg, scorer)
+    episodes = [cfg.episodes]
+    for r in range(1, cfg.rounds):
+        out = Path(train.output_dir) / f"round-{r}"
+        episodes.append(str(collect_episodes(final, cfg, out / "episodes.jsonl", train.seed)))
+        critic = retrain_critic(cfg.critic, ",".join(episodes), out / "critic")
+        model_cfg = replace(model_cfg, model=str(final))
+        cfg = replace(cfg, episodes=episodes[-1], critic=str(critic), sampler="", max_episodes=None, rounds=1)
+        final = run_round(model_cfg, replace(train, output_dir=str(out)), cfg, None)
+    return final
+
+
+def collect_episodes(policy: Path, cfg: SweetConfig, path: Path, seed: int) -> Path:
+    """Run the policy on the tasks of the round's episodes (resumable JSONL at `path`)."""
+    from colbench.agents import ModelAgent
+    from colbench.envs import make_env
+    from colbench.episodes import EpisodeConfig, run_episodes
+    from engines import EngineOptions, SamplingParams, load_engine
+    from simulators import load_simulator
+    from sweet.data import load_episodes
+
+    task_ids = {ep.task_id for ep in load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]}
+    tasks = [t for t in load_task_records(cfg.tasks, cfg.env) if t.task_id in task_ids]
+    env = make_env(cfg.env)
+    simulator = load_simulator(cfg.simulator, env)
+    engine = load_engine(f"hf:{policy}", EngineOptions(batch_size=cfg.sampler_batch_size))
+    sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
+    try:
+        run_episodes(env, tasks, ModelAgent(engine, sampling, name="policy"), simulator,
+                     seeds=[seed * 1000 + k for k in range(cfg.rollouts_per_task)],
+                     config=EpisodeConfig(max_turns=cfg.max_turns or env.max_turns), out_path=path)
+    finally:
+        engine.close()
+        env.close()
+        if simulator is not None:
+            simulator.close()
+    return path
+
+
+def load_task_records(tasks: str, env: str):
+    """Tasks from our Task JSONL records, else through colbench.tasks.load_tasks."""
+    from colbench.types import Task
+
+    path = Path(tasks)
+    if path.suffix == ".jsonl" and path.exists():
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if rows and {"task_id", "hidden"} <= set(rows[0]):
+            return [Task.from_json(r) for r in rows]
+    from colbench.tasks import load_tasks
+
+    return load_tasks(tasks, env=env, validate=False)
+
+
+def retrain_critic(critic_dir: str, episodes: str, out: Path) -> Path:
+    """Retrain the critic with the settings of `critic_dir` (its config.json) on `episodes`."""
+    from dataclasses import fields, replace
+
+    from sweet.train_critic import CriticConfig, CriticTrainConfig
+    from sweet.train_critic import main as train_critic
+
+    saved = json.loads((Path(critic_dir) / "config.json").read_text())
+    build = lambda cls, d: cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # noqa: E731
+    ccfg = replace(build(CriticConfig, saved["critic"]), episodes=episodes, eval_episodes="")
+    tcfg = replace(build(CriticTrainConfig, saved["train"]), output_dir=str(out))
+    train_critic(ccfg, build(ModelConfig, saved["model"]), tcfg)
+    return out
+
+
+def run_round(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, scorer: Scorer | None = None):
+    """One round of stage 2: candidates + scores, pairs, DPO. Returns output_dir/final."""
     from accelerate import PartialState
 
     from sweet.policy_trainer import dpo_loss_fn, run_training
     from sweet.training import load_tokenizer, save_resolved_config
 
-    if cfg.rounds > 1:
-        raise NotImplementedError(
-            "SweetConfig.rounds > 1 (collect episodes with the improved policy, retrain the critic, repeat) is not "
-            "implemented yet: run colbench.evaluate with --agent hf:<output_dir>/final, then sweet.train_critic, "
-            "then this command again")
     out = Path(train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_resolved_config(out, model=model_cfg, train=train, sweet=cfg)

@@ -114,7 +114,7 @@ def test_rft_trains_and_resumes_with_identical_metrics(data, tmp_path, capsys):
     main(args)
     assert "resuming from" in capsys.readouterr().out
     again = read_metrics(out)
-    assert again[-1] == first[-1] and again[-1]["step"] == 2
+    assert again == first and again[-1]["step"] == 2  # step 2 was redone, identically, and logged once
 
 
 # ---- mtdpo ---------------------------------------------------------------------------------
@@ -215,11 +215,11 @@ def test_sweet_candidate_file_is_resumed_after_interruption(data, tmp_path):
     assert set(read_candidates(path)) == {json.loads(line)["key"] for line in lines}
 
 
-@pytest.mark.skipif(not (REPO / "sweet" / "train_critic.py").exists(), reason="sweet.train_critic not available")
-def test_sweet_end_to_end_with_the_real_critic(data, tmp_path):
-    """episodes -> python -m sweet.train_critic -> python -m sweet.train_policy --algorithm sweet -> hf engine."""
-    episodes, tasks, eps = data
-    critic = tmp_path / "critic"
+@pytest.fixture(scope="module")
+def critic(data, tmp_path_factory):
+    """A stage-1 critic trained on the episodes by `python -m sweet.train_critic`."""
+    episodes, tasks, _ = data
+    critic = tmp_path_factory.mktemp("critic") / "critic"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "sweet.train_critic", "--model", "tiny", "--episodes", str(episodes), "--tasks", str(tasks),
@@ -227,6 +227,14 @@ def test_sweet_end_to_end_with_the_real_critic(data, tmp_path):
          "--max_length", "512", "--report_to", "none", "--eval_fraction", "0", "--dtype", "float32"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return critic
+
+
+def test_sweet_end_to_end_with_the_real_critic(data, critic, tmp_path):
+    """episodes -> python -m sweet.train_critic -> python -m sweet.train_policy --algorithm sweet -> hf engine
+    -> python -m colbench.evaluate."""
+    episodes, tasks, eps = data
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "sweet"
     _cli("--algorithm", "sweet", "--episodes", str(episodes), "--tasks", str(tasks), "--env", "testbed",
          "--critic", str(critic), "--output_dir", str(out), *FAST, "--num_candidates", "4", "--max_new_tokens", "8",
@@ -250,6 +258,24 @@ def test_sweet_end_to_end_with_the_real_critic(data, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     sweet_eps = [json.loads(line) for line in (report / "episodes" / "sweet.jsonl").read_text().splitlines()]
     assert len(sweet_eps) == 2 and all(ep["turns"][0]["token_ids"] for ep in sweet_eps)
+
+
+@pytest.mark.slow
+def test_sweet_two_rounds(data, critic, tmp_path):
+    """Round 2 collects episodes with round 1's policy, retrains the critic, trains again from round 1's policy."""
+    episodes, tasks, _ = data
+    out = tmp_path / "rounds"
+    _cli("--algorithm", "sweet", "--episodes", str(episodes), "--tasks", str(tasks), "--env", "testbed",
+         "--critic", str(critic), "--output_dir", str(out), *FAST, "--num_candidates", "4", "--max_new_tokens", "8",
+         "--max_episodes", "2", "--learning_rate", "1e-3", "--micro_batch_size", "4", "--rounds", "2",
+         "--simulator", "scripted:testbed", "--rollouts_per_task", "2", "--max_turns", "2", timeout=900)
+    r1 = out / "round-1"
+    new_eps = [json.loads(line) for line in (r1 / "episodes.jsonl").read_text().splitlines()]
+    assert len(new_eps) == 2 and {e["agent"] for e in new_eps} == {"policy"}
+    assert (r1 / "critic" / "critic_config.json").exists()
+    cfg = json.loads((r1 / "config.json").read_text())
+    assert cfg["model"]["model"] == str(out / "final") and cfg["sweet"]["critic"] == str(r1 / "critic")
+    _assert_trained(r1 / "final", r1, "loss/dpo")
 
 
 # ---- CLI -----------------------------------------------------------------------------------
