@@ -39,11 +39,12 @@ Stage 2 uses `CriticScorer.load(critic_dir).advantages(state, actions)`.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from colbench.types import Episode
 from sweet.data import State, episode_states
@@ -311,42 +312,85 @@ class CriticScorer:
         return self.score_states([(state, actions)])[0]
 
     def score_states(self, items: Sequence[tuple[State, Sequence[Sequence[int]]]]) -> list[list[float]]:
-        """advantages() for many states at once; batches across states."""
-        examples = [
-            TurnExample(state, critic_action_ids(a, self.spec.eos_token_id)) for state, actions in items for a in actions
-        ]
-        flat = self._advantages(examples)
-        out, i = [], 0
-        for _, actions in items:
-            out.append(flat[i : i + len(actions)])
-            i += len(actions)
+        """advantages() for many states. Each state's context (o_t, c) is run once and
+        its KV cache shared by all its candidates (the same log-probs as one padded
+        pass of context + action per candidate, at a fraction of the cost); contexts
+        that need truncation take the padded path so they are cut exactly as in training."""
+        out = []
+        for state, actions in items:
+            examples = [TurnExample(state, critic_action_ids(a, self.spec.eos_token_id)) for a in actions]
+            context = critic_context_ids(self.tokenizer, state, self.spec.header)
+            longest = max((len(ex.action_ids) for ex in examples), default=0)
+            if not examples:
+                out.append([])
+            elif len(context) + longest <= self.spec.max_length:
+                out.append(self._shared_prefix_advantages(context, examples))
+            else:
+                out.append(self._padded_advantages(examples))
         return out
 
-    def _advantages(self, examples: Sequence[TurnExample]) -> list[float]:
+    def _advantage(self, policy, ref, chunk: Sequence[TurnExample]) -> list[float]:
+        import torch
+
+        n = torch.tensor([len(ex.action_ids) for ex in chunk], device=policy.device)
+        return per_turn_advantage(policy, ref, n, self.spec.beta, self.spec.length_normalize).tolist()
+
+    def _both_models(self, fn):
+        """fn(model) for θ and for π_ref."""
+        policy = fn(self.model)
+        if self.ref_model is None:
+            with self.model.disable_adapter():
+                return policy, fn(self.model)
+        return policy, fn(self.ref_model)
+
+    def _shared_prefix_advantages(self, context: list[int], examples: Sequence[TurnExample]) -> list[float]:
         import torch
 
         values: list[float] = []
-        # sort by length so padding stays small; restore the order at the end
-        order = sorted(range(len(examples)), key=lambda i: len(examples[i].action_ids))
         with torch.no_grad():
-            for start in range(0, len(order), self.batch_size):
-                chunk = [examples[i] for i in order[start : start + self.batch_size]]
+            for start in range(0, len(examples), self.batch_size):
+                chunk = examples[start : start + self.batch_size]
+                policy, ref = self._both_models(lambda m: shared_prefix_logprob_sums(
+                    m, context, [ex.action_ids for ex in chunk], self.tokenizer.pad_token_id, self.device))
+                values.extend(self._advantage(policy, ref, chunk))
+        return values
+
+    def _padded_advantages(self, examples: Sequence[TurnExample]) -> list[float]:
+        import torch
+
+        values: list[float] = []
+        with torch.no_grad():
+            for start in range(0, len(examples), self.batch_size):
+                chunk = examples[start : start + self.batch_size]
                 batch = critic_batch(self.tokenizer, chunk, self.spec.header, self.spec.max_length, self.spec.keep_head)
                 batch = batch.to(self.device)
-                policy = action_logprob_sums(self.model, batch)
-                if self.ref_model is None:
-                    with self.model.disable_adapter():
-                        ref = action_logprob_sums(self.model, batch)
-                else:
-                    ref = action_logprob_sums(self.ref_model, batch)
-                n = torch.tensor([len(ex.action_ids) for ex in chunk], device=policy.device)
-                values.extend(per_turn_advantage(policy, ref, n, self.spec.beta, self.spec.length_normalize).tolist())
-        out = [0.0] * len(examples)
-        for pos, i in enumerate(order):
-            out[i] = values[pos]
-        return out
+                policy, ref = self._both_models(lambda m: action_logprob_sums(m, batch))
+                values.extend(self._advantage(policy, ref, chunk))
+        return values
 
 
-def iter_chunks(items: Sequence, size: int) -> Iterable[Sequence]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+def shared_prefix_logprob_sums(model, context: Sequence[int], actions: Sequence[Sequence[int]], pad_id: int,
+                               device) -> "torch.Tensor":
+    """Σ_{y ∈ a} log π(y | context, y_<) for several actions after ONE context: the
+    context runs once, its KV cache is repeated for the actions. [len(actions)]."""
+    import torch
+    import torch.nn.functional as F
+
+    ctx = torch.tensor([list(context)], device=device)
+    first = model(input_ids=ctx, use_cache=True)
+    cache = first["cache"] if "cache" in first.keys() else first.past_key_values
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"  # transformers >= 5.2x
+    n, width = len(actions), max(len(a) for a in actions)
+    cache.batch_repeat_interleave(n)
+    ids = torch.full((n, width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((n, width), dtype=torch.long, device=device)
+    for i, a in enumerate(actions):
+        ids[i, : len(a)] = torch.tensor(list(a), device=device)
+        mask[i, : len(a)] = 1
+    attention = torch.cat([torch.ones((n, ctx.shape[1]), dtype=torch.long, device=device), mask], dim=1)
+    rest = model(input_ids=ids, attention_mask=attention, use_cache=True, **{cache_kw: cache})
+    # the context's last logits predict each action's first token; action logits at j predict j + 1
+    logits = torch.cat([first.logits[:, -1:].expand(n, -1, -1), rest.logits[:, :-1]], dim=1).float()
+    logp = torch.gather(F.log_softmax(logits, dim=-1), 2, ids[:, :, None]).squeeze(-1)
+    return (logp * mask).sum(-1)

@@ -76,8 +76,8 @@ def tiny_tokenizer():
     return load_tokenizer("tiny")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread():
+@pytest.fixture(scope="module")
+def one_torch_thread():
     """The test machine's cores are shared: one thread per process is much faster here."""
     import torch
 

@@ -11,6 +11,9 @@ from sweet.data import State
 from sweet.tokens import with_training_info
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
 def test_action_ids_append_eos_once():
     assert critic_action_ids([5, 6], eos_token_id=4) == (5, 6, 4)
     assert critic_action_ids([5, 4], eos_token_id=4) == (5, 4)  # already ends the turn

@@ -134,6 +134,9 @@ def test_micro_batches_cover_everything_evenly():
     assert sorted(set(seen)) == list(range(n)) and len(seen) == 8
     assert ranks[0] == epoch_micro_batches(n, epoch=0, seed=3, rank=0, world=world, micro=micro)
     assert ranks[0] != epoch_micro_batches(n, epoch=1, seed=3, rank=0, world=world, micro=micro)
+    # with 3 accumulation steps every optimiser step gets 3 full micro-batches: 7 -> 12 items
+    acc = epoch_micro_batches(n, epoch=0, seed=3, rank=1, world=world, micro=micro, accum=3)
+    assert len(acc) == 3 and all(len(mb) == micro for mb in acc)
 
 
 def test_segment_is_hashable_record():

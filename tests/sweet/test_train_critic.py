@@ -14,6 +14,8 @@ import torch
 from sweet.train_critic import CriticConfig, CriticTrainConfig, build_data, cli
 from sweet.training import ModelConfig
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
