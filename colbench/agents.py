@@ -80,8 +80,9 @@ class ModelAgent:
 
     Seeds: at temperature 0 the whole batch goes out in one `generate` call (greedy
     decoding ignores the seed). At temperature > 0 requests are grouped by seed and
-    each group is one call with `SamplingParams.seed = seed`, so seed s of a run is
-    reproducible on the same backend and batch composition.
+    each group is one call with `SamplingParams.seed = sampling.seed + seed` (the
+    sampling seed offsets every episode seed, e.g. per training iteration), so seed s
+    of a run is reproducible on the same backend and batch composition.
     """
 
     needs_simulator = True
@@ -94,12 +95,10 @@ class ModelAgent:
     def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
         if not requests:
             return []
-        if self.sampling.temperature == 0:
-            groups = {self.sampling.seed or 0: list(range(len(requests)))}
-        else:
-            groups: dict[int, list[int]] = {}
-            for i, r in enumerate(requests):
-                groups.setdefault(r.seed, []).append(i)
+        base = self.sampling.seed or 0
+        groups: dict[int, list[int]] = {}
+        for i, r in enumerate(requests):  # greedy decoding ignores the seed: one group
+            groups.setdefault(base if self.sampling.temperature == 0 else base + r.seed, []).append(i)
         out: list[Sample | None] = [None] * len(requests)
         for seed, idx in groups.items():
             params = replace(self.sampling, seed=seed)

@@ -99,7 +99,8 @@ class EvalConfig:
         if not self.agent:
             raise UsageError("give at least one --agent SPEC")
         checks = [("seeds", self.seeds >= 1), ("temperature", self.temperature >= 0),
-                  ("max_new_tokens", self.max_new_tokens >= 1), ("simulator_max_new_tokens", self.simulator_max_new_tokens >= 1),
+                  ("max_new_tokens", self.max_new_tokens >= 1),
+                  ("simulator_max_new_tokens", self.simulator_max_new_tokens >= 1),
                   ("max_reply_chars", self.max_reply_chars >= 1),
                   ("limit", self.limit is None or self.limit >= 1),
                   ("max_turns", self.max_turns is None or self.max_turns >= 1),

@@ -162,7 +162,8 @@ def test_win_outcomes_compare_seed_means_ties_half():
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny") / "run"
     args = ["--env", "backend", "--agent", "tiny", "--simulator", "tiny", "--limit", "2", "--max-turns", "3",
-            "--max-new-tokens", "8", "--simulator-max-new-tokens", "8", "--device", "cpu", "--output", str(out), "--no-progress"]
+            "--max-new-tokens", "8", "--simulator-max-new-tokens", "8", "--device", "cpu",
+            "--output", str(out), "--no-progress"]
     r = cli(*args)
     assert r.returncode == 0, r.stderr[-3000:]
     return out, args

@@ -28,7 +28,8 @@ def request(hidden: str, question: str = "What should it do?") -> SimRequest:
 
 def test_describe_function_names_parameters_and_constants_in_words():
     text = describe_function(SOURCE)
-    assert text == "It should be called tip and take bill, percent and round_up. The values that matter are 15, 100 and 2."
+    assert text == ("It should be called tip and take bill, percent and round_up. "
+                    "The values that matter are 15, 100 and 2.")
     assert "```" not in text and "def " not in text and "Tip for a bill" not in text  # docstrings are not constants
 
 
