@@ -119,3 +119,24 @@ def test_scorer_load_needs_a_critic_dir(tmp_path):
     (tmp_path / "critic_config.json").write_text('{"beta": 1.0}')
     with pytest.raises(ValueError, match="malformed critic config"):
         CriticScorer.load(tmp_path)
+
+
+def test_scorer_truncates_long_contexts_like_training(tiny_tokenizer, two_models):
+    """A context too long for max_length is cut in the middle as make_batch does in
+    training (the padded path), and the action is never cut."""
+    from sweet.critic import TurnExample, action_logprob_sums, critic_batch
+
+    theta, ref = two_models
+    tok = tiny_tokenizer
+    spec = CriticSpec(beta=1.0, length_normalize=True, header="Training-time information", reference_model="tiny",
+                      eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=64, keep_head=16)
+    scorer = CriticScorer(spec, theta, ref, tok, torch.device("cpu"))
+    state = _state()
+    actions = [tok("Is it red?", add_special_tokens=False)["input_ids"], tok("ok", add_special_tokens=False)["input_ids"]]
+    examples = [TurnExample(state, critic_action_ids(a, tok.eos_token_id)) for a in actions]
+    batch = critic_batch(tok, examples, spec.header, 64, 16)
+    assert batch.input_ids.shape[1] == 64  # truncated: the full context is longer
+    with torch.no_grad():
+        want = per_turn_advantage(action_logprob_sums(theta, batch), action_logprob_sums(ref, batch),
+                                  torch.tensor([len(e.action_ids) for e in examples]), 1.0).tolist()
+    assert scorer.advantages(state, actions) == pytest.approx(want, abs=1e-5)
