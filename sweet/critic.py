@@ -240,11 +240,13 @@ def load_training_info(tasks: str, env: str = "backend") -> dict[str, str]:
         from colbench.tasks import load_tasks
 
         rows = load_tasks(tasks, env=env, validate=False)
-    info_of = _training_info_fn(env)
+    info_of = training_info_fn(env)
     return {t.task_id: info_of(t) for t in rows}
 
 
-def _training_info_fn(env: str):
+def training_info_fn(env: str):
+    """Task -> c: the environment's `training_info`, or `task.hidden` when the
+    environment cannot be built here."""
     try:
         from colbench.envs import make_env
 

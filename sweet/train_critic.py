@@ -52,7 +52,7 @@ class CriticConfig:
     """The critic's data and objective."""
 
     episodes: str = field(default="", metadata={"help": "comma list of episode JSONL files (our runner's or published offline rows)"})
-    tasks: str = field(default="", metadata={"help": "tasks the episodes ran on (path or builtin:<split>): source of the training-time information"})
+    tasks: str = field(default="", metadata={"help": "tasks the episodes ran on (path or builtin:<split>): source of the training-time information; may be empty when every episode carries meta['task'] (published trajectories)"})
     env: str = field(default="backend", metadata={"help": "environment name: its training_info(task) is c"})
     eval_episodes: str = field(default="", metadata={"help": "comma list of held-out episode files; empty: hold out eval_fraction of the tasks"})
     eval_fraction: float = field(default=0.1, metadata={"help": "share of tasks (not pairs) held out for pairwise accuracy"})
@@ -131,12 +131,11 @@ def _pairs(cfg: CriticConfig, episodes: list, source: str) -> list:
 
 def build_data(cfg: CriticConfig, eos_token_id: int, tokenizer, seed: int) -> CriticData:
     """Episodes -> pairs -> train/held-out split (by task) -> indexed turn examples."""
-    from sweet.critic import episode_turn_examples, load_training_info
+    from colbench.types import Task
+    from sweet.critic import episode_turn_examples, load_training_info, training_info_fn
 
     if not cfg.episodes:
         raise ValueError("--episodes is required (episode JSONL file(s))")
-    if not cfg.tasks:
-        raise ValueError("--tasks is required: the task file the episodes ran on (training-time information)")
     pairs = _pairs(cfg, _load_all(cfg.episodes, cfg.env), cfg.episodes)
     if cfg.eval_episodes:
         eval_pairs = _pairs(cfg, _load_all(cfg.eval_episodes, cfg.env), cfg.eval_episodes)
@@ -149,13 +148,19 @@ def build_data(cfg: CriticConfig, eos_token_id: int, tokenizer, seed: int) -> Cr
         pairs = [p for p in pairs if p.task_id not in held]
     if cfg.max_pairs and len(pairs) > cfg.max_pairs:
         pairs = random.Random(seed).sample(pairs, cfg.max_pairs)
-    info = load_training_info(cfg.tasks, cfg.env)
+    info = load_training_info(cfg.tasks, cfg.env) if cfg.tasks else {}
+    info_of = training_info_fn(cfg.env)
     index: dict[int, int] = {}  # id(episode) -> episode number
     turns: list[TurnExample] = []
     episode_turns: list[list[int]] = []
 
     def number(ep) -> int:
         if id(ep) not in index:
+            if ep.task_id not in info and "task" in ep.meta:  # published trajectories carry their task
+                info[ep.task_id] = info_of(Task.from_json(ep.meta["task"]))
+            if ep.task_id not in info and not cfg.tasks:
+                raise ValueError(f"--tasks is required: episode {ep.episode_id} does not carry its task "
+                                 "(give the task file the episodes ran on: the source of training-time information)")
             if ep.task_id not in info:
                 raise ValueError(f"task {ep.task_id!r} (episode {ep.episode_id}) is not in --tasks {cfg.tasks}")
             examples = episode_turn_examples(ep, info[ep.task_id], eos_token_id,
@@ -367,7 +372,17 @@ def _trim_metrics(path: Path, last_step: int) -> None:
         path.write_text("".join(r + "\n" for r in rows))
 
 
-def main(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dict[str, float]:
+def main(*configs) -> dict[str, float]:
+    """`main(critic_cfg, model_cfg, train_cfg)` trains with these configs; `main()` /
+    `main(argv)` parses the command line first. Returns the last held-out metrics."""
+    if len(configs) == 3:
+        return train(*configs)
+    if len(configs) > 1:
+        raise TypeError("main() takes (CriticConfig, ModelConfig, CriticTrainConfig) or one argv list")
+    return cli(configs[0] if configs else None)
+
+
+def train(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dict[str, float]:
     """Train the critic; returns the last held-out metrics."""
     from dataclasses import replace
 
@@ -441,7 +456,7 @@ def cli(argv: list[str] | None = None) -> dict[str, float]:
 
     ccfg, mcfg, tcfg = parse_configs([CriticConfig, ModelConfig, CriticTrainConfig], argv,
                                      description="SWEET-RL stage 1: per-turn advantage critic (Bradley-Terry)")
-    return main(ccfg, mcfg, tcfg)
+    return train(ccfg, mcfg, tcfg)
 
 
 if __name__ == "__main__":

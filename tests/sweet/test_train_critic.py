@@ -184,6 +184,14 @@ def test_bad_inputs_give_clear_errors(tmp_path, tiny_tokenizer, make_synthetic):
         build_data(CriticConfig(episodes=str(tmp_path / "missing.jsonl"), tasks=str(tasks_file)), eos, tiny_tokenizer, 0)
     with pytest.raises(ValueError, match="--tasks is required"):
         build_data(CriticConfig(episodes=str(good)), eos, tiny_tokenizer, 0)
+    # published trajectories carry their task: no --tasks needed
+    tasks_by_id = {t.task_id: t for t in tasks}
+    for ep in episodes:
+        ep.meta["task"] = tasks_by_id[ep.task_id].to_json()
+    with_tasks = _write(tmp_path / "with_tasks.jsonl", episodes)
+    data = build_data(CriticConfig(episodes=str(with_tasks), tokenize_missing_actions=True, eval_fraction=0.0),
+                      eos, tiny_tokenizer, 0)
+    assert {t.state.training_info for t in data.turns} == {tasks[0].hidden}  # every secret is "apple"
     with pytest.raises(ValueError, match="cannot load tokenizer for model 'hf:/nonexistent/model'"):
         cli(["--episodes", str(good), "--tasks", str(tasks_file), "--model", "hf:/nonexistent/model",
              "--output_dir", str(tmp_path / "x"), "--report_to", "none"])
