@@ -16,7 +16,6 @@ fine-tuning: examples in, a checkpoint out (output_dir/final, HF format).
 from __future__ import annotations
 
 import json
-import math
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -61,13 +60,16 @@ class PreferenceItem:
     ref_rejected_logps: float | None = None
 
 
-def epoch_micro_batches(n_items: int, *, epoch: int, seed: int, rank: int, world: int, micro: int) -> list[list[int]]:
+def epoch_micro_batches(n_items: int, *, epoch: int, seed: int, rank: int, world: int, micro: int,
+                        accum: int = 1) -> list[list[int]]:
     """This process's micro-batches (item indices) for one epoch: a seeded permutation,
-    padded by cycling to a multiple of world × micro, dealt out round-robin."""
+    padded by cycling to a multiple of world × micro × accum (so every optimiser step
+    has `accum` full micro-batches on every process), dealt out round-robin."""
     order = list(range(n_items))
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
     per_round = world * micro
-    padded = order + [order[i % n_items] for i in range((-n_items) % per_round)]
+    per_step = per_round * accum
+    padded = order + [order[i % n_items] for i in range((-n_items) % per_step)]
     rounds = [padded[i : i + per_round] for i in range(0, len(padded), per_round)]
     return [r[rank * micro : (rank + 1) * micro] for r in rounds]
 
@@ -163,7 +165,6 @@ def run_training(
     """Train on `items` and save output_dir/final. `loss_fn_factory(pad_id)` builds
     loss_fn(model, micro_items) -> (loss, metrics). For `preference` items the
     reference log-probs are filled first. Returns the final model's folder."""
-    import torch
     from tqdm.auto import tqdm
 
     out = Path(train.output_dir)
@@ -183,11 +184,13 @@ def run_training(
 
     world, rank, micro = accelerator.num_processes, accelerator.process_index, train.micro_batch_size
     accum = accelerator.gradient_accumulation_steps
-    per_epoch = [epoch_micro_batches(len(items), epoch=e, seed=train.seed, rank=rank, world=world, micro=micro)
-                 for e in range(train.num_epochs)]
-    steps_per_epoch = math.ceil(len(per_epoch[0]) / accum)
+    per_epoch = [epoch_micro_batches(len(items), epoch=e, seed=train.seed, rank=rank, world=world, micro=micro,
+                                     accum=accum) for e in range(train.num_epochs)]
+    steps_per_epoch = len(per_epoch[0]) // accum
     total_steps = steps_per_epoch * train.num_epochs
     optimizer, scheduler = make_optimizer(model, train, total_steps)
+    if accelerator.state.deepspeed_plugin is not None:  # no dataloader to infer it from
+        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro
     model, optimizer = accelerator.prepare(model, optimizer)
     step = 0
     if ckpt is not None:
@@ -203,7 +206,7 @@ def run_training(
     while step < total_steps:
         epoch, k = divmod(step, steps_per_epoch)
         group = per_epoch[epoch][k * accum : (k + 1) * accum]
-        metrics = _optimizer_step(accelerator, model, optimizer, scheduler, loss_fn, items, group, accum, train)
+        metrics = _optimizer_step(accelerator, model, optimizer, scheduler, loss_fn, items, group, train)
         step += 1
         bar.update(1)
         if step % train.logging_steps == 0 or step == total_steps:
@@ -215,7 +218,7 @@ def run_training(
     return save_final(accelerator, model, tokenizer, out)
 
 
-def _optimizer_step(accelerator, model, optimizer, scheduler, loss_fn, items, group, accum, train) -> dict[str, float]:
+def _optimizer_step(accelerator, model, optimizer, scheduler, loss_fn, items, group, train) -> dict[str, float]:
     """Accumulate gradients over the micro-batches of `group`, step, return mean metrics
     (averaged over micro-batches and processes)."""
     import contextlib
@@ -223,20 +226,20 @@ def _optimizer_step(accelerator, model, optimizer, scheduler, loss_fn, items, gr
     import torch
 
     sums: dict[str, float] = {}
-    for i, idx in enumerate(group):
+    for i, idx in enumerate(group):  # len(group) == accum (epoch_micro_batches pads)
         last = i == len(group) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(model):
             loss, metrics = loss_fn(model, [items[j] for j in idx])
-            # accelerator.backward divides by `accum`; a short last group divides by its size
-            accelerator.backward(loss * accum / len(group))
+            accelerator.backward(loss)  # divides by the accumulation steps
         for key, v in metrics.items():
             sums[key] = sums.get(key, 0.0) + v / len(group)
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), train.max_grad_norm)
+    grad_norm = float("nan") if grad_norm is None else float(grad_norm)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     keys = sorted(sums)
-    values = torch.tensor([sums[k] for k in keys] + [float(grad_norm)], device=accelerator.device)
+    values = torch.tensor([sums[k] for k in keys] + [grad_norm], device=accelerator.device)
     values = accelerator.reduce(values, reduction="mean")
     return {**dict(zip(keys, values[:-1].tolist())), "train/grad_norm": values[-1].item()}
 

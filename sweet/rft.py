@@ -17,13 +17,10 @@ inside later contexts, masked out. See sweet/sequences.py.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 from sweet.policy_trainer import PolicyTrainConfig
 from sweet.training import ModelConfig
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

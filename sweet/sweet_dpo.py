@@ -76,7 +76,7 @@ class SweetConfig:
     pairs_per_state: int = field(default=4, metadata={"help": "top-half vs bottom-half pairs drawn per state (paper: 4)"})
     beta: float = field(default=0.1, metadata={"help": "DPO β (paper: 0.1)"})
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen action's per-token NLL (paper: 0.01)"})
-    max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes (paper: the first 10%)"})
+    max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes (paper: the first 10 percent)"})
     stage: str = field(default="all", metadata={"help": "all | sample (candidates + scores only) | train (candidates must exist)"})
     rounds: int = field(default=1, metadata={"help": "rounds: >1 collects new episodes with the trained policy, retrains the critic, repeats"})
     simulator: str = field(default="", metadata={"help": "rounds > 1: simulated human for the new episodes (e.g. scripted:backend, vllm:...)"})

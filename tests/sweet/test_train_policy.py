@@ -298,6 +298,18 @@ def test_cli_errors_name_the_bad_field(tmp_path):
         main(["--algorithm", "rft", "--config", str(cfg), "--output_dir", str(tmp_path / "o"), "--report_to", "none"])
 
 
+@pytest.mark.parametrize("algorithm", ["sweet", "rft", "mtdpo"])
+def test_help_lists_the_algorithm_flags(algorithm, capsys):
+    from sweet.train_policy import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--algorithm", algorithm, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--episodes" in out and "--learning_rate" in out and "--lora" in out
+    assert ("--num_candidates" in out) == (algorithm == "sweet")
+
+
 @pytest.mark.slow
 def test_mtdpo_two_cpu_processes(data, tmp_path):
     episodes, _, _ = data
