@@ -220,16 +220,20 @@ def check_model_spec(spec: str) -> None:
     parsed = parse_spec(body)
     if parsed.backend in ("hf", "vllm"):
         model = parsed.model
-        looks_local = model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
+        # A hub id is "org/name"; anything else with a slash, or starting like a path, is local.
+        looks_local = model.startswith(("/", ".", "~")) or model.count("/") >= 2
         if looks_local and not Path(model).expanduser().exists():
             raise SpecError(f"model spec {spec!r}: path {model} does not exist")
 
 
 def load_agent(spec: str, env: "Environment", *, sampling: SamplingParams,
-               engine_options: "EngineOptions | None" = None, task_ids: set[str] | None = None) -> Agent:
-    """Build the agent a spec names (loads the model for engine specs)."""
+               engine_options: "EngineOptions | None" = None, task_ids: set[str] | None = None,
+               name: str | None = None) -> Agent:
+    """Build the agent a spec names (loads the model for engine specs). `name`
+    overrides the name derived from the spec."""
     check_agent_spec(spec, task_ids)
-    name, body = _split_name(spec)
+    derived, body = _split_name(spec)
+    name = name or derived
     if body == "reference":
         return ReferenceAgent(env, name=name)
     if body.startswith("replay:"):

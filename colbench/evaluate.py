@@ -285,7 +285,7 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
                 simulator = load_simulator(config.simulator, env, engine_options=options,
                                            max_reply_chars=config.max_reply_chars,
                                            max_new_tokens=config.simulator_max_new_tokens)
-            agent = load_agent(f"{name}={spec}", env, sampling=sampling, engine_options=options)
+            agent = load_agent(spec, env, sampling=sampling, engine_options=options, name=name)
             try:
                 episodes[name] = run_episodes(env, plan.tasks, agent, simulator if uses_sim else None,
                                               seeds=plan.seeds, config=episode_config, out_path=path,

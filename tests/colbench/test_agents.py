@@ -92,6 +92,7 @@ def test_replay_file_errors_name_file_and_line(tmp_path, rows, message):
     ("gpt4", "bad model spec"),
     ("foo:bar", "unknown backend 'foo'"),
     ("hf:/no/such/model/dir", "does not exist"),
+    ("vllm:runs/sweet/final", "path runs/sweet/final does not exist"),
     ("replay:/no/such/file.jsonl", "does not exist"),
     ("replay:", "expected 'replay:<file.jsonl>'"),
     ("openai:gpt-4o", "openai:<model>@"),
@@ -102,7 +103,8 @@ def test_bad_agent_specs(spec, message):
 
 
 def test_good_specs_and_names(tmp_path):
-    for spec in ("reference", "tiny", "hf:tiny", "mine=reference", f"hf:{tmp_path}", "openai:m@http://h:1/v1"):
+    for spec in ("reference", "tiny", "hf:tiny", "mine=reference", f"hf:{tmp_path}", "openai:m@http://h:1/v1",
+                 "hf:meta-llama/Llama-3.1-8B-Instruct"):  # hub ids cannot be checked offline
         check_agent_spec(spec)
     assert agent_name("mine=hf:/runs/a/final") == "mine"
     assert agent_name("hf:/runs/a/final") == "hf:runs_a_final"
@@ -147,6 +149,19 @@ def test_model_agent_batches_and_groups_by_seed(tiny_engine, env, test_split):
     assert sorted(counting.calls[:2]) == [(2, 0), (2, 1)]  # one call per seed
     assert [s.token_ids for s in again[0]] == [s.token_ids for s in again[1]]  # seeded: reproducible
     assert greedy.name == "tiny" and sampled.name == "hot"
+
+
+def test_load_agent_model_path_keeps_its_name(env):
+    from engines.tiny import tiny_model_path
+
+    spec = f"hf:{tiny_model_path()}"
+    agent = load_agent(spec, env, sampling=SamplingParams(max_new_tokens=2), engine_options=None)
+    try:
+        assert isinstance(agent, ModelAgent) and agent.name == agent_name(spec) and "/" not in agent.name
+        assert agent.name.startswith("hf:") and agent.engine.spec == spec
+    finally:
+        agent.close()
+    assert load_agent("reference", env, sampling=SamplingParams(), name="gold").name == "gold"
 
 
 def test_load_agent(env, tmp_path, test_split):
