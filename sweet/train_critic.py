@@ -414,6 +414,8 @@ def train(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dic
     ref_sums = reference_logprobs(accelerator, model, tokenizer, data, ccfg, mcfg, out,
                                   allow_compute=ckpt is None or mcfg.lora)
     start_epoch, global_step = 0, 0
+    if ckpt is None and accelerator.is_main_process:
+        _trim_metrics(out / "metrics.jsonl", 0)  # a fresh start: no rows from an earlier attempt
     if ckpt is not None:
         state = load_trainer_state(ckpt, optimizer, scheduler)
         start_epoch, global_step = state["epoch"], state["step"]

@@ -2,6 +2,7 @@
 exactly, gives the same result on 2 processes, and the scorer reproduces training."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -212,3 +213,56 @@ def test_help_is_fast_and_yaml_config_works(tmp_path):
                                      ["--config", str(tmp_path / "run.yaml"), "--num_epochs", "2"])
     assert (ccfg.beta, mcfg.lora, tcfg.num_epochs, tcfg.batch_size) == (0.5, True, 2, 8)
     assert CriticTrainConfig().num_epochs == 4  # the paper's critic epochs
+
+
+def test_pair_terms_by_hand(tmp_path, tiny_tokenizer, make_synthetic, fresh_accelerate):
+    """The training-time BT loss and NLL of a few pairs == the paper's formula from
+    unpadded per-turn forward passes: score = Σ_t β·mean(log π_θ − log π_ref)."""
+    from accelerate import Accelerator
+
+    from sweet.train_critic import pair_terms, sharded_logprob_sums
+    from sweet.training import load_model
+
+    tok = tiny_tokenizer
+    tasks, episodes = make_synthetic(tok, 3, secrets=("apple", "river"))
+    data = build_data(CriticConfig(episodes=str(_write(tmp_path / "e.jsonl", episodes)),
+                                   tasks=str(_write(tmp_path / "t.jsonl", tasks)), eval_fraction=0.0, beta=0.5),
+                      tok.eos_token_id, tok, 0)
+    mcfg = ModelConfig(model="tiny", dtype="float32", max_length=512)
+    ref = load_model(mcfg, trainable=False)
+    theta = load_model(mcfg, trainable=False)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in theta.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    acc = Accelerator(cpu=True)
+    ref_sums = sharded_logprob_sums(acc, ref, tok, data.turns, list(range(len(data.turns))), mcfg,
+                                    "Training-time information", 3)
+    ccfg = CriticConfig(beta=0.5)
+    with torch.no_grad():
+        bt, nll, margin = pair_terms(theta, tok, data, ref_sums, data.train_pairs, ccfg, mcfg, torch.device("cpu"))
+
+    def turn_logps(model, t):  # Σ log π over a_t, one unpadded sequence
+        from sweet.critic import critic_context_ids
+
+        ex = data.turns[t]
+        ids = torch.tensor([critic_context_ids(tok, ex.state) + list(ex.action_ids)])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)
+        start = ids.shape[1] - len(ex.action_ids)
+        return sum(logp[i - 1, ids[0, i]].item() for i in range(start, ids.shape[1])), len(ex.action_ids)
+
+    def score(e):
+        total = 0.0
+        for t in data.episode_turns[e]:
+            (lt, n), (lr, _) = turn_logps(theta, t), turn_logps(ref, t)
+            total += 0.5 * (lt - lr) / n
+        return total
+
+    assert len(data.train_pairs) == 3
+    for k, (c, r) in enumerate(data.train_pairs):
+        diff = score(c) - score(r)
+        assert margin[k].item() == pytest.approx(diff, abs=1e-4)
+        assert bt[k].item() == pytest.approx(math.log1p(math.exp(-diff)), abs=1e-4)  # −log σ(diff)
+        logps = [turn_logps(theta, t) for t in data.episode_turns[c]]
+        assert nll[k].item() == pytest.approx(-sum(l for l, _ in logps) / sum(n for _, n in logps), abs=1e-4)
