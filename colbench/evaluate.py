@@ -21,6 +21,8 @@
 Agent specs: model specs (tiny, hf:, vllm:, openai:), `reference`, `replay:<file>`,
 optionally named `<name>=<spec>`. Simulator specs: see `simulators/__init__.py`
 (`scripted:<name>`, a model spec; frontend `text+<spec>` for a text-only model).
+An agent whose spec equals --simulator shares the simulator's engine (one copy of
+the model plays both sides).
 
 Determinism: sampling defaults to temperature 0 (greedy) and seed 0, so a rerun gives
 the same episodes. `--seeds S` runs seeds 0..S-1 with `--temperature` (set it > 0,
@@ -46,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from colbench.agents import _split_name, check_agent_spec, file_slug, load_agent, needs_simulator
+from colbench.agents import ModelAgent, _split_name, check_agent_spec, file_slug, load_agent, needs_simulator
 from engines.base import SpecError
 
 PROG = "python -m colbench.evaluate"
@@ -285,13 +287,19 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
                 simulator = load_simulator(config.simulator, env, engine_options=options,
                                            max_reply_chars=config.max_reply_chars,
                                            max_new_tokens=config.simulator_max_new_tokens)
-            agent = load_agent(spec, env, sampling=sampling, engine_options=options, name=name)
+            shared = getattr(simulator, "engine", None) if uses_sim and spec == config.simulator else None
+            if shared is not None:  # one copy of the model plays both sides (a second vLLM would not fit)
+                print(f"{name}: sharing the simulator's engine ({spec})", file=sys.stderr)
+                agent = ModelAgent(shared, sampling, name=name)
+            else:
+                agent = load_agent(spec, env, sampling=sampling, engine_options=options, name=name)
             try:
                 episodes[name] = run_episodes(env, plan.tasks, agent, simulator if uses_sim else None,
                                               seeds=plan.seeds, config=episode_config, out_path=path,
                                               progress=config.progress)
             finally:
-                getattr(agent, "close", lambda: None)()
+                if shared is None:
+                    getattr(agent, "close", lambda: None)()
         base_eps = episodes.get(plan.baseline) if plan.baseline else None
         rows = [build_row(name, spec, env.name, episodes[name], base_eps, is_baseline=name == plan.baseline)
                 for name, spec in plan.agents]

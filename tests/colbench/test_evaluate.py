@@ -166,6 +166,7 @@ def tiny_run(tmp_path_factory):
             "--output", str(out), "--no-progress"]
     r = cli(*args)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "tiny: sharing the simulator's engine (tiny)" in r.stderr  # the model is loaded once
     return out, args
 
 
