@@ -177,3 +177,12 @@ def test_bad_inputs(env, tasks):
         run_episodes(env, [tasks[0], tasks[0]], ScriptedAgent(lambda t: 0), CountingSimulator(), progress=False)
     with pytest.raises(ValueError, match="must not contain '/'"):
         run_episodes(env, tasks[:1], ScriptedAgent(lambda t: 0, name="a/b"), CountingSimulator(), progress=False)
+
+
+def test_corrupt_line_in_the_middle_is_an_error_naming_file_and_line(env, tasks, tmp_path):
+    out = tmp_path / "eps.jsonl"
+    run_episodes(env, tasks[:2], ScriptedAgent(lambda t: 0), CountingSimulator(), out_path=out, progress=False)
+    first, second = out.read_text().splitlines()
+    out.write_text(first + "\n{broken\n" + second + "\n")
+    with pytest.raises(ValueError, match=r"eps.jsonl:2: not a valid episode record"):
+        run_episodes(env, tasks[:2], ScriptedAgent(lambda t: 0), CountingSimulator(), out_path=out, progress=False)
