@@ -74,7 +74,8 @@ def summarise_structure(s: dict[str, Any], max_chars: int = 4000) -> str:
         if b.get("label"):
             line += f", label {b['label']!r}"
         if b.get("text"):
-            line += f": {b['text']!r} ({colour_name(b.get('color'))} text, {b.get('font', '')}"
+            colour = f"{colour_name(b['color'])} " if b.get("color") else ""
+            line += f": {b['text']!r} ({colour}text, {b.get('font', '')}"
             line += ", centred)" if b.get("align") == "center" else ")"
         lines.append(line)
     if s.get("truncated"):

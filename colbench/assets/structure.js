@@ -5,13 +5,23 @@
 // coordinates), its own text, text colour, effective background, font size/weight,
 // and for images their rendered and natural sizes.
 ({ maxItems }) => {
+  // Any CSS colour (rgb, oklch from Tailwind v4, color-mix...) as #rrggbb, via a 1-px
+  // canvas; null when (nearly) transparent.
+  const canvas = document.createElement("canvas");
+  canvas.width = canvas.height = 1;
+  const ctx = canvas.getContext("2d", { willReadFrequently: true });
+  const seen = new Map();
   const rgb = (c) => {
-    const m = (c || "").match(/rgba?\(([^)]+)\)/);
-    if (!m) return null;
-    const p = m[1].split(",").map((x) => parseFloat(x));
-    if (p.length === 4 && p[3] === 0) return null; // transparent
-    const hex = (v) => Math.round(v).toString(16).padStart(2, "0");
-    return "#" + hex(p[0]) + hex(p[1]) + hex(p[2]);
+    if (!c || c === "transparent") return null;
+    if (seen.has(c)) return seen.get(c);
+    ctx.clearRect(0, 0, 1, 1);
+    ctx.fillStyle = "#000";
+    ctx.fillStyle = c;
+    ctx.fillRect(0, 0, 1, 1);
+    const [r, g, b, a] = ctx.getImageData(0, 0, 1, 1).data;
+    const out = a < 13 ? null : "#" + [r, g, b].map((v) => v.toString(16).padStart(2, "0")).join("");
+    seen.set(c, out);
+    return out;
   };
   const effectiveBg = (el) => {
     for (let e = el; e; e = e.parentElement) {
