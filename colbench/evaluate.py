@@ -223,6 +223,7 @@ def prepare(config: EvalConfig) -> Plan:
         _check_replay_covers(file, tasks)
     out_dir = Path(config.output)
     _check_previous_config(out_dir, config)
+    _check_episode_files(out_dir, [n for n, _ in agents])
     return Plan(tasks=tasks, agents=agents, baseline=baseline, seeds=list(range(config.seeds)), out_dir=out_dir)
 
 
@@ -234,6 +235,21 @@ def _check_replay_covers(file: str, tasks: Sequence[Any]) -> None:
     if missing:
         raise UsageError(f"replay file {file} has no answer for task {missing[0]!r} "
                          f"({len(missing)} of {len(tasks)} tasks missing)")
+
+
+def _check_episode_files(out_dir: Path, names: Sequence[str]) -> None:
+    """Episode files from an earlier run must parse (a truncated last line is fine)."""
+    import warnings
+
+    from colbench.episodes import read_episodes
+
+    for name in names:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # run_episodes warns when it repairs the file
+            try:
+                read_episodes(out_dir / "episodes" / f"{file_slug(name)}.jsonl")
+            except ValueError as e:
+                raise UsageError(f"{e}; fix or remove the file to rerun those episodes") from None
 
 
 def _check_previous_config(out_dir: Path, config: EvalConfig) -> None:

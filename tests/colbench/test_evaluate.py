@@ -84,6 +84,10 @@ def test_replay_gives_exact_scores_and_resume_reuses(tmp_path, replay_file, caps
     assert [r["agent"] for r in rows] == ["replay-answers", "reference"]
     assert main(args[:-1] + ["--max-turns", "3"]) == 2  # same DIR, different episode settings
     assert "holds a run with max_turns=None" in capsys.readouterr().err
+    ref = out / "episodes" / "reference.jsonl"
+    ref.write_text("{oops\n" + ref.read_text())
+    assert main(args + ["--agent", "reference"]) == 2
+    assert f"{ref}:1: not a valid episode record" in capsys.readouterr().err
 
 
 def test_baseline_win_rate(tmp_path, replay_file):
