@@ -382,11 +382,22 @@ def main(*configs) -> dict[str, float]:
     return cli(configs[0] if configs else None)
 
 
-def train(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dict[str, float]:
-    """Train the critic; returns the last held-out metrics."""
+def _load_trainable(mcfg: ModelConfig, ckpt: Path | None):
+    """θ: the initial model, or the weights / adapter of the checkpoint we resume from."""
     from dataclasses import replace
 
-    from sweet.training import (MetricsLogger, latest_checkpoint, load_model, load_tokenizer, load_trainer_state,
+    from sweet.training import load_model
+
+    if ckpt is None:
+        return load_model(mcfg, trainable=True)
+    if mcfg.lora:
+        return load_model(mcfg, trainable=True, adapter=str(ckpt))
+    return load_model(replace(mcfg, model=str(ckpt)), trainable=True)
+
+
+def train(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dict[str, float]:
+    """Train the critic; returns the last held-out metrics."""
+    from sweet.training import (MetricsLogger, latest_checkpoint, load_tokenizer, load_trainer_state,
                                 make_accelerator, make_optimizer, save_checkpoint, save_final, save_resolved_config,
                                 set_seed)
 
@@ -401,12 +412,7 @@ def train(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dic
     accum = accelerator.gradient_accumulation_steps
     steps_per_epoch = math.ceil(len(data.train_pairs) / (tcfg.micro_batch_size * world * accum))
     ckpt = latest_checkpoint(out) if tcfg.resume else None
-    if ckpt is None:
-        model = load_model(mcfg, trainable=True)
-    elif mcfg.lora:
-        model = load_model(mcfg, trainable=True, adapter=str(ckpt))
-    else:
-        model = load_model(replace(mcfg, model=str(ckpt)), trainable=True)
+    model = _load_trainable(mcfg, ckpt)
     optimizer, scheduler = make_optimizer(model, tcfg, steps_per_epoch * tcfg.num_epochs)
     if accelerator.state.deepspeed_plugin is not None:  # no dataloader to infer it from
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = tcfg.micro_batch_size
