@@ -81,8 +81,9 @@ class ModelAgent:
     Seeds: at temperature 0 the whole batch goes out in one `generate` call (greedy
     decoding ignores the seed). At temperature > 0 requests are grouped by seed and
     each group is one call with `SamplingParams.seed = sampling.seed + seed` (the
-    sampling seed offsets every episode seed, e.g. per training iteration), so seed s
-    of a run is reproducible on the same backend and batch composition.
+    sampling seed offsets every episode seed, e.g. per training iteration). Seed s's
+    episodes are then reproducible on the same backend and do not depend on which
+    other seeds run alongside (adding seeds to a finished run keeps the old ones).
     """
 
     needs_simulator = True

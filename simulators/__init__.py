@@ -3,7 +3,8 @@
 Simulator spec strings (the `--simulator` flag of `python -m colbench.evaluate`):
 
     scripted:<name>       a registered rule-based simulator (scripted:backend,
-                          scripted:idk, scripted:flaky; see simulators.scripted)
+                          scripted:idk, scripted:flaky: simulators.scripted;
+                          scripted:testbed: the test bed's human, simulators.testbed)
     <model spec>          backend: an LLM simulated human (simulators.llm.LLMSimulator);
                           frontend: a vision-language model comparing screenshots
                           (simulators.vlm.VLMSimulator)
