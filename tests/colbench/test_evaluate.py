@@ -229,3 +229,23 @@ def test_frontend_reference_beats_replayed_baseline_with_thumbnails(tmp_path):
     html = (out / "report.html").read_text()
     assert "Final renders next to targets" in html and html.count("<img") == 4
     assert len(list((out / "renders" / "targets").glob("*.png"))) == 2
+
+
+def test_behaviour_stats_by_hand():
+    from colbench.stats import behaviour_stats
+    from colbench.types import Turn
+
+    asked = Episode("t1", "backend", "a", 0, stop_reason="answered", score=Score(1.0, True), turns=[
+        Turn("agent", "Q1?"), Turn("human", "I don't know."), Turn("agent", "Q2?"), Turn("human", "It is 3."),
+        Turn("agent", "I WANT TO ANSWER: x")])
+    failed = Episode("t2", "backend", "a", 0, stop_reason="simulator_error", n_simulator_failures=1,
+                     score=Score(0.0, False), turns=[Turn("agent", "Q?"), Turn("human", "", failed=True, error="e")])
+    at_once = Episode("t3", "backend", "a", 0, stop_reason="answered", score=Score(0.5, False),
+                      turns=[Turn("agent", "I WANT TO ANSWER: yy")])
+    b = behaviour_stats([asked, failed, at_once])
+    assert b["mean_turns"] == pytest.approx(5 / 3)  # 3 + 1 + 1 agent turns
+    assert b["asked_before_answering"] == pytest.approx(2 / 3) and b["answered_without_asking"] == pytest.approx(1 / 3)
+    assert b["simulator_replies"] == 2 and b["simulator_dont_know_rate"] == 0.5  # the failed reply is not counted
+    assert b["simulator_failures"] == 1
+    assert b["mean_agent_reply_chars"] == pytest.approx((3 + 3 + 19 + 2 + 20) / 5)
+    assert b["stop_reasons"] == {"answered": 2, "simulator_error": 1}
