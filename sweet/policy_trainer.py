@@ -215,7 +215,9 @@ def run_training(
             save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, out, step, {"total_steps": total_steps})
     bar.close()
     logger.close()
-    return save_final(accelerator, model, tokenizer, out)
+    final = save_final(accelerator, model, tokenizer, out)
+    accelerator.print(f"saved {final} (use it as --agent hf:{final})")
+    return final
 
 
 def _optimizer_step(accelerator, model, optimizer, scheduler, loss_fn, items, group, train) -> dict[str, float]:
