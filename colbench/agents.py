@@ -61,7 +61,8 @@ def agent_name(spec: str) -> str:
     spec = spec.strip()
     if spec.startswith("replay:"):
         return "replay-" + Path(spec[len("replay:"):]).stem
-    return re.sub(r"[/\\]+", "_", spec).replace(":_", ":").strip("_")
+    # no ":" either: names are re-parsed as "<name>=<spec>" and sit in episode ids
+    return re.sub(r"[/\\:]+", "_", spec).strip("_")
 
 
 def file_slug(name: str) -> str:

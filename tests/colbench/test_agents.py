@@ -12,6 +12,7 @@ from colbench.agents import (
     ModelAgent,
     ReferenceAgent,
     ReplayAgent,
+    _split_name,
     agent_name,
     check_agent_spec,
     load_agent,
@@ -107,7 +108,10 @@ def test_good_specs_and_names(tmp_path):
                  "hf:meta-llama/Llama-3.1-8B-Instruct"):  # hub ids cannot be checked offline
         check_agent_spec(spec)
     assert agent_name("mine=hf:/runs/a/final") == "mine"
-    assert agent_name("hf:/runs/a/final") == "hf:runs_a_final"
+    assert agent_name("hf:/runs/a/final") == "hf_runs_a_final"
+    # a generated name survives being written as "<name>=<spec>" and parsed back
+    for spec in ("hf:/runs/a/final", "openai:llama@http://localhost:8000/v1", "vllm:org/model"):
+        assert _split_name(f"{agent_name(spec)}={spec}") == (agent_name(spec), spec)
     assert "/" not in agent_name("openai:llama@http://localhost:8000/v1")
 
 
