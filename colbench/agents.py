@@ -61,8 +61,8 @@ def agent_name(spec: str) -> str:
     spec = spec.strip()
     if spec.startswith("replay:"):
         return "replay-" + Path(spec[len("replay:"):]).stem
-    # no ":" either: names are re-parsed as "<name>=<spec>" and sit in episode ids
-    return re.sub(r"[/\\:]+", "_", spec).strip("_")
+    # only the characters a "<name>=<spec>" name may hold: names are re-parsed that way
+    return re.sub(r"[^A-Za-z0-9_.\-]+", "_", spec).strip("_")
 
 
 def file_slug(name: str) -> str:

@@ -162,7 +162,7 @@ def test_load_agent_model_path_keeps_its_name(env):
     agent = load_agent(spec, env, sampling=SamplingParams(max_new_tokens=2), engine_options=None)
     try:
         assert isinstance(agent, ModelAgent) and agent.name == agent_name(spec) and "/" not in agent.name
-        assert agent.name.startswith("hf:") and agent.engine.spec == spec
+        assert agent.name.startswith("hf_") and agent.engine.spec == spec
     finally:
         agent.close()
     assert load_agent("reference", env, sampling=SamplingParams(), name="gold").name == "gold"
