@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from engines.base import Message
+from engines.templating import prompt_ids
 
 
-def template_ids(tokenizer, messages: Sequence[Message]) -> list[int]:
-    """Chat-template `messages` with the generation prompt, as ids (no extra specials)."""
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+# One templating rule for samplers and trainers, so a rebuilt context equals the prompt
+# the engine sampled from.
+template_ids = prompt_ids
 
 
 def with_training_info(messages: Sequence[Message], info: str, header: str = "Training-time information") -> list[Message]:
