@@ -29,6 +29,13 @@ class SimReply:
     render: str | None = None  # frontend: screenshot of the agent's page that was compared
 
 
+def check_requests(requests: Sequence[SimRequest]) -> None:
+    """Every request must end with the agent's latest message (a runner bug otherwise)."""
+    for r in requests:
+        if not r.turns or r.turns[-1].role != "agent":
+            raise ValueError(f"task {r.task.task_id}: the last turn of a simulator request must be the agent's")
+
+
 @runtime_checkable
 class Simulator(Protocol):
     name: str

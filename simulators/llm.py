@@ -26,7 +26,7 @@ from typing import Sequence
 
 from colbench.types import Task, Turn
 from engines.base import Engine, EngineError, Message, SamplingParams
-from simulators.base import SimReply, SimRequest
+from simulators.base import SimReply, SimRequest, check_requests
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 DEFAULT_PROMPT = PROMPTS_DIR / "backend_human.txt"
@@ -76,9 +76,7 @@ class LLMSimulator:
     def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
         if not requests:
             return []
-        for r in requests:
-            if not r.turns or r.turns[-1].role != "agent":
-                raise ValueError(f"task {r.task.task_id}: the last turn of a simulator request must be the agent's")
+        check_requests(requests)
         conversations = [self.conversation(r.task, r.turns) for r in requests]
         try:
             results = self.engine.generate(conversations, self.sampling)

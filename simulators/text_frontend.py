@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from colbench.envs.frontend import extract_html, has_html
 from colbench.types import Task, Turn
 from engines.base import Engine, Message, SamplingParams
-from simulators.base import SimReply, SimRequest
+from simulators.base import SimReply, SimRequest, check_requests
 from simulators.vlm import DEFAULT_SAMPLING, PROMPTS_DIR, _digest, dialogue_messages, generate_replies, spoken_text
 
 if TYPE_CHECKING:
@@ -135,9 +135,7 @@ class TextFrontendSimulator:
     def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
         if not requests:
             return []
-        for r in requests:
-            if not r.turns or r.turns[-1].role != "agent":
-                raise ValueError(f"task {r.task.task_id}: the last turn of a simulator request must be the agent's")
+        check_requests(requests)
         keys = [(r.task.task_id, _digest(r.task.hidden)) for r in requests]
         with self._lock:
             missing = {k: r.task.hidden for k, r in zip(keys, requests) if k not in self._targets}

@@ -38,7 +38,7 @@ from PIL import Image
 from colbench.envs.frontend import extract_html, has_html
 from colbench.types import Task, Turn
 from engines.base import Engine, Message, SamplingParams
-from simulators.base import SimReply, SimRequest
+from simulators.base import SimReply, SimRequest, check_requests
 from simulators.llm import clean_reply
 
 if TYPE_CHECKING:
@@ -180,9 +180,7 @@ class VLMSimulator:
     def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
         if not requests:
             return []
-        for r in requests:
-            if not r.turns or r.turns[-1].role != "agent":
-                raise ValueError(f"task {r.task.task_id}: the last turn of a simulator request must be the agent's")
+        check_requests(requests)
         targets = self._target_pngs([r.task for r in requests])
         drafts = {i: extract_html(r.turns[-1].content) for i, r in enumerate(requests) if has_html(r.turns[-1].content)}
         paths = [self.render_dir / "drafts" / f"{_slug(requests[i].task.task_id)}-{_digest(h)}.png" for i, h in drafts.items()]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from colbench.backend_scoring import ReferenceCache, extract_code, score_backend
-from colbench.envs.base import DEFAULT_ANSWER_MARKER
+from colbench.envs.base import DEFAULT_ANSWER_MARKER, agent_chat, fill_instructions
 from colbench.sandbox import SandboxLimits, SandboxPool
 from colbench.types import Score, Task, Turn
 from engines.base import Message
@@ -58,18 +58,13 @@ class BackendEnv:
         self._cache = ReferenceCache()
 
     def system_prompt(self, single_turn: bool = False) -> str:
-        text = self._template + (SINGLE_TURN_NOTE if single_turn else "")
-        return text.replace("{max_turns}", str(1 if single_turn else self.max_turns)).replace(
-            "{answer_marker}", self.answer_marker).strip()
+        return fill_instructions(self._template, SINGLE_TURN_NOTE, max_turns=self.max_turns,
+                                 answer_marker=self.answer_marker, single_turn=single_turn)
 
     def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
         """System instructions, the task description as the human's first message, then the
         dialogue (agent turns as "assistant", human turns as "user")."""
-        messages: list[Message] = [{"role": "system", "content": self.system_prompt(single_turn)},
-                                   {"role": "user", "content": task.description}]
-        for t in turns:
-            messages.append({"role": "assistant" if t.role == "agent" else "user", "content": t.content})
-        return messages
+        return agent_chat(self.system_prompt(single_turn), task.description, turns)
 
     def is_final(self, agent_text: str) -> bool:
         return self.answer_marker in agent_text

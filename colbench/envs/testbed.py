@@ -25,6 +25,7 @@ import random
 import re
 from typing import Sequence
 
+from colbench.envs.base import agent_chat
 from colbench.types import Score, Task, Turn
 from engines.base import Message
 
@@ -85,10 +86,7 @@ class TestbedEnv:
 
     def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
         system = SYSTEM if not single_turn else f"Write {self.answer_marker} and the code now."
-        messages: list[Message] = [{"role": "system", "content": system}, {"role": "user", "content": task.description}]
-        for t in turns:
-            messages.append({"role": "assistant" if t.role == "agent" else "user", "content": t.content})
-        return messages
+        return agent_chat(system, task.description, turns)
 
     def is_final(self, agent_text: str) -> bool:
         return self.answer_marker in agent_text
