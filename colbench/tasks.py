@@ -4,7 +4,8 @@ Sources (the `source` argument):
 
     path/to/rows.jsonl | .json | .parquet   a local file in the official row format
     builtin:train | builtin:test            the sets bundled in tasks/<env>/ (see tasks/README.md)
-    hf:facebook/collaborative_agent_bench   the published data (downloads; online users only)
+    hf:facebook/collaborative_agent_bench   the published data (downloads; online users only);
+                                            append [train] or [test] to pick the split
 
 Official backend row (one JSON object per line):
 
@@ -245,6 +246,11 @@ def _task_rows(source: str, env: str, split: str | None, limit: int | None) -> t
         return _file_rows(path, limit), name
     if source.startswith("hf:"):
         dataset_id = source[3:]
+        if dataset_id.endswith("]") and "[" in dataset_id:  # hf:<id>[test] names the split
+            dataset_id, _, named = dataset_id[:-1].partition("[")
+            if split is not None and split != named:
+                raise ValueError(f"source {source!r} conflicts with split={split!r}")
+            split = named
         split = split or "train"
         if dataset_id == HF_DATASET_ID:
             if env != "backend":
