@@ -2,14 +2,14 @@
 
     python -m sweet.train_policy --algorithm loop --env testbed --model runs/warm_start/final \
         --iterations 10 --k 6 --output_dir runs/loop                      # CPU test bed
-    accelerate launch --config_file sweet/configs/multi_gpu.yaml -m sweet.train_policy \
-        --algorithm loop --env backend --model hf:meta-llama/Llama-3.1-8B-Instruct \
-        --simulator openai:meta-llama/Llama-3.1-70B-Instruct@http://localhost:8000/v1 \
-        --lora true --output_dir runs/loop-8b
+    python -m sweet.train_policy --algorithm loop --env backend --sampler vllm --lora true \
+        --model hf:meta-llama/Llama-3.1-8B-Instruct --simulator openai:...@http://localhost:8000/v1 \
+        --output_dir runs/loop-8b                                         # 1 GPU, vLLM rollouts
 
 Each iteration (paper, Algorithm 1):
   1. sample `tasks_per_iteration` tasks and run K episodes per task with the current
-     policy (the sampler is the same model in memory: it always follows the weights);
+     policy (transformers: the very model in memory; `--sampler vllm`: a vLLM engine
+     that loads the new LoRA adapter or weights after every update);
   2. reward R_k = the environment's score (fraction of tests passed);
   3. leave-one-out advantage  A_k = R_k − 1/(K−1) Σ_{j≠k} R_j   (no division by the
      standard deviation: normalising cost the paper 9 points; `--normalize_std` turns it
@@ -20,6 +20,9 @@ Each iteration (paper, Algorithm 1):
      averaged over each trajectory's action tokens, then over trajectories.
 No value network, no reference model, no KL term (all by default; `--kl_coef` adds a
 KL penalty to the initial model, which then is computed once per iteration).
+
+LOOP runs in one process (rollouts, then updates, on one device); it does not yet
+shard rollouts across `accelerate launch` processes.
 
 Departures, stated: the importance ratio can be per token (default, the paper's best),
 per turn or per trajectory (the paper's ablation). π_old defaults to the trainer's
@@ -63,6 +66,8 @@ class LoopConfig:
     kl_coef: float = field(default=0.0, metadata={"help": "KL penalty to the initial model (0 = none, as LOOP)"})
     old_logprobs: str = field(default="trainer", metadata={"help": "pi_old from the 'trainer' (recomputed) or the 'sampler'"})
     max_logprob_gap: float = field(default=2.0, metadata={"help": "mask tokens whose sampler/trainer log-prob gap exceeds this"})
+    sampler: str = field(default="", metadata={"help": "'' = the live policy via transformers; 'vllm' = a vLLM engine "
+                                                   "that follows the weights (LoRA adapter or weight copy) each iteration"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
     max_new_tokens: int = field(default=96, metadata={"help": "tokens per agent turn"})
     max_turns: int = field(default=4, metadata={"help": "agent turns per episode"})
@@ -74,6 +79,8 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.ratio_level must be token, turn or trajectory, got {self.ratio_level!r}")
         if self.old_logprobs not in ("trainer", "sampler"):
             raise ValueError(f"LoopConfig.old_logprobs must be 'trainer' or 'sampler', got {self.old_logprobs!r}")
+        if self.sampler not in ("", "vllm"):
+            raise ValueError(f"LoopConfig.sampler must be '' (live transformers model) or 'vllm', got {self.sampler!r}")
         if not 0 < self.clip_low <= 1 <= self.clip_high:
             raise ValueError(f"LoopConfig clip range must satisfy 0 < clip_low <= 1 <= clip_high, got "
                              f"[{self.clip_low}, {self.clip_high}]")
@@ -205,15 +212,47 @@ def load_env_and_tasks(cfg: LoopConfig):
     return env, tasks
 
 
-def collect(policy, tokenizer, env, simulator, tasks, cfg: LoopConfig, seed: int, out_path: Path) -> list[Episode]:
-    """K episodes per task with the live policy (HF engine over the same weights)."""
+class Sampler:
+    """The engine that plays the episodes, always following the trained weights.
+
+    hf (default): wraps the live policy in memory, so it needs no syncing.
+    vllm: a vLLM engine started from the initial model; after each update `sync`
+    loads the new LoRA adapter (saved to output_dir/sampler-adapter) or copies the
+    full weights in, and the sampler/trainer log-prob gap measures any drift.
+    """
+
+    def __init__(self, kind: str, policy, tokenizer, model_path: str, lora: bool, out: Path):
+        from engines.hf import HFEngine
+
+        self.kind, self.policy, self.tokenizer, self.out = kind, policy, tokenizer, out
+        if kind == "vllm":
+            from engines.base import EngineOptions
+            from engines.vllm_engine import VLLMEngine
+
+            self.engine = VLLMEngine(model_path, EngineOptions(enable_lora=lora), spec=f"vllm:{model_path}")
+            self.lora = lora
+            self.sync()  # a resumed policy differs from the initial weights
+        else:
+            self.engine = HFEngine.from_model(policy, tokenizer, spec="hf:loop-policy")
+
+    def sync(self) -> None:
+        if self.kind != "vllm":
+            return
+        if self.lora:
+            path = self.out / "sampler-adapter"
+            self.policy.save_pretrained(path)
+            self.engine.load_lora(str(path))
+        else:
+            self.engine.update_weights(self.policy.state_dict().items())
+
+
+def collect(sampler: Sampler, env, simulator, tasks, cfg: LoopConfig, seed: int, out_path: Path) -> list[Episode]:
+    """K episodes per task with the current policy."""
     from colbench.agents import ModelAgent
     from colbench.episodes import EpisodeConfig, run_episodes
     from engines.base import SamplingParams
-    from engines.hf import HFEngine
 
-    engine = HFEngine.from_model(policy, tokenizer, spec="hf:loop-policy")
-    agent = ModelAgent(engine, SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens),
+    agent = ModelAgent(sampler.engine, SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens),
                        name="policy")
     seeds = [seed * 1000 + k for k in range(cfg.k)]
     return run_episodes(env, tasks, agent, simulator, seeds=seeds, config=EpisodeConfig(max_turns=cfg.max_turns),
@@ -305,8 +344,8 @@ def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -
     from colbench.types import Episode as _Episode  # noqa: F401  (episodes are written as JSONL)
     from simulators import load_simulator
     from sweet.training import (MetricsLogger, latest_checkpoint, load_model, load_tokenizer, load_trainer_state,
-                                make_accelerator, make_optimizer, save_checkpoint, save_final, save_resolved_config,
-                                set_seed)
+                                make_accelerator, make_optimizer, resolve_model_path, save_checkpoint, save_final,
+                                save_resolved_config, set_seed)
 
     out = Path(train_cfg.output_dir)
     set_seed(train_cfg.seed)
@@ -333,15 +372,17 @@ def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -
     for _ in range(start):  # keep the task sampling identical after a resume
         rng.sample(tasks, min(loop_cfg.tasks_per_iteration, len(tasks)))
     policy = accelerator.unwrap_model(model)
+    sampler = Sampler(loop_cfg.sampler, policy, tokenizer, resolve_model_path(model_cfg.model), model_cfg.lora, out)
     for it in range(start, loop_cfg.iterations):
         batch_tasks = rng.sample(tasks, min(loop_cfg.tasks_per_iteration, len(tasks)))
-        episodes = collect(policy, tokenizer, env, simulator, batch_tasks, loop_cfg, train_cfg.seed * 100_003 + it,
+        episodes = collect(sampler, env, simulator, batch_tasks, loop_cfg, train_cfg.seed * 100_003 + it,
                            out / "episodes" / f"iter-{it:04d}.jsonl")
         metrics = _train_on(episodes, loop_cfg, model, policy, optimizer, scheduler, accelerator, model_cfg,
                             train_cfg, tokenizer)
         logger.log(metrics, step=it)
         accelerator.print(f"[loop] iteration {it}: " + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
         save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, out, it, {"iteration": it})
+        sampler.sync()
     logger.close()
     env.close()
     return save_final(accelerator, model, tokenizer, out)

@@ -133,3 +133,20 @@ def test_one_full_iteration_on_the_tiny_model(tmp_path):
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.gpu
+def test_one_iteration_with_a_vllm_sampler(tmp_path):
+    """The vLLM sampler follows the weights (LoRA adapter reloaded each iteration)."""
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available: the vLLM sampler needs a GPU")
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install '.[vllm]' on a CUDA machine)")
+    out = tmp_path / "loop"
+    cmd = [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
+           "--sampler", "vllm", "--lora", "true", "--iterations", "2", "--tasks_per_iteration", "2", "--k", "2",
+           "--max_new_tokens", "8", "--max_turns", "2", "--report_to", "none", "--output_dir", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert (out / "sampler-adapter" / "adapter_config.json").exists()
