@@ -18,10 +18,12 @@ def reply_for(question: str, a: int, b: int) -> str:
     """The human's reply to one agent message, given the hidden constants."""
     q = question.lower()
     parts = []
+    # The constant is stated as a formula ("x * 6") rather than in words so that a
+    # tiny model can learn to copy it with an induction head in a few hundred steps.
     if "positive" in q:
-        parts.append(f"Positive numbers are multiplied by {a}.")
+        parts.append(f"For positive numbers it is x * {a}.")
     if "negative" in q:
-        parts.append(f"Negative numbers get {b} added.")
+        parts.append(f"For negative numbers it is x + {b}.")
     return " ".join(parts) if parts else DONT_KNOW
 
 

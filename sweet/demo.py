@@ -25,6 +25,7 @@ class DemoConfig:
     output_dir: str = field(default="runs/demo", metadata={"help": "everything goes here"})
     episodes_per_task: int = field(default=4, metadata={"help": "episodes per train task to learn from"})
     seed: int = field(default=0, metadata={"help": "random seed"})
+    smoke: bool = field(default=False, metadata={"help": "a 1-2 minute run of every step at toy sizes (tests)"})
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -38,12 +39,17 @@ def main(argv: list[str] | None = None) -> Path:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(cfg.output_dir)
     setup = TestbedSetup(episodes_per_task=cfg.episodes_per_task)
+    warm_cfg = warm_start.WarmStartConfig(output_dir=str(out / "warm_start"), seed=cfg.seed)
+    if cfg.smoke:
+        setup = TestbedSetup(episodes_per_task=2, train_limit=8, test_limit=4, eval_seeds=1, candidates=2,
+                             max_new_tokens=48)
+        warm_cfg.n_dialogues, warm_cfg.epochs = 64, 1
     steps = ["warm start", "collect episodes", "train critic", "train policy (SWEET-RL)", "evaluate"]
     say = lambda i: print(f"\n=== [{i + 1}/{len(steps)}] {steps[i]} ===", flush=True)  # noqa: E731
 
     say(0)
     with timed(setup, "warm_start"):
-        warm = warm_start.main(warm_start.WarmStartConfig(output_dir=str(out / "warm_start"), seed=cfg.seed))
+        warm = warm_start.main(warm_cfg)
     say(1)
     with timed(setup, "collect"):
         episodes = collect_episodes(str(warm), setup, out / "episodes" / "train.jsonl", seed=cfg.seed)

@@ -32,6 +32,8 @@ class TestbedSetup:
     eval_seeds: int = 4  # sampled evaluation episodes per test task
     eval_temperature: float = 0.7
     candidates: int = 8  # SWEET stage 2: K candidates per state (paper: 16)
+    train_limit: int | None = None  # collect on the first N train tasks only (smoke runs)
+    test_limit: int | None = None  # evaluate on the first N test tasks only (smoke runs)
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -58,7 +60,7 @@ def collect_episodes(model: str, setup: TestbedSetup, out_path: Path, seed: int 
     from simulators import load_simulator
 
     env = make_env(setup.env)
-    tasks = load_tasks(setup.train_tasks, env=setup.env, validate=False)
+    tasks = load_tasks(setup.train_tasks, env=setup.env, validate=False, limit=setup.train_limit)
     agent = ModelAgent(load_engine(f"hf:{model}"),
                        SamplingParams(temperature=setup.temperature, max_new_tokens=setup.max_new_tokens), name="policy")
     seeds = [seed * 1000 + k for k in range(setup.episodes_per_task)]
@@ -119,7 +121,10 @@ def evaluate(agents: dict[str, str], setup: TestbedSetup, out: Path) -> list[dic
 
     argv = ["--env", setup.env, "--simulator", setup.simulator, "--tasks", setup.test_tasks,
             "--seeds", str(setup.eval_seeds), "--temperature", str(setup.eval_temperature),
-            "--max-turns", str(setup.max_turns), "--max-new-tokens", str(setup.max_new_tokens), "--output", str(out)]
+            "--max-turns", str(setup.max_turns), "--max-new-tokens", str(setup.max_new_tokens), "--output", str(out),
+            "--no-progress"]
+    if setup.test_limit:
+        argv += ["--limit", str(setup.test_limit)]
     for name, model in agents.items():
         argv += ["--agent", f"{name}=hf:{model}"]
     code = ev.main(argv)

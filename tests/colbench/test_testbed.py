@@ -50,8 +50,8 @@ def test_reward_is_the_fraction_of_hidden_tests(env, a_guess, b_guess, expected)
 
 
 def test_scripted_human_answers_only_what_is_asked():
-    assert reply_for(QUESTION_POS, 3, 7) == "Positive numbers are multiplied by 3."
-    assert reply_for(QUESTION_NEG, 3, 7) == "Negative numbers get 7 added."
+    assert reply_for(QUESTION_POS, 3, 7) == "For positive numbers it is x * 3."
+    assert reply_for(QUESTION_NEG, 3, 7) == "For negative numbers it is x + 7."
     assert reply_for(QUESTION_VAGUE, 3, 7) == DONT_KNOW
     assert "3" in reply_for("positive and negative?", 3, 7) and "7" in reply_for("positive and negative?", 3, 7)
 
@@ -60,7 +60,7 @@ def test_simulator_through_the_registry(env):
     sim = load_simulator("scripted:testbed", env)
     task = make_tasks("train")[0]
     [reply] = sim.reply([SimRequest(task, [Turn("agent", QUESTION_NEG)])])
-    assert not reply.failed and reply.text == f"Negative numbers get {task.meta['b']} added."
+    assert not reply.failed and reply.text == f"For negative numbers it is x + {task.meta['b']}."
     # a task without hidden constants is a recorded failure, not an invented reply
     [bad] = sim.reply([SimRequest(make_tasks("test")[0].__class__("x", "testbed", "d", "h"), [Turn("agent", "hi")])])
     assert bad.failed and "not a testbed task" in bad.error
