@@ -6,7 +6,7 @@ exploratory agent (colbench/envs/testbed.py), which asks the right questions onl
 some of the time. The warm-started policy therefore has a modest, non-zero success
 rate, and there is something for RL to improve.
 
-    python -m sweet.warm_start --output_dir runs/warm_start          # ~1-2 min on CPU
+    python -m sweet.warm_start --output_dir runs/warm_start          # ~3-4 min on 2 CPU cores
 
 The scripted dialogues are written as Episodes (agent turns carry prompt ids and
 action ids from the tokenizer, since no engine generated them), so this is plain
@@ -28,10 +28,10 @@ class WarmStartConfig:
     output_dir: str = field(default="runs/warm_start", metadata={"help": "where the warm-started model goes (final/)"})
     model: str = field(default="tiny", metadata={"help": "model to fine-tune"})
     n_dialogues: int = field(default=1200, metadata={"help": "scripted dialogues to train on"})
-    p_ask: float = field(default=0.55, metadata={"help": "probability that the explorer asks each question"})
+    p_ask: float = field(default=0.6, metadata={"help": "probability that the explorer asks each question"})
     epochs: int = field(default=2, metadata={"help": "passes over the dialogues"})
-    learning_rate: float = field(default=3e-3, metadata={"help": "AdamW learning rate"})
-    batch_size: int = field(default=32, metadata={"help": "examples per step"})
+    learning_rate: float = field(default=2e-3, metadata={"help": "AdamW learning rate"})
+    batch_size: int = field(default=8, metadata={"help": "examples per step (small: many steps let copying emerge)"})
     seed: int = field(default=0, metadata={"help": "random seed"})
 
 

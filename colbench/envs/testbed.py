@@ -8,7 +8,7 @@ Each task hides a function from one parametrised family
     def f(x):
         if x >= 0:
             return x * A        # A in 2..9, told only when asked about positive numbers
-        return x + B            # B in 1..9, told only when asked about negative numbers
+        return x + B            # B in 10..20, told only when asked about negative numbers
 
 The description is vague ("treats positive and negative numbers differently"). The
 scripted human (simulators/testbed.py) answers a question about positive numbers
@@ -17,6 +17,11 @@ the ten hidden tests use positive inputs and five negative ones, so an agent tha
 asks one question and guesses the other constant earns about half the reward, and
 only an agent that asks both questions and copies both numbers into its code earns
 full reward: multi-turn credit assignment in miniature.
+
+A and B come from disjoint sets of numbers that the tiny tokenizer keeps as single
+tokens, so using a constant the human stated is a content lookup (one attention
+head), not a positional copy that a 2M-parameter model needs thousands of steps to
+learn.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ QUESTION_POS = "What happens to positive numbers?"
 QUESTION_NEG = "What happens to negative numbers?"
 QUESTION_VAGUE = "Can you tell me more?"
 
+A_VALUES = tuple(range(2, 10))
+B_VALUES = (10, 11, 12, 13, 14, 17, 18, 19, 20)  # single tokens for the tiny tokenizer
 REFERENCE = "def f(x):\n    if x >= 0:\n        return x * {a}\n    return x + {b}\n"
 
 
@@ -61,7 +68,7 @@ def make_task(index: int, split: str, a: int, b: int, rng: random.Random) -> Tas
 def make_tasks(split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
     """Deterministic task sets. The 72 (A, B) combinations are shuffled once and split
     56 train / 16 test, so test tasks have constant pairs never seen in training."""
-    combos = [(a, b) for a in range(2, 10) for b in range(1, 10)]
+    combos = [(a, b) for a in A_VALUES for b in B_VALUES]
     random.Random(1234).shuffle(combos)
     chosen = {"train": combos[:56], "test": combos[56:]}.get(split)
     if chosen is None:
@@ -123,7 +130,7 @@ def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.5, p_vagu
     """A dialogue of an exploratory scripted agent against the scripted human, as
     (role, text) pairs. It asks about each side with probability `p_ask`, sometimes
     asks a vague question, then answers, guessing any constant it did not learn.
-    Its success rate is modest by design (about p_ask² when guesses miss)."""
+    Its success rate is modest by design (about p_ask² plus lucky guesses)."""
     from simulators.testbed import reply_for
 
     a, b = task.meta["a"], task.meta["b"]
@@ -139,7 +146,10 @@ def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.5, p_vagu
             known_a = a
         elif q == QUESTION_NEG:
             known_b = b
-    guess_a = known_a if known_a is not None else rng.randint(2, 9)
-    guess_b = known_b if known_b is not None else rng.randint(1, 9)
+    # an unknown constant gets the explorer's fixed default guess (right 1 time in 8 or 9):
+    # a deterministic target is what lets a tiny model learn "use what was said, else
+    # the default" from a few thousand examples
+    guess_a = known_a if known_a is not None else A_VALUES[0]
+    guess_b = known_b if known_b is not None else B_VALUES[0]
     dialogue.append(("agent", answer_text(guess_a, guess_b)))
     return dialogue
