@@ -23,7 +23,7 @@ from pathlib import Path
 @dataclass
 class DemoConfig:
     output_dir: str = field(default="runs/demo", metadata={"help": "everything goes here"})
-    episodes_per_task: int = field(default=4, metadata={"help": "episodes per train task to learn from"})
+    episodes_per_task: int = field(default=8, metadata={"help": "episodes per train task to learn from"})
     seed: int = field(default=0, metadata={"help": "random seed"})
     smoke: bool = field(default=False, metadata={"help": "a 1-2 minute run of every step at toy sizes (tests)"})
 

@@ -25,13 +25,14 @@ class TestbedSetup:
     simulator: str = "scripted:testbed"
     train_tasks: str = "builtin:train"
     test_tasks: str = "builtin:test"
-    episodes_per_task: int = 4  # K rollouts per train task for the offline algorithms
+    episodes_per_task: int = 8  # K rollouts per train task for the offline algorithms
     max_turns: int = 4
     max_new_tokens: int = 64
     temperature: float = 1.0  # collection (exploration)
     eval_seeds: int = 4  # sampled evaluation episodes per test task
     eval_temperature: float = 0.7
     candidates: int = 8  # SWEET stage 2: K candidates per state (paper: 16)
+    stage2_episodes: int = 224  # SWEET stage 2 uses the first N episodes' states (paper: the first 10%)
     train_limit: int | None = None  # collect on the first N train tasks only (smoke runs)
     test_limit: int | None = None  # evaluate on the first N test tasks only (smoke runs)
     timings: dict[str, float] = field(default_factory=dict)
@@ -76,8 +77,8 @@ def train_critic(episodes: Path, base_model: str, setup: TestbedSetup, out: Path
     if not (out / "final").exists():
         train_critic.main([
             "--episodes", str(episodes), "--tasks", setup.train_tasks, "--env", setup.env, "--model", base_model,
-            "--output_dir", str(out), "--num_epochs", "2", "--learning_rate", "3e-4", "--batch_size", "8",
-            "--micro_batch_size", "4", "--success_threshold", "1.0", "--report_to", "none", "--seed", str(seed),
+            "--output_dir", str(out), "--num_epochs", "4", "--learning_rate", "1e-3", "--batch_size", "8",
+            "--micro_batch_size", "4", "--success_threshold", "0.5", "--report_to", "none", "--seed", str(seed),
             "--max_length", "512", "--keep_head", "64"])
     return out
 
@@ -101,7 +102,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
         args = ["--episodes", str(episodes), "--tasks", setup.train_tasks, "--env", setup.env, "--critic", str(critic),
                 "--num_candidates", str(setup.candidates), "--max_new_tokens", str(setup.max_new_tokens),
                 "--learning_rate", "1e-4", "--beta", "0.1", "--num_epochs", "1", "--batch_size", "16",
-                "--micro_batch_size", "16", "--pairs_per_state", "4"]
+                "--micro_batch_size", "16", "--pairs_per_state", "4", "--max_episodes", str(setup.stage2_episodes)]
     elif algorithm == "loop":
         n_tasks = 8
         budget = 56 * setup.episodes_per_task  # the same number of episodes as the offline algorithms
