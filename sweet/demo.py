@@ -25,7 +25,8 @@ class DemoConfig:
     output_dir: str = field(default="runs/demo", metadata={"help": "everything goes here"})
     episodes_per_task: int = field(default=8, metadata={"help": "episodes per train task to learn from"})
     seed: int = field(default=0, metadata={"help": "random seed"})
-    smoke: bool = field(default=False, metadata={"help": "a 1-2 minute run of every step at toy sizes (tests)"})
+    smoke: bool = field(default=False, metadata={
+        "help": "a 1-2 minute run of every step at toy sizes (tests); trains on the scripted dialogues"})
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -42,8 +43,8 @@ def main(argv: list[str] | None = None) -> Path:
     warm_cfg = warm_start.WarmStartConfig(output_dir=str(out / "warm_start"), seed=cfg.seed)
     if cfg.smoke:
         setup = TestbedSetup(episodes_per_task=2, train_limit=8, test_limit=4, eval_seeds=1, candidates=2,
-                             max_new_tokens=48)
-        warm_cfg.n_dialogues, warm_cfg.epochs = 64, 1
+                             max_new_tokens=48, stage2_episodes=16)
+        warm_cfg.n_dialogues, warm_cfg.epochs = 160, 1
     steps = ["warm start", "collect episodes", "train critic", "train policy (SWEET-RL)", "evaluate"]
     say = lambda i: print(f"\n=== [{i + 1}/{len(steps)}] {steps[i]} ===", flush=True)  # noqa: E731
 
@@ -53,6 +54,10 @@ def main(argv: list[str] | None = None) -> Path:
     say(1)
     with timed(setup, "collect"):
         episodes = collect_episodes(str(warm), setup, out / "episodes" / "train.jsonl", seed=cfg.seed)
+    if cfg.smoke:
+        # a one-epoch warm start rarely succeeds, so the toy run learns from the scripted
+        # explorer's dialogues (successes and failures of every task) instead
+        episodes = Path(warm).parent / "scripted_episodes.jsonl"
     say(2)
     with timed(setup, "critic"):
         critic = train_critic(episodes, str(warm), setup, out / "critic", seed=cfg.seed)
