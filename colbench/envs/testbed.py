@@ -27,11 +27,11 @@ learn.
 from __future__ import annotations
 
 import random
-import re
 from typing import Sequence
 
+from colbench.envs.backend import BackendEnv
 from colbench.envs.base import agent_chat
-from colbench.types import Score, Task, Turn
+from colbench.types import Task, Turn
 from engines.base import Message
 
 ANSWER_MARKER = "I WANT TO ANSWER:"
@@ -78,53 +78,22 @@ def make_tasks(split: str = "train", n: int | None = None, seed: int = 0) -> lis
     return tasks[:n] if n is not None else tasks
 
 
-class TestbedEnv:
-    """Environment contract (colbench.envs.base.Environment) for the test bed."""
+class TestbedEnv(BackendEnv):
+    """Backend programming's environment (sandboxed scoring, answer marker) with the
+    test bed's short instructions and a 4-turn limit."""
 
     name = "testbed"
     __test__ = False  # not a pytest class
 
     def __init__(self, max_turns: int = 4, answer_marker: str = ANSWER_MARKER, workers: int = 2, limits=None):
-        self.max_turns = max_turns
-        self.answer_marker = answer_marker
-        self._workers = workers
-        self._limits = limits
-        self._pool = None
+        super().__init__(answer_marker=answer_marker, max_turns=max_turns, workers=workers, limits=limits)
 
     def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
         system = SYSTEM if not single_turn else f"Write {self.answer_marker} and the code now."
         return agent_chat(system, task.description, turns)
 
-    def is_final(self, agent_text: str) -> bool:
-        return self.answer_marker in agent_text
-
-    def extract_answer(self, agent_text: str) -> str:
-        from colbench.backend_scoring import extract_code
-
-        _, _, after = agent_text.partition(self.answer_marker)
-        return extract_code(after if after.strip() else agent_text)
-
-    def score(self, tasks: Sequence[Task], answers: Sequence[str]) -> list[Score]:
-        from colbench.backend_scoring import score_backend
-        from colbench.sandbox import SandboxPool
-
-        if self._pool is None:
-            self._pool = SandboxPool(workers=self._workers, limits=self._limits)
-        return score_backend(tasks, answers, self._pool)
-
-    def training_info(self, task: Task) -> str:
-        return task.hidden
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-
 
 # ---- the scripted exploratory agent used for the warm start -------------------------
-
-_NUMBER = re.compile(r"-?\d+")
-
 
 def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.5, p_vague: float = 0.2) -> list[tuple[str, str]]:
     """A dialogue of an exploratory scripted agent against the scripted human, as
