@@ -326,7 +326,7 @@ def iteration_update(model, optimizer, scheduler, accelerator, examples, old, ga
                     logp, old_lp.to(device), adv.to(device), keep.to(device), group.to(device), len(step_groups),
                     cfg.clip_low, cfg.clip_high, cfg.ratio_level, turn.to(device))
                 accelerator.backward(loss)
-                for k, v in {**metrics, "loss/policy": float(loss)}.items():
+                for k, v in {**metrics, "loss/policy": float(loss.detach())}.items():
                     sums[k] = sums.get(k, 0.0) + v
                 n += 1
             if train_cfg.max_grad_norm:
