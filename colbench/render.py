@@ -173,7 +173,7 @@ def chromium_path() -> str:
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise ChromiumNotFound(
             f"chromium not found at {path!r}: install it with `apt-get install chromium` "
-            "(Debian's package; never `playwright install`) or point $SWEET_CHROMIUM at a chromium binary"
+            "(Debian's package; Playwright's own browser download does not work offline) or point $SWEET_CHROMIUM at a chromium binary"
         )
     return path
 

@@ -24,7 +24,7 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
-# Debian chromium for rendering (Playwright drives it; `playwright install` cannot download here).
+# Debian chromium for rendering (Playwright drives it; its own browser download needs the internet).
 if ! command -v chromium >/dev/null 2>&1 && [ -z "${SWEET_CHROMIUM:-}" ]; then
   echo "[setup] installing Debian chromium"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

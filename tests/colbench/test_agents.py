@@ -40,13 +40,13 @@ def env():
 
 
 @pytest.fixture(scope="module")
-def test_split():
+def backend_test_split():
     return load_tasks("builtin:test", env="backend")
 
 
-def test_reference_scores_full_marks_on_bundled_test_split(env, test_split):
-    assert len(test_split) >= 10
-    eps = run_episodes(env, test_split, ReferenceAgent(env), None, progress=False)
+def test_reference_scores_full_marks_on_bundled_test_split(env, backend_test_split):
+    assert len(backend_test_split) >= 10
+    eps = run_episodes(env, backend_test_split, ReferenceAgent(env), None, progress=False)
     bad = [(ep.task_id, ep.score.error) for ep in eps if ep.reward != 1.0]
     assert not bad
     assert all(ep.success and ep.stop_reason == "answered" and len(ep.turns) == 1 for ep in eps)
@@ -57,9 +57,9 @@ def write_jsonl(path, rows):
     return path
 
 
-def test_replay_gives_exactly_known_scores(env, test_split, tmp_path):
-    water = next(t for t in test_split if "def water_bill" in t.description)
-    good, wrong = [t for t in test_split if t is not water][:2]
+def test_replay_gives_exactly_known_scores(env, backend_test_split, tmp_path):
+    water = next(t for t in backend_test_split if "def water_bill" in t.description)
+    good, wrong = [t for t in backend_test_split if t is not water][:2]
     path = write_jsonl(tmp_path / "answers.jsonl", [
         {"task_id": good.task_id, "answer": good.hidden},
         {"task_id": water.task_id, "answer": "Here it is:\n```python\n" + HALF_WATER_BILL + "```\n"},
@@ -138,9 +138,9 @@ def tiny_engine():
     engine.close()
 
 
-def test_model_agent_batches_and_groups_by_seed(tiny_engine, env, test_split):
+def test_model_agent_batches_and_groups_by_seed(tiny_engine, env, backend_test_split):
     counting = CountingEngine(tiny_engine)
-    requests = [AgentRequest(t, env.agent_messages(t, []), seed) for t in test_split[:2] for seed in (0, 1)]
+    requests = [AgentRequest(t, env.agent_messages(t, []), seed) for t in backend_test_split[:2] for seed in (0, 1)]
     greedy = ModelAgent(counting, SamplingParams(temperature=0, max_new_tokens=4))
     samples = greedy.act(requests)
     assert counting.calls == [(4, 0)]  # one call for the whole batch
@@ -168,10 +168,10 @@ def test_load_agent_model_path_keeps_its_name(env):
     assert load_agent("reference", env, sampling=SamplingParams(), name="gold").name == "gold"
 
 
-def test_load_agent(env, tmp_path, test_split):
+def test_load_agent(env, tmp_path, backend_test_split):
     ref = load_agent("gold=reference", env, sampling=SamplingParams())
     assert isinstance(ref, ReferenceAgent) and ref.name == "gold"
-    path = write_jsonl(tmp_path / "a.jsonl", [{"task_id": test_split[0].task_id, "answer": "x"}])
+    path = write_jsonl(tmp_path / "a.jsonl", [{"task_id": backend_test_split[0].task_id, "answer": "x"}])
     rep = load_agent(f"replay:{path}", env, sampling=SamplingParams())
-    [s] = rep.act([AgentRequest(test_split[0], [], 0)])
+    [s] = rep.act([AgentRequest(backend_test_split[0], [], 0)])
     assert env.is_final(s.text) and env.extract_answer(s.text) == "x"
