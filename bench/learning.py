@@ -107,7 +107,7 @@ def plot_curves(out: Path, algorithms: list[str], seeds: int) -> None:
 
     fig, axes = plt.subplots(1, len(algorithms), figsize=(4 * len(algorithms), 3), squeeze=False)
     for ax, algo in zip(axes[0], algorithms):
-        key = {"loop": "env/reward", "rft": "loss/sft", "mtdpo": "loss/dpo", "sweet": "loss/dpo"}[algo]
+        key = {"loop": "env/reward", "rft": "loss/nll", "mtdpo": "loss/dpo", "sweet": "loss/dpo"}[algo]
         for s in range(seeds):
             path = out / f"seed{s}" / algo / "metrics.jsonl"
             if not path.exists():
