@@ -65,7 +65,10 @@ class Sample:
                       (stop-string tokens and the end-of-turn token are not included).
     logprobs:         [T] per-token log-probs (convention in the module docstring);
                       None when the backend cannot provide them.
-    finish_reason:    "stop" (end of turn or stop string) or "length".
+    finish_reason:    "stop": the model emitted its end-of-turn token; "stop_string":
+                      cut before one of `SamplingParams.stop`; "length": cut at
+                      max_new_tokens. Only "stop" means the model chose to end its
+                      turn (trainers append end-of-turn exactly then: sweet/tokens.py).
     prompt_token_ids: the ids of the templated prompt the model saw, when known.
     """
 

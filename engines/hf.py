@@ -219,13 +219,13 @@ class HFEngine:
         generated = sequences[:, width:].tolist()
         samples = []
         for prompt, gen, lps in zip(batch_prompts, generated, logprobs):
-            ids, text, stopped = cut_completion(self.tokenizer, gen, params.stop, self.end_ids)
+            ids, text, reason = cut_completion(self.tokenizer, gen, params.stop, self.end_ids)
             samples.append(
                 Sample(
                     text=text,
                     token_ids=tuple(ids),
                     logprobs=tuple(lps[: len(ids)]),
-                    finish_reason="stop" if stopped else "length",
+                    finish_reason=reason,
                     prompt_token_ids=tuple(prompt),
                 )
             )

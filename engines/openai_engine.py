@@ -82,11 +82,13 @@ def _parse_choice(choice: dict[str, Any]) -> Sample:
     if logprobs is not None and token_ids and len(token_ids) != len(logprobs):
         token_ids = token_ids[: len(logprobs)] if len(token_ids) > len(logprobs) else ()
     reason = choice.get("finish_reason") or "stop"
+    if reason != "length":  # vLLM's server names the stop string that ended a choice in stop_reason
+        reason = "stop_string" if isinstance(choice.get("stop_reason"), str) else "stop"
     return Sample(
         text=text,
         token_ids=token_ids,
         logprobs=logprobs,
-        finish_reason="length" if reason == "length" else "stop",
+        finish_reason=reason,
     )
 
 
@@ -253,9 +255,9 @@ class OpenAIEngine:
         """Cut server token ids (vLLM keeps the eos / stop-string tokens) so decode(ids) == text."""
         if not sample.token_ids:
             return sample
-        ids, text, stopped = cut_completion(self.tokenizer, sample.token_ids, params.stop, self._end_ids)
+        ids, text, reason = cut_completion(self.tokenizer, sample.token_ids, params.stop, self._end_ids)
         logprobs = sample.logprobs[: len(ids)] if sample.logprobs is not None else None
-        reason = "stop" if stopped else sample.finish_reason
+        reason = reason if reason != "length" else sample.finish_reason  # the server may drop eos ids
         return replace(sample, text=text, token_ids=tuple(ids), logprobs=logprobs, finish_reason=reason)
 
     # ------------------------------------------------------------------ Engine API

@@ -117,19 +117,20 @@ def cut_completion(
     token_ids: Sequence[int],
     stop: Sequence[str],
     end_ids: set[int],
-) -> tuple[list[int], str, bool]:
+) -> tuple[list[int], str, str]:
     """Cut generated ids at the first end-of-turn token and before any stop string.
 
-    Returns `(kept_ids, text, stopped)` with `text == tokenizer.decode(kept_ids)`;
-    `stopped` is True when an end-of-turn token or a stop string ended the completion.
+    Returns `(kept_ids, text, finish_reason)` with `text == tokenizer.decode(kept_ids)`;
+    `finish_reason` is "stop" when an end-of-turn token ended the completion,
+    "stop_string" when a stop string did (first), else "length" (see `Sample`).
     """
     ids = [int(t) for t in token_ids]
-    stopped = False
+    reason = "length"
     for i, t in enumerate(ids):
         if t in end_ids:
-            ids, stopped = ids[:i], True
+            ids, reason = ids[:i], "stop"
             break
     k = stop_prefix_length(tokenizer, ids, stop)
     if k is not None:
-        ids, stopped = ids[:k], True
-    return ids, tokenizer.decode(ids), stopped
+        ids, reason = ids[:k], "stop_string"
+    return ids, tokenizer.decode(ids), reason

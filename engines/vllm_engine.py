@@ -129,14 +129,16 @@ class VLLMEngine:
             step[token].logprob if step and token in step else float("nan")
             for token, step in zip(raw_ids, completion.logprobs or [None] * len(raw_ids))
         ]
-        ids, text, stopped = cut_completion(self.tokenizer, raw_ids, params.stop, self.end_ids)
-        # vLLM's own stop-string match also ends a completion even if our cut found none
-        stopped = stopped or completion.finish_reason == "stop"
+        ids, text, reason = cut_completion(self.tokenizer, raw_ids, params.stop, self.end_ids)
+        # vLLM's own stop match also ends a completion even if our cut found none;
+        # its stop_reason is the stop string (str), a stop token (int) or None (eos)
+        if reason == "length" and completion.finish_reason == "stop":
+            reason = "stop_string" if isinstance(getattr(completion, "stop_reason", None), str) else "stop"
         return Sample(
             text=text,
             token_ids=tuple(ids),
             logprobs=tuple(raw_lps[: len(ids)]) if completion.logprobs is not None else None,
-            finish_reason="stop" if stopped else "length",
+            finish_reason=reason,
             prompt_token_ids=tuple(prompt),
         )
 

@@ -332,5 +332,6 @@ def test_tokenizer_cuts_server_ids_like_local_backends(scripted, tiny_path):
     for s in (stopped, ended):
         assert tok.decode(list(s.token_ids)) == s.text and "\n\n" not in s.text
         assert tok.eos_token_id not in s.token_ids and len(s.logprobs) == len(s.token_ids)
-        assert s.finish_reason == "stop" and s.text.startswith("def f(x):")
+        assert s.text.startswith("def f(x):")
+    assert (stopped.finish_reason, ended.finish_reason) == ("stop_string", "stop")
     assert ended.token_ids == tuple(before)

@@ -22,8 +22,8 @@ def tok(tiny_path):
 ])
 def test_cut_at_longest_prefix_before_stop(tok, text, stop):
     ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    kept, out, stopped = cut_completion(tok, ids, [stop], {tok.eos_token_id})
-    assert stopped and stop not in out and tok.decode(kept) == out
+    kept, out, reason = cut_completion(tok, ids, [stop], {tok.eos_token_id})
+    assert reason == "stop_string" and stop not in out and tok.decode(kept) == out
     assert text.startswith(out) and kept == ids[: len(kept)]
     assert stop in tok.decode(ids[: len(kept) + 4])  # a few more tokens (one character) reach it
     assert stop_prefix_length(tok, ids, ["not there"]) is None
@@ -31,9 +31,9 @@ def test_cut_at_longest_prefix_before_stop(tok, text, stop):
 
 def test_eos_ends_the_completion_without_stop(tok):
     ids = tok("hello world", add_special_tokens=False)["input_ids"]
-    kept, out, stopped = cut_completion(tok, ids + [tok.eos_token_id, 17, 18], [], {tok.eos_token_id})
-    assert (kept, out, stopped) == (ids, "hello world", True)
-    assert cut_completion(tok, ids, [], {tok.eos_token_id}) == (ids, "hello world", False)
+    kept, out, reason = cut_completion(tok, ids + [tok.eos_token_id, 17, 18], [], {tok.eos_token_id})
+    assert (kept, out, reason) == (ids, "hello world", "stop")
+    assert cut_completion(tok, ids, [], {tok.eos_token_id}) == (ids, "hello world", "length")
 
 
 def test_text_parts_are_joined_and_prompt_ids_tokenise_the_template(tok):

@@ -56,4 +56,4 @@ def test_vllm_samples_match_hf_conventions(tiny_path):
             start = len(s.prompt_token_ids) - 1
             expected = [lp[start + i, t].item() for i, t in enumerate(s.token_ids)]
             assert max(abs(a - b) for a, b in zip(s.logprobs, expected)) < 1e-2
-    assert cut.finish_reason == "stop" and stop not in cut.text and greedy.text.startswith(cut.text)
+    assert cut.finish_reason == "stop_string" and stop not in cut.text and greedy.text.startswith(cut.text)
