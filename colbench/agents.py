@@ -213,19 +213,10 @@ def check_agent_spec(spec: str, task_ids: set[str] | None = None) -> None:
 
 
 def check_model_spec(spec: str) -> None:
-    """Validate a model spec string without building or loading the model."""
-    from engines import parse_spec
+    """Validate a model spec string without building or loading the model (engines.check_spec)."""
+    from engines import check_spec
 
-    body = spec.strip()
-    if body in ("tiny", "hf:tiny", "vllm:tiny"):
-        return  # parse_spec would build the tiny model; the name is known to be valid
-    parsed = parse_spec(body)
-    if parsed.backend in ("hf", "vllm"):
-        model = parsed.model
-        # A hub id is "org/name"; anything else with a slash, or starting like a path, is local.
-        looks_local = model.startswith(("/", ".", "~")) or model.count("/") >= 2
-        if looks_local and not Path(model).expanduser().exists():
-            raise SpecError(f"model spec {spec!r}: path {model} does not exist")
+    check_spec(spec)
 
 
 def load_agent(spec: str, env: "Environment", *, sampling: SamplingParams,

@@ -1,16 +1,16 @@
 """Inference engines shared by agents, simulated humans and trainers.
 
-Model spec strings (used by every CLI):
+Model spec strings (used by every CLI; parsed in `engines.specs`):
 
-    tiny                          the project's tiny offline Llama (built once, cached)
-    hf:<path or hub id>           transformers, CPU or GPU, batched with left padding
-    vllm:<path or hub id>         vLLM offline engine (GPU; `pip install .[vllm]`)
-    openai:<model>@<base_url>     any OpenAI-compatible server (vLLM serve, OpenAI, ...)
+    tiny                                the project's tiny offline Llama (built once, cached)
+    hf:<path or hub id>                 transformers, CPU or GPU, batched with left padding
+    vllm:<path or hub id>               vLLM offline engine (GPU; `pip install .[vllm]`)
+    openai:<model>@<url>[,<url2>...]    OpenAI-compatible server(s) (vLLM serve, OpenAI, ...);
+                                        several URLs spread requests over replicas
+    <path or hub id>                    bare: the same as hf:<path or hub id>
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from engines.base import (
     Conversation,
@@ -22,6 +22,7 @@ from engines.base import (
     SamplingParams,
     SpecError,
 )
+from engines.specs import SPEC_HELP, ModelSpec, check_spec, model_path, parse_spec
 
 __all__ = [
     "Conversation",
@@ -30,47 +31,15 @@ __all__ = [
     "EngineOptions",
     "Message",
     "ModelSpec",
+    "SPEC_HELP",
     "Sample",
     "SamplingParams",
     "SpecError",
+    "check_spec",
     "load_engine",
+    "model_path",
     "parse_spec",
 ]
-
-SPEC_HELP = "expected 'tiny', 'hf:<path or hub id>', 'vllm:<path or hub id>' or 'openai:<model>@<base_url>'"
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    backend: str  # "hf" | "vllm" | "openai"
-    model: str  # path, hub id, or served model name
-    base_url: str | None = None  # openai only
-
-
-def parse_spec(spec: str) -> ModelSpec:
-    """Parse a model spec string; raise SpecError with one clear line if malformed."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise SpecError(f"empty model spec: {SPEC_HELP}")
-    spec = spec.strip()
-    if spec == "tiny":
-        from engines.tiny import tiny_model_path
-
-        return ModelSpec("hf", str(tiny_model_path()))
-    backend, sep, rest = spec.partition(":")
-    if not sep or not rest:
-        raise SpecError(f"bad model spec {spec!r}: {SPEC_HELP}")
-    if backend in ("hf", "vllm"):
-        if rest == "tiny":
-            from engines.tiny import tiny_model_path
-
-            rest = str(tiny_model_path())
-        return ModelSpec(backend, rest)
-    if backend == "openai":
-        model, at, url = rest.rpartition("@")
-        if not at or not model or not url.startswith(("http://", "https://")):
-            raise SpecError(f"bad model spec {spec!r}: expected 'openai:<model>@<http(s)://host:port/v1>'")
-        return ModelSpec("openai", model, url)
-    raise SpecError(f"unknown backend {backend!r} in model spec {spec!r}: {SPEC_HELP}")
 
 
 def load_engine(spec: str, options: EngineOptions | None = None) -> Engine:
@@ -87,4 +56,4 @@ def load_engine(spec: str, options: EngineOptions | None = None) -> Engine:
         return VLLMEngine(parsed.model, options, spec=spec)
     from engines.openai_engine import OpenAIEngine
 
-    return OpenAIEngine(parsed.model, parsed.base_url, options, spec=spec)
+    return OpenAIEngine(parsed.model, list(parsed.base_urls), options, spec=spec)

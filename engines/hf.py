@@ -12,26 +12,13 @@ top-p, so no extra forward pass and no [steps, batch, vocab] logits buffer is ne
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any, Sequence
 
 from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams, SpecError
 from engines.templating import cut_completion, end_token_ids, prompt_ids
+from engines.specs import local_model_path
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def _resolve_local(model: str) -> Path | None:
-    """The local folder `model` names, or None for a hub id; SpecError if it is a bad path."""
-    looks_local = model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
-    if not looks_local:
-        return None
-    path = Path(model).expanduser()
-    if not path.exists():
-        raise SpecError(f"model path {str(path)!r} does not exist: expected a folder with config.json and tokenizer files")
-    if not (path / "config.json").is_file():
-        raise SpecError(f"model path {str(path)!r} has no config.json: expected a transformers model folder")
-    return path
 
 
 class _RawLogprobRecorder:
@@ -101,7 +88,7 @@ class HFEngine:
         options = options or EngineOptions()
         if options.dtype not in DTYPES:
             raise SpecError(f"EngineOptions.dtype must be one of {DTYPES}, got {options.dtype!r}")
-        local = _resolve_local(model)
+        local = local_model_path(model)
         source = str(local) if local is not None else model
         device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = "auto" if options.dtype == "auto" else getattr(torch, options.dtype)

@@ -98,7 +98,7 @@ class OpenAIEngine:
     def __init__(
         self,
         model: str,
-        base_url: str,
+        base_url: str | Sequence[str],
         options: EngineOptions | None = None,
         *,
         spec: str | None = None,
@@ -110,7 +110,8 @@ class OpenAIEngine:
         (no end-of-turn token, nothing from a stop string on) and text = decode(ids)."""
         import httpx
 
-        self.model, self.base_url = model, base_url.rstrip("/")
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.model, self.base_url = model, urls[0].rstrip("/")
         self.options = options or EngineOptions()
         tokenizer = tokenizer if tokenizer is not None else self.options.extra.get("tokenizer")
         if isinstance(tokenizer, str):
@@ -119,7 +120,7 @@ class OpenAIEngine:
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         self.tokenizer = tokenizer
         self._end_ids = end_token_ids(tokenizer) if tokenizer is not None else set()
-        self.spec = spec or f"openai:{model}@{base_url}"
+        self.spec = spec or f"openai:{model}@{','.join(urls)}"
         self.retry_backoff = retry_backoff
         api_key = self.options.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self._client = httpx.Client(

@@ -62,7 +62,7 @@ def check_simulator_spec(spec: str | None, env_name: str) -> None:
             raise SpecError(f"unknown simulator {spec!r}; known: "
                             + ", ".join(f"scripted:{n}" for n in simulator_names()))
         return
-    from colbench.agents import check_model_spec
+    from engines import check_spec
 
     if spec.startswith("text+"):
         if env_name != "frontend":
@@ -70,7 +70,7 @@ def check_simulator_spec(spec: str | None, env_name: str) -> None:
         spec = spec[len("text+"):]
     if env_name not in ("backend", "frontend"):
         raise SpecError(f"no model simulator for env {env_name!r}; use scripted:<name>")
-    check_model_spec(spec)
+    check_spec(spec)
 
 
 def load_simulator(spec: str | None, env: "Environment", *, engine_options: "EngineOptions | None" = None,

@@ -95,16 +95,10 @@ def parse_configs(types: Sequence[type], argv: list[str] | None = None, descript
 
 
 def resolve_model_path(spec: str) -> str:
-    """'tiny' / 'hf:<x>' / plain path or hub id -> what from_pretrained takes."""
-    if spec == "tiny" or spec == "hf:tiny":
-        from engines.tiny import tiny_model_path
+    """'tiny' / 'hf:<x>' / bare path or hub id -> what from_pretrained takes (engines.model_path)."""
+    from engines import model_path
 
-        return str(tiny_model_path())
-    if spec.startswith("hf:"):
-        return spec[3:]
-    if spec.startswith(("vllm:", "openai:")):
-        raise ValueError(f"cannot train {spec!r}: give 'tiny', 'hf:<path or hub id>' or a path")
-    return spec
+    return model_path(spec)
 
 
 def torch_dtype(name: str):

@@ -90,7 +90,7 @@ def test_replay_file_errors_name_file_and_line(tmp_path, rows, message):
 
 @pytest.mark.parametrize("spec, message", [
     ("", "empty agent spec"),
-    ("gpt4", "bad model spec"),
+    ("hf:", "bad model spec"),
     ("foo:bar", "unknown backend 'foo'"),
     ("hf:/no/such/model/dir", "does not exist"),
     ("vllm:runs/sweet/final", "path runs/sweet/final does not exist"),

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from engines import EngineError, SpecError, load_engine, parse_spec
+from engines import EngineError, SpecError, check_spec, load_engine, model_path, parse_spec
 
 
 def test_tiny_resolves_to_hf_path(tiny_path):
@@ -25,6 +25,11 @@ def test_tiny_resolves_to_hf_path(tiny_path):
         # the model name may itself contain '@': the URL is after the last one
         ("openai:org/m@v2@http://127.0.0.1:8000/v1", "openai", "org/m@v2", "http://127.0.0.1:8000/v1"),
         ("  hf:/x  ", "hf", "/x", None),
+        # bare paths and hub ids are hf models, the same for agents, simulators and trainers
+        ("/models/llama", "hf", "/models/llama", None),
+        ("meta-llama/Llama-3.1-8B-Instruct", "hf", "meta-llama/Llama-3.1-8B-Instruct", None),
+        ("gpt2", "hf", "gpt2", None),
+        ("./runs/a:b", "hf", "./runs/a:b", None),  # a ':' inside a path is not a backend
     ],
 )
 def test_parse_good_specs(spec, backend, model, url):
@@ -32,17 +37,48 @@ def test_parse_good_specs(spec, backend, model, url):
     assert (parsed.backend, parsed.model, parsed.base_url) == (backend, model, url)
 
 
+def test_openai_spec_with_several_replicas():
+    parsed = parse_spec("openai:meta-llama/Llama-3.1-70B-Instruct@http://a:8000/v1, http://b:8000/v1/")
+    assert parsed.model == "meta-llama/Llama-3.1-70B-Instruct"
+    assert parsed.base_urls == ("http://a:8000/v1", "http://b:8000/v1") and parsed.base_url == "http://a:8000/v1"
+
+
+def test_check_spec_builds_nothing_and_checks_local_folders(tmp_path, monkeypatch):
+    import engines.tiny
+
+    def no_build():
+        raise AssertionError("check_spec must not build the tiny model")
+
+    monkeypatch.setattr(engines.tiny, "tiny_model_path", no_build)
+    for spec in ("tiny", "hf:tiny", "vllm:tiny", "hf:org/name", "org/name", "openai:m@http://x/v1"):
+        check_spec(spec)
+    assert check_spec("vllm:tiny").model == "tiny"
+    with pytest.raises(SpecError, match=r"model spec 'runs/sweet/final': path runs/sweet/final does not exist"):
+        check_spec("runs/sweet/final")
+    assert check_spec(str(tmp_path)) == parse_spec(f"hf:{tmp_path}")
+
+
+def test_model_path_is_what_trainers_load(tiny_path):
+    assert model_path("tiny") == model_path("hf:tiny") == str(tiny_path)
+    assert model_path("/ckpt/final") == model_path("hf:/ckpt/final") == "/ckpt/final"
+    for spec in ("vllm:org/m", "openai:m@http://x/v1"):
+        with pytest.raises(SpecError, match=f"cannot train '{spec}'"):
+            model_path(spec)
+
+
 @pytest.mark.parametrize(
     "spec, fragment",
     [
         ("", "empty model spec"),
         ("   ", "empty model spec"),
-        ("llama", "bad model spec 'llama'"),
         ("hf:", "bad model spec 'hf:'"),
         ("torch:/x", "unknown backend 'torch'"),
         ("openai:gpt-4o", "openai:<model>@<http(s)://host:port/v1>"),
         ("openai:gpt-4o@localhost:8000", "openai:<model>@<http(s)://host:port/v1>"),
         ("openai:@http://x/v1", "openai:<model>@<http(s)://host:port/v1>"),
+        ("openai:m@http://a/v1,b:8000", "openai:<model>@<http(s)://host:port/v1>"),
+        ("openai:m@http://a/v1,http://a/v1", "listed twice"),
+        ("Vllm:x", "unknown backend 'Vllm'"),
     ],
 )
 def test_parse_bad_specs(spec, fragment):

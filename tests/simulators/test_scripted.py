@@ -86,4 +86,4 @@ def test_model_simulator_specs_are_checked_without_loading():
     with pytest.raises(SpecError, match="does not exist"):
         check_simulator_spec("hf:/no/such/dir", "frontend")
     with pytest.raises(SpecError, match="bad model spec"):
-        check_simulator_spec("gpt4", "backend")
+        check_simulator_spec("hf:", "backend")
