@@ -1,0 +1,321 @@
+"""The one training skeleton: every trainer here is a loss hook + its data on top of it.
+
+    trainer = Trainer(model_cfg, train_cfg, tokenizer)   # accelerate, seed, initial model
+    trainer.prepare(total_steps)                         # AdamW + linear schedule, accelerator.prepare
+    ...                                                  # reference log-probs etc. with trainer.model
+    final = trainer.fit(items, loss_fn, count_fn)        # epochs, checkpoints, resume, metrics, final/
+
+or, for a loop that makes its own data (LOOP):
+
+    state = trainer.restore()                            # None, or the dict given to save_checkpoint
+    metrics = trainer.optimizer_step(step_items, loss_fn, count_fn)
+    trainer.log(metrics); trainer.save_checkpoint({"iteration": it}); trainer.save_final()
+
+The loss hook (one contract for every algorithm):
+
+    loss_fn(model, micro_items) -> (loss_sum, metric_sums)
+    count_fn(item) -> float                              # default: 1 per item
+
+`loss_sum` is the SUM over the micro-batch's units (pairs, examples, tokens: whatever
+the algorithm averages over) of the per-unit loss, as a scalar tensor with a graph;
+`count_fn(item)` is the number of those units an item holds (1 for a pair; its action
+tokens when the loss is a token mean). The trainer divides by the whole optimiser step's
+count N = Σ count_fn over the step's items (all micro-batches, all processes), so
+
+    gradient of one optimiser step = ∇ (1/N) Σ_{units of the step} loss
+
+whatever `micro_batch_size` and the number of processes: the update is the same
+(tests/sweet/test_trainer.py compares the weights). Scaling, why: accelerate's
+`backward` divides by the accumulation steps and DDP/FSDP/DeepSpeed average the
+gradients over processes, so each micro-batch's `loss_sum` is multiplied by
+world·accum/N (`optimizer_step`). `metric_sums` are sums over the same units (floats);
+the trainer logs Σ/N per key (so a hook returns `mean * batch` for a per-pair mean).
+
+Batches: an optimiser step takes `batch_size` items (the last step of an epoch what is
+left) from a seeded per-epoch permutation; item j of the step goes to micro-batch slot
+j // micro, slot s to process s % world, accumulation round s // world. Every process
+runs the same number of forward/backward passes (`accum`, from batch/(micro·world)): an
+empty slot re-runs the step's first item with weight 0 (FSDP and DeepSpeed need equal
+collective counts; DDP needs the last backward on every rank).
+
+Checkpoints: `accelerator.save_state`/`load_state` (model, optimiser, scheduler, the
+RNGs of every process, any backend), called by EVERY process, into
+output_dir/checkpoint-<step>/ plus state.json (the step and the caller's state); the last
+`keep` are kept. Resuming: the model is built with its initial weights and prepared
+(anything computed from the initial model, like DPO reference log-probs, is computed
+then), then `restore()` loads the latest checkpoint and cuts metrics.jsonl back to its
+step (a fresh start empties it). The final model goes to output_dir/final in HF format
+(a LoRA run also writes final-adapter/ and merges a copy: training can go on).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from sweet.training import MetricsLogger, ModelConfig, TrainConfig, load_model, make_optimizer, set_seed
+
+LossFn = Callable[[Any, Sequence[Any]], tuple[Any, dict[str, float]]]
+CountFn = Callable[[Any], float]
+STATE_FILE = "state.json"
+
+
+def accumulation_steps(batch_size: int, micro_batch_size: int, world: int) -> int:
+    """Micro-batches per process per optimiser step so that one step holds `batch_size` items."""
+    return max(1, math.ceil(batch_size / (micro_batch_size * world)))
+
+
+def make_accelerator(train: TrainConfig):
+    """An Accelerator whose gradient accumulation turns micro-batches into `batch_size`."""
+    import torch
+    from accelerate import Accelerator, PartialState
+
+    # Without CUDA, say so: torchrun-launched CPU processes (sweet/configs/ddp_cpu_2proc.yaml)
+    # otherwise skip the process group and each train alone.
+    cpu = not torch.cuda.is_available()
+    world = PartialState(cpu=cpu).num_processes
+    accum = accumulation_steps(train.batch_size, train.micro_batch_size, world)
+    return Accelerator(gradient_accumulation_steps=accum, cpu=cpu)
+
+
+def epoch_order(n_items: int, epoch: int, seed: int) -> list[int]:
+    """The seeded permutation of one epoch (the same on every process)."""
+    import random
+
+    order = list(range(n_items))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
+def deal(step_items: Sequence[Any], *, rank: int, world: int, micro: int, accum: int) -> list[tuple[list[Any], float]]:
+    """This process's `accum` micro-batches of one step, as (items, weight): weight 1, or
+    0 for a padding micro-batch (the step's first item, run only to keep collectives even)."""
+    if not step_items:
+        raise ValueError("an optimiser step needs at least one item")
+    if len(step_items) > micro * world * accum:
+        raise ValueError(f"{len(step_items)} items do not fit one step of {accum} x {world} x {micro}")
+    out = []
+    for k in range(accum):
+        slot = k * world + rank
+        mine = list(step_items[slot * micro : (slot + 1) * micro])
+        out.append((mine, 1.0) if mine else ([step_items[0]], 0.0))
+    return out
+
+
+class Trainer:
+    """Accelerate setup, optimiser and schedule, micro-batch loop, checkpoints, metrics.
+
+    `model`: a ready torch module to train instead of loading `model_cfg` (its initial
+    weights must be reproducible: a resume rebuilds it the same way, then loads the state).
+    `name`: the progress-bar label.
+    """
+
+    def __init__(self, model_cfg: ModelConfig, train: TrainConfig, tokenizer, *, model=None,
+                 run_config: dict[str, Any] | None = None, name: str = "train"):
+        self.model_cfg, self.train, self.tokenizer, self.name = model_cfg, train, tokenizer, name
+        self.out = Path(train.output_dir)
+        self.accelerator = make_accelerator(train)
+        set_seed(train.seed)  # LoRA's initial adapters come from the seeded RNG
+        self.model = (model if model is not None else load_model(model_cfg)).to(self.accelerator.device)
+        self.model.train()
+        self.optimizer = self.scheduler = None
+        self.step = 0
+        self.logger = MetricsLogger(self.out, train.report_to, self.accelerator.is_main_process, run_config)
+
+    # ---- setup ---------------------------------------------------------------------------
+
+    @property
+    def world(self) -> int:
+        return self.accelerator.num_processes
+
+    @property
+    def accum(self) -> int:
+        return self.accelerator.gradient_accumulation_steps
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def prepare(self, total_steps: int) -> None:
+        """AdamW and the linear warm-up/decay schedule over `total_steps`; accelerator.prepare.
+
+        The scheduler is not handed to `prepare` (a prepared scheduler steps once per
+        process, which would tie the schedule to the process count); it is registered for
+        checkpointing instead and stepped once per optimiser step."""
+        self.optimizer, self.scheduler = make_optimizer(self.model, self.train, total_steps)
+        plugin = self.accelerator.state.deepspeed_plugin
+        if plugin is not None:  # no dataloader to infer it from
+            plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = self.train.micro_batch_size
+        self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        self.accelerator.register_for_checkpointing(self.scheduler)
+
+    def restore(self) -> dict[str, Any] | None:
+        """Load the latest checkpoint of output_dir (when `train.resume`); returns its
+        state (with "step"), or None on a fresh start. Cuts metrics.jsonl to match."""
+        ckpt = latest_checkpoint(self.out) if self.train.resume else None
+        if ckpt is None:
+            if self.is_main:
+                trim_metrics(self.out / "metrics.jsonl", -1)  # no rows from an earlier attempt
+            self.accelerator.wait_for_everyone()
+            return None
+        self.accelerator.load_state(str(ckpt))
+        state = json.loads((ckpt / STATE_FILE).read_text())
+        self.step = int(state["step"])
+        if self.is_main:
+            trim_metrics(self.out / "metrics.jsonl", self.step)
+        self.accelerator.print(f"resuming from {ckpt} (step {self.step})")
+        self.accelerator.wait_for_everyone()
+        return state
+
+    # ---- one optimiser step ----------------------------------------------------------------
+
+    def optimizer_step(self, step_items: Sequence[Any], loss_fn: LossFn, count_fn: CountFn | None = None
+                       ) -> dict[str, float]:
+        """One optimiser step on `step_items` (the WHOLE step's items, the same list on
+        every process); returns the step's metrics (Σ/N over all processes, grad norm, lr)."""
+        import torch
+
+        acc, model = self.accelerator, self.model
+        total = float(sum(count_fn(it) for it in step_items)) if count_fn else float(len(step_items))
+        if total <= 0:
+            raise ValueError(f"optimiser step {self.step + 1}: the items hold no loss units (count {total})")
+        sums: dict[str, float] = {}
+        grad_norm = None
+        for items, weight in deal(step_items, rank=acc.process_index, world=self.world,
+                                  micro=self.train.micro_batch_size, accum=self.accum):
+            with acc.accumulate(model):
+                loss_sum, metric_sums = loss_fn(model, items)
+                # accelerate divides by accum, the backends average over processes: undo both,
+                # so the step's gradient is that of Σ loss / N over the whole step
+                acc.backward(loss_sum * (weight * self.world * self.accum / total))
+                if acc.sync_gradients:
+                    grad_norm = acc.clip_grad_norm_(model.parameters(), self.train.max_grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            for key, value in metric_sums.items():
+                sums[key] = sums.get(key, 0.0) + weight * float(value)
+        self.scheduler.step()
+        self.step += 1
+        keys = sorted(sums)
+        values = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=acc.device)
+        if self.world > 1 and keys:
+            values = acc.reduce(values, reduction="sum")
+        metrics = {k: v / total for k, v in zip(keys, values.tolist())}
+        metrics["train/grad_norm"] = float("nan") if grad_norm is None else float(grad_norm)
+        metrics["train/lr"] = self.scheduler.get_last_lr()[0]
+        return metrics
+
+    # ---- the epoch loop --------------------------------------------------------------------
+
+    def steps_per_epoch(self, n_items: int) -> int:
+        return math.ceil(n_items / self.train.batch_size)
+
+    def fit(self, items: Sequence[Any], loss_fn: LossFn, count_fn: CountFn | None = None, *,
+            save_steps: int = 0, save_every_epoch: bool = False, first_metrics: dict[str, float] | None = None,
+            on_epoch_end: Callable[[int], dict[str, float]] | None = None) -> Path:
+        """`train.num_epochs` passes over `items` in seeded order, from the restored step;
+        checkpoint every `save_steps` steps and/or at each epoch end; `first_metrics` are
+        logged at step 0 of a fresh run; `on_epoch_end(epoch)` (every process) returns
+        metrics logged at that step. Saves and returns output_dir/final.
+        Call `prepare` first; `fit` calls `restore` itself."""
+        from tqdm.auto import tqdm
+
+        if self.optimizer is None:
+            raise RuntimeError("Trainer.prepare(total_steps) must run before fit")
+        if not items:
+            raise ValueError(f"no training examples for {self.out}: check the data and filters (see the log above)")
+        per_epoch = self.steps_per_epoch(len(items))
+        total = per_epoch * self.train.num_epochs
+        if self.restore() is None and first_metrics:
+            self.log(first_metrics)
+        bar = tqdm(total=total, initial=self.step, desc=self.name, disable=not self.is_main)
+        while self.step < total:
+            epoch, k = divmod(self.step, per_epoch)
+            order = epoch_order(len(items), epoch, self.train.seed)
+            batch = self.train.batch_size
+            metrics = self.optimizer_step([items[i] for i in order[k * batch : (k + 1) * batch]], loss_fn, count_fn)
+            bar.update(1)
+            end_of_epoch = self.step % per_epoch == 0
+            if self.step % self.train.logging_steps == 0 or self.step == total:
+                self.log({**metrics, "train/epoch": self.step / per_epoch})
+            if end_of_epoch and on_epoch_end is not None:
+                self.log({**on_epoch_end(epoch), "train/epoch": self.step / per_epoch})
+            if self.step < total and ((save_steps and self.step % save_steps == 0) or (save_every_epoch and end_of_epoch)):
+                self.save_checkpoint()
+        bar.close()
+        return self.save_final()
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.logger.log(metrics, self.step if step is None else step)
+
+    def save_checkpoint(self, state: dict[str, Any] | None = None, keep: int = 2) -> Path:
+        """accelerator.save_state (every process) + state.json; keeps the last `keep`."""
+        acc = self.accelerator
+        out = self.out / f"checkpoint-{self.step}"
+        tmp = out.with_name(out.name + ".tmp")
+        if self.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        acc.wait_for_everyone()
+        acc.save_state(str(tmp))
+        acc.wait_for_everyone()
+        if self.is_main:
+            (tmp / STATE_FILE).write_text(json.dumps({"step": self.step, **(state or {})}, indent=2))
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
+            for old in sorted(checkpoints(self.out), key=_ckpt_step)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        acc.wait_for_everyone()
+        return out
+
+    def save_final(self, name: str = "final") -> Path:
+        """The trained model in HF format (`hf:<path>`, `vllm:<path>`); for LoRA the adapter
+        in <name>-adapter/ and a merged copy in <name>/. Every process must call it."""
+        acc = self.accelerator
+        out = self.out / name
+        state_dict = acc.get_state_dict(self.model)  # a collective under FSDP / ZeRO-3
+        unwrapped = acc.unwrap_model(self.model)
+        if self.is_main:
+            if hasattr(unwrapped, "peft_config"):
+                adapter = out.with_name(name + "-adapter")
+                unwrapped.save_pretrained(adapter, state_dict=state_dict)
+                self.tokenizer.save_pretrained(adapter)
+                merged = load_model(replace(self.model_cfg, lora=False, gradient_checkpointing=False),
+                                    trainable=False, adapter=str(adapter)).merge_and_unload()
+                merged.save_pretrained(out)
+            else:
+                unwrapped.save_pretrained(out, state_dict=state_dict)
+            self.tokenizer.save_pretrained(out)
+        acc.wait_for_everyone()
+        self.logger.close()
+        acc.print(f"saved {out} (use it as hf:{out})")
+        return out
+
+
+# ---- checkpoint folders and metrics --------------------------------------------------------
+
+
+def checkpoints(output_dir: str | Path) -> list[Path]:
+    d = Path(output_dir)
+    return [p for p in d.glob("checkpoint-*") if p.is_dir() and not p.name.endswith(".tmp")] if d.exists() else []
+
+
+def _ckpt_step(p: Path) -> int:
+    return int(p.name.split("-")[-1])
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    ckpts = [p for p in checkpoints(output_dir) if (p / STATE_FILE).exists()]
+    return max(ckpts, key=_ckpt_step) if ckpts else None
+
+
+def trim_metrics(path: Path, last_step: int) -> None:
+    """Drop rows logged after the checkpoint we resume from (they are logged again)."""
+    if path.exists():
+        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+        path.write_text("".join(r + "\n" for r in rows))
