@@ -1,9 +1,10 @@
 """Training-side records, built from the environment's Episodes.
 
-State          a dialogue prefix at which the agent acts (one per agent turn).
-Candidate      one sampled action for a State, with its critic advantage.
-ActionPair     per-turn preference (SWEET-RL stage 2): chosen vs rejected action, same State.
-TrajectoryPair per-task preference (critic training, multi-turn DPO): chosen vs rejected Episode.
+State      a dialogue prefix at which the agent acts (one per agent turn).
+Candidate  one sampled action for a State, with its critic advantage.
+Pair       a preference, chosen over rejected, within one task: of Episodes (critic
+           training, multi-turn DPO), of Candidates of one State (SWEET-RL stage 2), or
+           of the token Segments a DPO trainer sees (sweet.policy_trainer).
 
 Episodes come from our runner's JSONL or from the published offline trajectories;
 `load_episodes` reads both.
@@ -15,7 +16,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Generic, Iterable, Sequence, TypeVar
 
 from colbench.types import Episode
 from engines.base import Message
@@ -47,21 +48,21 @@ class Candidate:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] | None = None
     advantage: float | None = None  # critic score A(o_t, a_t, c)
-    finish_reason: str = "stop"  # engines.Sample.finish_reason: "length" = cut, no end-of-turn token
+    finish_reason: str | None = "stop"  # engines.Sample.finish_reason; eos appended only on "stop" (sweet.tokens)
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class ActionPair:
-    state: State
-    chosen: Candidate
-    rejected: Candidate
+class Pair(Generic[T]):
+    """`chosen` is preferred to `rejected`; both belong to task `task_id` (and, for
+    per-turn pairs, to `state`). T: Episode, Candidate, or tuple[Segment, ...]."""
 
-
-@dataclass(frozen=True)
-class TrajectoryPair:
+    chosen: T
+    rejected: T
     task_id: str
-    chosen: Episode
-    rejected: Episode
+    state: State | None = None
 
 
 def load_episodes(path: str | Path, env: str = "backend") -> list[Episode]:
@@ -114,7 +115,7 @@ def group_by_task(episodes: Iterable[Episode]) -> dict[str, list[Episode]]:
 
 def make_trajectory_pairs(
     episodes: Sequence[Episode], success_threshold: float = 1.0, min_reward_gap: float = 0.0
-) -> list[TrajectoryPair]:
+) -> list[Pair[Episode]]:
     """The paper's pairing: for each task whose best episode reaches `success_threshold`,
     chosen = that best episode, rejected = every episode with a strictly lower reward
     (by more than `min_reward_gap`)."""
@@ -125,5 +126,5 @@ def make_trajectory_pairs(
             continue
         for ep in group:
             if ep.reward < best.reward - min_reward_gap and ep is not best:
-                pairs.append(TrajectoryPair(task_id, best, ep))
+                pairs.append(Pair(best, ep, task_id))
     return pairs

@@ -67,8 +67,8 @@ CONFIGS = (ModelConfig, MTDPOTrainConfig, MTDPOConfig)
 
 
 def trajectory_pairs(episodes, cfg: MTDPOConfig):
-    """TrajectoryPairs by reward (see --pairing)."""
-    from sweet.data import TrajectoryPair, group_by_task, make_trajectory_pairs
+    """Pairs of episodes by reward (see --pairing)."""
+    from sweet.data import Pair, group_by_task, make_trajectory_pairs
 
     usable = [ep for ep in episodes if ep.agent_turns]
     if cfg.pairing == "paper":
@@ -77,15 +77,15 @@ def trajectory_pairs(episodes, cfg: MTDPOConfig):
     for task_id, group in sorted(group_by_task(usable).items()):
         best, worst = max(group, key=lambda e: e.reward), min(group, key=lambda e: e.reward)
         if best.reward - worst.reward > cfg.min_reward_gap and best is not worst:
-            pairs.append(TrajectoryPair(task_id, best, worst))
+            pairs.append(Pair(best, worst, task_id))
     return pairs
 
 
 def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     """Train with trajectory-level DPO; returns output_dir/final."""
-    from sweet.data import load_episodes
-    from sweet.policy_trainer import PreferenceItem, dpo_loss_fn, run_training
-    from sweet.sequences import episode_segments
+    from sweet.data import Pair, load_episodes
+    from sweet.policy_trainer import train_dpo
+    from sweet.tokens import episode_segments
     from sweet.training import load_tokenizer, save_resolved_config
 
     save_resolved_config(train.output_dir, model=model_cfg, train=train, mtdpo=cfg)
@@ -96,9 +96,8 @@ def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     if not pairs:
         raise ValueError(f"{cfg.episodes}: no trajectory pairs (need tasks with several episodes of different rewards"
                          f"{'; the best reaching --success_threshold' if cfg.pairing == 'paper' else ''})")
-    tok_missing = cfg.tokenize_missing_actions
-    items = [PreferenceItem(tuple(episode_segments(tokenizer, p.chosen, tok_missing)),
-                            tuple(episode_segments(tokenizer, p.rejected, tok_missing))) for p in pairs]
+    segments = lambda ep: tuple(episode_segments(tokenizer, ep, cfg.tokenize_missing_actions))  # noqa: E731
+    token_pairs = [Pair(segments(p.chosen), segments(p.rejected), p.task_id) for p in pairs]
     stats = {"data/episodes": len(episodes), "data/pairs": len(pairs)}
-    return run_training(items, lambda pad: dpo_loss_fn(model_cfg, pad, cfg.beta, cfg.nll_coef), model_cfg, train,
-                        tokenizer, preference=True, run_config={"algorithm": "mtdpo"}, extra_metrics=stats)
+    return train_dpo(token_pairs, model_cfg, train, tokenizer, beta=cfg.beta, nll_coef=cfg.nll_coef,
+                     run_config={"algorithm": "mtdpo"}, first_metrics=stats)

@@ -3,7 +3,7 @@ successful episodes (reward >= `success_threshold`).
 
 Each agent turn is one example: context = the turn's recorded prompt ids, loss on the
 generated action ids + eos only (token-mean NLL); simulator turns only ever appear
-inside later contexts, masked out. See sweet/sequences.py.
+inside later contexts, masked out. See sweet/tokens.py.
 
     # CPU, tiny model (episodes from `python -m colbench.evaluate ... --out eps.jsonl`)
     python -m sweet.train_policy --algorithm rft --episodes eps.jsonl --model tiny \\
@@ -51,7 +51,7 @@ CONFIGS = (ModelConfig, RFTTrainConfig, RFTConfig)
 
 def rft_segments(episodes, tokenizer, success_threshold: float, tokenize_missing: bool = False):
     """The training segments of every agent turn of the successful episodes."""
-    from sweet.sequences import episode_segments
+    from sweet.tokens import episode_segments
 
     kept = [ep for ep in episodes if ep.reward >= success_threshold]
     return kept, [seg for ep in kept for seg in episode_segments(tokenizer, ep, tokenize_missing)]
@@ -60,7 +60,7 @@ def rft_segments(episodes, tokenizer, success_threshold: float, tokenize_missing
 def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
     """Fine-tune on successful episodes; returns output_dir/final."""
     from sweet.data import load_episodes
-    from sweet.policy_trainer import run_training, sft_loss_fn
+    from sweet.policy_trainer import train_sft
     from sweet.training import load_tokenizer, save_resolved_config
 
     save_resolved_config(train.output_dir, model=model_cfg, train=train, rft=cfg)
@@ -72,5 +72,4 @@ def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
         raise ValueError(f"{cfg.episodes}: no episode reaches reward >= {cfg.success_threshold}; "
                          "lower --success_threshold or collect more episodes")
     stats = {"data/episodes": len(episodes), "data/kept_episodes": len(kept), "data/turns": len(segments)}
-    return run_training(segments, lambda pad: sft_loss_fn(model_cfg, pad), model_cfg, train, tokenizer,
-                        preference=False, run_config={"algorithm": "rft"}, extra_metrics=stats)
+    return train_sft(segments, model_cfg, train, tokenizer, run_config={"algorithm": "rft"}, first_metrics=stats)
