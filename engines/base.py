@@ -35,7 +35,12 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. `seed` makes a batch reproducible on a given backend."""
+    """How to sample. `seed` makes a batch reproducible on a given backend.
+
+    Greedy (`temperature == 0`) with `n > 1` is allowed and means n copies of the one
+    greedy completion: every backend generates it once and repeats it (vLLM and
+    OpenAI-style servers refuse n > 1 with greedy sampling, so nothing is sent as such).
+    """
 
     n: int = 1
     temperature: float = 1.0
@@ -54,6 +59,11 @@ class SamplingParams:
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def distinct(self) -> int:
+        """How many different completions to generate per prompt: 1 for greedy, else n."""
+        return 1 if self.temperature == 0 else self.n
 
 
 @dataclass(frozen=True)
@@ -104,9 +114,14 @@ class EngineOptions:
     dtype: str = "auto"  # hf/vllm: "auto", "float32", "bfloat16", "float16"
     batch_size: int = 16  # hf: conversations × samples per forward batch
     tensor_parallel_size: int = 1  # vllm
-    gpu_memory_utilization: float = 0.85  # vllm
+    # vllm: the share of the whole GPU this engine may take (weights + KV cache). 0.85 for
+    # an engine alone on its GPUs; colocated with a trainer use
+    # engines.vllm_engine.COLOCATED_GPU_MEMORY_UTILIZATION (the arithmetic is there).
+    gpu_memory_utilization: float = 0.85
+    enable_sleep_mode: bool = False  # vllm: free weights + KV cache between rollouts (sleep/wake_up)
     max_model_len: int | None = None  # vllm
     enable_lora: bool = False  # vllm
+    max_lora_rank: int | None = None  # vllm: the largest LoRA rank to load (vLLM's default is 16)
     lora_path: str | None = None  # vllm / hf: adapter applied to the base model
     request_timeout: float = 120.0  # openai: seconds per request
     max_concurrency: int = 16  # openai: requests in flight

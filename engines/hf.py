@@ -144,7 +144,7 @@ class HFEngine:
         import torch
 
         prompts = [prompt_ids(self.tokenizer, conv) for conv in conversations]
-        copies = 1 if params.temperature == 0 else params.n
+        copies = params.distinct
         rows = [(c, k) for c in range(len(prompts)) for k in range(copies)]
         rows.sort(key=lambda r: len(prompts[r[0]]))  # similar lengths share a batch: less padding
         results: dict[tuple[int, int], Sample] = {}

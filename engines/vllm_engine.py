@@ -1,31 +1,60 @@
 """vLLM offline backend (GPU): `vllm.LLM` in this process.
 
-    pip install '.[vllm]'            # on a CUDA machine, in an environment made for vLLM
+    pip install '.[vllm]'            # on a CUDA machine (scripts/check_vllm.sh builds and checks one)
     engine = load_engine("vllm:meta-llama/Llama-3.1-8B-Instruct",
-                         EngineOptions(tensor_parallel_size=2, enable_lora=True))
+                         EngineOptions(tensor_parallel_size=2, enable_lora=True, max_lora_rank=32))
 
 Prompts are templated and tokenised here (`engines.templating.prompt_ids`) and passed
 as token prompts, so `Sample.prompt_token_ids` is exactly what the model saw and a
 trainer can rebuild it. Sampling asks for `logprobs=0`: vLLM then returns the
 log-prob of each sampled token, computed from the raw logits (vLLM's default
-`logprobs_mode="raw_logprobs"`), the convention of `engines.base`.
+`logprobs_mode="raw_logprobs"`), the convention of `engines.base`. Greedy with n > 1
+(which vLLM refuses) generates once and repeats, like the other backends.
 
-LOOP support:
-- `load_lora(path)`: generate with a LoRA adapter from now on (needs `enable_lora`);
-  each call registers a new adapter id, so reloading a path after training works.
-- `update_weights(named_tensors)`: load full weights into the running model, best
-  effort across vLLM versions (see its docstring).
+Following a trainer (LOOP):
+- `load_lora(path)`: generate with the LoRA adapter saved at `path` from now on; each
+  call is a new `LoRARequest` (new int id), so vLLM reloads a path that was overwritten.
+- `update_weights(named_tensors)`: full weights through vLLM's worker-extension hook
+  (`engines.vllm_worker`): shards written as safetensors files, loaded by every
+  tensor-parallel worker with the model's own `load_weights` via `collective_rpc`.
+- `sleep()` / automatic wake-up before the next generate, with `enable_sleep_mode`.
+
+Colocated memory (trainer and sampler on one GPU): `COLOCATED_GPU_MEMORY_UTILIZATION`.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams
 from engines.templating import cut_completion, end_token_ids, prompt_ids
+from engines.vllm_worker import LOAD_METHOD, WORKER_EXTENSION
 
 NOT_INSTALLED = "vLLM is not installed: pip install '.[vllm]' on a CUDA machine"
+
+# gpu_memory_utilization for a vLLM sampler sharing one 80 GB GPU (79.6 GiB usable) with an
+# 8B bf16 LoRA policy (Llama-3.1-8B; 1 GiB = 2**30 bytes):
+#   trainer: weights 8.03e9 x 2 B = 15.0 GiB; LoRA r=16 params, grads, Adam 0.5 GiB;
+#            checkpointed activations at 8k tokens 32 x 8192 x 4096 x 2 B = 2.0 GiB plus one
+#            recomputed layer ~1.5 GiB; logits 8192 x 128256 in bf16 2.0 GiB, float32
+#            log-softmax 2 x 3.9 GiB; CUDA context and allocator slack ~2 GiB      => ~31 GiB
+#   sampler: 0.45 x 79.6 = 35.8 GiB = weights 15.0 + activations/CUDA graphs ~3 GiB + KV cache
+#            ~18 GiB (128 KiB per token: 32 layers x 8 KV heads x 128 x 2 (K,V) x 2 B)
+#            = ~147k tokens in flight                                                => 35.8 GiB
+#   together ~67 GiB of 79.6, and vLLM's start-up check (free >= 0.45 x total) passes with
+#   the policy's 15 GiB already resident. Full-weight training of an 8B model does not fit
+#   one 80 GB GPU at all (Adam states alone are 64 GiB); with `enable_sleep_mode` the
+#   sampler's 35.8 GiB are released while the trainer runs.
+COLOCATED_GPU_MEMORY_UTILIZATION = 0.45
+# LoRA ranks vLLM accepts for max_lora_rank; a rank in between is rounded up.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+WEIGHT_SHARD_BYTES = 2 << 30  # full-weight updates go through files of at most this size
 
 
 def _import_vllm():
@@ -34,6 +63,84 @@ def _import_vllm():
     except ImportError as e:
         raise EngineError(NOT_INSTALLED) from e
     return vllm
+
+
+def lora_rank_limit(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds adapters of rank `rank`."""
+    for allowed in LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise EngineError(f"LoRA rank {rank} is larger than vLLM supports ({LORA_RANKS[-1]})")
+
+
+def engine_kwargs(model: str, options: EngineOptions) -> dict[str, Any]:
+    """The `vllm.LLM(...)` arguments for `options` (pure; checked against vLLM's signature
+    by scripts/check_vllm.sh)."""
+    lora = options.enable_lora or bool(options.lora_path)
+    kwargs: dict[str, Any] = dict(
+        model=model,
+        tensor_parallel_size=options.tensor_parallel_size,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        dtype=options.dtype,
+        enable_lora=lora,
+        enable_sleep_mode=options.enable_sleep_mode,
+        worker_extension_cls=WORKER_EXTENSION,
+    )
+    if lora:
+        rank = options.max_lora_rank
+        if rank is None and options.lora_path:
+            rank = adapter_rank(options.lora_path)
+        kwargs["max_lora_rank"] = lora_rank_limit(rank or 16)
+    if options.max_model_len is not None:
+        kwargs["max_model_len"] = options.max_model_len
+    kwargs.update(options.extra.get("vllm_kwargs", {}))  # e.g. enforce_eager, max_num_seqs
+    return kwargs
+
+
+def adapter_rank(path: str | Path) -> int:
+    """The rank `r` in a saved PEFT adapter's adapter_config.json."""
+    config = Path(path) / "adapter_config.json"
+    try:
+        return int(json.loads(config.read_text())["r"])
+    except (OSError, ValueError, KeyError) as e:
+        raise EngineError(f"{config}: not a readable PEFT adapter config with a rank 'r' ({e})") from None
+
+
+def to_vllm_sampling(params: SamplingParams, vllm_module: Any) -> Any:
+    """Our SamplingParams -> vllm.SamplingParams (greedy asks for one completion)."""
+    return vllm_module.SamplingParams(
+        n=params.distinct,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        max_tokens=params.max_new_tokens,
+        stop=list(params.stop) or None,
+        seed=params.seed,
+        logprobs=0,  # the sampled token's log-prob only
+    )
+
+
+def write_weight_shards(named_tensors: Iterable[tuple[str, Any]], folder: str | Path,
+                        shard_bytes: int = WEIGHT_SHARD_BYTES) -> Iterable[Path]:
+    """Write (name, tensor) pairs as safetensors files of about `shard_bytes`, yielding each
+    path once written (the caller loads and deletes it, so at most one shard is on disk).
+    Names lose a DDP 'module.' prefix; tensors are copied to CPU (tied weights included)."""
+    from safetensors.torch import save_file
+
+    shard: dict[str, Any] = {}
+    size, index = 0, 0
+    for name, tensor in named_tensors:
+        name = name.removeprefix("module.")
+        shard[name] = tensor.detach().to("cpu", copy=True).contiguous()
+        size += shard[name].numel() * shard[name].element_size()
+        if size >= shard_bytes:
+            path = Path(folder) / f"shard-{index:05d}.safetensors"
+            save_file(shard, str(path))
+            yield path
+            shard, size, index = {}, 0, index + 1
+    if shard:
+        path = Path(folder) / f"shard-{index:05d}.safetensors"
+        save_file(shard, str(path))
+        yield path
 
 
 class VLLMEngine:
@@ -46,17 +153,10 @@ class VLLMEngine:
         self.options = options or EngineOptions()
         self.spec = spec or f"vllm:{model}"
         self.model_name = model
-        kwargs: dict[str, Any] = dict(
-            model=model,
-            tensor_parallel_size=self.options.tensor_parallel_size,
-            gpu_memory_utilization=self.options.gpu_memory_utilization,
-            dtype=self.options.dtype,
-            enable_lora=self.options.enable_lora or bool(self.options.lora_path),
-        )
-        if self.options.max_model_len is not None:
-            kwargs["max_model_len"] = self.options.max_model_len
-        kwargs.update(self.options.extra.get("vllm_kwargs", {}))  # e.g. max_lora_rank, enforce_eager
+        kwargs = engine_kwargs(model, self.options)
         self.llm = vllm.LLM(**kwargs)
+        self._lora_rank = kwargs.get("max_lora_rank")  # None: started without LoRA
+        self._asleep = False
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         try:
             gen_config = GenerationConfig.from_pretrained(model)
@@ -71,56 +171,78 @@ class VLLMEngine:
     def load_lora(self, path: str) -> None:
         """Use the LoRA adapter saved at `path` for all subsequent generations.
 
-        Every call gets a fresh adapter id, so vLLM reloads the files even when the
-        path is reused (LOOP saves each iteration's adapter to the same folder).
+        Every call is a new `LoRARequest` with a fresh int id, so vLLM loads the files
+        again even when the path is reused (LOOP saves each iteration's adapter to the
+        same folder); the previous adapter is removed from the engine's cache.
         """
-        if not (self.options.enable_lora or self.options.lora_path):
+        if self._lora_rank is None:
             raise EngineError(f"{self.spec}: load_lora needs EngineOptions(enable_lora=True) at start-up")
+        rank = adapter_rank(path)
+        if rank > self._lora_rank:
+            raise EngineError(f"{self.spec}: adapter {path} has rank {rank} > max_lora_rank {self._lora_rank}: "
+                              f"start the engine with EngineOptions(max_lora_rank={rank})")
         from vllm.lora.request import LoRARequest
 
+        previous = self.lora_request
         lora_id = next(self._lora_ids)
-        self.lora_request = LoRARequest(f"adapter-{lora_id}", lora_id, str(path))
+        self.lora_request = LoRARequest(lora_name=f"adapter-{lora_id}", lora_int_id=lora_id, lora_path=str(path))
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Copy full model weights (HF parameter names) into the running engine.
+        """Copy full model weights (HF parameter names, e.g. `policy.state_dict().items()`)
+        into the running engine, on every tensor-parallel worker.
 
-        Best effort: uses `LLM.apply_model` (vLLM >= 0.9), which calls the model's
-        `load_weights` in every worker, then drops the prefix cache so no stale KV
-        entries are reused. With tensor parallelism the tensors are pickled to each
-        worker; for large models prefer LoRA (`load_lora`) or a restart. vLLM's V1
-        engine with worker processes only ships functions to them when
-        VLLM_ALLOW_INSECURE_SERIALIZATION=1 is set.
+        The tensors go through safetensors files of at most WEIGHT_SHARD_BYTES (in
+        /dev/shm when it exists) and `collective_rpc` with the worker extension's
+        `sweet_load_weights(path)`: only a path is sent to the workers. The prefix cache
+        is dropped afterwards so no KV entry of the old weights is reused.
         """
-        weights = [(name, tensor.detach().cpu()) for name, tensor in named_tensors]
-        if not hasattr(self.llm, "apply_model"):
-            raise EngineError(f"{self.spec}: this vLLM version has no LLM.apply_model; reload the engine instead")
-        self.llm.apply_model(lambda model: model.load_weights(weights))
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()
+        self._wake()
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        folder = tempfile.mkdtemp(prefix="sweet-weights-", dir=shm)
+        loaded = 0
+        try:
+            for path in write_weight_shards(named_tensors, folder):
+                counts = self.llm.collective_rpc(LOAD_METHOD, args=(str(path),))
+                loaded += counts[0]
+                path.unlink()
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        if loaded == 0:
+            raise EngineError(f"{self.spec}: update_weights got no tensors")
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """Release the GPU memory of weights and KV cache until the next generate
+        (needs EngineOptions(enable_sleep_mode=True); level 1 keeps the weights in CPU memory)."""
+        if not self.options.enable_sleep_mode:
+            raise EngineError(f"{self.spec}: sleep needs EngineOptions(enable_sleep_mode=True) at start-up")
+        if not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
 
     def generate(self, conversations: Sequence[Conversation], params: SamplingParams) -> list[list[Sample]]:
         """Return `params.n` samples per conversation; vLLM schedules the whole batch."""
         vllm = _import_vllm()
+        self._wake()
         prompts = [prompt_ids(self.tokenizer, conv) for conv in conversations]
-        sampling = vllm.SamplingParams(
-            n=params.n,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            max_tokens=params.max_new_tokens,
-            stop=list(params.stop) or None,
-            seed=params.seed,
-            logprobs=0,  # the sampled token's log-prob only
-        )
         outputs = self.llm.generate(
             [{"prompt_token_ids": p} for p in prompts],
-            sampling,
+            to_vllm_sampling(params, vllm),
             lora_request=self.lora_request,
             use_tqdm=False,
         )
-        return [
-            [self._to_sample(c, prompt, params) for c in sorted(out.outputs, key=lambda c: c.index)]
-            for out, prompt in zip(outputs, prompts)
-        ]
+        results = []
+        for out, prompt in zip(outputs, prompts):
+            samples = [self._to_sample(c, prompt, params) for c in sorted(out.outputs, key=lambda c: c.index)]
+            results.append([samples[k % len(samples)] for k in range(params.n)])  # greedy: n copies
+        return results
 
     def _to_sample(self, completion: Any, prompt: list[int], params: SamplingParams) -> Sample:
         """vLLM CompletionOutput -> Sample; ids cut so that decode(ids) == text."""

@@ -227,9 +227,12 @@ class Sampler:
         self.kind, self.policy, self.tokenizer, self.out = kind, policy, tokenizer, out
         if kind == "vllm":
             from engines.base import EngineOptions
-            from engines.vllm_engine import VLLMEngine
+            from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION, VLLMEngine
 
-            self.engine = VLLMEngine(model_path, EngineOptions(enable_lora=lora), spec=f"vllm:{model_path}")
+            # the sampler shares the GPU with the policy being trained (arithmetic in engines.vllm_engine)
+            options = EngineOptions(enable_lora=lora, gpu_memory_utilization=COLOCATED_GPU_MEMORY_UTILIZATION,
+                                    max_lora_rank=policy.peft_config["default"].r if lora else None)
+            self.engine = VLLMEngine(model_path, options, spec=f"vllm:{model_path}")
             self.lora = lora
             self.sync()  # a resumed policy differs from the initial weights
         else:

@@ -57,3 +57,89 @@ def test_vllm_samples_match_hf_conventions(tiny_path):
             expected = [lp[start + i, t].item() for i, t in enumerate(s.token_ids)]
             assert max(abs(a - b) for a, b in zip(s.logprobs, expected)) < 1e-2
     assert cut.finish_reason == "stop_string" and stop not in cut.text and greedy.text.startswith(cut.text)
+
+
+# ---------------------------------------------------------------- CPU: no vLLM needed
+
+
+def test_engine_kwargs_pass_memory_sleep_and_lora_rank(tmp_path):
+    from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION, engine_kwargs
+
+    plain = engine_kwargs("m", EngineOptions())
+    assert plain["gpu_memory_utilization"] == 0.85 and plain["enable_lora"] is False and "max_lora_rank" not in plain
+    assert plain["worker_extension_cls"] == "engines.vllm_worker.WeightSync"
+    colocated = engine_kwargs("m", EngineOptions(enable_lora=True, max_lora_rank=32, enable_sleep_mode=True,
+                                                 gpu_memory_utilization=COLOCATED_GPU_MEMORY_UTILIZATION,
+                                                 tensor_parallel_size=2))
+    assert colocated["max_lora_rank"] == 32 and colocated["enable_sleep_mode"] is True
+    assert colocated["gpu_memory_utilization"] == 0.45 and colocated["tensor_parallel_size"] == 2
+    assert engine_kwargs("m", EngineOptions(enable_lora=True, max_lora_rank=24))["max_lora_rank"] == 32  # rounded up
+    assert engine_kwargs("m", EngineOptions(enable_lora=True))["max_lora_rank"] == 16  # vLLM's default
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 64}')
+    assert engine_kwargs("m", EngineOptions(lora_path=str(adapter)))["max_lora_rank"] == 64  # read from the adapter
+
+
+def test_lora_rank_limits():
+    from engines import EngineError
+    from engines.vllm_engine import lora_rank_limit
+
+    assert [lora_rank_limit(r) for r in (1, 2, 8, 16, 17, 32, 100, 512)] == [1, 8, 8, 16, 32, 32, 128, 512]
+    with pytest.raises(EngineError, match="larger than vLLM supports"):
+        lora_rank_limit(513)
+
+
+def test_greedy_with_n_copies_is_one_distinct_completion():
+    assert SamplingParams(n=16, temperature=0.0).distinct == 1
+    assert SamplingParams(n=16, temperature=0.7).distinct == 16
+
+
+class _LoadingModel:
+    """Stands in for vLLM's model inside a worker: `load_weights` takes (HF name, full tensor)."""
+
+    def __init__(self, reference):
+        import torch
+
+        self.params = {n: torch.zeros_like(p) for n, p in reference.state_dict().items()}
+
+    def load_weights(self, weights):
+        for name, tensor in weights:
+            self.params[name].copy_(tensor)
+
+
+def test_full_weight_update_files_carry_every_tensor_to_the_worker(tiny_path, tmp_path):
+    """What update_weights sends (safetensors shards, a DDP 'module.' prefix dropped) is what
+    the worker extension loads: the worker's weights equal the trainer's, tied ones included."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engines.vllm_engine import write_weight_shards
+    from engines.vllm_worker import LOAD_METHOD, WeightSync
+
+    trainer = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(torch.randn_like(p))
+    worker = WeightSync()
+    worker.model_runner = type("Runner", (), {})()
+    model = _LoadingModel(trainer)
+    worker.model_runner.get_model = lambda: model
+    names = [(f"module.{n}", p) for n, p in trainer.state_dict().items()]  # what LOOP's Sampler.sync sends
+    total = sum(p.numel() * p.element_size() for _, p in names)
+    shards = 0
+    for path in write_weight_shards(names, tmp_path, shard_bytes=total // 3):
+        assert getattr(worker, LOAD_METHOD)(str(path)) > 0
+        path.unlink()
+        shards += 1
+    assert shards >= 3 and not list(tmp_path.iterdir())
+    for name, p in trainer.state_dict().items():
+        assert torch.equal(model.params[name], p), name
+
+
+def test_worker_extension_names_do_not_clash_with_vllm_worker_methods():
+    """vLLM refuses an extension whose attribute shadows a Worker attribute; ours are prefixed."""
+    from engines.vllm_worker import WeightSync
+
+    own = [n for n in vars(WeightSync) if not n.startswith("__")]
+    assert own == ["sweet_load_weights"]
