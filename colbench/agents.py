@@ -20,36 +20,18 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Sequence
 
-from colbench.types import Task
-from engines.base import Message, Sample, SamplingParams, SpecError
+from colbench.protocols import Agent, AgentRequest
+from engines.base import Sample, SamplingParams, SpecError
 
 if TYPE_CHECKING:
-    from colbench.envs.base import Environment
+    from colbench.protocols import Environment
     from engines.base import Engine, EngineOptions
 
 _NAME_RE = re.compile(r"^([A-Za-z0-9_.\-]+)=(.+)$")
-
-
-@dataclass(frozen=True)
-class AgentRequest:
-    """One agent turn to produce: the chat the agent sees, and the episode's seed."""
-
-    task: Task
-    messages: list[Message]
-    seed: int
-
-
-@runtime_checkable
-class Agent(Protocol):
-    name: str  # used in episode ids and report rows; never contains "/"
-
-    def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
-        """One sample per request, in order. May raise engines.EngineError for the batch."""
-        ...
 
 
 def agent_name(spec: str) -> str:

@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from colbench.agents import Agent, AgentRequest
-from colbench.envs.base import Environment
+from colbench.protocols import Agent, AgentRequest, Environment, SimReply, SimRequest, Simulator
 from colbench.types import (
     STOP_ANSWERED,
     STOP_ENGINE_ERROR,
@@ -44,7 +43,6 @@ from colbench.types import (
     Turn,
 )
 from engines.base import EngineError
-from simulators.base import SimReply, SimRequest, Simulator
 
 
 @dataclass

@@ -38,12 +38,9 @@ before any model loads.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -113,58 +110,12 @@ class EvalConfig:
                 raise UsageError(f"--{name.replace('_', '-')}: invalid value {getattr(self, name)!r}")
 
 
-def _arg_type(tp: Any) -> Any:
-    """The scalar type of a field annotation (unwraps `X | None` and `list[X]`)."""
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return _arg_type(args[0])
-    if typing.get_origin(tp) is list:
-        return args[0]
-    return tp
-
-
-def make_parser() -> argparse.ArgumentParser:
-    """An argparse parser built from EvalConfig's fields (flags: --field-name)."""
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", metavar="RUN.yaml", help="read settings from a YAML file; flags override it")
-    hints = typing.get_type_hints(EvalConfig)
-    for f in dataclasses.fields(EvalConfig):
-        flag, tp, help_ = "--" + f.name.replace("_", "-"), hints[f.name], f.metadata.get("help", "")
-        if tp is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
-        elif typing.get_origin(tp) is list:
-            parser.add_argument(flag, action="append", type=_arg_type(tp), default=None, metavar="SPEC", help=help_)
-        else:
-            parser.add_argument(flag, type=_arg_type(tp), default=None, help=help_)
-    return parser
-
-
 def parse_config(argv: Sequence[str] | None = None) -> EvalConfig:
-    """CLI flags over an optional --config YAML over the dataclass defaults."""
-    ns = vars(make_parser().parse_args(argv))
-    config_file = ns.pop("config")
-    values = _read_yaml(Path(config_file)) if config_file else {}
-    values.update({k: v for k, v in ns.items() if v is not None})
-    return EvalConfig(**values)
+    """CLI flags over an optional --config YAML over the dataclass defaults (colbench.cli)."""
+    from colbench.cli import parse_configs
 
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    if not path.is_file():
-        raise UsageError(f"--config: file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: expected a mapping of settings")
-    names = {f.name for f in dataclasses.fields(EvalConfig)}
-    data = {k.replace("-", "_"): v for k, v in data.items()}
-    for k in data:
-        if k not in names:
-            raise UsageError(f"{path}: unknown setting {k!r}")
-    if isinstance(data.get("agent"), str):
-        data["agent"] = [data["agent"]]
-    return data
+    (config,) = parse_configs([EvalConfig], argv, prog=PROG, description=__doc__.split("\n\n")[0])
+    return config
 
 
 @dataclass
@@ -224,7 +175,9 @@ def prepare(config: EvalConfig) -> Plan:
     out_dir = Path(config.output)
     _check_previous_config(out_dir, config)
     _check_episode_files(out_dir, [n for n, _ in agents])
-    return Plan(tasks=tasks, agents=agents, baseline=baseline, seeds=list(range(config.seeds)), out_dir=out_dir)
+    from colbench.rollout import episode_seeds
+
+    return Plan(tasks=tasks, agents=agents, baseline=baseline, seeds=episode_seeds(0, config.seeds), out_dir=out_dir)
 
 
 def _check_replay_covers(file: str, tasks: Sequence[Any]) -> None:
@@ -270,8 +223,9 @@ def _check_previous_config(out_dir: Path, config: EvalConfig) -> None:
 def run(config: EvalConfig, plan: Plan) -> list[Any]:
     """Run every agent (reusing finished episodes), then write the reports."""
     from colbench.envs import make_env
-    from colbench.episodes import EpisodeConfig, read_episodes, run_episodes
+    from colbench.episodes import EpisodeConfig, read_episodes
     from colbench.report import build_row, write_reports
+    from colbench.rollout import rollout
     from engines.base import EngineOptions, SamplingParams
     from simulators import load_simulator
 
@@ -310,9 +264,10 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
             else:
                 agent = load_agent(spec, env, sampling=sampling, engine_options=options, name=name)
             try:
-                episodes[name] = run_episodes(env, plan.tasks, agent, simulator if uses_sim else None,
-                                              seeds=plan.seeds, config=episode_config, out_path=path,
-                                              progress=config.progress)
+                episodes[name] = rollout(env, plan.tasks, agent, simulator, seeds=plan.seeds,
+                                         max_turns=episode_config.max_turns, single_turn=config.single_turn,
+                                         max_concurrent=config.max_concurrent, out_path=path,
+                                         progress=config.progress)
             finally:
                 if shared is None:
                     getattr(agent, "close", lambda: None)()

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from colbench.protocols import ANSWER_MARKER
 from colbench.types import STOP_ANSWERED, STOP_TURN_LIMIT, Episode, Score, Task, Turn
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,6 @@ HF_DATASET_ID = "facebook/collaborative_agent_bench"
 HF_TASK_FILES = {"train": "backend_tasks/train.jsonl", "test": "backend_tasks/test.jsonl"}
 HF_TRAJECTORY_FILE = "colbench_code_offline_15k_llama8b.jsonl"
 PAPER_TEST_SIZE = 1000  # the paper evaluates on the first 1,000 rows of the test file
-ANSWER_MARKER = "I WANT TO ANSWER:"
 VALIDATION_CHUNK = 256  # tasks per sandbox batch (progress bar granularity)
 MAX_LISTED_PROBLEMS = 10
 

@@ -26,7 +26,7 @@ from engines.base import SamplingParams, SpecError
 from simulators.base import SimReply, SimRequest, Simulator
 
 if TYPE_CHECKING:
-    from colbench.envs.base import Environment
+    from colbench.protocols import Environment
     from engines.base import EngineOptions
 
 __all__ = ["SimReply", "SimRequest", "Simulator", "check_simulator_spec", "load_simulator",

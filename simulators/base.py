@@ -1,5 +1,7 @@
-"""The simulated-human contract.
+"""The simulated-human contract, as colbench's episode runner defines it.
 
+`SimRequest`, `SimReply` and `Simulator` live in `colbench.protocols` (the runner
+owns its contracts); they are re-exported here for simulator implementations.
 A simulator answers a batch of dialogues at once: each request holds the task
 (with its hidden information) and the dialogue so far, whose last turn is the
 agent's latest message. A reply that fails for good is returned with
@@ -9,24 +11,11 @@ replaced silently by made-up text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Sequence
 
-from colbench.types import Task, Turn
+from colbench.protocols import SimReply, SimRequest, Simulator
 
-
-@dataclass(frozen=True)
-class SimRequest:
-    task: Task
-    turns: Sequence[Turn]  # dialogue so far; turns[-1] is the agent's latest message
-
-
-@dataclass(frozen=True)
-class SimReply:
-    text: str
-    failed: bool = False
-    error: str | None = None
-    render: str | None = None  # frontend: screenshot of the agent's page that was compared
+__all__ = ["SimReply", "SimRequest", "Simulator", "check_requests"]
 
 
 def check_requests(requests: Sequence[SimRequest]) -> None:
@@ -34,14 +23,3 @@ def check_requests(requests: Sequence[SimRequest]) -> None:
     for r in requests:
         if not r.turns or r.turns[-1].role != "agent":
             raise ValueError(f"task {r.task.task_id}: the last turn of a simulator request must be the agent's")
-
-
-@runtime_checkable
-class Simulator(Protocol):
-    name: str
-
-    def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
-        """One reply per request, in order. Never raises for one request's failure."""
-        ...
-
-    def close(self) -> None: ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from colbench.envs.base import DEFAULT_ANSWER_MARKER, Environment
+from colbench.protocols import ANSWER_MARKER, Environment
 
 _REGISTRY: dict[str, str] = {
     "backend": "colbench.envs.backend:BackendEnv",
@@ -18,7 +18,7 @@ _REGISTRY: dict[str, str] = {
     "testbed": "colbench.envs.testbed:TestbedEnv",
 }
 
-__all__ = ["DEFAULT_ANSWER_MARKER", "Environment", "env_names", "make_env", "register_env"]
+__all__ = ["ANSWER_MARKER", "Environment", "env_names", "make_env", "register_env"]
 
 
 def register_env(name: str, target: str) -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Sequence
 
 from colbench.backend_scoring import ReferenceCache, extract_code, score_backend
-from colbench.envs.base import DEFAULT_ANSWER_MARKER, agent_chat, fill_instructions
+from colbench.envs.base import agent_chat, fill_instructions
+from colbench.protocols import ANSWER_MARKER
 from colbench.sandbox import SandboxLimits, SandboxPool
 from colbench.types import Score, Task, Turn
 from engines.base import Message
@@ -31,7 +32,7 @@ SINGLE_TURN_NOTE = (
 
 
 class BackendEnv:
-    """Environment contract (colbench.envs.base.Environment) for ColBench backend programming.
+    """Environment contract (colbench.protocols.Environment) for ColBench backend programming.
 
     answer_marker: the agent ends the dialogue with it (paper: "I WANT TO ANSWER:").
     max_turns:     agent turns at most (paper: 10).
@@ -41,7 +42,7 @@ class BackendEnv:
 
     name = "backend"
 
-    def __init__(self, answer_marker: str = DEFAULT_ANSWER_MARKER, max_turns: int = 10,
+    def __init__(self, answer_marker: str = ANSWER_MARKER, max_turns: int = 10,
                  workers: int | None = None, limits: SandboxLimits | None = None,
                  prompt_path: str | Path | None = None):
         if not answer_marker.strip():

@@ -30,7 +30,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from colbench.envs.base import DEFAULT_ANSWER_MARKER, agent_chat, fill_instructions
+from colbench.envs.base import agent_chat, fill_instructions
+from colbench.protocols import ANSWER_MARKER
 from colbench.types import Score, Task, Turn
 from engines.base import Message
 
@@ -72,7 +73,7 @@ def _slug(task_id: str) -> str:
 
 
 class FrontendEnv:
-    """Environment contract (colbench.envs.base.Environment) for ColBench frontend design.
+    """Environment contract (colbench.protocols.Environment) for ColBench frontend design.
 
     answer_marker:     the agent ends the dialogue with it (paper: "I WANT TO ANSWER:").
     max_turns:         agent turns at most (paper: 10).
@@ -85,7 +86,7 @@ class FrontendEnv:
 
     name = "frontend"
 
-    def __init__(self, answer_marker: str = DEFAULT_ANSWER_MARKER, max_turns: int = 10,
+    def __init__(self, answer_marker: str = ANSWER_MARKER, max_turns: int = 10,
                  success_threshold: float = 0.9, clip_model: str = "ViT-B-32", clip_pretrained: str = "openai",
                  clip_scheme: str = "pad", clip_device: str | None = None, render_dir: str | Path | None = None,
                  workers: int = 2, render_timeout_s: float = 10.0, viewport_width: int = 1280,

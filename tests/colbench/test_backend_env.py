@@ -6,7 +6,7 @@ import pytest
 
 from colbench.envs import make_env
 from colbench.envs.backend import BackendEnv
-from colbench.envs.base import Environment
+from colbench.protocols import Environment
 from colbench.sandbox import SandboxLimits
 from colbench.types import Task, Turn
 

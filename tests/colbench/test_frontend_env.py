@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from colbench.envs import make_env
-from colbench.envs.base import Environment
+from colbench.protocols import Environment
 from colbench.envs.frontend import FrontendEnv, extract_html, has_html
 from colbench.render import DEFAULT_CHROMIUM
 from colbench.types import Task, Turn

@@ -1,0 +1,128 @@
+"""What the episode runner talks to: the Agent, Environment and Simulator contracts.
+
+The runner (`colbench.episodes.run_episodes`) owns these contracts; everything that
+plugs into it implements them without the runner importing the implementer:
+
+    Agent        colbench.agents (model, reference, replay agents), your own
+    Environment  colbench.envs (backend, frontend, testbed), your own via register_env
+    Simulator    the `simulators` package (LLM, VLM, text, scripted humans), your own
+
+One step of an episode: the agent gets an `AgentRequest` per waiting episode and
+returns one `engines.base.Sample` each; an agent message holding the environment's
+answer marker ends the dialogue; otherwise the simulator gets a `SimRequest` per
+asking episode and returns one `SimReply` each; finished answers go to
+`Environment.score` in one batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+from colbench.types import Score, Task, Turn
+from engines.base import Message, Sample
+
+ANSWER_MARKER = "I WANT TO ANSWER:"
+"""The paper's answer marker: an agent message holding it ends the dialogue, and
+what follows it is the answer. Every environment's default; the published
+trajectories use it."""
+
+
+# ---- agents -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentRequest:
+    """One agent turn to produce: the chat the agent sees, and the episode's seed."""
+
+    task: Task
+    messages: list[Message]
+    seed: int
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """Answers a batch of turns at once (one engine call per step for model agents).
+
+    An agent with `needs_simulator = False` answers at once and never asks a question
+    (the runner then accepts no simulator)."""
+
+    name: str  # used in episode ids and report rows; never contains "/"
+
+    def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
+        """One sample per request, in order. May raise engines.EngineError for the batch."""
+        ...
+
+
+# ---- environments -----------------------------------------------------------------------
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A benchmark: how to show a task to the agent, when the agent has answered, what
+    the answer is, and how to score answers (in batches, in parallel, never in our
+    process when the answer is untrusted code or HTML)."""
+
+    name: str  # "backend", "frontend", ...
+    answer_marker: str  # the agent ends the dialogue with this marker (default ANSWER_MARKER)
+    max_turns: int  # agent turns at most (paper: 10)
+
+    def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
+        """The chat the agent sees before its next turn: system/instructions with the
+        task description, then the dialogue (agent turns as "assistant", human turns
+        as "user")."""
+        ...
+
+    def is_final(self, agent_text: str) -> bool:
+        """Whether this agent message ends the dialogue (it holds the answer marker)."""
+        ...
+
+    def extract_answer(self, agent_text: str) -> str:
+        """The answer to score from a final agent message (code or HTML)."""
+        ...
+
+    def score(self, tasks: Sequence[Task], answers: Sequence[str]) -> list[Score]:
+        """Score answers against their tasks' hidden information. A crash, hang or
+        timeout scores 0 for that answer (recorded in Score.error), never raises."""
+        ...
+
+    def training_info(self, task: Task) -> str:
+        """Training-time information for the SWEET critic (never shown to the policy)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# ---- simulated humans -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    """One reply to produce: the task (with its hidden information) and the dialogue."""
+
+    task: Task
+    turns: Sequence[Turn]  # dialogue so far; turns[-1] is the agent's latest message
+
+
+@dataclass(frozen=True)
+class SimReply:
+    """A simulated human's reply. A reply that failed for good has `failed=True` and
+    the error; the runner records it on the episode, never replaces it with made-up text."""
+
+    text: str
+    failed: bool = False
+    error: str | None = None
+    render: str | None = None  # frontend: screenshot of the agent's page that was compared
+
+
+@runtime_checkable
+class Simulator(Protocol):
+    """A simulated human answering a batch of dialogues at once."""
+
+    name: str
+
+    def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
+        """One reply per request, in order. Never raises for one request's failure."""
+        ...
+
+    def close(self) -> None: ...

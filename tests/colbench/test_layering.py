@@ -1,0 +1,54 @@
+"""Dependencies run one way: colbench (the episode runner, environments, scoring) never
+imports the simulated humans (`simulators`) or the trainers (`sweet`); only the
+evaluate CLI wires simulators in."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WIRING = {"colbench/evaluate.py"}  # the CLI that wires packages together
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module an `import` statement in the file names, at any depth (function-level too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_no_colbench_module_imports_simulators_or_sweet():
+    files = sorted(ROOT.glob("colbench/**/*.py"))
+    assert len(files) > 15
+    bad = {}
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        forbidden = ("sweet",) if rel in WIRING else ("sweet", "simulators")
+        hits = sorted(m for m in imported_modules(path) if m.split(".")[0] in forbidden)
+        if hits:
+            bad[rel] = hits
+    assert bad == {}
+
+
+def test_importing_every_colbench_module_loads_neither_simulators_nor_sweet():
+    modules = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in ROOT.glob("colbench/**/*.py"))
+    modules = [m.removesuffix(".__init__") for m in modules]
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}:\n    importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('simulators', 'sweet')))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_simulators_implement_colbench_protocol():
+    from colbench.protocols import Simulator
+    from simulators.scripted import ScriptedBackendSimulator
+    from simulators.testbed import TestbedSimulator
+
+    assert isinstance(ScriptedBackendSimulator(), Simulator) and isinstance(TestbedSimulator(), Simulator)
