@@ -140,13 +140,14 @@ class Trainer:
     def is_main(self) -> bool:
         return self.accelerator.is_main_process
 
-    def prepare(self, total_steps: int) -> None:
-        """AdamW and the linear warm-up/decay schedule over `total_steps`; accelerator.prepare.
+    def prepare(self, total_steps: int, optimizer=None) -> None:
+        """AdamW (or `optimizer`, e.g. with parameter groups) and the linear warm-up/decay
+        schedule over `total_steps`; accelerator.prepare.
 
         The scheduler is not handed to `prepare` (a prepared scheduler steps once per
         process, which would tie the schedule to the process count); it is registered for
         checkpointing instead and stepped once per optimiser step."""
-        self.optimizer, self.scheduler = make_optimizer(self.model, self.train, total_steps)
+        self.optimizer, self.scheduler = make_optimizer(self.model, self.train, total_steps, optimizer)
         plugin = self.accelerator.state.deepspeed_plugin
         if plugin is not None:  # no dataloader to infer it from
             plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = self.train.micro_batch_size

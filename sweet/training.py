@@ -65,33 +65,16 @@ class TrainConfig:
 
 
 def parse_configs(types: Sequence[type], argv: list[str] | None = None, description: str | None = None):
-    """Parse dataclass configs from the CLI; `--config run.yaml` supplies defaults that
-    flags override (TRL style). Returns one instance per type."""
-    import argparse
+    """Parse dataclass configs from the CLI in the project's one dialect (colbench.cli:
+    `--config run.yaml` defaults that flags override, `--output_dir`/`--output-dir`).
+    Returns one instance per type; a bad config file exits with its error."""
+    from colbench.cli import ConfigError
+    from colbench.cli import parse_configs as parse
 
-    from transformers import HfArgumentParser
-
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", type=Path, default=None)
-    known, rest = pre.parse_known_args(argv)
-    parser = HfArgumentParser(list(types), description=description)
-    parser.add_argument("--config", type=Path, default=None, help="YAML file of defaults; CLI flags override it")
-    if known.config is not None:
-        import yaml
-
-        if not known.config.exists():
-            parser.error(f"--config: file not found: {known.config}")
-        values = yaml.safe_load(known.config.read_text()) or {}
-        valid = {f.name for t in types for f in fields(t)}
-        unknown = sorted(set(values) - valid)
-        if unknown:
-            parser.error(f"{known.config}: unknown keys {unknown}")
-        parser.set_defaults(**values)
-    *outputs, extra = parser.parse_args_into_dataclasses(args=rest, return_remaining_strings=True)
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    # HfArgumentParser appends a Namespace for arguments outside the dataclasses (--config)
-    return [o for o in outputs if not isinstance(o, argparse.Namespace)]
+    try:
+        return parse(types, argv, description=description)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def resolve_model_path(spec: str) -> str:
@@ -180,12 +163,16 @@ def make_accelerator(train: TrainConfig, n_processes_hint: int | None = None):
     return Accelerator(gradient_accumulation_steps=accum, cpu=not torch.cuda.is_available())
 
 
-def make_optimizer(model, train: TrainConfig, total_steps: int):
+def make_optimizer(model, train: TrainConfig, total_steps: int, optimizer=None):
+    """AdamW over the trainable parameters (or the given `optimizer`) and a linear
+    warm-up/decay schedule over `total_steps`."""
     import torch
     from transformers import get_linear_schedule_with_warmup
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=train.learning_rate, weight_decay=train.weight_decay)
+    opt = optimizer
+    if opt is None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=train.learning_rate, weight_decay=train.weight_decay)
     warmup = int(train.warmup_ratio * total_steps)
     return opt, get_linear_schedule_with_warmup(opt, warmup, max(total_steps, 1))
 

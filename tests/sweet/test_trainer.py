@@ -1,0 +1,184 @@
+"""The training skeleton (sweet/trainer.py): one optimiser step is the gradient of the
+loss averaged over the WHOLE step, whatever the micro-batch size; hand-computed DPO on
+trajectories whose log-prob is the sum of their turns' log-probs.
+
+Gradients are read off an SGD step with lr 1 and no clipping: Δθ = −∇L exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from sweet.data import Pair
+from sweet.tokens import Segment, segment_logps
+from sweet.trainer import Trainer, deal, epoch_order
+from sweet.training import ModelConfig, TrainConfig, load_model
+
+MODEL = ModelConfig(model="tiny", dtype="float32", max_length=128, keep_head=16)
+
+
+def _reset_accelerate() -> None:
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+@pytest.fixture(autouse=True)
+def _fresh(one_torch_thread):
+    _reset_accelerate()
+    yield
+    _reset_accelerate()
+
+
+def _segments(n: int, seed: int = 0) -> list[Segment]:
+    """Random contexts (3-20 ids) and actions (1-9 ids): unequal token counts matter here."""
+    rng = random.Random(seed)
+    return [Segment(tuple(rng.randrange(5, 250) for _ in range(rng.randint(3, 20))),
+                    tuple(rng.randrange(5, 250) for _ in range(rng.randint(1, 9)))) for _ in range(n)]
+
+
+def _params(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def _sgd_delta(tmp_path, micro: int, batch: int, loss_fn, count_fn, n_items: int, tokenizer) -> dict[str, torch.Tensor]:
+    """Δθ of one SGD(lr=1) step of the skeleton over items 0..n_items-1."""
+    _reset_accelerate()
+    train = TrainConfig(output_dir=str(tmp_path / f"m{micro}"), batch_size=batch, micro_batch_size=micro,
+                        max_grad_norm=1e9, report_to="none")
+    trainer = Trainer(MODEL, train, tokenizer)
+    before = _params(trainer.model)
+    trainer.prepare(1, optimizer=torch.optim.SGD(trainer.model.parameters(), lr=1.0))
+    trainer.optimizer_step(list(range(n_items)), loss_fn, count_fn)
+    after = _params(trainer.accelerator.unwrap_model(trainer.model))
+    return {k: after[k] - before[k] for k in before}
+
+
+def _grad(loss_of_model) -> dict[str, torch.Tensor]:
+    model = load_model(MODEL)
+    loss_of_model(model).backward()
+    return {k: -p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for k, p in model.named_parameters()}
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    scale = max(v.abs().max().item() for v in b.values())
+    assert scale > 0
+    for k in b:
+        assert torch.allclose(a[k], b[k], atol=1e-5 * scale, rtol=1e-4), k
+
+
+# ---- dealing items -------------------------------------------------------------------------
+
+
+def test_deal_gives_every_item_once_and_pads_with_weight_zero():
+    items = list(range(7))
+    world, micro = 2, 2
+    accum = 2  # 8 slots for 7 items
+    dealt = [deal(items, rank=r, world=world, micro=micro, accum=accum) for r in range(world)]
+    assert all(len(d) == accum for d in dealt)  # the same number of passes on every process
+    real = sorted(i for d in dealt for mb, w in d if w for i in mb)
+    assert real == items
+    pads = [(mb, w) for d in dealt for mb, w in d if not w]
+    assert pads == []  # 7 items fill slots 0..3 (the last holds one item)
+    dealt = [deal(items[:3], rank=r, world=world, micro=micro, accum=accum) for r in range(world)]
+    assert [(mb, w) for mb, w in dealt[1]] == [([2], 1.0), ([0], 0.0)]  # an empty slot re-runs item 0, weight 0
+    with pytest.raises(ValueError, match="do not fit"):
+        deal(list(range(9)), rank=0, world=world, micro=micro, accum=accum)
+    assert epoch_order(10, 0, 3) == epoch_order(10, 0, 3) != epoch_order(10, 1, 3)
+
+
+# ---- token mean over the whole step (RFT, warm start) ---------------------------------------
+
+
+def test_token_mean_step_is_the_same_for_any_micro_batch(tmp_path, tiny_tokenizer):
+    from sweet.policy_trainer import sft_loss_fn
+
+    segs = _segments(5)
+    pad = int(tiny_tokenizer.pad_token_id)
+    loss_fn, count_fn = sft_loss_fn(segs, MODEL, pad), (lambda i: len(segs[i].action))
+
+    # by hand: L = −Σ_i log π(a_i|c_i) / Σ_i |a_i| over all 5 segments
+    n_tokens = sum(len(s.action) for s in segs)
+
+    def expected(model):
+        sums, _ = segment_logps(model, segs, pad_id=pad, max_length=MODEL.max_length, keep_head=MODEL.keep_head)
+        return -sums.sum() / n_tokens
+
+    want = _grad(expected)
+    for micro in (1, 2, 5):  # 5 micro-batches, 3 (the last partial), 1
+        _assert_same(_sgd_delta(tmp_path, micro, 5, loss_fn, count_fn, 5, tiny_tokenizer), want)
+
+
+# ---- DPO on trajectories: a trajectory's log-prob is the sum over its turns -----------------
+
+
+def test_multi_turn_dpo_step_by_hand(tmp_path, tiny_tokenizer):
+    from sweet.policy_trainer import dpo_loss_fn, sequence_logps
+
+    segs = _segments(7, seed=1)
+    # pair 0: 2-turn chosen vs 1-turn rejected; pair 1: 1 turn vs 3 turns
+    pairs = [Pair((segs[0], segs[1]), (segs[2],), "t0"), Pair((segs[3],), (segs[4], segs[5], segs[6]), "t1")]
+    pad, beta, alpha = int(tiny_tokenizer.pad_token_id), 0.5, 0.1
+    ref = torch.tensor([[-30.0, -20.0], [-12.0, -40.0]], dtype=torch.float64)
+    loss_fn = dpo_loss_fn(pairs, ref, MODEL, pad, beta, alpha)
+
+    def by_hand(model):
+        """Each turn scored ALONE in its own context, then summed per trajectory:
+        h = β[(Σ_t log π(c_t) − ref_c) − (Σ_t log π(r_t) − ref_r)],
+        L = mean over the 2 pairs of  −log σ(h) + α · (−Σ_t log π(c_t) / Σ_t |c_t|)."""
+        one = lambda s: segment_logps(model, [s], pad_id=pad, max_length=MODEL.max_length,  # noqa: E731
+                                      keep_head=MODEL.keep_head)[0][0]
+        total = 0.0
+        for k, p in enumerate(pairs):
+            lc, lr = sum(one(s) for s in p.chosen), sum(one(s) for s in p.rejected)
+            h = beta * ((lc - ref[k, 0].item()) - (lr - ref[k, 1].item()))
+            total = total + (-torch.nn.functional.logsigmoid(h)) + alpha * (-lc / sum(len(s.action) for s in p.chosen))
+        return total / len(pairs)
+
+    # the hook: Σ over its pairs (the skeleton divides by the step's pair count)
+    model = load_model(MODEL)
+    loss_sum, metrics = loss_fn(model, [0, 1])
+    assert loss_sum.item() / 2 == pytest.approx(by_hand(model).item(), rel=1e-5)
+    logps, _ = sequence_logps(model, MODEL, pad, [pairs[0].chosen])
+    one_by_one = sum(segment_logps(model, [s], pad_id=pad, max_length=128, keep_head=16)[0][0] for s in pairs[0].chosen)
+    assert logps[0].item() == pytest.approx(one_by_one.item(), rel=1e-5)  # padding in a batch changes nothing
+    assert metrics["loss/dpo"] / 2 + alpha * metrics["loss/nll"] / 2 == pytest.approx(loss_sum.item() / 2, rel=1e-5)
+
+    want = _grad(by_hand)
+    for micro in (1, 2):  # the pairs split across micro-batches, or together
+        _assert_same(_sgd_delta(tmp_path, micro, 2, loss_fn, None, 2, tiny_tokenizer), want)
+
+
+def test_checkpoint_resume_restores_model_optimiser_scheduler(tmp_path, tiny_tokenizer):
+    """fit() with a checkpoint every step; a rerun from the first checkpoint ends on the same weights."""
+    from sweet.policy_trainer import sft_loss_fn
+
+    segs = _segments(6, seed=2)
+    pad = int(tiny_tokenizer.pad_token_id)
+    loss_fn, count_fn = sft_loss_fn(segs, MODEL, pad), (lambda i: len(segs[i].action))
+    train = TrainConfig(output_dir=str(tmp_path / "run"), batch_size=2, micro_batch_size=1, learning_rate=1e-3,
+                        warmup_ratio=0.3, report_to="none")
+
+    def run():
+        _reset_accelerate()
+        trainer = Trainer(MODEL, train, tiny_tokenizer)
+        trainer.prepare(trainer.steps_per_epoch(len(segs)) * train.num_epochs)
+        final = trainer.fit(list(range(len(segs))), loss_fn, count_fn, save_steps=1)
+        return final, _params(trainer.accelerator.unwrap_model(trainer.model)), trainer
+
+    final, first, trainer = run()
+    assert trainer.step == 3 and sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == \
+        ["checkpoint-1", "checkpoint-2"]
+    import shutil
+
+    shutil.rmtree(final)
+    shutil.rmtree(tmp_path / "run" / "checkpoint-2")  # "killed" after the first checkpoint
+    _, again, trainer = run()
+    for k in first:
+        assert torch.equal(first[k], again[k]), k
+    assert math.isclose(trainer.scheduler.get_last_lr()[0], 0.0, abs_tol=1e-12)  # the schedule ran to its end
