@@ -13,7 +13,7 @@ import os
 import random
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
