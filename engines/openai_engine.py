@@ -1,12 +1,22 @@
 """OpenAI-compatible backend: vLLM serve, OpenAI, `transformers serve`, ...
 
     engine = load_engine("openai:meta-llama/Llama-3.1-70B-Instruct@http://localhost:8000/v1")
+    engine = load_engine("openai:meta-llama/Llama-3.1-70B-Instruct@http://a:8000/v1,http://b:8000/v1")
 
 One chat-completions request per conversation (n choices each), at most
-`options.max_concurrency` in flight. Failures on 429, 5xx, connection errors and
-timeouts are retried with exponential backoff and jitter (honouring Retry-After);
-other 4xx are not retried. A failure that survives its retries raises `ServerError`
-(an `EngineError`) carrying the server's status and message.
+`options.max_concurrency` in flight. With several servers (replicas of one model) each
+request goes to the replica with the fewest requests in flight (ties in turn), skipping
+replicas that failed in the last REPLICA_COOLDOWN_S seconds.
+
+Failures on 429, 5xx, connection errors and timeouts are retried: first at once on each
+other replica, then, once every replica failed in a round, after an exponential backoff
+with jitter (honouring Retry-After); `options.max_retries` counts those rounds. Other 4xx
+are not retried. A failure that survives its retries raises `ServerError` (an
+`EngineError`) carrying the server's status and message.
+
+Built on httpx rather than the `openai` package: replica fail-over needs to own the retry
+loop (the client retries one server before another could answer), and the vLLM fields
+read here (token ids, prompt ids) are outside the client's typed responses.
 
 Optional server features are used when offered and dropped when refused:
 - `n`: servers that return fewer choices than asked get one request per missing sample
@@ -36,6 +46,7 @@ from engines.templating import cut_completion, end_token_ids
 
 RETRY_STATUSES = frozenset({429}) | frozenset(range(500, 600))
 MAX_BACKOFF_S = 30.0
+REPLICA_COOLDOWN_S = 5.0  # a replica that failed is tried last for this long
 VLLM_EXTRAS = ("return_tokens_as_token_ids", "return_token_ids")
 
 
@@ -104,6 +115,7 @@ class OpenAIEngine:
         spec: str | None = None,
         retry_backoff: float = 0.5,
         tokenizer: Any = None,
+        replica_cooldown: float = REPLICA_COOLDOWN_S,
     ) -> None:
         """`tokenizer` (or `options.extra["tokenizer"]`, a path or hub id) is the served
         model's tokenizer; with it, returned token ids are cut like the local backends'
@@ -111,7 +123,10 @@ class OpenAIEngine:
         import httpx
 
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
-        self.model, self.base_url = model, urls[0].rstrip("/")
+        if not urls:
+            raise EngineError("OpenAIEngine needs at least one base_url")
+        self.base_urls = [u.rstrip("/") for u in urls]
+        self.model, self.base_url = model, self.base_urls[0]
         self.options = options or EngineOptions()
         tokenizer = tokenizer if tokenizer is not None else self.options.extra.get("tokenizer")
         if isinstance(tokenizer, str):
@@ -121,7 +136,7 @@ class OpenAIEngine:
         self.tokenizer = tokenizer
         self._end_ids = end_token_ids(tokenizer) if tokenizer is not None else set()
         self.spec = spec or f"openai:{model}@{','.join(urls)}"
-        self.retry_backoff = retry_backoff
+        self.retry_backoff, self.replica_cooldown = retry_backoff, replica_cooldown
         api_key = self.options.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self._client = httpx.Client(
             headers={"Authorization": f"Bearer {api_key}"},
@@ -132,11 +147,15 @@ class OpenAIEngine:
         # Optional features, switched off for good the first time the server refuses one.
         self._features = {
             "logprobs": True,
-            "vllm_extras": "api.openai.com" not in self.base_url,
+            "vllm_extras": not any("api.openai.com" in u for u in self.base_urls),
             "n": True,
             "max_tokens": True,  # newer OpenAI models want max_completion_tokens instead
         }
         self._lock = threading.Lock()
+        # Replica choice: requests in flight, when each last failed, and a turn counter for ties.
+        self._in_flight = {u: 0 for u in self.base_urls}
+        self._failed_at = {u: float("-inf") for u in self.base_urls}
+        self._turn = 0
 
     # ------------------------------------------------------------------ requests
 
@@ -177,11 +196,11 @@ class OpenAIEngine:
             self._features[refused] = False
         return True
 
-    def _post_once(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _post_once(self, base_url: str, body: dict[str, Any]) -> dict[str, Any]:
         """One HTTP attempt: the JSON body, `_Retryable`, or ServerError for a final 4xx."""
         import httpx
 
-        url = f"{self.base_url}/chat/completions"
+        url = f"{base_url}/chat/completions"
         try:
             response = self._client.post(url, json=body)
         except httpx.TimeoutException as e:
@@ -205,41 +224,65 @@ class OpenAIEngine:
             f"{url} returned HTTP {response.status_code} (not retried): {message}", response.status_code, message
         )
 
+    def _pick(self, exclude: set[str]) -> str:
+        """The replica for the next attempt: not recently failed, fewest in flight, then in turn."""
+        now = time.monotonic()
+        with self._lock:
+            candidates = [u for u in self.base_urls if u not in exclude]
+            self._turn += 1
+            order = {u: (i - self._turn) % len(self.base_urls) for i, u in enumerate(self.base_urls)}
+            url = min(candidates, key=lambda u: (now - self._failed_at[u] < self.replica_cooldown,
+                                                 self._in_flight[u], order[u]))
+            self._in_flight[url] += 1
+        return url
+
     def _post(self, conversation: Conversation, params: SamplingParams, n: int, seed: int | None) -> dict[str, Any]:
-        """POST with retries; raises ServerError once retries are exhausted."""
-        attempt = 0
+        """POST with fail-over and retries; raises ServerError once retries are exhausted."""
+        attempts, rounds = 0, 0
         while True:
-            body = self._body(conversation, params, n, seed)
-            try:
-                return self._post_once(body)
-            except ServerError as e:
-                if self._refused_feature(e.status or 0, e.server_message, body):
-                    continue  # resend without the refused optional feature (not a retry)
-                raise
-            except _Retryable as e:
-                if attempt >= self.options.max_retries:
-                    where = f"HTTP {e.status}" if e.status is not None else "no response"
-                    raise ServerError(
-                        f"{self.base_url}/chat/completions failed after {attempt + 1} attempts ({where}): {e.message}",
-                        e.status,
-                        e.message,
-                    ) from None
-                delay = min(MAX_BACKOFF_S, self.retry_backoff * 2**attempt) * random.uniform(0.5, 1.5)
-                if e.retry_after is not None:
-                    delay = min(MAX_BACKOFF_S, max(delay, e.retry_after))
-                time.sleep(delay)
-                attempt += 1
+            tried: set[str] = set()
+            last: tuple[str, _Retryable] | None = None
+            while len(tried) < len(self.base_urls):
+                url = self._pick(tried)
+                body = self._body(conversation, params, n, seed)
+                attempts += 1
+                try:
+                    return self._post_once(url, body)
+                except ServerError as e:
+                    if self._refused_feature(e.status or 0, e.server_message, body):
+                        continue  # resend without the refused optional feature (not a retry)
+                    raise
+                except _Retryable as e:
+                    tried.add(url)
+                    last = (url, e)
+                    with self._lock:
+                        self._failed_at[url] = time.monotonic()
+                finally:
+                    with self._lock:
+                        self._in_flight[url] -= 1
+            url, e = last  # type: ignore[misc]  # every replica failed in this round
+            if rounds >= self.options.max_retries:
+                where = f"HTTP {e.status}" if e.status is not None else "no response"
+                servers = f"all {len(self.base_urls)} servers, last {url}" if len(self.base_urls) > 1 else url
+                raise ServerError(f"{servers}/chat/completions failed after {attempts} attempts ({where}): {e.message}",
+                                  e.status, e.message) from None
+            delay = min(MAX_BACKOFF_S, self.retry_backoff * 2**rounds) * random.uniform(0.5, 1.5)
+            if e.retry_after is not None:
+                delay = min(MAX_BACKOFF_S, max(delay, e.retry_after))
+            time.sleep(delay)
+            rounds += 1
 
     def _complete(self, conversation: Conversation, params: SamplingParams) -> list[Sample]:
         """`params.n` samples for one conversation (one request, or more if the server ignores n)."""
-        n_first = params.n if self._features["n"] else 1
+        wanted = params.distinct  # greedy: one completion, repeated (servers refuse n > 1 greedy)
+        n_first = wanted if self._features["n"] else 1
         data = self._post(conversation, params, n_first, params.seed)
         prompt_ids = data.get("prompt_token_ids")
         samples = [_parse_choice(c) for c in sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))]
-        if len(samples) < params.n and n_first > 1:
+        if len(samples) < wanted and n_first > 1:
             with self._lock:
                 self._features["n"] = False  # the server ignores n: one request per sample from now on
-        while len(samples) < params.n:
+        while len(samples) < wanted:
             seed = None if params.seed is None else params.seed + len(samples)
             extra = self._post(conversation, params, 1, seed)
             choices = extra.get("choices") or []
@@ -249,8 +292,8 @@ class OpenAIEngine:
         if prompt_ids:
             samples = [replace(s, prompt_token_ids=tuple(prompt_ids)) for s in samples]
         if self.tokenizer is not None:
-            samples = [self._cut(s, params) for s in samples]
-        return samples[: params.n]
+            samples = [self._cut(s, params) for s in samples[:wanted]]
+        return [samples[k % wanted] for k in range(params.n)]
 
     def _cut(self, sample: Sample, params: SamplingParams) -> Sample:
         """Cut server token ids (vLLM keeps the eos / stop-string tokens) so decode(ids) == text."""

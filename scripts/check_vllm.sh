@@ -9,8 +9,9 @@
 # 1. resolve: `pip install --dry-run -e '.[vllm]'` in a throwaway venv; fails (exit 1) when
 #    the extra stops resolving, e.g. the base's torch range no longer admits vLLM's pin.
 # 2. build:   a venv with the package and the vllm + test extras under
-#    ${SWEET_VLLM_VENV:-~/.cache/sweet/vllm-venv-<hash of pyproject.toml>}, reused while
-#    pyproject.toml is unchanged.
+#    ${SWEET_VLLM_VENV:-~/.cache/sweet/vllm-venv-<hash of the torch/vllm pins>}: rebuilt when
+#    those pins change, brought up to date by one (cheap) pip install when anything else in
+#    pyproject.toml changes.
 # 3. check:   tests/engines/test_vllm_api.py in that venv (CPU: signatures, classes,
 #    SamplingParams fields, LoRARequest, the worker extension and what collective_rpc
 #    serialises). It is skipped in the default suite, where vLLM is not installed.
@@ -18,7 +19,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
-key="$(sha1sum pyproject.toml | cut -c1-12)"
+key="$(grep -E '"(torch|torchvision|vllm)[^a-z_-]' pyproject.toml | sha1sum | cut -c1-12)"
+stamp="installed-$(sha1sum pyproject.toml | cut -c1-12)"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/sweet"
 mkdir -p "$CACHE"
 
@@ -46,9 +48,12 @@ if [ ! -f "$VENV/.complete" ]; then
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
+fi
+if [ ! -f "$VENV/.$stamp" ]; then
   # No pre-installed torch here: vLLM's exact torch pin decides (CUDA wheels from PyPI).
   "$VENV/bin/python" -m pip install -q -e ".[vllm,test]"
-  touch "$VENV/.complete"
+  rm -f "$VENV"/.installed-*
+  touch "$VENV/.complete" "$VENV/.$stamp"
 fi
 "$VENV/bin/python" -c "import vllm, torch; print('[check_vllm] vllm', vllm.__version__, 'torch', torch.__version__)"
 

@@ -335,3 +335,56 @@ def test_tokenizer_cuts_server_ids_like_local_backends(scripted, tiny_path):
         assert s.text.startswith("def f(x):")
     assert (stopped.finish_reason, ended.finish_reason) == ("stop_string", "stop")
     assert ended.token_ids == tuple(before)
+
+
+# --------------------------------------------------------------------------- several replicas
+
+
+def ok(body, i):
+    return 200, vllm_like_reply(body), {}, 0.05  # a little latency, so requests overlap
+
+
+def test_requests_spread_over_replicas(scripted):
+    from engines import load_engine
+
+    a, b = scripted(ok), scripted(ok)
+    engine = load_engine(f"openai:m@{a.url},{b.url}", EngineOptions(max_concurrency=4))
+    assert engine.base_urls == [a.url, b.url]
+    out = engine.generate(CONVS * 6, SamplingParams(n=2, seed=1))
+    engine.close()
+    assert [len(s) for s in out] == [2] * 12 and all(s[1].text == "answer 1" for s in out)
+    assert len(a.requests) + len(b.requests) == 12 and min(len(a.requests), len(b.requests)) >= 4
+
+
+def test_a_failing_replica_is_retried_on_another_and_then_avoided(scripted):
+    """Replica A answers 503 (as a crashed vLLM behind its proxy would): every request still
+    succeeds, even with no retry rounds, and A is skipped while it cools down."""
+    down = scripted(lambda body, i: (503, {"error": {"message": "engine dead"}}, {}, 0))
+    up = scripted(ok)
+    engine = OpenAIEngine("m", [down.url, up.url], EngineOptions(max_retries=0, max_concurrency=1),
+                          retry_backoff=0.01, replica_cooldown=60)
+    out = engine.generate(CONVS * 3, SamplingParams())
+    engine.close()
+    assert all(s[0].text == "answer 0" for s in out)
+    assert len(down.requests) == 1 and len(up.requests) == 6
+
+
+def test_a_replica_that_refuses_connections_fails_over(scripted):
+    up = scripted(ok)
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    engine = OpenAIEngine("m", [dead, up.url], EngineOptions(max_retries=0, max_concurrency=2), retry_backoff=0.01)
+    out = engine.generate(CONVS * 2, SamplingParams(n=3, temperature=0.0))  # greedy: one request, n copies
+    engine.close()
+    assert all(len({s.text for s in samples}) == 1 and len(samples) == 3 for samples in out)
+    assert [r["body"]["n"] for r in up.requests] == [1] * 4
+
+
+def test_all_replicas_failing_raises_after_rounds(scripted):
+    a = scripted(lambda body, i: (500, {"error": {"message": "a broke"}}, {}, 0))
+    b = scripted(lambda body, i: (502, {"error": {"message": "b broke"}}, {}, 0))
+    engine = OpenAIEngine("m", [a.url, b.url], EngineOptions(max_retries=1), retry_backoff=0.01)
+    with pytest.raises(ServerError, match=r"all 2 servers, last http://127\.0\.0\.1:\d+/v1/chat/completions "
+                                          r"failed after 4 attempts \(HTTP 50[02]\): [ab] broke"):
+        engine.generate(CONVS[:1], SamplingParams())
+    engine.close()
+    assert len(a.requests) == len(b.requests) == 2
