@@ -28,11 +28,19 @@ Conventions (recorded in critic_config.json so scoring reproduces training):
 - action = the turn's generated `token_ids` + the end-of-turn id (`eos_token_id`):
   engines report ids without the end-of-turn token, but the policy did emit it, and
   ending the turn is part of the action the critic judges. Never re-tokenised text.
-- `length_normalize=False` uses the sum over the action's tokens instead of the
-  mean (the paper's ablation, which collapses success to 3.6%).
 - β: the paper does not state the critic's β; default 1.0 (with the mean it only
   rescales the BT logits, i.e. acts like a learning-rate/temperature knob).
 
+The paper's ablations (Sec. 6), switches of the same critic, recorded in the spec so
+stage 2 ranks with exactly what was trained:
+- `length_normalize=False` (`sweet_sum`): the sum over the action's tokens instead of
+  the mean (paper: success collapses to 3.6%).
+- `training_info=False` (`sweet_no_info`): c is left out of the context, in training
+  and in scoring (paper: 31.2%).
+- `head="value"` (`sweet_value_head`): a regression head instead of the LM head,
+  A(o_t, a_t) = β · mean_{i ∈ a_t} v(x_≤i) with v a scalar head on the decoder's last
+  hidden state (`sweet.value_head`), no π_ref; same Bradley-Terry loss over Σ_t A
+  (paper: 36.2%).
 Stage 2 uses `CriticScorer.load(critic_dir).advantages(state, actions)`.
 """
 
@@ -62,7 +70,7 @@ CRITIC_CONFIG_FILE = "critic_config.json"
 
 
 @dataclass(frozen=True)
-class TurnExample:
+class CriticTurn:
     """One agent turn as the critic sees it.
 
     state:      o_t and c (State.prompt, State.training_info).
@@ -94,6 +102,8 @@ class CriticSpec:
     max_length: int = 4096
     keep_head: int = 512
     env: str = "backend"
+    head: str = "lm"  # "lm": A from log π_θ − log π_ref; "value": A from a regression head (no π_ref)
+    training_info: bool = True  # False: c is not in the critic's context (ablation)
 
     def save(self, critic_dir: str | Path) -> None:
         (Path(critic_dir) / CRITIC_CONFIG_FILE).write_text(json.dumps(asdict(self), indent=2))
@@ -113,23 +123,30 @@ class CriticSpec:
 # ---- building examples -------------------------------------------------------------
 
 
-def critic_context_ids(tokenizer, state: State, header: str = DEFAULT_HEADER) -> list[int]:
-    """(o_t, c) as ids: the policy's messages with c added, chat-templated."""
+HEADS = ("lm", "value")
+
+
+def critic_context_ids(tokenizer, state: State, header: str = DEFAULT_HEADER, training_info: bool = True) -> list[int]:
+    """(o_t, c) as ids: the policy's messages with c added, chat-templated (without c
+    when `training_info` is False: the ablation)."""
     from sweet.tokens import template_ids, with_training_info
 
-    return template_ids(tokenizer, with_training_info(state.prompt, state.training_info, header))
+    messages = with_training_info(state.prompt, state.training_info, header) if training_info else list(state.prompt)
+    return template_ids(tokenizer, messages)
 
 
-def critic_action_ids(token_ids: Sequence[int], eos_token_id: int) -> tuple[int, ...]:
-    """a_t = generated ids + the end-of-turn id (not appended twice)."""
-    ids = tuple(int(i) for i in token_ids)
-    return ids if ids and ids[-1] == eos_token_id else ids + (eos_token_id,)
+def critic_action_ids(token_ids: Sequence[int], eos_token_id: int, finish_reason: str | None = None) -> tuple[int, ...]:
+    """a_t = generated ids + the end-of-turn id exactly when the model emitted it: the
+    one rule of every trainer (sweet.tokens.action_ids; None = a record without it)."""
+    from sweet.tokens import action_ids
+
+    return action_ids(token_ids, eos_token_id, finish_reason)
 
 
 def episode_turn_examples(
     episode: Episode, training_info: str, eos_token_id: int, tokenizer=None
-) -> list[TurnExample]:
-    """One TurnExample per agent turn. Turns without `token_ids` (published offline
+) -> list[CriticTurn]:
+    """One CriticTurn per agent turn. Turns without `token_ids` (published offline
     data, scripted agents) are an error unless `tokenizer` is given, in which case
     their text is tokenised once (the only option when the ids were never recorded)."""
     states = episode_states(episode, training_info)
@@ -143,16 +160,16 @@ def episode_turn_examples(
                     "(pass --tokenize_missing_actions true to tokenise its text)"
                 )
             ids = tokenizer(turn.content, add_special_tokens=False)["input_ids"]
-        examples.append(TurnExample(state, critic_action_ids(ids, eos_token_id)))
+        examples.append(CriticTurn(state, critic_action_ids(ids, eos_token_id, turn.finish_reason)))
     return examples
 
 
-def critic_batch(tokenizer, examples: Sequence[TurnExample], header: str, max_length: int | None,
-                 keep_head: int) -> "TokenBatch":
+def critic_batch(tokenizer, examples: Sequence[CriticTurn], header: str, max_length: int | None,
+                 keep_head: int, training_info: bool = True) -> "TokenBatch":
     """Pack turn examples into one right-padded batch (contexts cut in the middle)."""
     from sweet.tokens import make_batch
 
-    pairs = [(critic_context_ids(tokenizer, ex.state, header), ex.action_ids) for ex in examples]
+    pairs = [(critic_context_ids(tokenizer, ex.state, header, training_info), ex.action_ids) for ex in examples]
     return make_batch(pairs, tokenizer.pad_token_id, max_length=max_length, keep_head=keep_head)
 
 
@@ -162,6 +179,16 @@ def action_logprob_sums(model, batch: "TokenBatch") -> "torch.Tensor":
 
     total, _ = action_logprob_sum_and_mean(token_logprobs(model, batch), batch.action_mask)
     return total
+
+
+def action_sums(model, batch: "TokenBatch", head: str = "lm") -> "torch.Tensor":
+    """What A reduces over a_t, summed per sequence [B]: log π_θ(y | ...) for the LM
+    head, v(x_≤i) for the value head (`sweet.value_head.ValueHeadModel`)."""
+    if head == "value":
+        from sweet.value_head import action_value_sums
+
+        return action_value_sums(model, batch)
+    return action_logprob_sums(model, batch)
 
 
 # ---- the maths (pure functions) ------------------------------------------------------
@@ -214,32 +241,14 @@ def pair_accuracy_and_margin(score_chosen: "torch.Tensor", score_rejected: "torc
 
 
 def load_training_info(tasks: str, env: str = "backend") -> dict[str, str]:
-    """task_id -> c for every task of `tasks` (a path or `builtin:<split>`).
+    """task_id -> c for every task of `tasks` (any source `colbench.tasks.load_tasks`
+    reads, our own Task records included). c is the environment's `training_info(task)`,
+    or `task.hidden` when the environment cannot be built."""
+    from colbench.tasks import load_tasks
 
-    Files of our own Task records (JSONL rows with task_id/hidden) are read directly;
-    anything else goes through `colbench.tasks.load_tasks`. c is the environment's
-    `training_info(task)`, or `task.hidden` when the environment cannot be built."""
-    from colbench.types import Task
-
-    path = Path(tasks)
-    rows = None
-    if path.suffix == ".jsonl" and path.exists():
-        with path.open() as f:
-            first = next((line for line in f if line.strip()), None)
-        if first is None:
-            raise ValueError(f"{path}: no tasks (empty file)")
-        if {"task_id", "hidden"} <= set(json.loads(first)):
-            rows = []
-            for lineno, line in enumerate(path.read_text().splitlines(), 1):
-                if line.strip():
-                    try:
-                        rows.append(Task.from_json(json.loads(line)))
-                    except (json.JSONDecodeError, TypeError) as e:
-                        raise ValueError(f"{path}:{lineno}: not a task record ({e})") from None
-    if rows is None:
-        from colbench.tasks import load_tasks
-
-        rows = load_tasks(tasks, env=env, validate=False)
+    rows = load_tasks(tasks, env=env, validate=False)
+    if not rows:
+        raise ValueError(f"{tasks}: no tasks")
     info_of = training_info_fn(env)
     return {t.task_id: info_of(t) for t in rows}
 
@@ -274,7 +283,9 @@ class CriticScorer:
         advs = scorer.advantages(state, [cand.token_ids for cand in candidates])
 
     Holds the critic θ and π_ref: for LoRA critics one model (π_ref = the base with
-    adapters disabled), otherwise two.
+    adapters disabled), otherwise two; a value-head critic (`spec.head == "value"`) is
+    one model and no π_ref. Head, reduction (mean/sum) and whether c is in the context
+    all come from the spec, i.e. from training.
     """
 
     def __init__(self, spec: CriticSpec, model, ref_model, tokenizer, device, batch_size: int = 16):
@@ -297,7 +308,15 @@ class CriticScorer:
         spec = CriticSpec.load(critic_dir)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         ref_cfg = ModelConfig(model=spec.reference_model, dtype=spec.dtype, max_length=spec.max_length, keep_head=spec.keep_head)
-        if spec.lora:
+        if spec.head not in HEADS:
+            raise ValueError(f"{critic_dir / CRITIC_CONFIG_FILE}: head must be one of {HEADS}, got {spec.head!r}")
+        if spec.head == "value":  # merged weights + the head in model_dir; no π_ref
+            from sweet.value_head import ValueHeadModel
+
+            lm = load_model(ModelConfig(model=str(critic_dir / spec.model_dir), dtype=spec.dtype), trainable=False)
+            model = ValueHeadModel(lm).load_head(critic_dir / spec.model_dir).eval().requires_grad_(False)
+            ref_model = None
+        elif spec.lora:
             if not spec.adapter_dir or not (critic_dir / spec.adapter_dir).exists():
                 raise FileNotFoundError(f"{critic_dir}: LoRA critic without its adapter dir {spec.adapter_dir!r}")
             model = load_model(ref_cfg, trainable=False, adapter=str(critic_dir / spec.adapter_dir))
@@ -308,10 +327,11 @@ class CriticScorer:
         tokenizer = load_tokenizer(str(critic_dir / spec.model_dir))
         return cls(spec, model.to(device), ref_model, tokenizer, device, batch_size)
 
-    def advantages(self, state: State, actions: Sequence[Sequence[int]]) -> list[float]:
-        """A(o_t, a, c) for each candidate action a (generated ids, eos is appended)
-        of one state, in batched passes."""
-        return self.score_states([(state, actions)])[0]
+    def advantages(self, state: State, actions: Sequence[Sequence[int]],
+                   finish_reasons: Sequence[str | None] | None = None) -> list[float]:
+        """A(o_t, a, c) for each candidate action a (generated ids; eos is appended as
+        in training: when its finish reason is "stop" or not given) of one state."""
+        return self.score_states([(state, actions, finish_reasons or [None] * len(actions))])[0]
 
     def score_states(self, items: Sequence[tuple[State, Sequence[Sequence[int]]]]) -> list[list[float]]:
         """advantages() for many states. Each state's context (o_t, c) is run once and
@@ -319,33 +339,36 @@ class CriticScorer:
         pass of context + action per candidate, at a fraction of the cost); contexts
         that need truncation take the padded path so they are cut exactly as in training."""
         out = []
-        for state, actions in items:
-            examples = [TurnExample(state, critic_action_ids(a, self.spec.eos_token_id)) for a in actions]
-            context = critic_context_ids(self.tokenizer, state, self.spec.header)
+        for state, actions, *finish in items:  # finish: optionally, one finish reason per action
+            reasons = finish[0] if finish else [None] * len(actions)
+            examples = [CriticTurn(state, critic_action_ids(a, self.spec.eos_token_id, r)) for a, r in zip(actions, reasons)]
+            context = critic_context_ids(self.tokenizer, state, self.spec.header, self.spec.training_info)
             longest = max((len(ex.action_ids) for ex in examples), default=0)
             if not examples:
                 out.append([])
-            elif len(context) + longest <= self.spec.max_length:
+            elif len(context) + longest <= self.spec.max_length and self.spec.head == "lm":
                 out.append(self._shared_prefix_advantages(context, examples))
             else:
                 out.append(self._padded_advantages(examples))
         return out
 
-    def _advantage(self, policy, ref, chunk: Sequence[TurnExample]) -> list[float]:
+    def _advantage(self, policy, ref, chunk: Sequence[CriticTurn]) -> list[float]:
         import torch
 
         n = torch.tensor([len(ex.action_ids) for ex in chunk], device=policy.device)
         return per_turn_advantage(policy, ref, n, self.spec.beta, self.spec.length_normalize).tolist()
 
     def _both_models(self, fn):
-        """fn(model) for θ and for π_ref."""
+        """fn(model) for θ and for π_ref (value head: 0, there is no π_ref)."""
         policy = fn(self.model)
+        if self.spec.head == "value":
+            return policy, policy.new_zeros(policy.shape)
         if self.ref_model is None:
             with self.model.disable_adapter():
                 return policy, fn(self.model)
         return policy, fn(self.ref_model)
 
-    def _shared_prefix_advantages(self, context: list[int], examples: Sequence[TurnExample]) -> list[float]:
+    def _shared_prefix_advantages(self, context: list[int], examples: Sequence[CriticTurn]) -> list[float]:
         import torch
 
         values: list[float] = []
@@ -357,16 +380,17 @@ class CriticScorer:
                 values.extend(self._advantage(policy, ref, chunk))
         return values
 
-    def _padded_advantages(self, examples: Sequence[TurnExample]) -> list[float]:
+    def _padded_advantages(self, examples: Sequence[CriticTurn]) -> list[float]:
         import torch
 
         values: list[float] = []
         with torch.no_grad():
             for start in range(0, len(examples), self.batch_size):
                 chunk = examples[start : start + self.batch_size]
-                batch = critic_batch(self.tokenizer, chunk, self.spec.header, self.spec.max_length, self.spec.keep_head)
+                batch = critic_batch(self.tokenizer, chunk, self.spec.header, self.spec.max_length, self.spec.keep_head,
+                                     self.spec.training_info)
                 batch = batch.to(self.device)
-                policy, ref = self._both_models(lambda m: action_logprob_sums(m, batch))
+                policy, ref = self._both_models(lambda m: action_sums(m, batch, self.spec.head))
                 values.extend(self._advantage(policy, ref, chunk))
         return values
 

@@ -27,6 +27,14 @@ Llama-3.1-8B-Instruct critic with LoRA on 8 GPUs (paper: 4 epochs, batch 8):
         --env backend --output_dir runs/critic-8b --num_epochs 4 --batch_size 8 --micro_batch_size 1 \\
         --learning_rate 2e-5 --max_length 8192
 
+The paper's critic ablations (Sec. 6) are flags of the same trainer; the scorer of
+stage 2 reads them back from `critic_config.json`, so ranking uses the same head,
+reduction and context as training:
+
+    --training_info false   # sweet_no_info: c is not in the critic's context (--tasks optional)
+    --head value            # sweet_value_head: scalar regression head, mean over a_t of v, no π_ref
+    --length_normalize false  # sweet_sum: sum over a_t's tokens instead of the mean
+
 Or everything from a YAML file (`--config run.yaml`; flags override it). Outputs:
 `final/` (HF weights; LoRA: merged weights + `final-adapter/`), `critic_config.json`
 (what `sweet.critic.CriticScorer.load` needs), `metrics.jsonl` (`loss/bt`, `loss/nll`,
@@ -43,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweet.critic import DEFAULT_HEADER, CriticSpec, TurnExample
+from sweet.critic import DEFAULT_HEADER, HEADS, CriticSpec, CriticTurn
 from sweet.training import ModelConfig, TrainConfig
 
 
@@ -57,7 +65,9 @@ class CriticConfig:
     eval_episodes: str = field(default="", metadata={"help": "comma list of held-out episode files; empty: hold out eval_fraction of the tasks"})
     eval_fraction: float = field(default=0.1, metadata={"help": "share of tasks (not pairs) held out for pairwise accuracy"})
     beta: float = field(default=1.0, metadata={"help": "β in A = β·mean(log π_θ − log π_ref); not stated in the paper"})
-    length_normalize: bool = field(default=True, metadata={"help": "mean over the action's tokens (paper); false: sum (ablation)"})
+    length_normalize: bool = field(default=True, metadata={"help": "mean over the action's tokens (paper); false: sum (ablation sweet_sum; paper: 3.6%% success)"})
+    training_info: bool = field(default=True, metadata={"help": "add the hidden reference c to the critic's context (paper); false: without it, in training and in scoring (ablation sweet_no_info; paper: 31.2%%); --tasks is then not needed"})
+    head: str = field(default="lm", metadata={"help": "lm: A = β·mean(log π_θ − log π_ref) read through the LM head (paper); value: a scalar regression head on the last hidden state, A = β·mean over the action's tokens of v (ablation sweet_value_head; paper: 36.2%%), no π_ref"})
     nll_coef: float = field(default=0.0, metadata={"help": "weight of an NLL term on the chosen trajectories' actions"})
     success_threshold: float = field(default=1.0, metadata={"help": "a task yields pairs when its best reward reaches this (backend: 1.0 = all tests)"})
     min_reward_gap: float = field(default=0.0, metadata={"help": "rejected episodes must be worse than the best by more than this"})
@@ -75,6 +85,10 @@ class CriticConfig:
             raise ValueError(f"CriticConfig.nll_coef must be >= 0, got {self.nll_coef}")
         if self.max_pairs < 0 or self.eval_batch_size < 1:
             raise ValueError("CriticConfig.max_pairs must be >= 0 and eval_batch_size >= 1")
+        if self.head not in HEADS:
+            raise ValueError(f"CriticConfig.head must be one of {HEADS}, got {self.head!r}")
+        if self.head == "value" and self.nll_coef > 0:
+            raise ValueError("CriticConfig.nll_coef needs head='lm' (a value head has no token log-probs)")
 
 
 @dataclass
@@ -99,7 +113,7 @@ class CriticData:
     train_pairs / eval_pairs: (chosen episode, rejected episode).
     """
 
-    turns: list[TurnExample]
+    turns: list[CriticTurn]
     episode_turns: list[list[int]]
     train_pairs: list[tuple[int, int]]
     eval_pairs: list[tuple[int, int]]
@@ -148,14 +162,16 @@ def build_data(cfg: CriticConfig, eos_token_id: int, tokenizer, seed: int) -> Cr
         pairs = [p for p in pairs if p.task_id not in held]
     if cfg.max_pairs and len(pairs) > cfg.max_pairs:
         pairs = random.Random(seed).sample(pairs, cfg.max_pairs)
-    info = load_training_info(cfg.tasks, cfg.env) if cfg.tasks else {}
-    info_of = training_info_fn(cfg.env)
+    info = load_training_info(cfg.tasks, cfg.env) if cfg.tasks and cfg.training_info else {}
+    info_of = training_info_fn(cfg.env) if cfg.training_info else None
     index: dict[int, int] = {}  # id(episode) -> episode number
-    turns: list[TurnExample] = []
+    turns: list[CriticTurn] = []
     episode_turns: list[list[int]] = []
 
     def number(ep) -> int:
         if id(ep) not in index:
+            if not cfg.training_info:  # the ablation: the critic never sees c
+                info[ep.task_id] = ""
             if ep.task_id not in info and "task" in ep.meta:  # published trajectories carry their task
                 info[ep.task_id] = info_of(Task.from_json(ep.meta["task"]))
             if ep.task_id not in info and not cfg.tasks:
@@ -180,15 +196,17 @@ def build_data(cfg: CriticConfig, eos_token_id: int, tokenizer, seed: int) -> Cr
 # ---- forward passes ------------------------------------------------------------------------
 
 
-def sharded_logprob_sums(accelerator, model, tokenizer, turns: list[TurnExample], indices: list[int],
-                         mcfg: ModelConfig, header: str, batch_size: int, desc: str = "") -> Any:
-    """Σ_{y ∈ a_t} log π(y | o_t, c) for turns[indices], no grad, split over processes;
-    every process gets all values, float64 [len(indices)]. Every process makes the same
-    number of forward calls (DDP buffer syncs / ZeRO-3 gathers need it)."""
+def sharded_action_sums(accelerator, model, tokenizer, turns: list[CriticTurn], indices: list[int],
+                        mcfg: ModelConfig, ccfg: CriticConfig, desc: str = "") -> Any:
+    """Σ_{y ∈ a_t} log π(y | o_t, c) (value head: Σ v) for turns[indices], no grad,
+    split over processes; every process gets all values, float64 [len(indices)]. Every
+    process makes the same number of forward calls (DDP buffer syncs / ZeRO-3 gathers need it)."""
     import torch
     from tqdm.auto import tqdm
 
-    from sweet.critic import action_logprob_sums, critic_batch
+    from sweet.critic import action_sums, critic_batch
+
+    batch_size = ccfg.eval_batch_size
 
     world, rank = accelerator.num_processes, accelerator.process_index
     out = torch.zeros(len(indices), dtype=torch.float64, device=accelerator.device)
@@ -201,31 +219,35 @@ def sharded_logprob_sums(accelerator, model, tokenizer, turns: list[TurnExample]
         for c in tqdm(range(n_calls), desc=desc, disable=not accelerator.is_main_process or not desc):
             chunk = positions[c * batch_size : (c + 1) * batch_size]
             examples = [turns[indices[p]] for p in chunk] or [turns[indices[0]]]  # dummy call keeps ranks in step
-            batch = critic_batch(tokenizer, examples, header, mcfg.max_length, mcfg.keep_head).to(accelerator.device)
-            sums = action_logprob_sums(model, batch)
+            batch = critic_batch(tokenizer, examples, ccfg.header, mcfg.max_length, mcfg.keep_head,
+                                 ccfg.training_info).to(accelerator.device)
+            sums = action_sums(model, batch, ccfg.head)
             if chunk:
                 out[torch.tensor(chunk, device=out.device)] = sums.double()
     model.train(was_training)
     return accelerator.reduce(out, "sum") if world > 1 else out
 
 
-def _length_key(ex: TurnExample) -> int:
+def _length_key(ex: CriticTurn) -> int:
     return sum(len(str(m.get("content", ""))) for m in ex.state.prompt) + len(ex.action_ids)
 
 
 def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig,
                        output_dir: Path, allow_compute: bool) -> Any:
     """π_ref sums per turn, from `ref_logprobs.pt` when it matches these turns, else
-    computed once with the initial model (LoRA: adapters disabled) and cached."""
+    computed once with the initial model (LoRA: adapters disabled) and cached. The
+    value head has no π_ref: zeros."""
     import contextlib
     import hashlib
 
     import torch
 
+    if ccfg.head == "value":
+        return torch.zeros(len(data.turns), dtype=torch.float64, device=accelerator.device)
     path = output_dir / "ref_logprobs.pt"
     digest = hashlib.sha256("".join(t.fingerprint() for t in data.turns).encode()).hexdigest()
     key = {"model": mcfg.model, "dtype": mcfg.dtype, "max_length": mcfg.max_length, "keep_head": mcfg.keep_head,
-           "header": ccfg.header, "turns": digest}
+           "header": ccfg.header, "training_info": ccfg.training_info, "turns": digest}
     if path.exists():
         blob = torch.load(path, weights_only=False)
         if blob["key"] == key:
@@ -240,8 +262,8 @@ def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: Cr
     unwrapped = accelerator.unwrap_model(model)
     ctx = unwrapped.disable_adapter() if hasattr(unwrapped, "disable_adapter") else contextlib.nullcontext()
     with ctx:
-        sums = sharded_logprob_sums(accelerator, model, tokenizer, data.turns, list(range(len(data.turns))), mcfg,
-                                    ccfg.header, ccfg.eval_batch_size, desc="π_ref log-probs")
+        sums = sharded_action_sums(accelerator, model, tokenizer, data.turns, list(range(len(data.turns))), mcfg,
+                                   ccfg, desc="π_ref log-probs")
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         torch.save({"key": key, "sums": sums.cpu()}, path)
@@ -252,25 +274,29 @@ def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: Cr
 def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[int, int]], ccfg: CriticConfig,
                mcfg: ModelConfig, device) -> tuple[Any, Any, Any]:
     """One forward over every turn of the pairs' episodes. Returns per pair [P]:
-    L_BT, NLL of the chosen trajectory's actions (token mean), and the margin."""
+    L_BT, NLL of the chosen trajectory's actions (token mean; 0 for the value head),
+    and the margin."""
     import torch
 
-    from sweet.critic import (action_logprob_sums, bradley_terry_loss, critic_batch, per_turn_advantage,
-                              trajectory_scores)
+    from sweet.critic import action_sums, bradley_terry_loss, critic_batch, per_turn_advantage, trajectory_scores
 
     episodes = sorted({e for pair in pairs for e in pair})
     slot = {e: k for k, e in enumerate(episodes)}
     turn_idx = [t for e in episodes for t in data.episode_turns[e]]
     traj = torch.tensor([slot[e] for e in episodes for _ in data.episode_turns[e]], device=device)
-    batch = critic_batch(tokenizer, [data.turns[t] for t in turn_idx], ccfg.header, mcfg.max_length, mcfg.keep_head)
-    logp = action_logprob_sums(model, batch.to(device))  # log π_θ, Σ over a_t
+    batch = critic_batch(tokenizer, [data.turns[t] for t in turn_idx], ccfg.header, mcfg.max_length, mcfg.keep_head,
+                         ccfg.training_info)
+    logp = action_sums(model, batch.to(device), ccfg.head)  # Σ over a_t of log π_θ (value head: of v)
     n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in turn_idx], device=device, dtype=logp.dtype)
     advantages = per_turn_advantage(logp, ref_sums[turn_idx], n_tokens, ccfg.beta, ccfg.length_normalize)
     scores = trajectory_scores(advantages, traj, len(episodes))
     chosen = torch.tensor([slot[c] for c, _ in pairs], device=device)
     rejected = torch.tensor([slot[r] for _, r in pairs], device=device)
     bt, _ = bradley_terry_loss(scores[chosen], scores[rejected])
-    nll = -trajectory_scores(logp, traj, len(episodes)) / trajectory_scores(n_tokens, traj, len(episodes))
+    if ccfg.head == "value":
+        nll = torch.zeros(len(episodes), device=device)
+    else:
+        nll = -trajectory_scores(logp, traj, len(episodes)) / trajectory_scores(n_tokens, traj, len(episodes))
     return bt, nll[chosen], (scores[chosen] - scores[rejected]).detach()
 
 
@@ -285,8 +311,7 @@ def evaluate(accelerator, model, tokenizer, data: CriticData, ref_sums, ccfg: Cr
         return {}
     episodes = sorted({e for pair in data.eval_pairs for e in pair})
     turn_idx = [t for e in episodes for t in data.episode_turns[e]]
-    logp = sharded_logprob_sums(accelerator, model, tokenizer, data.turns, turn_idx, mcfg, ccfg.header,
-                                ccfg.eval_batch_size)
+    logp = sharded_action_sums(accelerator, model, tokenizer, data.turns, turn_idx, mcfg, ccfg)
     n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in turn_idx], device=logp.device, dtype=logp.dtype)
     adv = per_turn_advantage(logp, ref_sums[turn_idx], n_tokens, ccfg.beta, ccfg.length_normalize)
     slot = {e: k for k, e in enumerate(episodes)}
@@ -382,24 +407,52 @@ def main(*configs) -> dict[str, float]:
     return cli(configs[0] if configs else None)
 
 
-def _load_trainable(mcfg: ModelConfig, ckpt: Path | None):
-    """θ: the initial model, or the weights / adapter of the checkpoint we resume from."""
+def _load_trainable(mcfg: ModelConfig, ckpt: Path | None, head: str = "lm"):
+    """θ: the initial model, or the weights / adapter of the checkpoint we resume from;
+    wrapped with a (zero-initialised or restored) value head for head='value'."""
     from dataclasses import replace
 
     from sweet.training import load_model
 
     if ckpt is None:
-        return load_model(mcfg, trainable=True)
-    if mcfg.lora:
-        return load_model(mcfg, trainable=True, adapter=str(ckpt))
-    return load_model(replace(mcfg, model=str(ckpt)), trainable=True)
+        model = load_model(mcfg, trainable=True)
+    elif mcfg.lora:
+        model = load_model(mcfg, trainable=True, adapter=str(ckpt))
+    else:
+        model = load_model(replace(mcfg, model=str(ckpt)), trainable=True)
+    if head == "value":
+        from sweet.value_head import ValueHeadModel
+
+        model = ValueHeadModel(model)
+        if ckpt is not None:
+            model.load_head(ckpt)
+    return model
+
+
+def _save_final(accelerator, model, tokenizer, out: Path, head: str) -> None:
+    """final/ (merged weights; value head: + value_head.safetensors) and, for LoRA, final-adapter/."""
+    from sweet.training import save_final
+
+    if head == "lm":
+        save_final(accelerator, model, tokenizer, out)
+        return
+    accelerator.wait_for_everyone()
+    state = accelerator.get_state_dict(model)  # a collective under ZeRO-3 / FSDP: every process calls it
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        if hasattr(unwrapped.lm, "peft_config"):
+            unwrapped.save_pretrained(out / "final-adapter")
+            tokenizer.save_pretrained(out / "final-adapter")
+            unwrapped, state = unwrapped.merge_and_unload(), None
+        unwrapped.save_pretrained(out / "final", state_dict=state)
+        tokenizer.save_pretrained(out / "final")
+    accelerator.wait_for_everyone()
 
 
 def train(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dict[str, float]:
     """Train the critic; returns the last held-out metrics."""
     from sweet.training import (MetricsLogger, latest_checkpoint, load_tokenizer, load_trainer_state,
-                                make_accelerator, make_optimizer, save_checkpoint, save_final, save_resolved_config,
-                                set_seed)
+                                make_accelerator, make_optimizer, save_checkpoint, save_resolved_config, set_seed)
 
     set_seed(tcfg.seed)
     accelerator = make_accelerator(tcfg)
@@ -412,7 +465,7 @@ def train(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dic
     accum = accelerator.gradient_accumulation_steps
     steps_per_epoch = math.ceil(len(data.train_pairs) / (tcfg.micro_batch_size * world * accum))
     ckpt = latest_checkpoint(out) if tcfg.resume else None
-    model = _load_trainable(mcfg, ckpt)
+    model = _load_trainable(mcfg, ckpt, ccfg.head)
     optimizer, scheduler = make_optimizer(model, tcfg, steps_per_epoch * tcfg.num_epochs)
     if accelerator.state.deepspeed_plugin is not None:  # no dataloader to infer it from
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = tcfg.micro_batch_size
@@ -448,12 +501,13 @@ def train(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dic
     if not metrics:
         metrics = evaluate(accelerator, model, tokenizer, data, ref_sums, ccfg, mcfg)
     logger.close()
-    save_final(accelerator, model, tokenizer, out)
+    _save_final(accelerator, model, tokenizer, out, ccfg.head)
     if accelerator.is_main_process:
         CriticSpec(beta=ccfg.beta, length_normalize=ccfg.length_normalize, header=ccfg.header,
                    reference_model=mcfg.model, eos_token_id=tokenizer.eos_token_id, lora=mcfg.lora,
                    adapter_dir="final-adapter" if mcfg.lora else None, dtype=mcfg.dtype,
-                   max_length=mcfg.max_length, keep_head=mcfg.keep_head, env=ccfg.env).save(out)
+                   max_length=mcfg.max_length, keep_head=mcfg.keep_head, env=ccfg.env, head=ccfg.head,
+                   training_info=ccfg.training_info).save(out)
         (out / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
     accelerator.wait_for_everyone()
     return metrics

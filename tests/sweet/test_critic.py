@@ -14,10 +14,11 @@ from sweet.tokens import with_training_info
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def test_action_ids_append_eos_once():
-    assert critic_action_ids([5, 6], eos_token_id=4) == (5, 6, 4)
-    assert critic_action_ids([5, 4], eos_token_id=4) == (5, 4)  # already ends the turn
-    assert critic_action_ids([], eos_token_id=4) == (4,)
+def test_action_ids_append_eos_when_the_model_ended_the_turn():
+    assert critic_action_ids([5, 6], eos_token_id=4, finish_reason="stop") == (5, 6, 4)
+    assert critic_action_ids([5, 6], eos_token_id=4, finish_reason="length") == (5, 6)  # cut: never sampled
+    assert critic_action_ids([5, 6], eos_token_id=4) == (5, 6, 4)  # a record without the field
+    assert critic_action_ids([], eos_token_id=4, finish_reason="stop") == (4,)
 
 
 def test_per_turn_advantage_by_hand():
@@ -71,12 +72,14 @@ def _state(info: str = "def f():\n    return 'apple'") -> State:
     return State("t0", "t0/a/0", 1, prompt, None, info)
 
 
-def _manual_advantage(tok, theta, ref, state, action, beta, length_normalize, header="Training-time information"):
+def _manual_advantage(tok, theta, ref, state, action, beta, length_normalize, header="Training-time information",
+                      training_info=True):
     """A by hand: template the critic's messages, append a_t + eos, one unpadded forward each."""
-    text = tok.apply_chat_template(with_training_info(state.prompt, state.training_info, header),
-                                   add_generation_prompt=True, tokenize=False)
+    messages = with_training_info(state.prompt, state.training_info, header) if training_info else list(state.prompt)
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     context = tok(text, add_special_tokens=False)["input_ids"]
-    assert state.training_info.splitlines()[0] in tok.decode(context)  # c is in the critic's context
+    # c is in the critic's context, unless the ablation leaves it out
+    assert (state.training_info.splitlines()[1] in tok.decode(context)) == training_info
     ids = torch.tensor([context + list(action) + [tok.eos_token_id]])
     n = len(action) + 1
     diffs = []
@@ -89,19 +92,21 @@ def _manual_advantage(tok, theta, ref, state, action, beta, length_normalize, he
     return beta * (total / n if length_normalize else total)
 
 
-@pytest.mark.parametrize("length_normalize", [True, False])
-def test_scorer_matches_manual_forward(tiny_tokenizer, two_models, length_normalize):
+@pytest.mark.parametrize("length_normalize,training_info", [(True, True), (False, True), (True, False)])
+def test_scorer_matches_manual_forward(tiny_tokenizer, two_models, length_normalize, training_info):
     theta, ref = two_models
     tok = tiny_tokenizer
     spec = CriticSpec(beta=0.7, length_normalize=length_normalize, header="Training-time information",
-                      reference_model="tiny", eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=1024)
+                      reference_model="tiny", eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=1024,
+                      training_info=training_info)
     scorer = CriticScorer(spec, theta, ref, tok, torch.device("cpu"), batch_size=4)
     state = _state()
     actions = [tok("I WANT TO ANSWER: return 'apple'", add_special_tokens=False)["input_ids"],
                tok("Is it red?", add_special_tokens=False)["input_ids"],
                tok("ok", add_special_tokens=False)["input_ids"]]
     got = scorer.advantages(state, actions)  # one padded batch of 3 different lengths
-    want = [_manual_advantage(tok, theta, ref, state, a, 0.7, length_normalize) for a in actions]
+    want = [_manual_advantage(tok, theta, ref, state, a, 0.7, length_normalize, training_info=training_info)
+            for a in actions]
     assert got == pytest.approx(want, abs=1e-4)
     assert all(abs(w) > 1e-3 for w in want)  # the perturbation makes θ ≠ π_ref: not a 0 == 0 test
     # batched == one at a time, and score_states keeps the order across states
@@ -109,8 +114,42 @@ def test_scorer_matches_manual_forward(tiny_tokenizer, two_models, length_normal
     other = _state("def f():\n    return 'river'")
     both = scorer.score_states([(state, actions[:2]), (other, actions[2:])])
     assert both[0] == pytest.approx(got[:2], abs=1e-5)
-    # c matters: the same action under other training-time information scores differently
-    assert both[1][0] != pytest.approx(got[2], abs=1e-6)
+    if training_info:  # c matters: the same action under other training-time information scores differently
+        assert both[1][0] != pytest.approx(got[2], abs=1e-6)
+    else:  # the ablation ignores c
+        assert both[1][0] == pytest.approx(got[2], abs=1e-6)
+
+
+@pytest.mark.parametrize("length_normalize", [True, False])
+def test_value_head_scorer_by_hand(tiny_tokenizer, length_normalize):
+    """head='value': A = β · mean (or Σ) over a_t's positions of w·h_i + b, h_i the
+    decoder's last hidden state; no π_ref."""
+    from sweet.training import ModelConfig, load_model
+    from sweet.value_head import ValueHeadModel
+
+    tok = tiny_tokenizer
+    model = ValueHeadModel(load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False))
+    with torch.no_grad():
+        model.v_head.weight.copy_(torch.randn(model.v_head.weight.shape, generator=torch.Generator().manual_seed(3)))
+        model.v_head.bias.fill_(-0.2)
+    spec = CriticSpec(beta=0.7, length_normalize=length_normalize, header="Training-time information",
+                      reference_model="tiny", eos_token_id=tok.eos_token_id, lora=False, dtype="float32",
+                      max_length=1024, head="value")
+    scorer = CriticScorer(spec, model, None, tok, torch.device("cpu"), batch_size=4)
+    state = _state()
+    actions = [tok("Is it red?", add_special_tokens=False)["input_ids"], tok("ok", add_special_tokens=False)["input_ids"]]
+    text = tok.apply_chat_template(with_training_info(state.prompt, state.training_info, spec.header),
+                                   add_generation_prompt=True, tokenize=False)
+    context = tok(text, add_special_tokens=False)["input_ids"]
+    want = []
+    for a in actions:
+        ids = torch.tensor([context + list(a) + [tok.eos_token_id]])
+        with torch.no_grad():
+            h = model.lm(input_ids=ids, output_hidden_states=True).hidden_states[-1][0].double()
+        v = (h @ model.v_head.weight[0].double() - 0.2)[len(context):]
+        want.append(0.7 * (v.mean() if length_normalize else v.sum()).item())
+    assert scorer.advantages(state, actions) == pytest.approx(want, abs=1e-4)
+    assert abs(want[0] - want[1]) > 1e-3
 
 
 def test_scorer_load_needs_a_critic_dir(tmp_path):
@@ -124,7 +163,7 @@ def test_scorer_load_needs_a_critic_dir(tmp_path):
 def test_scorer_truncates_long_contexts_like_training(tiny_tokenizer, two_models):
     """A context too long for max_length is cut in the middle as make_batch does in
     training (the padded path), and the action is never cut."""
-    from sweet.critic import TurnExample, action_logprob_sums, critic_batch
+    from sweet.critic import CriticTurn, action_logprob_sums, critic_batch
 
     theta, ref = two_models
     tok = tiny_tokenizer
@@ -133,7 +172,7 @@ def test_scorer_truncates_long_contexts_like_training(tiny_tokenizer, two_models
     scorer = CriticScorer(spec, theta, ref, tok, torch.device("cpu"))
     state = _state()
     actions = [tok("Is it red?", add_special_tokens=False)["input_ids"], tok("ok", add_special_tokens=False)["input_ids"]]
-    examples = [TurnExample(state, critic_action_ids(a, tok.eos_token_id)) for a in actions]
+    examples = [CriticTurn(state, critic_action_ids(a, tok.eos_token_id)) for a in actions]
     batch = critic_batch(tok, examples, spec.header, 64, 16)
     assert batch.input_ids.shape[1] == 64  # truncated: the full context is longer
     with torch.no_grad():

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -204,6 +205,7 @@ def test_help_is_fast_and_yaml_config_works(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sweet.train_critic", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and "--length_normalize" in proc.stdout and "--nll_coef" in proc.stdout
+    assert "--training_info" in proc.stdout and "--head" in proc.stdout and "sweet_value_head" in proc.stdout
     probe = "import sys, sweet.train_critic, sweet.critic; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True).stdout.strip() == "False"
     from sweet.training import parse_configs
@@ -215,54 +217,156 @@ def test_help_is_fast_and_yaml_config_works(tmp_path):
     assert CriticTrainConfig().num_epochs == 4  # the paper's critic epochs
 
 
-def test_pair_terms_by_hand(tmp_path, tiny_tokenizer, make_synthetic, fresh_accelerate):
+VARIANTS = {  # name -> CriticConfig switches (the paper's ablations, as benchmarked in bench/learning.py)
+    "sweet": {},
+    "sweet_sum": {"length_normalize": False},
+    "sweet_no_info": {"training_info": False},
+    "sweet_value_head": {"head": "value"},
+}
+
+
+def _perturbed(model, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_pair_terms_by_hand(tmp_path, tiny_tokenizer, make_synthetic, fresh_accelerate, variant):
     """The training-time BT loss and NLL of a few pairs == the paper's formula from
-    unpadded per-turn forward passes: score = Σ_t β·mean(log π_θ − log π_ref)."""
+    unpadded per-turn forward passes: score = Σ_t β·reduce_{y ∈ a_t}(log π_θ − log π_ref)
+    (reduce = mean, or sum for sweet_sum; the context without c for sweet_no_info;
+    v(x_≤i) = w·h_i + b from the last hidden state instead of log-probs for the value head)."""
     from accelerate import Accelerator
 
-    from sweet.train_critic import pair_terms, sharded_logprob_sums
+    from sweet.train_critic import pair_terms, sharded_action_sums
     from sweet.training import load_model
+    from sweet.value_head import ValueHeadModel
 
+    switches = VARIANTS[variant]
     tok = tiny_tokenizer
     tasks, episodes = make_synthetic(tok, 3, secrets=("apple", "river"))
-    data = build_data(CriticConfig(episodes=str(_write(tmp_path / "e.jsonl", episodes)),
-                                   tasks=str(_write(tmp_path / "t.jsonl", tasks)), eval_fraction=0.0, beta=0.5),
-                      tok.eos_token_id, tok, 0)
+    ccfg = CriticConfig(episodes=str(_write(tmp_path / "e.jsonl", episodes)), tasks=str(_write(tmp_path / "t.jsonl", tasks)),
+                        eval_fraction=0.0, beta=0.5, **switches)
+    data = build_data(ccfg, tok.eos_token_id, tok, 0)
     mcfg = ModelConfig(model="tiny", dtype="float32", max_length=512)
     ref = load_model(mcfg, trainable=False)
-    theta = load_model(mcfg, trainable=False)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in theta.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    theta = _perturbed(load_model(mcfg, trainable=False), 1)
+    value = switches.get("head") == "value"
+    if value:
+        theta = ValueHeadModel(theta)
+        with torch.no_grad():
+            theta.v_head.weight.copy_(torch.randn(theta.v_head.weight.shape, generator=torch.Generator().manual_seed(2)))
+            theta.v_head.bias.fill_(0.3)
     acc = Accelerator(cpu=True)
-    ref_sums = sharded_logprob_sums(acc, ref, tok, data.turns, list(range(len(data.turns))), mcfg,
-                                    "Training-time information", 3)
-    ccfg = CriticConfig(beta=0.5)
+    ref_sums = torch.zeros(len(data.turns), dtype=torch.float64) if value else sharded_action_sums(
+        acc, ref, tok, data.turns, list(range(len(data.turns))), mcfg, replace(ccfg, eval_batch_size=3))
     with torch.no_grad():
         bt, nll, margin = pair_terms(theta, tok, data, ref_sums, data.train_pairs, ccfg, mcfg, torch.device("cpu"))
 
-    def turn_logps(model, t):  # Σ log π over a_t, one unpadded sequence
-        from sweet.critic import critic_context_ids
+    def context(t):  # built here from the chat template, not with the critic's helper
+        state = data.turns[t].state
+        messages = [dict(m) for m in state.prompt]
+        if ccfg.training_info:
+            secret = next(task.hidden for task in tasks if task.task_id == state.task_id)
+            messages[0]["content"] += (f"\n\n[Training-time information, hidden from the agent]\n{secret}\n"
+                                       "[end of training-time information]")
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False)["input_ids"]
 
+    def turn_sum(model, t):  # Σ over a_t of log π (value head: of v), one unpadded sequence
         ex = data.turns[t]
-        ids = torch.tensor([critic_context_ids(tok, ex.state) + list(ex.action_ids)])
-        with torch.no_grad():
-            logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)
+        ids = torch.tensor([context(t) + list(ex.action_ids)])
         start = ids.shape[1] - len(ex.action_ids)
+        with torch.no_grad():
+            if isinstance(model, ValueHeadModel):
+                h = model.lm(input_ids=ids, output_hidden_states=True).hidden_states[-1][0].double()
+                v = h @ model.v_head.weight[0].double() + model.v_head.bias[0].double()
+                return v[start:].sum().item(), len(ex.action_ids)
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)
         return sum(logp[i - 1, ids[0, i]].item() for i in range(start, ids.shape[1])), len(ex.action_ids)
 
     def score(e):
         total = 0.0
         for t in data.episode_turns[e]:
-            (lt, n), (lr, _) = turn_logps(theta, t), turn_logps(ref, t)
-            total += 0.5 * (lt - lr) / n
+            (lt, n), lr = turn_sum(theta, t), (0.0 if value else turn_sum(ref, t)[0])
+            total += 0.5 * (lt - lr) / (n if ccfg.length_normalize else 1)
         return total
 
     assert len(data.train_pairs) == 3
     for k, (c, r) in enumerate(data.train_pairs):
         diff = score(c) - score(r)
+        assert abs(diff) > 1e-3  # not a 0 == 0 test
         assert margin[k].item() == pytest.approx(diff, abs=1e-4)
         assert bt[k].item() == pytest.approx(math.log1p(math.exp(-diff)), abs=1e-4)  # −log σ(diff)
-        logps = [turn_logps(theta, t) for t in data.episode_turns[c]]
-        assert nll[k].item() == pytest.approx(-sum(l for l, _ in logps) / sum(n for _, n in logps), abs=1e-4)
+        if not value:
+            logps = [turn_sum(theta, t) for t in data.episode_turns[c]]
+            assert nll[k].item() == pytest.approx(-sum(l for l, _ in logps) / sum(n for _, n in logps), abs=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["sweet_sum", "sweet_no_info", "sweet_value_head"])
+def test_ablation_critic_trains_and_scores_as_trained(tmp_path, synthetic_files, tiny_tokenizer, fresh_accelerate,
+                                                      variant):
+    """Each ablation end to end: `python -m sweet.train_critic <flag>` learns, records the
+    switch in critic_config.json, and CriticScorer.load scores the held-out pairs with
+    the same head, reduction and context: its margins reproduce training's
+    `critic/margin` metric."""
+    from sweet.critic import CriticScorer
+
+    flags = {"sweet_sum": ["--length_normalize", "false"], "sweet_no_info": ["--training_info", "false"],
+             "sweet_value_head": ["--head", "value"]}[variant]
+    episodes, tasks = synthetic_files
+    out = tmp_path / variant
+    args = _args(episodes, tasks, out, *flags)
+    if variant == "sweet_no_info":  # c is not needed: no --tasks
+        i = args.index("--tasks")
+        del args[i : i + 2]
+    final = cli(args)
+    spec = json.loads((out / "critic_config.json").read_text())
+    assert (spec["length_normalize"], spec["training_info"], spec["head"]) == {
+        "sweet_sum": (False, True, "lm"), "sweet_no_info": (True, False, "lm"), "sweet_value_head": (True, True, "value")}[variant]
+    bt = [r["loss/bt"] for r in _metrics(out) if "loss/bt" in r]
+    assert bt[0] == pytest.approx(math.log(2), abs=1e-3)  # every A is 0 at the start (θ = π_ref, or v = 0)
+    assert bt[-1] < 0.9 * bt[0]
+    assert final["critic/pair_accuracy"] >= 0.75 and final["critic/margin"] > 0  # chance: 0.5
+    assert (out / "ref_logprobs.pt").exists() == (variant != "sweet_value_head")  # the value head has no π_ref
+
+    ccfg = CriticConfig(episodes=str(episodes), tasks=str(tasks), eval_fraction=0.2, max_pairs=12,
+                        **VARIANTS[variant])
+    data = build_data(ccfg, tiny_tokenizer.eos_token_id, tiny_tokenizer, seed=0)
+    scorer = CriticScorer.load(out, device="cpu")
+
+    def score(e):  # stage 2's call: generated ids without eos, the state with c
+        return sum(scorer.advantages(data.turns[t].state, [list(data.turns[t].action_ids[:-1])])[0]
+                   for t in data.episode_turns[e])
+
+    margins = [score(c) - score(r) for c, r in data.eval_pairs]
+    assert sum(margins) / len(margins) == pytest.approx(final["critic/margin"], abs=1e-4)
+    if variant == "sweet_no_info":  # c is ignored by the scorer too
+        turn = data.turns[data.episode_turns[data.eval_pairs[0][0]][0]]
+        other = replace(turn.state, training_info="def f():\n    return 'river'")
+        action = [list(turn.action_ids[:-1])]
+        assert scorer.advantages(other, action) == pytest.approx(scorer.advantages(turn.state, action), abs=1e-6)
+
+
+def test_micro_batch_size_does_not_change_the_update(tmp_path, synthetic_files, fresh_accelerate):
+    """One optimiser step of 4 pairs as 4 micro-batches of 1 or 1 micro-batch of 4 gives
+    the same weights (the loss is the mean over the step's pairs either way)."""
+    from engines.tiny import tiny_model_path
+
+    runs = {}
+    for micro in (1, 4):
+        out = tmp_path / f"micro{micro}"
+        args = _args(*synthetic_files, out, "--num_epochs", "1", "--max_pairs", "8", "--eval_fraction", "0")
+        args[args.index("--micro_batch_size") + 1] = str(micro)
+        cli(args)
+        runs[micro] = _weights(out / "final")
+    before = _weights(tiny_model_path())
+    delta1 = torch.cat([(runs[1][k] - before[k]).flatten() for k in before])
+    delta4 = torch.cat([(runs[4][k] - before[k]).flatten() for k in before])
+    assert delta1.norm() > 1e-3  # two optimiser steps really moved the weights
+    # measured: max |Δ1 − Δ4| 3e-5 against max |Δ| 3e-3 (Adam magnifies float noise where g ≈ 0), cosine 0.999999
+    assert torch.allclose(delta1, delta4, atol=1e-4)
+    assert torch.nn.functional.cosine_similarity(delta1, delta4, dim=0).item() > 0.99999

@@ -1,0 +1,83 @@
+"""A causal LM's decoder with a scalar regression head: v(x_≤i) at every position.
+
+Used by the SWEET-RL critic's `--head value` ablation (the paper's "regression head
+instead of the LM head", 36.2% success vs 40.4%), and reusable by any trainer that
+needs a learned value (PPO-style baselines).
+
+The head reads the decoder's last hidden state (after its final norm) in float32; it
+starts at zero, so an untrained critic scores every action 0 (as the LM-head critic
+with θ = π_ref does). The LM head itself is never run: no [B, L, vocab] logits.
+
+Saved as the LM in HF format (full weights, or a LoRA adapter) plus
+`value_head.safetensors` beside it. The module quacks like a HF model where our
+checkpoint helpers need it (`save_pretrained`, and `merge_and_unload` for LoRA).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+class ValueHeadModel(nn.Module):
+    """lm (a causal LM, possibly PEFT-wrapped) + v_head: Linear(hidden, 1), float32."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+        self.v_head = nn.Linear(lm.config.hidden_size, 1, dtype=torch.float32)
+        nn.init.zeros_(self.v_head.weight)
+        nn.init.zeros_(self.v_head.bias)
+        # FSDP's transformer auto-wrap looks for this on the root module
+        self._no_split_modules = getattr(lm, "_no_split_modules", None)
+
+    @property
+    def config(self):
+        return self.lm.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """v at every position, [B, L] float32."""
+        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return self.v_head(hidden.float()).squeeze(-1)
+
+    # ---- HF-like persistence -----------------------------------------------------------
+
+    def save_pretrained(self, path: str | Path, state_dict: dict | None = None, **kwargs) -> None:
+        """The LM (adapter for PEFT) with `save_pretrained`, and the head's weights."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        state_dict = state_dict if state_dict is not None else self.state_dict()
+        lm_state = {k[len("lm."):]: v for k, v in state_dict.items() if k.startswith("lm.")}
+        if hasattr(self.lm, "peft_config"):  # PEFT extracts the adapter itself
+            self.lm.save_pretrained(path, **kwargs)
+        else:
+            self.lm.save_pretrained(path, state_dict=lm_state, **kwargs)
+        head = {k[len("v_head."):]: v.detach().float().cpu().contiguous() for k, v in state_dict.items()
+                if k.startswith("v_head.")}
+        save_file(head, str(path / VALUE_HEAD_FILE))
+
+    def merge_and_unload(self) -> "ValueHeadModel":
+        """LoRA merged into the LM; the same head."""
+        merged = ValueHeadModel(self.lm.merge_and_unload())
+        merged.v_head.load_state_dict(self.v_head.state_dict())
+        return merged
+
+    def load_head(self, path: str | Path) -> "ValueHeadModel":
+        from safetensors.torch import load_file
+
+        file = Path(path) / VALUE_HEAD_FILE
+        if not file.exists():
+            raise FileNotFoundError(f"{file} not found: {path} holds no value head (was the critic trained with --head value?)")
+        self.v_head.load_state_dict(load_file(str(file)))
+        return self
+
+
+def action_value_sums(model, batch) -> torch.Tensor:
+    """Σ_{i ∈ a} v(x_≤i) per sequence, [B] float32: v read at every action token."""
+    values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    return (values * batch.action_mask.to(values.dtype)).sum(-1)
