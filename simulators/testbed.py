@@ -7,8 +7,12 @@ never writes code. See colbench/envs/testbed.py for the task family.
 
 from __future__ import annotations
 
+import random
 from typing import Sequence
 
+from colbench.envs.testbed import (DEFAULT_A, DEFAULT_B, MAX_TURNS, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE,
+                                   answer_text)
+from colbench.types import Task
 from simulators.base import SimReply, SimRequest
 
 DONT_KNOW = "I don't know."
@@ -48,3 +52,33 @@ class TestbedSimulator:
 
     def close(self) -> None:
         pass
+
+
+# ---- the scripted exploratory agent used for the warm start -------------------------
+
+def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6) -> list[tuple[str, str]]:
+    """A dialogue of the exploratory scripted agent against the scripted human, as
+    (role, text) pairs: the warm start imitates it.
+
+    At each turn before the last it asks a question with probability `p_ask` (else
+    it answers at once), choosing uniformly among the useful questions about positive
+    and negative numbers and the vague one, whatever it already knows. It answers
+    with the constants it was told and a fixed wrong default (x * 1, x + 0) for any
+    constant it was not told. So every turn is a choice that matters and success
+    (about 0.13 at p_ask = 0.6) needs the right question at each turn, a per-turn
+    credit assignment problem, while copying a stated number stays easy."""
+    a, b = task.meta["a"], task.meta["b"]
+    known_a = known_b = None
+    dialogue: list[tuple[str, str]] = []
+    for _ in range(MAX_TURNS - 1):
+        if rng.random() >= p_ask:
+            break
+        q = rng.choice((QUESTION_POS, QUESTION_NEG, QUESTION_VAGUE))
+        dialogue += [("agent", q), ("human", reply_for(q, a, b))]
+        if q == QUESTION_POS:
+            known_a = a
+        elif q == QUESTION_NEG:
+            known_b = b
+    dialogue.append(("agent", answer_text(DEFAULT_A if known_a is None else known_a,
+                                          DEFAULT_B if known_b is None else known_b)))
+    return dialogue

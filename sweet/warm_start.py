@@ -32,6 +32,8 @@ class WarmStartConfig:
     epochs: int = field(default=2, metadata={"help": "passes over the dialogues"})
     learning_rate: float = field(default=2e-3, metadata={"help": "AdamW learning rate"})
     batch_size: int = field(default=8, metadata={"help": "examples per step (small: many steps let copying emerge)"})
+    micro_batch_size: int | None = field(default=None, metadata={"help": "examples per forward pass (default: batch_size; "
+                                                                         "the update does not depend on it)"})
     seed: int = field(default=0, metadata={"help": "random seed"})
 
 
@@ -51,7 +53,8 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int) -> list[Episod
             if role == "agent":
                 prompt = env.agent_messages(task, turns)
                 ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-                turns.append(Turn("agent", text, prompt=prompt, prompt_token_ids=template_ids(tokenizer, prompt), token_ids=ids))
+                turns.append(Turn("agent", text, prompt=prompt, prompt_token_ids=template_ids(tokenizer, prompt), token_ids=ids,
+                                  finish_reason="stop"))  # a demonstration ends its turn
             else:
                 turns.append(Turn("human", text))
         episodes.append(Episode(task.task_id, "testbed", "scripted-explorer", i, turns, answer=turns[-1].content,
@@ -64,7 +67,7 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int) -> list[Episod
 
 
 def _dialogue(task, rng, p_ask):
-    from colbench.envs.testbed import scripted_dialogue
+    from simulators.testbed import scripted_dialogue
 
     return scripted_dialogue(task, rng, p_ask=p_ask)
 
@@ -96,7 +99,7 @@ def main(cfg: WarmStartConfig | None = None, argv: list[str] | None = None) -> P
         print(f"warm start: {len(episodes)} scripted dialogues, explorer success rate {success:.2f}")
     model_cfg = ModelConfig(model=cfg.model, max_length=512, keep_head=64)
     train = rft.RFTTrainConfig(output_dir=str(out), learning_rate=cfg.learning_rate, num_epochs=cfg.epochs,
-                               batch_size=cfg.batch_size, micro_batch_size=cfg.batch_size, seed=cfg.seed,
+                               batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size or cfg.batch_size, seed=cfg.seed,
                                warmup_ratio=0.05, report_to="none", save_steps=0)
     return rft.main(model_cfg, train, rft.RFTConfig(episodes=str(episodes_path), env="testbed", success_threshold=0.0))
 

@@ -31,10 +31,10 @@ from typing import Sequence
 
 from colbench.envs.backend import BackendEnv
 from colbench.envs.base import agent_chat
+from colbench.protocols import ANSWER_MARKER
 from colbench.types import Task, Turn
 from engines.base import Message
 
-ANSWER_MARKER = "I WANT TO ANSWER:"
 DESCRIPTION = "I need a function f(x) for my numbers. It treats positive and negative numbers differently. def f(x)"
 SYSTEM = "Ask the human about f, then write " + ANSWER_MARKER + " and the code."
 QUESTION_POS = "What happens to positive numbers?"
@@ -43,6 +43,8 @@ QUESTION_VAGUE = "Can you tell me more?"
 
 A_VALUES = tuple(range(2, 10))
 B_VALUES = (10, 11, 12, 13, 14, 17, 18, 19, 20)  # single tokens for the tiny tokenizer
+DEFAULT_A, DEFAULT_B = 1, 0  # the explorer's guess for a constant it was not told: never right
+MAX_TURNS = 4  # agent turns: up to three questions, then the answer
 REFERENCE = "def f(x):\n    if x >= 0:\n        return x * {a}\n    return x + {b}\n"
 
 
@@ -85,40 +87,9 @@ class TestbedEnv(BackendEnv):
     name = "testbed"
     __test__ = False  # not a pytest class
 
-    def __init__(self, max_turns: int = 4, answer_marker: str = ANSWER_MARKER, workers: int = 2, limits=None):
+    def __init__(self, max_turns: int = MAX_TURNS, answer_marker: str = ANSWER_MARKER, workers: int = 2, limits=None):
         super().__init__(answer_marker=answer_marker, max_turns=max_turns, workers=workers, limits=limits)
 
     def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
         system = SYSTEM if not single_turn else f"Write {self.answer_marker} and the code now."
         return agent_chat(system, task.description, turns)
-
-
-# ---- the scripted exploratory agent used for the warm start -------------------------
-
-def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.5, p_vague: float = 0.2) -> list[tuple[str, str]]:
-    """A dialogue of an exploratory scripted agent against the scripted human, as
-    (role, text) pairs. It asks about each side with probability `p_ask`, sometimes
-    asks a vague question, then answers, guessing any constant it did not learn.
-    Its success rate is modest by design (about p_ask² plus lucky guesses)."""
-    from simulators.testbed import reply_for
-
-    a, b = task.meta["a"], task.meta["b"]
-    questions = [q for q, p in ((QUESTION_POS, p_ask), (QUESTION_NEG, p_ask)) if rng.random() < p]
-    if rng.random() < p_vague:
-        questions.insert(rng.randrange(len(questions) + 1), QUESTION_VAGUE)
-    known_a = known_b = None
-    dialogue: list[tuple[str, str]] = []
-    for q in questions:
-        reply = reply_for(q, a, b)
-        dialogue += [("agent", q), ("human", reply)]
-        if q == QUESTION_POS:
-            known_a = a
-        elif q == QUESTION_NEG:
-            known_b = b
-    # an unknown constant gets the explorer's fixed default guess (right 1 time in 8 or 9):
-    # a deterministic target is what lets a tiny model learn "use what was said, else
-    # the default" from a few thousand examples
-    guess_a = known_a if known_a is not None else A_VALUES[0]
-    guess_b = known_b if known_b is not None else B_VALUES[0]
-    dialogue.append(("agent", answer_text(guess_a, guess_b)))
-    return dialogue
