@@ -4,7 +4,8 @@ Each step, every episode waiting for its agent goes to `agent.act` in ONE batch,
 every episode waiting for the simulated human goes to `simulator.reply` in ONE batch;
 finished episodes of the step are scored in one `env.score` batch and appended to
 the output JSONL at once (flushed), so a crash or Ctrl-C loses nothing and a rerun
-with the same `out_path` skips the episode ids already there.
+with the same `out_path` skips the episode ids already there. `load_episodes` is the
+one reader of episode files (ours and the published offline trajectories).
 
 Episode rules (ColBench): the agent sees `env.agent_messages(task, turns)`; a turn
 holding the env's answer marker ends the dialogue (stop "answered"); otherwise the
@@ -87,6 +88,33 @@ def read_episodes(path: Path, *, repair: bool = False) -> list[Episode]:
                 with path.open("r+b") as f:
                     f.truncate(start)
     return episodes
+
+
+def load_episodes(source: str | Path, env: str = "backend", *, limit: int | None = None) -> list[Episode]:
+    """The one episode loader: our runner's JSONL (Episode records), or the published
+    offline trajectories (rows with `task`, `dialogue_history`, `answer`, `reward`; a
+    file or `hf:<dataset id>`, read by `colbench.tasks.load_trajectories`), told apart
+    by the first row. `limit` keeps the first episodes. Bad rows raise ValueError
+    naming file:line; a truncated last line of our own files is skipped with a warning."""
+    from colbench.tasks import load_trajectories
+
+    if str(source).startswith("hf:"):
+        return load_trajectories(str(source), env=env, limit=limit)
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"episode file not found: {path}")
+    with path.open("rb") as f:
+        first = next((line for line in f if line.strip()), None)
+    if first is None:
+        raise ValueError(f"{path}: no episodes (empty file)")
+    try:
+        published = "dialogue_history" in json.loads(first)
+    except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
+        published = False  # read_episodes names the bad line
+    if published:
+        return load_trajectories(str(path), env=env, limit=limit)
+    episodes = read_episodes(path)
+    return episodes[:limit] if limit is not None else episodes
 
 
 @dataclass(eq=False)

@@ -14,6 +14,9 @@ Official backend row (one JSON object per line):
      "test_cases": {"test1": "f(1, 2)", ..., "test10": "f(0, 0)"},
      "task_id": "backend-train-0001"}                       # optional, ours
 
+Our own Task records (`Task.to_json()` rows: task_id, env, description, hidden, tests,
+meta), which trainers and tests write, load too, keeping their meta.
+
 Frontend rows carry the target HTML as `ground_truth` and no tests. Rows without a
 `task_id` get `"<env>-" + sha1(problem_description + ground_truth)[:12]`, stable across
 files and machines.
@@ -341,7 +344,32 @@ class _RowProblem(Exception):
 def _row_to_task(row: _Row, env: str, split: str | None) -> Task:
     if row.error:
         raise _RowProblem(row.error)
+    if isinstance(row.data, dict) and "problem_description" not in row.data and "hidden" in row.data:
+        return _task_from_record(row.data, env, row, split)
     return _task_from_dict(row.data, env, row, split, field_prefix="")
+
+
+def _task_from_record(d: dict, env: str, row: _Row, split: str | None) -> Task:
+    """Our own Task record (`Task.to_json`: task_id, env, description, hidden, tests, meta),
+    as trainers and tests write them; its meta (e.g. the test bed's constants) is kept."""
+    unknown = sorted(set(d) - {"task_id", "env", "description", "hidden", "tests", "meta"})
+    if unknown:
+        raise _RowProblem(f"unknown field '{unknown[0]}' in a task record")
+    task_id = _required_str(d, "task_id", "")
+    description = _required_str(d, "description", "")
+    hidden = _required_str(d, "hidden", "")
+    if d.get("env", env) != env:
+        raise _RowProblem(f"field 'env': the task is for {d['env']!r}, not {env!r}")
+    tests = d.get("tests") or []
+    if not isinstance(tests, list) or not all(isinstance(c, str) and c.strip() for c in tests):
+        raise _RowProblem(f"field 'tests': expected a list of call strings, got {tests!r}")
+    meta = d.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise _RowProblem(f"field 'meta': expected an object, got {type(meta).__name__}")
+    meta = {**meta, "where": row.where, "index": row.index}
+    if split is not None:
+        meta["split"] = split
+    return Task(task_id=task_id, env=env, description=description, hidden=hidden, tests=tuple(tests), meta=meta)
 
 
 def _task_from_dict(d: Any, env: str, row: _Row, split: str | None, field_prefix: str) -> Task:

@@ -7,17 +7,16 @@ Pair       a preference, chosen over rejected, within one task: of Episodes (cri
            of the token Segments a DPO trainer sees (sweet.policy_trainer).
 
 Episodes come from our runner's JSONL or from the published offline trajectories;
-`load_episodes` reads both.
+`colbench.episodes.load_episodes` (re-exported here) reads both.
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Generic, Iterable, Sequence, TypeVar
 
+from colbench.episodes import load_episodes  # noqa: F401  (the one episode reader, re-exported)
 from colbench.types import Episode
 from engines.base import Message
 
@@ -63,36 +62,6 @@ class Pair(Generic[T]):
     rejected: T
     task_id: str
     state: State | None = None
-
-
-def load_episodes(path: str | Path, env: str = "backend") -> list[Episode]:
-    """Read episodes from our runner's JSONL, or from published offline trajectories
-    (rows with `task`, `dialogue_history`, `answer`, `reward`)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"episode file not found: {path}")
-    with path.open() as f:
-        first = next((line for line in f if line.strip()), None)
-    if first is None:
-        raise ValueError(f"{path}: no episodes (empty file)")
-    try:
-        row = json.loads(first)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:1: not JSON ({e.msg})") from None
-    if "dialogue_history" in row:
-        from colbench.tasks import load_trajectories
-
-        return load_trajectories(str(path), env=env)
-    episodes = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                episodes.append(Episode.from_json(json.loads(line)))
-            except (json.JSONDecodeError, TypeError, KeyError) as e:
-                raise ValueError(f"{path}:{lineno}: not an episode record ({e})") from None
-    return episodes
 
 
 def episode_states(episode: Episode, training_info: str) -> list[State]:

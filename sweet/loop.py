@@ -252,14 +252,13 @@ class Sampler:
 def collect(sampler: Sampler, env, simulator, tasks, cfg: LoopConfig, seed: int, out_path: Path) -> list[Episode]:
     """K episodes per task with the current policy."""
     from colbench.agents import ModelAgent
-    from colbench.episodes import EpisodeConfig, run_episodes
+    from colbench.rollout import episode_seeds, rollout
     from engines.base import SamplingParams
 
     agent = ModelAgent(sampler.engine, SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens),
                        name="policy")
-    seeds = [seed * 1000 + k for k in range(cfg.k)]
-    return run_episodes(env, tasks, agent, simulator, seeds=seeds, config=EpisodeConfig(max_turns=cfg.max_turns),
-                        out_path=out_path, progress=False)
+    return rollout(env, tasks, agent, simulator, seeds=episode_seeds(seed, cfg.k), max_turns=cfg.max_turns,
+                   out_path=out_path)
 
 
 @torch.no_grad()

@@ -55,7 +55,7 @@ def collect_episodes(model: str, setup: TestbedSetup, out_path: Path, seed: int 
     """K sampled episodes per train task with the model (resumable JSONL)."""
     from colbench.agents import ModelAgent
     from colbench.envs import make_env
-    from colbench.episodes import EpisodeConfig, run_episodes
+    from colbench.rollout import episode_seeds, rollout
     from colbench.tasks import load_tasks
     from engines import SamplingParams, load_engine
     from simulators import load_simulator
@@ -64,9 +64,8 @@ def collect_episodes(model: str, setup: TestbedSetup, out_path: Path, seed: int 
     tasks = load_tasks(setup.train_tasks, env=setup.env, validate=False, limit=setup.train_limit)
     agent = ModelAgent(load_engine(f"hf:{model}"),
                        SamplingParams(temperature=setup.temperature, max_new_tokens=setup.max_new_tokens), name="policy")
-    seeds = [seed * 1000 + k for k in range(setup.episodes_per_task)]
-    run_episodes(env, tasks, agent, load_simulator(setup.simulator, env), seeds=seeds,
-                 config=EpisodeConfig(max_turns=setup.max_turns), out_path=out_path, progress=True)
+    rollout(env, tasks, agent, load_simulator(setup.simulator, env), seeds=episode_seeds(seed, setup.episodes_per_task),
+            max_turns=setup.max_turns, out_path=out_path, progress=True)
     env.close()
     return out_path
 

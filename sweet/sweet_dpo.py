@@ -252,8 +252,9 @@ def pair_item(tokenizer, pair: ActionPair, prompt_token_ids: Sequence[int] | Non
 
 def load_states(cfg: SweetConfig) -> list[State]:
     """One State per agent turn of the episodes, with the task's training-time information."""
+    from colbench.episodes import load_episodes
     from sweet.critic import load_training_info
-    from sweet.data import episode_states, load_episodes
+    from sweet.data import episode_states
 
     episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]
     info = load_training_info(cfg.tasks, env=cfg.env)
@@ -331,41 +332,28 @@ def collect_episodes(policy: Path, cfg: SweetConfig, path: Path, seed: int) -> P
     """Run the policy on the tasks of the round's episodes (resumable JSONL at `path`)."""
     from colbench.agents import ModelAgent
     from colbench.envs import make_env
-    from colbench.episodes import EpisodeConfig, run_episodes
+    from colbench.episodes import load_episodes
+    from colbench.rollout import episode_seeds, rollout
+    from colbench.tasks import load_tasks
     from engines import EngineOptions, SamplingParams, load_engine
     from simulators import load_simulator
-    from sweet.data import load_episodes
 
     task_ids = {ep.task_id for ep in load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]}
-    tasks = [t for t in load_task_records(cfg.tasks, cfg.env) if t.task_id in task_ids]
+    tasks = [t for t in load_tasks(cfg.tasks, env=cfg.env, validate=False) if t.task_id in task_ids]
     env = make_env(cfg.env)
     simulator = load_simulator(cfg.simulator, env)
     engine = load_engine(f"hf:{policy}", EngineOptions(batch_size=cfg.sampler_batch_size))
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
     try:
-        run_episodes(env, tasks, ModelAgent(engine, sampling, name="policy"), simulator,
-                     seeds=[seed * 1000 + k for k in range(cfg.rollouts_per_task)],
-                     config=EpisodeConfig(max_turns=cfg.max_turns or env.max_turns), out_path=path)
+        rollout(env, tasks, ModelAgent(engine, sampling, name="policy"), simulator,
+                seeds=episode_seeds(seed, cfg.rollouts_per_task), max_turns=cfg.max_turns, out_path=path,
+                progress=True)
     finally:
         engine.close()
         env.close()
         if simulator is not None:
             simulator.close()
     return path
-
-
-def load_task_records(tasks: str, env: str):
-    """Tasks from our Task JSONL records, else through colbench.tasks.load_tasks."""
-    from colbench.types import Task
-
-    path = Path(tasks)
-    if path.suffix == ".jsonl" and path.exists():
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if rows and {"task_id", "hidden"} <= set(rows[0]):
-            return [Task.from_json(r) for r in rows]
-    from colbench.tasks import load_tasks
-
-    return load_tasks(tasks, env=env, validate=False)
 
 
 def retrain_critic(critic_dir: str, episodes: str, out: Path) -> Path:

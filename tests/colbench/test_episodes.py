@@ -186,3 +186,54 @@ def test_corrupt_line_in_the_middle_is_an_error_naming_file_and_line(env, tasks,
     out.write_text(first + "\n{broken\n" + second + "\n")
     with pytest.raises(ValueError, match=r"eps.jsonl:2: not a valid episode record"):
         run_episodes(env, tasks[:2], ScriptedAgent(lambda t: 0), CountingSimulator(), out_path=out, progress=False)
+
+
+# ---- the one episode loader and the rollout helper ----------------------------------------
+
+
+def test_load_episodes_reads_ours_and_the_published_rows(env, tasks, tmp_path):
+    from pathlib import Path
+
+    from colbench.episodes import load_episodes
+    from colbench.tasks import load_trajectories
+
+    ours = tmp_path / "ours.jsonl"
+    eps = run_episodes(env, tasks[:2], ScriptedAgent(lambda t: 1), CountingSimulator(), out_path=ours, progress=False)
+    assert [e.to_json() for e in load_episodes(ours)] == [e.to_json() for e in eps]
+    assert len(load_episodes(ours, limit=1)) == 1
+    published = Path(__file__).resolve().parent.parent / "fixtures" / "offline_trajectories.jsonl"
+    loaded = load_episodes(published)
+    assert [e.to_json() for e in loaded] == [e.to_json() for e in load_trajectories(str(published))]
+    assert loaded[0].agent == "offline" and loaded[0].turns[0].prompt is not None
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="empty.jsonl: no episodes"):
+        load_episodes(tmp_path / "empty.jsonl")
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        load_episodes(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(ours.read_text().splitlines()[0] + "\n{oops\n" + ours.read_text().splitlines()[1] + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:2: not a valid episode record"):
+        load_episodes(bad)
+
+
+def test_rollout_k_episodes_per_task_with_disjoint_round_seeds(env, tasks, tmp_path):
+    from colbench.agents import ReferenceAgent
+    from colbench.rollout import episode_seeds, rollout
+
+    assert episode_seeds(0, 3) == [0, 1, 2] and episode_seeds(2, 2) == [2000, 2001]
+    with pytest.raises(ValueError, match="1..1000"):
+        episode_seeds(0, 0)
+    sim = CountingSimulator()
+    eps = rollout(env, tasks[:2], ScriptedAgent(lambda t: 1), sim, seeds=episode_seeds(1, 2), max_turns=3,
+                  out_path=tmp_path / "r.jsonl")
+    assert [(e.task_id, e.seed) for e in eps] == [(t.task_id, s) for t in tasks[:2] for s in (1000, 1001)]
+    assert all(e.success and len(e.agent_turns) == 2 and e.meta["simulator"] == sim.name for e in eps)
+    assert len(read_episodes(tmp_path / "r.jsonl")) == 4
+    # an agent that answers at once is never given the simulator, so its episodes record none
+    [ref] = rollout(env, tasks[:1], ReferenceAgent(env), sim)
+    assert ref.success and ref.meta == {} and sim.batches == [4]
+    # max_turns defaults to the environment's
+    short = TestbedEnv(max_turns=2)
+    [cut] = rollout(short, tasks[:1], ScriptedAgent(lambda t: 5), sim)
+    short.close()
+    assert (cut.stop_reason, len(cut.agent_turns)) == (STOP_TURN_LIMIT, 2)

@@ -280,3 +280,20 @@ def test_bad_trajectory_rows_name_line_and_field(tmp_path):
     assert f"{path}:2: field 'dialogue_history': expected a list of turns" in str(exc.value)
     assert f"{path}:3: field 'dialogue_history[1].role'" in str(exc.value)
     assert len(load_trajectories(str(path), on_error="skip")) == 1
+
+
+def test_our_task_records_load_with_their_meta(tmp_path):
+    from colbench.envs.testbed import make_tasks
+
+    tasks = make_tasks("train", n=3)
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t.to_json()) + "\n" for t in tasks))
+    loaded = load_tasks(str(path), env="testbed")
+    assert [(t.task_id, t.hidden, t.tests, t.meta["a"], t.meta["b"]) for t in loaded] == [
+        (t.task_id, t.hidden, t.tests, t.meta["a"], t.meta["b"]) for t in tasks]
+    assert loaded[1].meta["where"] == f"{path}:2"
+    with pytest.raises(TaskFormatError, match=r"tasks.jsonl:1: field 'env': the task is for 'testbed', not 'backend'"):
+        load_tasks(str(path), env="backend", validate=False)
+    path.write_text(json.dumps({**tasks[0].to_json(), "tests": "f(1)"}) + "\n")
+    with pytest.raises(TaskFormatError, match="tasks.jsonl:1: field 'tests': expected a list"):
+        load_tasks(str(path), env="testbed")
