@@ -1,0 +1,394 @@
+"""One prepared GPU check: an 8B-shaped model through every heavy path, timed and measured.
+
+    scripts/gpu_check.sh                                   # on a lent GPU machine (< 8 minutes)
+    PYTHONPATH=. python bench/gpu_check.py --scale tiny    # the same stages on CPU (seconds; a test runs it)
+
+Builds a Llama-3.1-8B-shaped model with random bf16 weights from a config (nothing is
+downloaded; the tokenizer is the project's tiny one, whose ids are a subset of the
+vocabulary), saves it once, and runs each stage with the project's own entry points,
+freeing the GPU in between:
+
+  generation      engines.hf.HFEngine: tokens/s batched vs one conversation at a time
+  critic_step     LoRA + gradient checkpointing, two 8k-token turns, one optimiser step on
+                  sweet.critic's per-turn advantage and Bradley-Terry loss
+  dpo_step        SWEET stage 2: per-turn chosen/rejected segments (sweet.tokens.segment_logps)
+                  and sweet.dpo.dpo_loss, one optimiser step
+  loop_iteration  `sweet.train_policy --algorithm loop` on the test bed, one iteration
+
+Each stage records its seconds and peak GPU memory (torch.cuda.max_memory_allocated, GiB)
+or its error; a failing stage does not stop the others. Writes OUT/gpu_check.json and
+OUT/summary.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Model shape and workload sizes of one run."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int | None  # None: the tokenizer's size
+    conversations: int  # generation: batched conversations
+    one_at_a_time: int  # generation: conversations timed one by one
+    gen_tokens: int  # generation: new tokens per conversation
+    critic_len: int  # critic: tokens per turn sequence (context + action)
+    dpo_context: int  # stage 2: context tokens of a turn
+    dpo_pairs: int  # stage 2: pairs in the step
+    action_len: int  # critic / stage 2: action tokens
+    loop_new_tokens: int  # LOOP: tokens per agent turn
+    lora_r: int = 16
+
+
+SCALES = {
+    # Llama-3.1-8B: 8.03e9 parameters
+    "8b": Scale(4096, 14336, 32, 32, 8, 128256, conversations=32, one_at_a_time=4, gen_tokens=128,
+                critic_len=8192, dpo_context=2048, dpo_pairs=4, action_len=256, loop_new_tokens=48),
+    "tiny": Scale(64, 128, 2, 4, 2, None, conversations=8, one_at_a_time=2, gen_tokens=8,
+                  critic_len=256, dpo_context=64, dpo_pairs=2, action_len=16, loop_new_tokens=8),
+}
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", choices=sorted(SCALES), default=os.environ.get("SWEET_GPU_CHECK_SCALE", "8b"))
+    p.add_argument("--out", default="runs/gpu_check", help="folder for gpu_check.json and summary.txt")
+    p.add_argument("--work", default="", help="folder for the saved model and LOOP run (default: /dev/shm if it "
+                                              "has room, else OUT/work); removed at the end")
+    p.add_argument("--device", default="", help="default: cuda if available, else cpu")
+    p.add_argument("--stages", default="generation,critic_step,dpo_step,loop_iteration")
+    p.add_argument("--budget_s", type=float, default=420.0, help="skip stages not started after this many seconds")
+    return p
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _reset_peak(device: str) -> None:
+    import torch
+
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_gib(device: str) -> float | None:
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / GIB, 2) if device.startswith("cuda") else None
+
+
+def _random_ids(n: int, low: int, high: int, seed: int) -> list[int]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high, (n,), generator=g).tolist()
+
+
+def _load(path: Path, device: str, **model_cfg):
+    """The project's loader (sweet.training.load_model), then onto the device."""
+    from sweet.training import ModelConfig, load_model
+
+    dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    return load_model(ModelConfig(model=str(path), dtype=dtype, **model_cfg), trainable=bool(model_cfg)).to(device)
+
+
+def _lora_optimizer(model):
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=1e-5), sum(p.numel() for p in params)
+
+
+# ---------------------------------------------------------------- stages
+
+
+def build(scale: Scale, path: Path, device: str) -> dict:
+    """A random-weight Llama of the given shape, saved with the tiny tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from engines.tiny import tiny_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
+    config = LlamaConfig(
+        vocab_size=scale.vocab_size or len(tokenizer), hidden_size=scale.hidden_size,
+        intermediate_size=scale.intermediate_size, num_hidden_layers=scale.num_hidden_layers,
+        num_attention_heads=scale.num_attention_heads, num_key_value_heads=scale.num_key_value_heads,
+        max_position_embeddings=max(16384, scale.critic_len * 2), rms_norm_eps=1e-5, tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    n_params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    seconds = time.perf_counter() - start
+    del model
+    return {"params": n_params, "dtype": str(dtype).removeprefix("torch."), "seconds": round(seconds, 1),
+            "saved_to": str(path)}
+
+
+def generation(scale: Scale, path: Path, device: str) -> dict:
+    """HFEngine tokens/s: all conversations in one call vs one call per conversation."""
+    from transformers import AutoTokenizer
+
+    from engines import EngineOptions, SamplingParams
+    from engines.hf import HFEngine
+
+    model = _load(path, device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    engine = HFEngine.from_model(model, tokenizer, spec="hf:gpu-check",
+                                 options=EngineOptions(batch_size=scale.conversations))
+    convs = [[{"role": "user", "content": f"Task {i}: write a Python function that returns {i} plus the "
+                                          f"number of vowels in its argument. Ask me if anything is unclear."}]
+             for i in range(scale.conversations)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=scale.gen_tokens, seed=0)
+
+    def timed(batch):
+        _sync(device)
+        start = time.perf_counter()
+        out = engine.generate(batch, params)
+        _sync(device)
+        seconds = time.perf_counter() - start
+        return sum(len(s[0].token_ids) for s in out), seconds
+
+    engine.generate(convs[:1], SamplingParams(max_new_tokens=2, seed=0))  # warm-up (kernels, allocator)
+    tokens, seconds = timed(convs)
+    single_tokens, single_seconds = 0, 0.0
+    for conv in convs[: scale.one_at_a_time]:
+        t, s = timed([conv])
+        single_tokens, single_seconds = single_tokens + t, single_seconds + s
+    batched_tps, single_tps = tokens / seconds, single_tokens / max(single_seconds, 1e-9)
+    del engine, model
+    return {
+        "batched": {"conversations": len(convs), "tokens": tokens, "seconds": round(seconds, 2),
+                    "tokens_per_s": round(batched_tps, 1)},
+        "one_at_a_time": {"conversations": scale.one_at_a_time, "tokens": single_tokens,
+                          "seconds": round(single_seconds, 2), "tokens_per_s": round(single_tps, 1)},
+        "speedup": round(batched_tps / max(single_tps, 1e-9), 1),
+    }
+
+
+def critic_step(scale: Scale, path: Path, device: str) -> dict:
+    """One stage-1 step: chosen and rejected trajectories of one turn of `critic_len` tokens."""
+    import torch
+
+    from sweet.critic import action_logprob_sums, bradley_terry_loss, per_turn_advantage, trajectory_scores
+    from sweet.tokens import make_batch
+
+    model = _load(path, device, lora=True, lora_r=scale.lora_r, gradient_checkpointing=True,
+                  max_length=scale.critic_len)
+    model.train()
+    optimizer, trainable = _lora_optimizer(model)
+    vocab = 4000  # ids inside the tiny tokenizer
+    turns = [(_random_ids(scale.critic_len - scale.action_len, 6, vocab, seed), _random_ids(scale.action_len, 6, vocab, seed + 9))
+             for seed in (1, 2)]
+    batch = make_batch(turns, pad_id=0, max_length=scale.critic_len).to(device)
+    _sync(device)
+    start = time.perf_counter()
+    with torch.no_grad(), model.disable_adapter():
+        ref = action_logprob_sums(model, batch)  # π_ref: the base model under the adapter
+    policy = action_logprob_sums(model, batch)
+    advantages = per_turn_advantage(policy, ref, batch.action_mask.sum(-1), beta=1.0)
+    scores = trajectory_scores(advantages, torch.tensor([0, 1]), 2)
+    loss, _ = bradley_terry_loss(scores[:1], scores[1:])
+    loss.mean().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    del model, optimizer
+    return {"sequences": 2, "tokens_per_sequence": scale.critic_len, "lora_r": scale.lora_r,
+            "trainable_params": trainable, "loss": round(loss.mean().item(), 4), "seconds": round(seconds, 2)}
+
+
+def dpo_step(scale: Scale, path: Path, device: str) -> dict:
+    """One stage-2 step: `dpo_pairs` per-turn pairs (shared context, chosen vs rejected action)."""
+    import torch
+
+    from sweet.dpo import dpo_loss
+    from sweet.tokens import Segment, segment_logps
+
+    max_length = scale.dpo_context + scale.action_len + 8
+    model = _load(path, device, lora=True, lora_r=scale.lora_r, gradient_checkpointing=True, max_length=max_length)
+    model.train()
+    optimizer, trainable = _lora_optimizer(model)
+    vocab = 4000
+    contexts = [tuple(_random_ids(scale.dpo_context, 6, vocab, 100 + i)) for i in range(scale.dpo_pairs)]
+    chosen = [Segment(c, tuple(_random_ids(scale.action_len, 6, vocab, 200 + i))) for i, c in enumerate(contexts)]
+    rejected = [Segment(c, tuple(_random_ids(scale.action_len, 6, vocab, 300 + i))) for i, c in enumerate(contexts)]
+    kwargs = dict(pad_id=0, max_length=max_length, keep_head=min(512, scale.dpo_context))
+    _sync(device)
+    start = time.perf_counter()
+    with torch.no_grad(), model.disable_adapter():
+        ref, _ = segment_logps(model, chosen + rejected, **kwargs)
+    logps, counts = segment_logps(model, chosen + rejected, **kwargs)
+    n = scale.dpo_pairs
+    loss, metrics = dpo_loss(logps[:n], logps[n:], ref[:n], ref[n:], counts[:n], beta=0.1, nll_coef=0.01)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    del model, optimizer
+    return {"pairs": n, "context_tokens": scale.dpo_context, "action_tokens": scale.action_len,
+            "trainable_params": trainable, "loss": round(loss.item(), 4), "loss_dpo": round(metrics["loss/dpo"], 4),
+            "seconds": round(seconds, 2)}
+
+
+def loop_iteration(scale: Scale, path: Path, device: str, work: Path) -> dict:
+    """`python -m sweet.train_policy --algorithm loop` on the test bed, one iteration, in this process."""
+    from sweet.train_policy import main
+
+    out = work / "loop"
+    argv = ["--algorithm", "loop", "--env", "testbed", "--model", str(path), "--lora", "true",
+            "--lora_r", str(scale.lora_r), "--gradient_checkpointing", "true", "--iterations", "1",
+            "--tasks_per_iteration", "2", "--k", "2", "--max_new_tokens", str(scale.loop_new_tokens),
+            "--micro_batch_size", "2", "--min_abs_advantage", "0", "--report_to", "none", "--output_dir", str(out)]
+    if not device.startswith("cuda"):
+        argv += ["--dtype", "float32"]
+    start = time.perf_counter()
+    exit_code = 0
+    try:
+        main(argv)
+    except SystemExit as e:  # a run without reward variance says so and exits non-zero
+        exit_code = e.code if isinstance(e.code, int) else 1
+    seconds = time.perf_counter() - start
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] if (out / "metrics.jsonl").exists() else []
+    last = rows[-1] if rows else {}
+    return {"exit_code": exit_code, "seconds": round(seconds, 1), "iterations_logged": len(rows),
+            "metrics": {k: v for k, v in last.items() if k.startswith("loop/") or k in ("step", "loss")}}
+
+
+STAGES = {"generation": generation, "critic_step": critic_step, "dpo_step": dpo_step, "loop_iteration": loop_iteration}
+
+
+# ---------------------------------------------------------------- driver
+
+
+def _work_dir(requested: str, out: Path, need_bytes: int) -> Path:
+    if requested:
+        return Path(requested)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 1.5 * need_bytes:
+        return shm / f"sweet-gpu-check-{os.getpid()}"
+    return out / "work"
+
+
+def run(args) -> dict:
+    import torch
+    import transformers
+
+    scale = SCALES[args.scale]
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    approx_bytes = 2 * 8.1e9 if args.scale == "8b" else 1e8
+    work = _work_dir(args.work, out, int(approx_bytes))
+    work.mkdir(parents=True, exist_ok=True)
+    report: dict = {
+        "scale": args.scale, "shape": asdict(scale), "device": device,
+        "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or "cpu",
+        "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / GIB, 1) if device.startswith("cuda") else None,
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "stages": {},
+    }
+    t0 = time.perf_counter()
+    model_path = work / "model"
+    try:
+        try:
+            _reset_peak(device)
+            report["stages"]["build"] = {"ok": True, **build(scale, model_path, device), "peak_gib": _peak_gib(device)}
+        except Exception as e:  # noqa: BLE001 - reported, nothing else can run
+            report["stages"]["build"] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                         "traceback": traceback.format_exc()[-3000:]}
+            return report
+        for name in [s for s in args.stages.split(",") if s]:
+            if time.perf_counter() - t0 > args.budget_s:
+                report["stages"][name] = {"ok": False, "error": f"skipped: the {args.budget_s:g} s budget was spent"}
+                continue
+            _reset_peak(device)
+            try:
+                extra = (work,) if name == "loop_iteration" else ()
+                result = STAGES[name](scale, model_path, device, *extra)
+                report["stages"][name] = {"ok": True, **result, "peak_gib": _peak_gib(device)}
+            except Exception as e:  # noqa: BLE001 - one stage's failure is a finding, not the end
+                report["stages"][name] = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:500]}",
+                                          "traceback": traceback.format_exc()[-3000:], "peak_gib": _peak_gib(device)}
+            print(f"[gpu_check] {name}: {json.dumps(report['stages'][name])[:300]}", file=sys.stderr, flush=True)
+    finally:
+        report["total_seconds"] = round(time.perf_counter() - t0, 1)
+        report["ok"] = all(s.get("ok") for s in report["stages"].values())
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def summary(report: dict) -> str:
+    """The report as a few readable lines."""
+    memory = f" ({report['gpu_memory_gib']} GiB)" if report.get("gpu_memory_gib") else ""
+    lines = [f"GPU check ({report['scale']}): {report['gpu']}{memory}, "
+             f"torch {report['torch']}, transformers {report['transformers']}: "
+             f"{'all stages ok' if report.get('ok') else 'SOME STAGES FAILED'} in {report.get('total_seconds')} s"]
+    for name, s in report["stages"].items():
+        peak = f", peak {s['peak_gib']} GiB" if s.get("peak_gib") is not None else ""
+        if not s.get("ok"):
+            lines.append(f"  {name:15s} FAILED{peak}: {s.get('error')}")
+        elif name == "generation":
+            b, o = s["batched"], s["one_at_a_time"]
+            lines.append(f"  {name:15s} batched {b['tokens_per_s']} tok/s ({b['conversations']} convs) vs one at a time "
+                         f"{o['tokens_per_s']} tok/s: x{s['speedup']}{peak}")
+        elif name == "build":
+            lines.append(f"  {name:15s} {s['params'] / 1e6:,.1f}M params ({s['dtype']}) in {s['seconds']} s{peak}")
+        elif name == "loop_iteration":
+            m = s.get("metrics", {})
+            lines.append(f"  {name:15s} {s['seconds']} s, exit {s['exit_code']}, episodes {m.get('loop/episodes_total')}, "
+                         f"optimiser steps {m.get('loop/optimizer_steps')}{peak}")
+        else:
+            lines.append(f"  {name:15s} {s['seconds']} s, loss {s['loss']}, trainable {s['trainable_params']:,}{peak}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    report = run(args)
+    out = Path(args.out)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    text = summary(report)
+    (out / "summary.txt").write_text(text)
+    print(text, end="")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
