@@ -310,10 +310,13 @@ class CriticScorer:
         ref_cfg = ModelConfig(model=spec.reference_model, dtype=spec.dtype, max_length=spec.max_length, keep_head=spec.keep_head)
         if spec.head not in HEADS:
             raise ValueError(f"{critic_dir / CRITIC_CONFIG_FILE}: head must be one of {HEADS}, got {spec.head!r}")
-        if spec.head == "value":  # merged weights + the head in model_dir; no π_ref
+        if spec.head == "value":  # the LM (LoRA: base + adapter) and the head in model_dir; no π_ref
             from sweet.value_head import ValueHeadModel
 
-            lm = load_model(ModelConfig(model=str(critic_dir / spec.model_dir), dtype=spec.dtype), trainable=False)
+            if spec.lora:
+                lm = load_model(ref_cfg, trainable=False, adapter=str(critic_dir / (spec.adapter_dir or spec.model_dir)))
+            else:
+                lm = load_model(ModelConfig(model=str(critic_dir / spec.model_dir), dtype=spec.dtype), trainable=False)
             model = ValueHeadModel(lm).load_head(critic_dir / spec.model_dir).eval().requires_grad_(False)
             ref_model = None
         elif spec.lora:
@@ -340,7 +343,10 @@ class CriticScorer:
         that need truncation take the padded path so they are cut exactly as in training."""
         out = []
         for state, actions, *finish in items:  # finish: optionally, one finish reason per action
-            reasons = finish[0] if finish else [None] * len(actions)
+            reasons = finish[0] if finish and finish[0] is not None else [None] * len(actions)
+            if len(reasons) != len(actions):
+                raise ValueError(f"state {state.episode_id}#{state.turn_index}: {len(actions)} actions but "
+                                 f"{len(reasons)} finish reasons")
             examples = [CriticTurn(state, critic_action_ids(a, self.spec.eos_token_id, r)) for a, r in zip(actions, reasons)]
             context = critic_context_ids(self.tokenizer, state, self.spec.header, self.spec.training_info)
             longest = max((len(ex.action_ids) for ex in examples), default=0)

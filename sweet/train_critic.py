@@ -39,7 +39,11 @@ Or everything from a YAML file (`--config run.yaml`; flags override it). Outputs
 `final/` (HF weights; LoRA: merged weights + `final-adapter/`), `critic_config.json`
 (what `sweet.critic.CriticScorer.load` needs), `metrics.jsonl` (`loss/bt`, `loss/nll`,
 `critic/pair_accuracy`, `critic/margin`), `config.json`, `checkpoint-<step>/` each
-epoch; rerunning the command resumes from the last checkpoint.
+epoch (and every `--save_steps`): accelerate's full training state, so rerunning the
+command after a crash resumes from the last checkpoint with the same result as an
+uninterrupted run, on any number of processes and backends (the training loop is the
+shared skeleton, sweet/trainer.py). A value-head critic's `final/` also holds
+`value_head.safetensors` (LoRA: `final/` is the adapter plus the head).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweet.critic import DEFAULT_HEADER, HEADS, CriticSpec, CriticTurn
+from sweet.critic import CRITIC_CONFIG_FILE, DEFAULT_HEADER, HEADS, CriticSpec, CriticTurn
 from sweet.training import ModelConfig, TrainConfig
 
 
@@ -99,6 +103,12 @@ class CriticTrainConfig(TrainConfig):
     num_epochs: int = field(default=4, metadata={"help": "passes over the training pairs (paper: 4)"})
     batch_size: int = field(default=8, metadata={"help": "trajectory pairs per optimiser step across processes (paper: 8)"})
     micro_batch_size: int = field(default=1, metadata={"help": "pairs per forward pass per process (all their turns in one batch)"})
+    save_steps: int = field(default=0, metadata={"help": "also checkpoint every N optimiser steps (0: at each epoch end only)"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.save_steps < 0:
+            raise ValueError(f"CriticTrainConfig.save_steps must be >= 0, got {self.save_steps}")
 
 
 # ---- data --------------------------------------------------------------------------------
@@ -233,7 +243,7 @@ def _length_key(ex: CriticTurn) -> int:
 
 
 def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig,
-                       output_dir: Path, allow_compute: bool) -> Any:
+                       output_dir: Path) -> Any:
     """π_ref sums per turn, from `ref_logprobs.pt` when it matches these turns, else
     computed once with the initial model (LoRA: adapters disabled) and cached. The
     value head has no π_ref: zeros."""
@@ -254,11 +264,6 @@ def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: Cr
             return blob["sums"].to(accelerator.device)
         if accelerator.is_main_process:
             print(f"{path} was computed for other turns or settings; recomputing")
-    if not allow_compute:
-        raise RuntimeError(
-            f"{path} is missing or stale and the model was restored from a full-weight checkpoint, so π_ref "
-            f"(the initial model) is gone; delete the checkpoints in {output_dir} to restart"
-        )
     unwrapped = accelerator.unwrap_model(model)
     ctx = unwrapped.disable_adapter() if hasattr(unwrapped, "disable_adapter") else contextlib.nullcontext()
     with ctx:
@@ -325,76 +330,18 @@ def evaluate(accelerator, model, tokenizer, data: CriticData, ref_sums, ccfg: Cr
 # ---- the loop -------------------------------------------------------------------------------
 
 
-@dataclass
-class Run:
-    """What the loop carries: prepared objects and the schedule."""
+def critic_loss_fn(data: CriticData, ref_sums, ccfg: CriticConfig, mcfg: ModelConfig, tokenizer, device):
+    """The trainer's loss hook: Σ over the micro-batch's pairs of L_BT + nll_coef·NLL,
+    and metric sums (the skeleton divides both by the step's pair count)."""
 
-    accelerator: Any
-    model: Any
-    tokenizer: Any
-    optimizer: Any
-    scheduler: Any
-    data: CriticData
-    ref_sums: Any
-    ccfg: CriticConfig
-    mcfg: ModelConfig
-    tcfg: CriticTrainConfig
-    logger: Any
-    accum: int
-    steps_per_epoch: int
+    def loss_fn(model, idx):
+        pairs = [data.train_pairs[i] for i in idx]
+        bt, nll, margin = pair_terms(model, tokenizer, data, ref_sums, pairs, ccfg, mcfg, device)
+        metrics = {"loss/bt": bt.detach().sum().item(), "loss/nll": nll.detach().sum().item(),
+                   "critic/train_accuracy": (margin > 0).sum().item()}
+        return (bt + ccfg.nll_coef * nll).sum(), metrics
 
-
-def train_epoch(run: Run, epoch: int, global_step: int) -> int:
-    """One pass over the training pairs in a seeded order; returns the global step.
-
-    Each optimiser step takes `micro * world * accum` pairs; process r handles micro-batch
-    slots r, r+world, ... Per-pair weights make the step's loss the exact mean over its
-    pairs whatever the process count (accelerate divides by accum, DDP averages ranks).
-    """
-    import torch
-    from tqdm.auto import tqdm
-
-    acc, model = run.accelerator, run.model
-    world, rank, micro = acc.num_processes, acc.process_index, run.tcfg.micro_batch_size
-    order = torch.randperm(len(run.data.train_pairs), generator=torch.Generator().manual_seed(run.tcfg.seed * 1000 + epoch))
-    per_step = micro * world * run.accum
-    model.train()
-    bar = tqdm(range(run.steps_per_epoch), desc=f"critic epoch {epoch + 1}", disable=not acc.is_main_process)
-    for step in bar:
-        step_pairs = [run.data.train_pairs[i] for i in order[step * per_step : (step + 1) * per_step].tolist()]
-        totals = torch.zeros(4, dtype=torch.float64, device=acc.device)  # Σ bt, Σ nll, Σ correct, n
-        for k in range(run.accum):
-            slot = k * world + rank
-            mine = step_pairs[slot * micro : (slot + 1) * micro]
-            weight = world * run.accum / len(step_pairs)
-            if not mine:  # keep every rank's forward/backward count equal
-                mine, weight = step_pairs[:1], 0.0
-            with acc.accumulate(model):
-                bt, nll, margin = pair_terms(model, run.tokenizer, run.data, run.ref_sums, mine, run.ccfg, run.mcfg, acc.device)
-                acc.backward(weight * (bt + run.ccfg.nll_coef * nll).sum())
-                if acc.sync_gradients and run.tcfg.max_grad_norm > 0:
-                    acc.clip_grad_norm_(model.parameters(), run.tcfg.max_grad_norm)
-                run.optimizer.step()
-                run.optimizer.zero_grad()
-            if weight:
-                totals += torch.stack([bt.detach().sum().double(), nll.detach().sum().double(),
-                                       (margin > 0).sum().double(), torch.tensor(float(len(mine)), dtype=torch.float64, device=acc.device)])
-        run.scheduler.step()  # once per optimiser step, not once per process (as a prepared scheduler would)
-        global_step += 1
-        totals = acc.reduce(totals, "sum") if world > 1 else totals
-        metrics = {"loss/bt": (totals[0] / totals[3]).item(), "loss/nll": (totals[1] / totals[3]).item(),
-                   "critic/train_accuracy": (totals[2] / totals[3]).item(), "lr": run.scheduler.get_last_lr()[0]}
-        bar.set_postfix({"bt": f"{metrics['loss/bt']:.4f}"})
-        if global_step % run.tcfg.logging_steps == 0:
-            run.logger.log(metrics, global_step)
-    return global_step
-
-
-def _trim_metrics(path: Path, last_step: int) -> None:
-    """Drop rows logged after the checkpoint we resume from (they will be logged again)."""
-    if path.exists():
-        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-        path.write_text("".join(r + "\n" for r in rows))
+    return loss_fn
 
 
 def main(*configs) -> dict[str, float]:
@@ -407,110 +354,64 @@ def main(*configs) -> dict[str, float]:
     return cli(configs[0] if configs else None)
 
 
-def _load_trainable(mcfg: ModelConfig, ckpt: Path | None, head: str = "lm"):
-    """θ: the initial model, or the weights / adapter of the checkpoint we resume from;
-    wrapped with a (zero-initialised or restored) value head for head='value'."""
-    from dataclasses import replace
-
+def _value_model(mcfg: ModelConfig):
+    """θ for head='value': the initial LM (LoRA-wrapped when asked) + a zero value head."""
     from sweet.training import load_model
+    from sweet.value_head import ValueHeadModel
 
-    if ckpt is None:
-        model = load_model(mcfg, trainable=True)
-    elif mcfg.lora:
-        model = load_model(mcfg, trainable=True, adapter=str(ckpt))
-    else:
-        model = load_model(replace(mcfg, model=str(ckpt)), trainable=True)
-    if head == "value":
-        from sweet.value_head import ValueHeadModel
-
-        model = ValueHeadModel(model)
-        if ckpt is not None:
-            model.load_head(ckpt)
-    return model
-
-
-def _save_final(accelerator, model, tokenizer, out: Path, head: str) -> None:
-    """final/ (merged weights; value head: + value_head.safetensors) and, for LoRA, final-adapter/."""
-    from sweet.training import save_final
-
-    if head == "lm":
-        save_final(accelerator, model, tokenizer, out)
-        return
-    accelerator.wait_for_everyone()
-    state = accelerator.get_state_dict(model)  # a collective under ZeRO-3 / FSDP: every process calls it
-    if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
-        if hasattr(unwrapped.lm, "peft_config"):
-            unwrapped.save_pretrained(out / "final-adapter")
-            tokenizer.save_pretrained(out / "final-adapter")
-            unwrapped, state = unwrapped.merge_and_unload(), None
-        unwrapped.save_pretrained(out / "final", state_dict=state)
-        tokenizer.save_pretrained(out / "final")
-    accelerator.wait_for_everyone()
+    return ValueHeadModel(load_model(mcfg, trainable=True))
 
 
 def train(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dict[str, float]:
-    """Train the critic; returns the last held-out metrics."""
-    from sweet.training import (MetricsLogger, latest_checkpoint, load_tokenizer, load_trainer_state,
-                                make_accelerator, make_optimizer, save_checkpoint, save_resolved_config, set_seed)
+    """Train the critic on the trainer skeleton (sweet/trainer.py); returns the last
+    held-out metrics. Rerunning resumes from the last checkpoint (accelerate state)."""
+    from sweet.trainer import Trainer
+    from sweet.training import load_tokenizer, save_resolved_config, set_seed, to_jsonable
 
-    set_seed(tcfg.seed)
-    accelerator = make_accelerator(tcfg)
     out = Path(tcfg.output_dir)
+    if tcfg.resume and (out / CRITIC_CONFIG_FILE).exists() and (out / "final_metrics.json").exists():
+        print(f"{out} holds a finished critic: not retraining (use a new output_dir or --resume false)")
+        return json.loads((out / "final_metrics.json").read_text())
     tokenizer = load_tokenizer(mcfg.model)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"model {mcfg.model!r}: tokenizer has no eos token (needed to end every action)")
     data = build_data(ccfg, tokenizer.eos_token_id, tokenizer, tcfg.seed)
-    world = accelerator.num_processes
-    accum = accelerator.gradient_accumulation_steps
-    steps_per_epoch = math.ceil(len(data.train_pairs) / (tcfg.micro_batch_size * world * accum))
-    ckpt = latest_checkpoint(out) if tcfg.resume else None
-    model = _load_trainable(mcfg, ckpt, ccfg.head)
-    optimizer, scheduler = make_optimizer(model, tcfg, steps_per_epoch * tcfg.num_epochs)
-    if accelerator.state.deepspeed_plugin is not None:  # no dataloader to infer it from
-        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = tcfg.micro_batch_size
-    model, optimizer = accelerator.prepare(model, optimizer)
-    ref_sums = reference_logprobs(accelerator, model, tokenizer, data, ccfg, mcfg, out,
-                                  allow_compute=ckpt is None or mcfg.lora)
-    start_epoch, global_step = 0, 0
-    if ckpt is None and accelerator.is_main_process:
-        _trim_metrics(out / "metrics.jsonl", 0)  # a fresh start: no rows from an earlier attempt
-    if ckpt is not None:
-        state = load_trainer_state(ckpt, optimizer, scheduler)
-        start_epoch, global_step = state["epoch"], state["step"]
-        if accelerator.is_main_process:
-            _trim_metrics(out / "metrics.jsonl", global_step)
-            print(f"resuming from {ckpt} (epoch {start_epoch}, step {global_step})")
-    if accelerator.is_main_process:
+    set_seed(tcfg.seed)  # the initial model (LoRA adapters) is rebuilt identically on a resume
+    trainer = Trainer(mcfg, tcfg, tokenizer, model=_value_model(mcfg) if ccfg.head == "value" else None,
+                      run_config=to_jsonable({"critic": ccfg, "model": mcfg, "train": tcfg}), name="critic")
+    trainer.prepare(trainer.steps_per_epoch(len(data.train_pairs)) * tcfg.num_epochs)
+    acc = trainer.accelerator
+    # π_ref from the initial model, before `fit` restores a checkpoint
+    ref_sums = reference_logprobs(acc, trainer.model, tokenizer, data, ccfg, mcfg, out)
+    if acc.is_main_process:
         save_resolved_config(out, critic=ccfg, model=mcfg, train=tcfg)
-    logger = MetricsLogger(out, tcfg.report_to, accelerator.is_main_process)
-    run = Run(accelerator, model, tokenizer, optimizer, scheduler, data, ref_sums, ccfg, mcfg, tcfg, logger, accum,
-              steps_per_epoch)
-    if accelerator.is_main_process:
         print(f"critic: {len(data.train_pairs)} training pairs, {len(data.eval_pairs)} held-out pairs, "
-              f"{len(data.turns)} turns; {steps_per_epoch} steps/epoch x {tcfg.num_epochs} epochs; "
-              f"{world} process(es) x {accum} accumulation step(s)")
+              f"{len(data.turns)} turns; {trainer.steps_per_epoch(len(data.train_pairs))} steps/epoch x "
+              f"{tcfg.num_epochs} epochs; {trainer.world} process(es) x {trainer.accum} accumulation step(s)")
     metrics: dict[str, float] = {}
-    for epoch in range(start_epoch, tcfg.num_epochs):
-        global_step = train_epoch(run, epoch, global_step)
-        metrics = evaluate(accelerator, model, tokenizer, data, ref_sums, ccfg, mcfg)
-        logger.log({**metrics, "epoch": epoch + 1}, global_step)
-        if accelerator.is_main_process and metrics:
-            print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, out, global_step, {"epoch": epoch + 1})
+
+    def on_epoch_end(epoch: int) -> dict[str, float]:
+        metrics.clear()
+        metrics.update(evaluate(acc, trainer.model, tokenizer, data, ref_sums, ccfg, mcfg))
+        if metrics:
+            acc.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        return dict(metrics)
+
+    loss_fn = critic_loss_fn(data, ref_sums, ccfg, mcfg, tokenizer, acc.device)
+    trainer.fit(list(range(len(data.train_pairs))), loss_fn, save_steps=tcfg.save_steps, save_every_epoch=True,
+                on_epoch_end=on_epoch_end)
     if not metrics:
-        metrics = evaluate(accelerator, model, tokenizer, data, ref_sums, ccfg, mcfg)
-    logger.close()
-    _save_final(accelerator, model, tokenizer, out, ccfg.head)
-    if accelerator.is_main_process:
+        metrics.update(evaluate(acc, trainer.model, tokenizer, data, ref_sums, ccfg, mcfg))
+    if acc.is_main_process:
+        value_lora = ccfg.head == "value" and mcfg.lora  # the adapter and the head both in final/
         CriticSpec(beta=ccfg.beta, length_normalize=ccfg.length_normalize, header=ccfg.header,
                    reference_model=mcfg.model, eos_token_id=tokenizer.eos_token_id, lora=mcfg.lora,
-                   adapter_dir="final-adapter" if mcfg.lora else None, dtype=mcfg.dtype,
+                   adapter_dir=("final" if value_lora else "final-adapter") if mcfg.lora else None, dtype=mcfg.dtype,
                    max_length=mcfg.max_length, keep_head=mcfg.keep_head, env=ccfg.env, head=ccfg.head,
                    training_info=ccfg.training_info).save(out)
         (out / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
-    accelerator.wait_for_everyone()
-    return metrics
+    acc.wait_for_everyone()
+    return dict(metrics)
 
 
 def cli(argv: list[str] | None = None) -> dict[str, float]:

@@ -58,7 +58,7 @@ def test_critic_learns_and_writes_outputs(trained):
     assert bt[0] == pytest.approx(0.6931, abs=1e-3)  # θ = π_ref at start: every A is 0, L = log 2
     assert bt[-1] < 0.4 * bt[0]
     evals = [r for r in rows if "critic/pair_accuracy" in r]
-    assert [r["epoch"] for r in evals] == [1, 2]
+    assert [r["train/epoch"] for r in evals] == [1, 2]
     assert final["critic/pair_accuracy"] >= 0.75 and final["critic/margin"] > 0  # chance: 0.5 (0 at start)
     spec = json.loads((out / "critic_config.json").read_text())
     assert spec["beta"] == 1.0 and spec["length_normalize"] is True and spec["reference_model"] == "tiny"
@@ -74,8 +74,9 @@ def test_resume_matches_uninterrupted_run(trained, tmp_path, synthetic_files, fr
     out, final = trained
     resumed = tmp_path / "run"
     shutil.copytree(out, resumed)
-    # as if killed during epoch 2: keep the epoch-1 checkpoint (step 3) only
-    for name in ("checkpoint-6", "final", "final_metrics.json", "critic_config.json"):
+    # as if killed during epoch 2: the epoch-1 checkpoint (step 3) is the last one
+    assert sorted(p.name for p in resumed.glob("checkpoint-*")) == ["checkpoint-3"]
+    for name in ("final", "final_metrics.json", "critic_config.json"):
         path = resumed / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     rows = _metrics(resumed)
