@@ -1,0 +1,190 @@
+"""Per-turn credit inspector: does the critic reward the right turns?
+
+    python -m sweet.inspect_critic --critic runs/demo/critic --episodes runs/demo/episodes/train.jsonl \
+        --output runs/demo/inspect [--candidates runs/demo/sweet/candidates.jsonl]
+
+Writes OUTPUT/index.html, one self-contained page: every dialogue turn by turn,
+each agent turn coloured by the critic's advantage A(o_t, a_t, c) (green above zero,
+red below, number shown), the episode's reward, and for the states SWEET-RL stage 2
+sampled (candidates.jsonl) the candidates ranked by the score the critic gave them.
+Dialogue text is untrusted model output: everything is HTML-escaped and the page
+loads nothing from anywhere.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+
+@dataclass
+class InspectConfig:
+    critic: str = field(default="", metadata={"help": "a train_critic output_dir (holds critic_config.json)"})
+    episodes: str = field(default="", metadata={"help": "episodes JSONL to show"})
+    output: str = field(default="", metadata={"help": "folder for index.html"})
+    candidates: str = field(default="", metadata={"help": "stage-2 candidates.jsonl (optional): ranked candidates per state"})
+    tasks: str = field(default="builtin:train", metadata={"help": "the episodes' tasks (for the training-time information c)"})
+    max_episodes: int = field(default=60, metadata={"help": "show at most this many episodes (most-sampled tasks first)"})
+    device: str = field(default="", metadata={"help": "torch device (default: cuda if available)"})
+
+    def __post_init__(self) -> None:
+        for name in ("critic", "episodes", "output"):
+            if not getattr(self, name):
+                raise ValueError(f"--{name} is required")
+        if self.max_episodes < 1:
+            raise ValueError(f"--max_episodes must be >= 1, got {self.max_episodes}")
+
+
+@dataclass
+class TurnView:
+    role: str
+    text: str
+    advantage: float | None = None  # agent turns only
+    candidates: list[tuple[float, str]] | None = None  # stage-2 state: (score, text), best first
+
+
+@dataclass
+class EpisodeView:
+    episode_id: str
+    task_id: str
+    reward: float
+    success: bool
+    turns: list[TurnView]
+
+
+def score_episodes(scorer, episodes, info_of: dict[str, str]) -> list[list[float]]:
+    """The critic's A(o_t, a_t, c) for every agent turn of every episode, through the
+    scorer's public API (turns without recorded ids are tokenised once)."""
+    from sweet.data import episode_states
+
+    items, shape = [], []
+    for ep in episodes:
+        states = episode_states(ep, info_of[ep.task_id])
+        for state, turn in zip(states, ep.agent_turns):
+            ids = turn.token_ids
+            if ids is None:
+                ids = scorer.tokenizer(turn.content, add_special_tokens=False)["input_ids"]
+            items.append((state, [list(ids)], [getattr(turn, "finish_reason", None)]))
+        shape.append(len(states))
+    flat = [scores[0] for scores in scorer.score_states(items)]
+    out, i = [], 0
+    for n in shape:
+        out.append(flat[i:i + n])
+        i += n
+    return out
+
+
+def read_candidate_rows(path: str) -> dict[tuple[str, int], list[tuple[float, str]]]:
+    """(episode_id, turn_index) -> [(score, text)] best first, from stage 2's candidates.jsonl."""
+    out: dict[tuple[str, int], list[tuple[float, str]]] = {}
+    if not path:
+        return out
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            cands = [(float(c["advantage"]), str(c["text"])) for c in row["candidates"]]
+            out[(str(row["episode_id"]), int(row["turn_index"]))] = sorted(cands, key=lambda c: -c[0])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}:{lineno}: not a candidates row ({e})") from None
+    return out
+
+
+def build_views(episodes, advantages: Sequence[Sequence[float]],
+                candidates: dict[tuple[str, int], list[tuple[float, str]]]) -> list[EpisodeView]:
+    views = []
+    for ep, advs in zip(episodes, advantages):
+        turns, k = [], 0
+        for turn in ep.turns:
+            if turn.role == "agent":
+                turns.append(TurnView("agent", turn.content, advs[k], candidates.get((ep.episode_id, k))))
+                k += 1
+            else:
+                turns.append(TurnView(turn.role, turn.content))
+        views.append(EpisodeView(ep.episode_id, ep.task_id, float(ep.reward), bool(ep.success), turns))
+    return views
+
+
+def _colour(value: float, scale: float) -> str:
+    """Green for positive, red for negative advantages; opacity grows with |value|."""
+    alpha = min(1.0, abs(value) / scale) * 0.55 if scale > 0 else 0.0
+    rgb = "22,163,74" if value >= 0 else "220,38,38"
+    return f"rgba({rgb},{alpha:.2f})"
+
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em;max-width:70em;color:#111}
+.ep{border:1px solid #ccc;border-radius:6px;margin:1em 0;padding:.6em}
+.head{font-weight:600;margin-bottom:.4em}.ok{color:#15803d}.bad{color:#b91c1c}
+.turn{margin:.3em 0;padding:.35em .5em;border-radius:4px;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:.85em}
+.human{background:#f1f5f9}.adv{float:right;font-weight:700;font-family:system-ui}
+details{margin:.2em 0 .5em 2em;font-size:.85em}table{border-collapse:collapse}
+td{border-top:1px solid #ddd;padding:.2em .5em;vertical-align:top;white-space:pre-wrap;font-family:ui-monospace,monospace}
+"""
+
+
+def render_html(views: Sequence[EpisodeView], title: str, note: str) -> str:
+    e = html.escape
+    scores = [t.advantage for v in views for t in v.turns if t.advantage is not None]
+    scores += [s for v in views for t in v.turns for s, _ in (t.candidates or [])]
+    scale = max((abs(s) for s in scores), default=0.0)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style></head><body>",
+             f"<h1>{e(title)}</h1><p>{e(note)}</p>"]
+    for v in views:
+        status = "<span class='ok'>success</span>" if v.success else "<span class='bad'>no success</span>"
+        parts.append(f"<div class='ep'><div class='head'>{e(v.task_id)} · {e(v.episode_id)} · reward {v.reward:.2f} · "
+                     f"{status}</div>")
+        for t in v.turns:
+            if t.advantage is None:
+                parts.append(f"<div class='turn human'><b>{e(t.role)}:</b> {e(t.text)}</div>")
+                continue
+            parts.append(f"<div class='turn' style='background:{_colour(t.advantage, scale)}'>"
+                         f"<span class='adv'>A = {t.advantage:+.3f}</span><b>agent:</b> {e(t.text)}</div>")
+            if t.candidates:
+                rows = "".join(f"<tr><td>{i + 1}</td><td style='background:{_colour(s, scale)}'>{s:+.3f}</td>"
+                               f"<td>{e(txt)}</td></tr>" for i, (s, txt) in enumerate(t.candidates))
+                parts.append(f"<details open><summary>stage 2: {len(t.candidates)} candidates at this state, "
+                             f"ranked by the critic</summary><table>{rows}</table></details>")
+        parts.append("</div>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def pick_episodes(episodes, candidates, limit: int):
+    """Episodes with stage-2 states first (in file order), then the rest, at most `limit`."""
+    staged = {eid for eid, _ in candidates}
+    ordered = [ep for ep in episodes if ep.episode_id in staged] + [ep for ep in episodes if ep.episode_id not in staged]
+    return ordered[:limit]
+
+
+def main(argv: list[str] | None = None) -> Path:
+    from sweet.critic import CriticScorer, CriticSpec, load_training_info
+    from sweet.data import load_episodes
+    from sweet.training import parse_configs
+
+    (cfg,) = parse_configs([InspectConfig], argv, description=__doc__.split("\n\n")[0])
+    spec = CriticSpec.load(cfg.critic)
+    candidates = read_candidate_rows(cfg.candidates)
+    episodes = pick_episodes(load_episodes(cfg.episodes, env=spec.env), candidates, cfg.max_episodes)
+    info_of = load_training_info(cfg.tasks, env=spec.env)
+    missing = sorted({ep.task_id for ep in episodes} - set(info_of))
+    if missing:
+        raise ValueError(f"{cfg.episodes}: tasks {missing[:3]} are not in --tasks {cfg.tasks}")
+    scorer = CriticScorer.load(cfg.critic, device=cfg.device or None)
+    views = build_views(episodes, score_episodes(scorer, episodes, info_of), candidates)
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    note = (f"critic {cfg.critic}; episodes {cfg.episodes}; A(o_t, a_t, c) per agent turn "
+            f"(green > 0 > red); stage-2 candidates from {cfg.candidates or '(none given)'}.")
+    page = out / "index.html"
+    page.write_text(render_html(views, "SWEET-RL critic: per-turn credit", note))
+    print(f"credit inspector: {page} ({len(views)} episodes, {sum(1 for _ in candidates)} stage-2 states)")
+    return page
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""`python -m sweet.inspect_critic`: a trained tiny critic's per-turn advantages on an
+HTML page, with stage-2 candidates ranked, and untrusted dialogue text escaped."""
+
+import json
+import re
+
+import pytest
+
+from colbench.types import Episode
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+HOSTILE = "<script>alert('x')</script><img src=http://evil/x.png>"
+
+
+@pytest.fixture(scope="module")
+def critic_dir(tmp_path_factory, synthetic_files):
+    from accelerate.state import AcceleratorState, GradientState
+
+    from sweet.train_critic import cli
+
+    episodes, tasks = synthetic_files
+    out = tmp_path_factory.mktemp("inspect") / "critic"
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    cli(["--episodes", str(episodes), "--tasks", str(tasks), "--output_dir", str(out), "--num_epochs", "1",
+         "--batch_size", "4", "--micro_batch_size", "4", "--learning_rate", "2e-3", "--max_pairs", "8",
+         "--max_length", "512", "--report_to", "none"])
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return out
+
+
+def test_page_shows_each_turns_advantage_ranked_candidates_and_escapes_text(critic_dir, synthetic_files, tmp_path):
+    from sweet import inspect_critic
+    from sweet.critic import CriticScorer, load_training_info
+    from sweet.data import episode_states, load_episodes
+
+    episodes_path, tasks = synthetic_files
+    episodes = load_episodes(episodes_path, env="backend")[:4]
+    # dialogue text is untrusted: a hostile agent message (its recorded ids are what the critic scores)
+    hostile = Episode.from_json(episodes[0].to_json())
+    hostile.turns[0].content = HOSTILE
+    episodes[0] = hostile
+    ep_file = tmp_path / "episodes.jsonl"
+    ep_file.write_text("".join(json.dumps(e.to_json()) + "\n" for e in episodes))
+    # a stage-2 row for the second episode's first state, scores deliberately unsorted
+    cand_file = tmp_path / "candidates.jsonl"
+    cand_file.write_text(json.dumps({"episode_id": episodes[1].episode_id, "turn_index": 0, "candidates": [
+        {"text": "middle candidate", "advantage": 0.1}, {"text": "best candidate", "advantage": 0.7},
+        {"text": "worst <b>candidate</b>", "advantage": -0.4}]}) + "\n")
+
+    page = inspect_critic.main(["--critic", str(critic_dir), "--episodes", str(ep_file), "--output",
+                                str(tmp_path / "out"), "--candidates", str(cand_file), "--tasks", str(tasks)])
+    html = page.read_text()
+
+    # one advantage per agent turn, equal to the scorer's own A(o_t, a_t, c)
+    shown = [float(x) for x in re.findall(r"A = ([+-]\d+\.\d+)", html)]
+    scorer = CriticScorer.load(critic_dir, device="cpu")
+    info = load_training_info(str(tasks), env="backend")
+    expected = []
+    for ep in inspect_critic.pick_episodes(episodes, {(episodes[1].episode_id, 0): []}, 60):
+        for state, turn in zip(episode_states(ep, info[ep.task_id]), ep.agent_turns):
+            expected.append(scorer.advantages(state, [turn.token_ids])[0])
+    assert len(shown) == sum(len(ep.agent_turns) for ep in episodes) == len(expected)
+    assert shown == pytest.approx(expected, abs=6e-4)
+    assert any(abs(a) > 1e-3 for a in expected)  # the trained critic is not π_ref
+    # the staged episode comes first and its candidates are ranked best first
+    assert html.index("best candidate") < html.index("middle candidate") < html.index("worst &lt;b&gt;candidate")
+    assert html.index(episodes[1].episode_id) < html.index(episodes[0].episode_id)
+    # nothing the model wrote becomes markup, and the page loads nothing
+    assert HOSTILE not in html and "<script" not in html and "&lt;script&gt;" in html
+    assert "<img" not in html and "<b>candidate" not in html
+    for ep in episodes:
+        assert f"reward {ep.reward:.2f}" in html
+
+
+def test_bad_candidates_file_names_the_line(critic_dir, synthetic_files, tmp_path):
+    from sweet import inspect_critic
+
+    episodes_path, tasks = synthetic_files
+    bad = tmp_path / "candidates.jsonl"
+    bad.write_text(json.dumps({"episode_id": "x", "turn_index": 0, "candidates": []}) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"candidates.jsonl:2: not a candidates row"):
+        inspect_critic.main(["--critic", str(critic_dir), "--episodes", str(episodes_path), "--output",
+                             str(tmp_path / "o"), "--candidates", str(bad), "--tasks", str(tasks)])
+    with pytest.raises(ValueError, match="--critic is required"):
+        inspect_critic.main(["--episodes", str(episodes_path), "--output", str(tmp_path / "o")])
