@@ -4,7 +4,7 @@
     python bench/policy_tokens.py --model hf:Qwen/Qwen2.5-0.5B-Instruct --device cuda --max-new-tokens 128
 
 Samples completions with the hf engine, then builds each training example two ways:
-- recorded (sweet.sequences): context = the prompt ids the engine sampled from,
+- recorded (sweet.tokens): context = the prompt ids the engine sampled from,
   action = the generated ids + eos;
 - naive: apply the chat template to prompt + the completion text as an assistant
   message, tokenise, take the tokens after the prompt as the action.
@@ -46,7 +46,7 @@ def main(argv=None) -> None:
     import torch
 
     from engines import EngineOptions, SamplingParams, load_engine
-    from sweet.sequences import action_ids
+    from sweet.tokens import action_ids
     from sweet.tokens import make_batch, token_logprobs
 
     args = make_parser().parse_args(argv)
@@ -61,7 +61,7 @@ def main(argv=None) -> None:
     pairs = [(p, s) for p, ss in zip(prompts, results) for s in ss]
 
     t0 = time.perf_counter()
-    recorded = [(list(s.prompt_token_ids), list(action_ids(s.token_ids, tok.eos_token_id, s.finish_reason == "stop")))
+    recorded = [(list(s.prompt_token_ids), list(action_ids(s.token_ids, tok.eos_token_id, s.finish_reason)))
                 for _, s in pairs]
     t_rec = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -237,6 +237,7 @@ def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: l
             prompt_token_ids=list(s.prompt_token_ids) if s.prompt_token_ids is not None else None,
             token_ids=list(s.token_ids) if from_engine else None,  # [] = the engine generated nothing
             logprobs=list(s.logprobs) if s.logprobs is not None else None,
+            finish_reason=s.finish_reason if from_engine else None,  # trainers append eos only on "stop"
         ))
         n_agent = len(lv.episode.agent_turns)
         if config.single_turn:

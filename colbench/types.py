@@ -68,6 +68,10 @@ class Turn:
     prompt_token_ids: [P] ids of the templated prompt, when the engine knows them.
     token_ids:        [T] generated ids; training uses these, never re-tokenised text.
     logprobs:         [T] sampler log-probs of token_ids (see engines.base).
+    finish_reason:    why generation stopped (engines.base.Sample): "stop" = the model
+                      emitted its end-of-turn token, "stop_string" / "length" = cut
+                      (no end-of-turn token); None in files written before the field.
+                      Trainers append end-of-turn exactly on "stop" (sweet/tokens.py).
 
     Human turns may carry:
     failed / error:   the simulator failed for good; `content` is then empty.
@@ -80,6 +84,7 @@ class Turn:
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    finish_reason: str | None = None
     failed: bool = False
     error: str | None = None
     render: str | None = None

@@ -148,7 +148,7 @@ def read_candidates(path: Path) -> dict[str, dict]:
 
 def row_candidates(state: State, row: dict) -> list[Candidate]:
     return [Candidate(state, c["text"], tuple(c["token_ids"]), tuple(c["logprobs"]) if c.get("logprobs") else None,
-                      c["advantage"], c.get("finish_reason", "stop")) for c in row["candidates"]]
+                      c["advantage"], c.get("finish_reason")) for c in row["candidates"]]
 
 
 def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cfg: SweetConfig, path: Path, seed: int) -> None:
@@ -166,7 +166,8 @@ def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cfg: Sweet
             params = SamplingParams(n=cfg.num_candidates, temperature=cfg.temperature, top_p=cfg.top_p,
                                     max_new_tokens=cfg.max_new_tokens, seed=seed * 1_000_003 + chunk[0][0])
             results = engine.generate([list(s.prompt) for _, s in chunk], params)
-            scores = scorer.score_states([(s, [smp.token_ids for smp in samples]) for (_, s), samples in zip(chunk, results)])
+            scores = scorer.score_states([(s, [smp.token_ids for smp in samples], [smp.finish_reason for smp in samples])
+                                          for (_, s), samples in zip(chunk, results)])
             for (_, s), samples, advs in zip(chunk, results, scores):
                 f.write(json.dumps(_row(s, samples, advs)) + "\n")
             f.flush()
@@ -238,12 +239,12 @@ def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs
 def pair_item(tokenizer, pair: ActionPair, prompt_token_ids: Sequence[int] | None):
     """The DPO example of an action pair: both actions in the context they were sampled from."""
     from sweet.policy_trainer import PreferenceItem
-    from sweet.sequences import Segment, action_ids, context_ids, eos_id
+    from sweet.tokens import Segment, action_ids, context_ids, eos_id
 
     ctx = context_ids(tokenizer, prompt_token_ids if prompt_token_ids is not None else pair.state.prompt_token_ids,
                       pair.state.prompt)
     eos = eos_id(tokenizer)
-    seg = lambda c: Segment(ctx, action_ids(c.token_ids, eos, ended=c.finish_reason != "length"))  # noqa: E731
+    seg = lambda c: Segment(ctx, action_ids(c.token_ids, eos, c.finish_reason))  # noqa: E731
     return PreferenceItem((seg(pair.chosen),), (seg(pair.rejected),))
 
 

@@ -1,9 +1,29 @@
-"""Token-level plumbing shared by every trainer: contexts, actions, batches, log-probs.
+"""One rule from recorded turns to training ids, and the batching every trainer shares.
 
-A training example is (context ids, action ids). Actions are always the ids the
-engine generated (Turn.token_ids / Candidate.token_ids), so what we train on is
-exactly what was sampled; contexts are the policy's recorded prompt ids when the
-engine reported them, else the chat template applied to the recorded prompt.
+A training example is a list of `Segment`s, each (context ids, action ids), one per
+agent turn:
+
+- context = the turn's recorded `prompt_token_ids` (the ids the engine sampled from);
+  when the engine reported none (OpenAI-compatible servers, published trajectories),
+  the chat template applied to the recorded prompt (`engines.templating.prompt_ids`,
+  the same rule the local engines use), logged once.
+- action  = the generated `token_ids` (never re-tokenised text: multi-turn tokenisation
+  drift) + the end-of-turn id exactly when the model emitted it (`action_ids`):
+    finish_reason "stop"         the model emitted its end-of-turn token: appended
+                                 (the tokenizer's eos, the id the chat template ends an
+                                 assistant turn with);
+    "length" or "stop_string"    cut at max_new_tokens or before a caller's stop string:
+                                 not appended (the model never sampled it);
+    None                         episode files written before the field existed:
+                                 appended, as every trainer did then (those engines cut
+                                 eos and no agent samples with stop strings, so a turn
+                                 ended at eos unless it hit max_new_tokens).
+  Every trainer (critic, SWEET stage 2 and its critic scoring, multi-turn DPO, RFT,
+  warm start, LOOP) builds its actions here, so scoring and training agree.
+
+Simulator tokens are never in a loss: they only appear inside later turns' contexts,
+where the action mask is 0. A multi-turn trajectory is one segment per agent turn, each
+scored in its own recorded context, and its log-prob is the sum over turns.
 
 Truncation keeps the action whole: an over-long context loses tokens from the
 *middle*: the first `keep_head` tokens (system prompt, task, training-time
@@ -13,19 +33,95 @@ the right and lost the final answer.)
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from colbench.types import Episode, Turn
 from engines.base import Message
 from engines.templating import prompt_ids
 
+log = logging.getLogger(__name__)
+_warned_fallback = False
+
+# Sample/Turn.finish_reason values (engines.base.Sample); None = recorded before the field.
+ENDS_TURN = "stop"
+FINISH_REASONS = ("stop", "stop_string", "length", None)
 
 # One templating rule for samplers and trainers, so a rebuilt context equals the prompt
 # the engine sampled from.
 template_ids = prompt_ids
+
+
+# ---- from a recorded turn to (context, action) ids -------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One agent turn to score: `context` [C] ids, then `action` [A] ids (A >= 1)."""
+
+    context: tuple[int, ...]
+    action: tuple[int, ...]
+
+
+def eos_id(tokenizer) -> int:
+    """The end-of-turn id appended to actions the model ended itself."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no eos token: cannot mark the end of a turn")
+    return int(tokenizer.eos_token_id)
+
+
+def action_ids(token_ids: Sequence[int], eos_id: int, finish_reason: str | None) -> tuple[int, ...]:
+    """a_t: the generated ids, + `eos_id` exactly when the model emitted it
+    (finish_reason "stop"; None = an old record, treated as "stop": module docstring)."""
+    if finish_reason not in FINISH_REASONS:
+        raise ValueError(f"unknown finish_reason {finish_reason!r}: expected one of {FINISH_REASONS}")
+    ids = tuple(int(i) for i in token_ids)
+    return ids + (int(eos_id),) if finish_reason in (ENDS_TURN, None) else ids
+
+
+def context_ids(tokenizer, prompt_token_ids: Sequence[int] | None, prompt) -> tuple[int, ...]:
+    """The recorded prompt ids, else the chat template of the recorded prompt (logged once)."""
+    global _warned_fallback
+    if prompt_token_ids is not None:
+        return tuple(int(i) for i in prompt_token_ids)
+    if prompt is None:
+        raise ValueError("an agent turn has neither prompt_token_ids nor a recorded prompt")
+    if not _warned_fallback:
+        log.warning("the engine recorded no prompt ids for some turns: rebuilding them with the chat template")
+        _warned_fallback = True
+    return tuple(prompt_ids(tokenizer, list(prompt)))
+
+
+def turn_action_ids(tokenizer, turn: Turn, tokenize_missing: bool = False) -> tuple[int, ...]:
+    """The action ids of one recorded agent turn (`action_ids` of its generated ids).
+
+    A turn without generated ids (published offline trajectories, scripted agents) is
+    an error unless `tokenize_missing`: then its text is tokenised once, the only
+    option when the ids were never recorded."""
+    if turn.role != "agent":
+        raise ValueError(f"only agent turns are trained on, got a {turn.role!r} turn")
+    ids = turn.token_ids
+    if ids is None:
+        if not tokenize_missing:
+            raise ValueError("agent turn has no generated token_ids (offline or scripted record): cannot train on it "
+                             "exactly; pass --tokenize_missing_actions true to tokenise its text")
+        ids = tokenizer(turn.content, add_special_tokens=False)["input_ids"]
+    return action_ids(ids, eos_id(tokenizer), turn.finish_reason)
+
+
+def turn_segment(tokenizer, turn: Turn, tokenize_missing: bool = False) -> Segment:
+    """The training segment of one recorded agent turn: its context and `turn_action_ids`."""
+    action = turn_action_ids(tokenizer, turn, tokenize_missing)
+    return Segment(context_ids(tokenizer, turn.prompt_token_ids, turn.prompt), action)
+
+
+def episode_segments(tokenizer, episode: Episode, tokenize_missing: bool = False) -> list[Segment]:
+    """One segment per agent turn of an episode, in order."""
+    return [turn_segment(tokenizer, t, tokenize_missing) for t in episode.agent_turns]
 
 
 def with_training_info(messages: Sequence[Message], info: str, header: str = "Training-time information") -> list[Message]:
@@ -35,6 +131,9 @@ def with_training_info(messages: Sequence[Message], info: str, header: str = "Tr
     note = f"\n\n[{header}, hidden from the agent]\n{info}\n[end of {header.lower()}]"
     msgs[0]["content"] = str(msgs[0]["content"]) + note
     return msgs
+
+
+# ---- batches and log-probs ----------------------------------------------------------------
 
 
 def truncate_context(context: Sequence[int], max_context: int, keep_head: int) -> list[int]:
@@ -109,3 +208,21 @@ def action_logprob_sum_and_mean(token_logps: torch.Tensor, action_mask: torch.Te
     mask = action_mask.to(token_logps.dtype)
     total = (token_logps * mask).sum(-1)
     return total, total / mask.sum(-1).clamp(min=1)
+
+
+def segment_logps(model, segments: Sequence[Segment], *, pad_id: int, max_length: int | None, keep_head: int,
+                  chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ log π(action tokens | context) per segment, and the action token counts: [S], [S].
+
+    Segments are packed `chunk_size` at a time (None: all at once); gradients flow.
+    """
+    device = next(model.parameters()).device
+    sums, counts = [], []
+    step = chunk_size or max(1, len(segments))
+    for start in range(0, len(segments), step):
+        chunk = segments[start : start + step]
+        batch = make_batch([(s.context, s.action) for s in chunk], pad_id, max_length, keep_head).to(device)
+        total, _ = action_logprob_sum_and_mean(token_logprobs(model, batch), batch.action_mask)
+        sums.append(total)
+        counts.append(batch.action_mask.sum(-1))
+    return torch.cat(sums), torch.cat(counts)
