@@ -143,3 +143,51 @@ def test_worker_extension_names_do_not_clash_with_vllm_worker_methods():
 
     own = [n for n in vars(WeightSync) if not n.startswith("__")]
     assert own == ["sweet_load_weights"]
+
+
+def _logprob_error(engine, model, conv, sample) -> float:
+    """max |vLLM log-prob − the HF model's| over the sample's tokens."""
+    import torch
+
+    ids = torch.tensor([list(sample.prompt_token_ids) + list(sample.token_ids)], device="cuda")
+    with torch.no_grad():
+        lp = model(ids).logits[0].float().log_softmax(-1)
+    start = len(sample.prompt_token_ids) - 1
+    return max(abs(a - lp[start + i, t].item()) for i, (a, t) in enumerate(zip(sample.logprobs, sample.token_ids)))
+
+
+@pytest.mark.gpu
+def test_vllm_follows_full_weights_and_lora_updates(tiny_path, tmp_path):
+    """After update_weights / load_lora, vLLM samples from the trainer's current model."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from engines.vllm_engine import VLLMEngine
+
+    conv = [{"role": "user", "content": "Write a function that adds two numbers."}]
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).cuda()
+    engine = VLLMEngine(str(tiny_path), EngineOptions(dtype="float32", gpu_memory_utilization=0.3, max_model_len=512,
+                                                      enable_lora=True, max_lora_rank=32), spec="vllm:tiny")
+    try:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        engine.update_weights(model.state_dict().items())
+        [[full]] = engine.generate([conv], params)
+        assert _logprob_error(engine, model, conv, full) < 1e-2
+        peft = get_peft_model(model, LoraConfig(r=32, lora_alpha=64, target_modules="all-linear"))
+        with torch.no_grad():
+            for name, p in peft.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.05)
+        peft.save_pretrained(tmp_path / "adapter")
+        engine.load_lora(str(tmp_path / "adapter"))
+        [[adapted]] = engine.generate([conv], params)
+        assert _logprob_error(engine, peft, conv, adapted) < 1e-2
+    finally:
+        engine.close()
