@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     args = make_parser().parse_args(argv)
     import torch
 
-    from colbench.clip_reward import ClipScorer
+    from colbench.scoring.clip import ClipScorer
 
     torch.set_num_threads(args.threads)
     scorer = ClipScorer(args.clip_model, args.clip_pretrained, scheme=args.scheme, device=args.device,

@@ -49,10 +49,11 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=20.0, help="per-page render timeout (s)")
     args = ap.parse_args()
 
-    from colbench.render import RenderPool, _tailwind_rules
+    from colbench.scoring.render import RenderPool
+    from colbench.scoring.tailwind import tailwind_rules
 
     pages = load_pages(args.pages)
-    _tailwind_rules()  # index once for both ways: neither pays it below
+    tailwind_rules()  # index once for both ways: neither pays it below
 
     t0 = time.perf_counter()
     pool = RenderPool(workers=args.workers, timeout_s=args.timeout)

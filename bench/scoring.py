@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from colbench.backend_scoring import ReferenceCache, score_backend  # noqa: E402
-from colbench.sandbox import SandboxPool, isolation_report  # noqa: E402
+from colbench.scoring.backend import ReferenceCache, score_backend  # noqa: E402
+from colbench.scoring.sandbox import SandboxPool, isolation_report  # noqa: E402
 from colbench.tasks import load_tasks  # noqa: E402
 
 TASKS_FILE = Path(__file__).resolve().parents[1] / "tasks" / "backend" / "test.jsonl"

@@ -216,7 +216,7 @@ def validate_references(tasks: Sequence[Task], workers: int | None = None) -> di
             runnable.append(t)
     if not runnable:
         return bad
-    from colbench.sandbox import SandboxPool  # the sandbox starts processes: import late
+    from colbench.scoring.sandbox import SandboxPool  # the sandbox starts processes: import late
 
     pool = SandboxPool(workers=workers)
     try:
@@ -526,7 +526,7 @@ def _compare_runs(task: Task, first: Sequence[Any], second: Sequence[Any]) -> st
 
     Values arrive in the sandbox's plain-data encoding ({"type": ..., ...}); the two runs
     must agree exactly (zero tolerance; sets and dicts compare without order)."""
-    from colbench.backend_scoring import render, values_equal
+    from colbench.scoring.backend import render, values_equal
 
     if len(first) != len(task.tests) or len(second) != len(task.tests):
         return f"sandbox returned {len(first)}/{len(second)} results for {len(task.tests)} tests"

@@ -1,7 +1,7 @@
 """A text-only simulated human for frontend design, for servers without vision.
 
 Instead of screenshots the model reads what is visible on both pages, taken from the
-DOM after layout in chromium (colbench.render.RenderPool.extract_structure): page
+DOM after layout in chromium (colbench.scoring.render.RenderPool.extract_structure): page
 size and background, then the visible blocks top to bottom with their box, text,
 colours (as words and hex) and image sizes. It describes the differences in words,
 as the person who wants the target, with the dialogue so far.
@@ -27,7 +27,7 @@ from simulators.base import SimReply, SimRequest, check_requests
 from simulators.vlm import DEFAULT_SAMPLING, PROMPTS_DIR, _digest, dialogue_messages, generate_replies, spoken_text
 
 if TYPE_CHECKING:
-    from colbench.render import RenderPool
+    from colbench.scoring.render import RenderPool
 
 DEFAULT_PROMPT = PROMPTS_DIR / "frontend_text.txt"
 COMPARE_NOTE = "Here is my page (first description) and the page you want (second). How is mine different?"

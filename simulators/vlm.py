@@ -1,7 +1,7 @@
 """The vision-language simulated human for frontend design (ColBench; paper: Qwen2-VL-72B).
 
 For each request it renders the agent's latest HTML draft and the hidden target page
-(colbench.render.RenderPool, offline), and asks a VLM, shown both screenshots, to
+(colbench.scoring.render.RenderPool, offline), and asks a VLM, shown both screenshots, to
 describe the most important differences in words, as the person who wants the target.
 
     sim = VLMSimulator(load_engine("openai:Qwen/Qwen2-VL-72B-Instruct@http://host:8000/v1"), env.renderer)
@@ -42,7 +42,7 @@ from simulators.base import SimReply, SimRequest, check_requests
 from simulators.llm import clean_reply
 
 if TYPE_CHECKING:
-    from colbench.render import RenderPool
+    from colbench.scoring.render import RenderPool
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 DEFAULT_PROMPT = PROMPTS_DIR / "frontend_vlm.txt"

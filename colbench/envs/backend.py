@@ -9,7 +9,7 @@
 Instructions for the agent live in colbench/envs/prompts/backend_agent.txt (our own
 wording of the paper's protocol: ask clarifying questions, then write the answer marker
 and the code; at most `max_turns` turns). Scoring runs the reference and the answer in
-separate sandboxes (colbench.sandbox, colbench.backend_scoring).
+separate sandboxes (colbench.scoring.sandbox, colbench.scoring.backend).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from colbench.backend_scoring import ReferenceCache, extract_code, score_backend
 from colbench.envs.base import agent_chat, fill_instructions
 from colbench.protocols import ANSWER_MARKER
-from colbench.sandbox import SandboxLimits, SandboxPool
+from colbench.scoring.backend import ReferenceCache, extract_code, score_backend
+from colbench.scoring.sandbox import SandboxLimits, SandboxPool
 from colbench.types import Score, Task, Turn
 from engines.base import Message
 

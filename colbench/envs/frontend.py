@@ -11,9 +11,9 @@ Each agent turn may hold one HTML draft (```html fence); the simulated human see
 rendered next to the hidden target and says how they differ (simulators.vlm,
 simulators.text_frontend). The final answer is the HTML after the answer marker.
 
-Scoring renders the answer and the target offline (colbench.render: vendored
+Scoring renders the answer and the target offline (colbench.scoring.render: vendored
 Tailwind, local placeholder images, no network) and takes the cosine similarity of
-their CLIP image embeddings (colbench.clip_reward; paper: OpenAI ViT-B/32).
+their CLIP image embeddings (colbench.scoring.clip; paper: OpenAI ViT-B/32).
 Success = reward >= `success_threshold`. Target embeddings are cached per task.
 Departures from the reference: the answer is kept as HTML (the Episode stores it;
 Score.detail holds the screenshot paths), whole pages are embedded (scheme "pad",
@@ -36,8 +36,8 @@ from colbench.types import Score, Task, Turn
 from engines.base import Message
 
 if TYPE_CHECKING:
-    from colbench.clip_reward import ClipScorer
-    from colbench.render import RenderPool
+    from colbench.scoring.clip import ClipScorer
+    from colbench.scoring.render import RenderPool
 
 PROMPT_PATH = Path(__file__).with_name("prompts") / "frontend_agent.txt"
 SINGLE_TURN_NOTE = (
@@ -142,7 +142,7 @@ class FrontendEnv:
         """The RenderPool this env renders with; simulators share it."""
         with self._lock:
             if self._renderer is None:
-                from colbench.render import RenderPool
+                from colbench.scoring.render import RenderPool
 
                 self._renderer = RenderPool(**self.render_options)
             return self._renderer
@@ -151,7 +151,7 @@ class FrontendEnv:
     def scorer(self) -> "ClipScorer":
         with self._lock:
             if self._scorer is None:
-                from colbench.clip_reward import ClipScorer
+                from colbench.scoring.clip import ClipScorer
 
                 opts = self.clip_options
                 self._scorer = ClipScorer(opts["model"], opts["pretrained"], scheme=opts["scheme"], device=opts["device"])

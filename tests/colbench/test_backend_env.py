@@ -7,7 +7,7 @@ import pytest
 from colbench.envs import make_env
 from colbench.envs.backend import BackendEnv
 from colbench.protocols import Environment
-from colbench.sandbox import SandboxLimits
+from colbench.scoring.sandbox import SandboxLimits
 from colbench.types import Task, Turn
 
 REFERENCE = "def area(w, h):\n    return w * h if w > 0 and h > 0 else 0\n"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from colbench.backend_scoring import ReferenceCache, extract_code, render, score_backend, values_equal
-from colbench.sandbox import SandboxLimits, SandboxPool
+from colbench.scoring.backend import ReferenceCache, extract_code, render, score_backend, values_equal
+from colbench.scoring.sandbox import SandboxLimits, SandboxPool
 from colbench.types import Task
 
 LIMITS = SandboxLimits(cpu_seconds_per_call=0.5, wall_seconds_per_call=1.0, wall_seconds_total=3.0, memory_mb=256)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from colbench.clip_reward import SCHEMES, ClipScorer, ClipWeightsUnavailable, cached_tag_weights
+from colbench.scoring.clip import SCHEMES, ClipScorer, ClipWeightsUnavailable, cached_tag_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,7 +143,7 @@ def test_offline_without_cached_weights_fails_fast_with_clear_error(tmp_path):
     """The default (OpenAI ViT-B/32) with HF_HUB_OFFLINE=1 and an empty cache: one
     ClipWeightsUnavailable naming the options, no network attempt, no hang."""
     code = (
-        "from colbench.clip_reward import ClipScorer, ClipWeightsUnavailable\n"
+        "from colbench.scoring.clip import ClipScorer, ClipWeightsUnavailable\n"
         "try:\n    ClipScorer(device='cpu')\n"
         "except ClipWeightsUnavailable as e:\n    print('ERR', e)\n"
     )
@@ -171,7 +171,7 @@ def test_cached_hub_weights_are_found_without_network(tmp_path):
 def test_bundled_pages_render_and_score(scorer):
     """End to end: two bundled targets rendered offline; a page matches itself and
     scores lower against a different page."""
-    render = pytest.importorskip("colbench.render", reason="colbench.render (the renderer) is not present")
+    from colbench.scoring import render
     if not Path(os.environ.get("SWEET_CHROMIUM", render.DEFAULT_CHROMIUM)).exists():
         pytest.skip("chromium is not installed")
     rows = [json.loads(line) for line in (ROOT / "tasks" / "frontend" / "test.jsonl").read_text().splitlines()[:2]]

@@ -9,7 +9,7 @@ import pytest
 from colbench.envs import make_env
 from colbench.protocols import Environment
 from colbench.envs.frontend import FrontendEnv, extract_html, has_html
-from colbench.render import DEFAULT_CHROMIUM
+from colbench.scoring.render import DEFAULT_CHROMIUM
 from colbench.types import Task, Turn
 
 TW = '<link href="https://cdn.jsdelivr.net/npm/tailwindcss@2.2.19/dist/tailwind.min.css" rel="stylesheet">'

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from colbench import render as R
-from colbench.render import ChromiumNotFound, RenderPool, image_size_from_url
+from colbench.scoring import placeholders, routing, tailwind
+from colbench.scoring.placeholders import image_size_from_url
+from colbench.scoring.render import DEFAULT_CHROMIUM, ChromiumNotFound, RenderPool
 
-pytestmark = pytest.mark.skipif(not Path(R.DEFAULT_CHROMIUM).exists(), reason="chromium not installed (apt-get install chromium)")
+pytestmark = pytest.mark.skipif(not Path(DEFAULT_CHROMIUM).exists(), reason="chromium not installed (apt-get install chromium)")
 
 TW2_JSDELIVR = '<link href="https://cdn.jsdelivr.net/npm/tailwindcss@2.2.19/dist/tailwind.min.css" rel="stylesheet">'
 TW2_UNPKG = '<link href="https://unpkg.com/tailwindcss@^2/dist/tailwind.min.css" rel="stylesheet">'
@@ -59,9 +60,9 @@ def is_red(px: tuple[int, int, int]) -> bool:
         ("https://via.placeholder.com/150x50.png?text=hi", (150, 50)),
         ("https://dummyimage.com/728x90/000/fff", (728, 90)),
         ("https://images.unsplash.com/photo-1?w=500&h=200&fit=crop", (500, 200)),
-        ("https://source.unsplash.com/random", R.DEFAULT_IMAGE_SIZE),
-        ("https://example.com/logo.png", R.DEFAULT_IMAGE_SIZE),
-        ("https://picsum.photos/99999/5", (R.MAX_IMAGE_SIDE, 5)),
+        ("https://source.unsplash.com/random", placeholders.DEFAULT_IMAGE_SIZE),
+        ("https://example.com/logo.png", placeholders.DEFAULT_IMAGE_SIZE),
+        ("https://picsum.photos/99999/5", (placeholders.MAX_IMAGE_SIDE, 5)),
     ],
 )
 def test_image_size_from_url(url, size):
@@ -69,19 +70,19 @@ def test_image_size_from_url(url, size):
 
 
 def test_placeholder_png_is_deterministic_per_url():
-    a, b = R.placeholder_png("https://picsum.photos/64/48"), R.placeholder_png("https://picsum.photos/64/48?x")
+    a, b = placeholders.placeholder_png("https://picsum.photos/64/48"), placeholders.placeholder_png("https://picsum.photos/64/48?x")
     assert Image.open(io.BytesIO(a)).size == (64, 48)
-    R.placeholder_png.cache_clear()
-    assert R.placeholder_png("https://picsum.photos/64/48") == a
+    placeholders.placeholder_png.cache_clear()
+    assert placeholders.placeholder_png("https://picsum.photos/64/48") == a
     assert a != b
 
 
 def test_purged_tailwind_keeps_every_rule_when_every_class_is_used():
-    rules, index = R._tailwind_rules()
-    full = R.tailwind_css_for('<div class="%s">' % " ".join(index))
+    rules, index = tailwind.tailwind_rules()
+    full = tailwind.tailwind_css_for('<div class="%s">' % " ".join(index))
     strip = lambda css: re.sub(r"/\*.*?\*/", "", css, flags=re.S)  # noqa: E731
-    assert strip(full) == strip(R.TAILWIND_CSS.read_text())
-    small = R.tailwind_css_for('<div class="md:w-1/2 hover:bg-blue-200 group"><p class="group-hover:text-white">')
+    assert strip(full) == strip(tailwind.TAILWIND_CSS.read_text())
+    small = tailwind.tailwind_css_for('<div class="md:w-1/2 hover:bg-blue-200 group"><p class="group-hover:text-white">')
     assert ".md\\:w-1\\/2{width:50%}" in small and ".group:hover .group-hover\\:text-white" in small
     assert ".bg-red-500" not in small and len(small) < 50_000
 
@@ -101,7 +102,7 @@ def test_purged_tailwind_keeps_every_rule_when_every_class_is_used():
 )
 def test_route_request_maps_cdns_and_blocks_the_rest(url, kind):
     resource = "script" if kind == "application/javascript" else "stylesheet"
-    answer = R.route_request(url, resource, "<div class='p-4'>")
+    answer = routing.route_request(url, resource, "<div class='p-4'>")
     assert (answer[0] if answer else None) == kind
 
 
@@ -297,7 +298,7 @@ def test_a_browser_that_does_not_start_is_one_clear_error(monkeypatch):
 
 
 def test_vendored_assets_are_small():
-    total = sum(p.stat().st_size for p in (Path(R.__file__).parent / "assets").rglob("*") if p.is_file())
+    total = sum(p.stat().st_size for p in tailwind.ASSETS.parent.rglob("*") if p.is_file())
     assert total < 5_000_000
 
 
@@ -307,7 +308,7 @@ def test_purged_stylesheet_renders_like_the_full_one(pool):
             '<p class="mt-2 text-indigo-100 group-hover:text-white">text</p></div><button class="px-4 py-2 border-2 '
             'border-green-500 rounded-full focus:outline-none">Go</button><ul class="list-disc pl-8 divide-y">'
             '<li class="py-1">a</li><li class="py-1">b</li></ul></div>')
-    full = f"<style>{R.TAILWIND_CSS.read_text()}</style>"
+    full = f"<style>{tailwind.TAILWIND_CSS.read_text()}</style>"
     purged, unpurged = pool.render([page(TW2_JSDELIVR, body), page(full, body)])
     assert purged.error is None and unpurged.error is None
     assert purged.image.tobytes() == unpurged.image.tobytes()

@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-import colbench.sandbox as sandbox
-from colbench.sandbox import CallOutcome, SandboxLimits, SandboxPool, isolation_report, run_calls
+import colbench.scoring.sandbox as sandbox
+from colbench.scoring.sandbox import CallOutcome, SandboxLimits, SandboxPool, isolation_report, run_calls
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = SandboxLimits(cpu_seconds_per_call=1.0, wall_seconds_per_call=1.5, wall_seconds_total=8.0, memory_mb=256,
@@ -404,7 +404,7 @@ def test_cannot_read_the_reference_source(runner):
         "        if NEEDLE in data:\n            hits.append(where)\n\n"
         "    for path in glob.glob('/proc/*/cmdline') + glob.glob('/proc/*/environ') + glob.glob('/proc/*/fd/*') \\\n"
         "            + glob.glob('/tmp/**', recursive=True) + glob.glob('/dev/shm/**', recursive=True) \\\n"
-        "            + [REPO + '/colbench/sandbox.py', REPO + '/tasks/backend/test.jsonl', '/proc/1/mem']:\n"
+        "            + [REPO + '/colbench/scoring/sandbox.py', REPO + '/tasks/backend/test.jsonl', '/proc/1/mem']:\n"
         "        try:\n            with open(path, 'rb') as fh:\n                check(path, fh.read(1 << 20))\n"
         "        except OSError:\n            pass\n"
         "    check('stdin', sys.stdin.read() if not sys.stdin.closed else '')\n"
@@ -484,7 +484,7 @@ def test_fallback_without_namespaces_warns_once_and_still_contains(monkeypatch, 
     monkeypatch.setattr(sandbox, "_warned", False)
     body = ("import math\n\ndef f():\n    for _ in range(3):\n        if os.fork() == 0:\n            os.setsid()\n"
             "            time.sleep(1000)\n    return math.sqrt(16)\n")
-    with caplog.at_level("WARNING", logger="colbench.sandbox"):
+    with caplog.at_level("WARNING", logger="colbench.scoring.sandbox"):
         uid, outs = run_hostile(lambda src, calls: run_calls(src, calls, FAST), body, ["f()"])
         run_calls("x = 1", ["x"], FAST)
     assert outs[0].value == {"type": "float", "value": 4.0}
@@ -514,7 +514,7 @@ def test_fallback_without_minimal_root_still_protects_files(monkeypatch):
 NON_ROOT_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import colbench.sandbox as sb
+import colbench.scoring.sandbox as sb
 src = '''import os, ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 def cap_eff():
@@ -524,7 +524,7 @@ def escapes():
     for name, fn in (("chroot", lambda: os.chroot("/tmp")), ("umount", lambda: libc.umount2(b"/tmp", 2) == 0 or 1 / 0),
                      ("user_ns", lambda: libc.unshare(0x10000000) == 0 or 1 / 0),
                      ("mount", lambda: libc.mount(b"none", b"/tmp/work", b"tmpfs", 0, None) == 0 or 1 / 0),
-                     ("read_repo", lambda: open(REPO + "/colbench/sandbox.py").read(1)),
+                     ("read_repo", lambda: open(REPO + "/colbench/scoring/sandbox.py").read(1)),
                      ("write_repo", lambda: open(REPO + "/sweet_pwned_nonroot", "w").close())):
         try:
             fn()

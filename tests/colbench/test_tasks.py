@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from colbench.backend_scoring import values_equal
-from colbench.sandbox import SandboxPool
+from colbench.scoring.backend import values_equal
+from colbench.scoring.sandbox import SandboxPool
 from colbench.tasks import (
     TASKS_DIR,
     TaskFormatError,

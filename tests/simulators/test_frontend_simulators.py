@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from colbench.render import DEFAULT_CHROMIUM, RenderPool
+from colbench.scoring.render import DEFAULT_CHROMIUM, RenderPool
 from colbench.types import Task, Turn
 from engines import EngineOptions, load_engine
 from simulators.base import SimRequest

@@ -1,25 +1,16 @@
 """Offline, repeatable HTML rendering in headless Chromium, with a pool of contexts.
 
-    from colbench.render import RenderPool
+    from colbench.scoring.render import RenderPool
     with RenderPool(workers=2) as pool:
         [res] = pool.render(["<html>...</html>"], out_paths=[Path("page.png")])
         res.image, res.png_path, res.error
 
 Untrusted HTML never runs in our process: it runs in Debian's chromium
 (`/usr/bin/chromium`, or `$SWEET_CHROMIUM`) driven by Playwright, which we never let
-download a browser. Every request the page makes is intercepted:
-
-- Tailwind from a CDN is served from vendored copies in `colbench/assets/tailwind/`,
-  so renders do not depend on the network: npm's prebuilt `tailwindcss@2.2.19`
-  stylesheet for `<link>`s to jsDelivr/unpkg (purged per page to the classes the
-  page's text contains, as Tailwind's production build does: identical renders,
-  without shipping and parsing 2.9 MB per page), and npm's `@tailwindcss/browser`
-  (v4) script for the Play CDN `cdn.tailwindcss.com` (v3 there: a few utilities
-  differ, e.g. colours are v4's oklch palette).
-- Images (placeholder photo services, or any image request) are generated here at
-  the size the URL asks for, deterministically from the URL.
-- Everything else is aborted, localhost included; a dead proxy catches anything the
-  interception could miss (defence in depth).
+download a browser. Every request the page makes is intercepted and answered by
+`colbench.scoring.routing` (vendored Tailwind, generated placeholder images);
+everything else is aborted, localhost included, and a dead proxy catches anything
+the interception could miss (defence in depth).
 
 Renders are repeatable: fixed viewport, scale 1, light scheme, UTC, animations off,
 `Math.random` seeded, storage cleared between pages. Hostile pages (infinite loops,
@@ -36,23 +27,19 @@ its own asyncio loop, and `render` (callable from any thread) submits work to it
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import io
 import os
-import re
 import threading
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
-from urllib.parse import parse_qs, urlsplit
 
 from PIL import Image
 
-ASSETS = Path(__file__).parent / "assets" / "tailwind"
-TAILWIND_CSS = ASSETS / "tailwind-2.2.19.min.css"
-TAILWIND_BROWSER_JS = ASSETS / "tailwindcss-browser-4.3.4.js"
+from colbench.scoring.routing import route_request
+from colbench.scoring.tailwind import tailwind_rules
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = (
@@ -74,22 +61,6 @@ CHROMIUM_ARGS = (
 
 # The page itself is served from this origin (a reserved TLD that never resolves).
 PAGE_URL = "http://colbench.invalid/"
-
-PLACEHOLDER_HOSTS = (
-    "picsum.photos",
-    "source.unsplash.com",
-    "images.unsplash.com",
-    "placehold.co",
-    "placehold.it",
-    "placeholder.com",
-    "via.placeholder.com",
-    "dummyimage.com",
-    "fakeimg.pl",
-    "loremflickr.com",
-    "placekitten.com",
-)
-DEFAULT_IMAGE_SIZE = (400, 300)
-MAX_IMAGE_SIDE = 4000
 
 # Runs first in every document: seeded Math.random, fresh storage, no navigation away,
 # no popups or dialogs.
@@ -141,7 +112,7 @@ PAGE_HEIGHT_JS = """() => {
 }"""
 
 # The visible structure of a page, for simulators without vision.
-STRUCTURE_JS_PATH = Path(__file__).parent / "assets" / "structure.js"
+STRUCTURE_JS_PATH = Path(__file__).resolve().parent.parent / "assets" / "structure.js"
 
 
 class ChromiumNotFound(RuntimeError):
@@ -178,211 +149,7 @@ def chromium_path() -> str:
     return path
 
 
-# ---------------------------------------------------------------- placeholder images
-
-
-def image_size_from_url(url: str) -> tuple[int, int]:
-    """The (width, height) a placeholder-image URL asks for; DEFAULT_IMAGE_SIZE if none.
-
-    Understands `.../400x300...` (unsplash, placehold.co, dummyimage, via.placeholder),
-    picsum's `/W/H` and `/W` paths, and `?w=..&h=..` / `?width=..&height=..` queries.
-    """
-    parts = urlsplit(url)
-    path = parts.path
-    query = parse_qs(parts.query)
-    w = h = None
-    m = re.search(r"(?<![\d.])(\d{1,5})\s*[xX×]\s*(\d{1,5})(?!\d)", path)
-    if m:
-        w, h = int(m[1]), int(m[2])
-    else:
-        nums = [int(s) for s in path.split("/") if s.isdigit()]
-        if "/id/" in path and nums:  # picsum.photos/id/237/200/300: the first number is the photo id
-            nums = nums[1:]
-        if len(nums) >= 2:
-            w, h = nums[-2], nums[-1]
-        elif len(nums) == 1:
-            w = h = nums[0]
-    qw = query.get("w") or query.get("width")
-    qh = query.get("h") or query.get("height")
-    if qw and qw[0].isdigit():
-        w = int(qw[0])
-        h = int(qh[0]) if qh and qh[0].isdigit() else h or w
-    elif qh and qh[0].isdigit():
-        h = int(qh[0])
-        w = w or h
-    if not w or not h:
-        return DEFAULT_IMAGE_SIZE
-    return min(max(w, 1), MAX_IMAGE_SIDE), min(max(h, 1), MAX_IMAGE_SIDE)
-
-
-@lru_cache(maxsize=256)
-def placeholder_png(url: str) -> bytes:
-    """A PNG at the URL's requested size: a gradient with a few blocks, seeded by the URL."""
-    import numpy as np
-
-    w, h = image_size_from_url(url)
-    seed = int.from_bytes(hashlib.sha256(url.encode()).digest()[:8], "little")
-    rng = np.random.default_rng(seed)
-    c0, c1 = rng.integers(40, 216, size=(2, 3))
-    t = np.linspace(0.0, 1.0, w, dtype=np.float32)[None, :, None]
-    row = (c0 * (1 - t) + c1 * t).astype(np.uint8)  # [1, W, 3]
-    img = np.repeat(row, h, axis=0)  # [H, W, 3]
-    for _ in range(3):  # blocks make images distinguishable to CLIP, not just tints
-        x0, y0 = int(rng.integers(0, w)), int(rng.integers(0, h))
-        x1, y1 = x0 + int(rng.integers(1, max(2, w // 2))), y0 + int(rng.integers(1, max(2, h // 2)))
-        img[y0:y1, x0:x1] = rng.integers(0, 256, size=3)
-    buf = io.BytesIO()
-    Image.fromarray(img, "RGB").save(buf, format="PNG", compress_level=1)
-    return buf.getvalue()
-
-
 # ---------------------------------------------------------------- Tailwind v2 stylesheet
-
-# Tailwind v2's purge extractors: every string in the page that could be a class name.
-_BROAD_TOKENS = re.compile(r"[^<>\"'`\s]*[^<>\"'`\s:]")
-_INNER_TOKENS = re.compile(r"[^<>\"'`\s.(){}\[\]#=%]*[^<>\"'`\s.(){}\[\]#=%:]")
-_CLASS_IN_SELECTOR = re.compile(r"\.((?:\\[0-9a-fA-F]{1,6}\s?|\\[^0-9a-fA-F]|[\w-])+)")
-_CSS_COMMENT = re.compile(r"/\*.*?\*/", re.S)
-_CSS_ESCAPE = re.compile(r"\\([0-9a-fA-F]{1,6})\s?|\\(.)")
-
-
-def _unescape(ident: str) -> str:
-    return _CSS_ESCAPE.sub(lambda m: chr(int(m[1], 16)) if m[1] else m[2], ident)
-
-
-def _css_blocks(text: str, start: int, end: int):
-    """Top-level `prelude{body}` blocks of CSS text[start:end], skipping comments and
-    strings: yields (prelude without comments, body_start, body_end)."""
-    i, prelude_start = start, start
-    while i < end:
-        c = text[i]
-        if text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            i = end if j < 0 else j + 2
-        elif c in "\"'":
-            j = text.find(c, i + 1)
-            i = end if j < 0 else j + 1
-        elif c == "{":
-            depth, j = 1, i + 1
-            while j < end and depth:
-                if text[j] in "\"'":
-                    j = (text.find(text[j], j + 1) + 1) or end
-                    continue
-                depth += {"{": 1, "}": -1}.get(text[j], 0)
-                j += 1
-            yield _CSS_COMMENT.sub("", text[prelude_start:i]).strip(), i + 1, j - 1
-            i = prelude_start = j
-        else:
-            i += 1
-
-
-@dataclass(frozen=True)
-class _CssRule:
-    media: str | None  # the enclosing @media prelude, if any
-    text: str  # "selector{body}" or a whole @keyframes block
-    alternatives: tuple[frozenset[str], ...]  # class names each comma-separated selector needs
-
-
-@lru_cache(maxsize=1)
-def _tailwind_rules() -> tuple[list[_CssRule], dict[str, list[int]]]:
-    """The vendored stylesheet as rules, with an index class name -> rule ids."""
-    css = TAILWIND_CSS.read_text()
-    rules: list[_CssRule] = []
-
-    def alternatives(prelude: str, b0: int, b1: int) -> tuple[frozenset[str], ...]:
-        if prelude.startswith("@media"):  # nested (.container): needed if any inner rule is
-            return tuple(a for p, i0, i1 in _css_blocks(css, b0, b1) for a in alternatives(p, i0, i1))
-        if prelude.startswith("@"):
-            return (frozenset(),)
-        return tuple(frozenset(_unescape(c) for c in _CLASS_IN_SELECTOR.findall(sel)) for sel in prelude.split(","))
-
-    def add(media: str | None, prelude: str, b0: int, b1: int) -> None:
-        rules.append(_CssRule(media, f"{prelude}{{{css[b0:b1]}}}", alternatives(prelude, b0, b1)))
-
-    for prelude, b0, b1 in _css_blocks(css, 0, len(css)):
-        if prelude.startswith("@media"):
-            for inner, i0, i1 in _css_blocks(css, b0, b1):
-                add(prelude, inner, i0, i1)
-        else:  # a plain rule, or @keyframes (always kept: a few hundred bytes)
-            add(None, prelude, b0, b1)
-    index: dict[str, list[int]] = {}
-    for i, rule in enumerate(rules):
-        for cls in set().union(*rule.alternatives):
-            index.setdefault(cls, []).append(i)
-    return rules, index
-
-
-def tailwind_css_for(html: str) -> str:
-    """The vendored Tailwind 2.2.19 stylesheet purged to the rules `html` can use.
-
-    The same purge Tailwind's production build does: a rule is kept unless one of its
-    classes appears nowhere in the page's text (the page's own scripts included), so
-    it could not match. Renders are identical to the full 2.9 MB sheet, which costs
-    ~0.5 s per page to ship through the DevTools pipe and parse.
-    """
-    rules, index = _tailwind_rules()
-    tokens = set(_BROAD_TOKENS.findall(html)) | set(_INNER_TOKENS.findall(html))
-    keep = {i for i, r in enumerate(rules) if any(not alt for alt in r.alternatives)}
-    for cls in tokens & index.keys():
-        for i in index[cls]:
-            if i not in keep and any(alt <= tokens for alt in rules[i].alternatives):
-                keep.add(i)
-    out: list[str] = ["/*! tailwindcss v2.2.19 | MIT License | https://tailwindcss.com */"]
-    media: str | None = None
-    for i in sorted(keep):
-        rule = rules[i]
-        if rule.media != media:
-            if media is not None:
-                out.append("}")
-            if rule.media is not None:
-                out.append(rule.media + "{")
-            media = rule.media
-        out.append(rule.text)
-    if media is not None:
-        out.append("}")
-    return "".join(out)
-
-
-# ---------------------------------------------------------------- request routing
-
-
-@lru_cache(maxsize=2)
-def _asset(path: Path) -> bytes:
-    return path.read_bytes()
-
-
-def _tailwind_script() -> bytes:
-    # Pages written for the v3 Play CDN set `tailwind.config = {...}`; define the global
-    # so that line does not throw (the v4 browser build reads its config from CSS).
-    return b"window.tailwind = window.tailwind || {config: {}};\n" + _asset(TAILWIND_BROWSER_JS)
-
-
-def is_tailwind_url(url: str) -> bool:
-    parts = urlsplit(url)
-    host, path = parts.hostname or "", parts.path
-    if host == "cdn.tailwindcss.com":
-        return True
-    if host in ("cdn.jsdelivr.net", "unpkg.com"):
-        return bool(re.match(r"^/(npm/)?(@tailwindcss/browser|tailwindcss)(@|/|$)", path))
-    return False
-
-
-def route_request(url: str, resource_type: str, html: str = "") -> tuple[str, bytes] | None:
-    """What to answer a page's request with: (content type, body), or None to abort.
-    `html` is the page being rendered (the Tailwind v2 sheet is purged to it)."""
-    parts = urlsplit(url)
-    host, path = parts.hostname or "", parts.path
-    if is_tailwind_url(url):
-        if host == "cdn.tailwindcss.com" or "@tailwindcss/browser" in path:
-            return "application/javascript", _tailwind_script()
-        if resource_type == "script" or path.endswith(".js"):
-            return "application/javascript", _tailwind_script()
-        return "text/css", tailwind_css_for(html).encode()
-    is_placeholder = any(host == h or host.endswith("." + h) for h in PLACEHOLDER_HOSTS)
-    if resource_type == "image" or (is_placeholder and resource_type in ("other", "fetch", "xhr")):
-        return "image/png", placeholder_png(url)
-    return None
-
 
 # ---------------------------------------------------------------- the pool
 
@@ -546,7 +313,7 @@ class RenderPool:
 
         # Index the Tailwind sheet (~1 s, once per process) while chromium starts, so
         # no page's time budget pays for it.
-        indexing = asyncio.get_running_loop().run_in_executor(None, _tailwind_rules)
+        indexing = asyncio.get_running_loop().run_in_executor(None, tailwind_rules)
         self._pw = await async_playwright().start()
         self._state["pw"] = self._pw
         self._restart_lock = asyncio.Lock()
@@ -715,10 +482,3 @@ async def _stop_playwright(state: dict[str, Any]) -> None:
         await _quietly(state["browser"].close(), 10)
     if state.get("pw") is not None:
         await _quietly(state["pw"].stop(), 10)
-
-
-def render_one(html: str, out_path: Path | str | None = None, **pool_kwargs: Any) -> RenderResult:
-    """Render a single page with a throwaway pool (convenience; use a RenderPool for many)."""
-    with RenderPool(workers=1, **pool_kwargs) as pool:
-        return pool.render([html], [out_path] if out_path is not None else None)[0]
-

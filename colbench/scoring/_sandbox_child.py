@@ -1,4 +1,4 @@
-"""Child side of the sandbox (see colbench/sandbox.py for the threat model).
+"""Child side of the sandbox (see colbench/scoring/sandbox.py for the threat model).
 
 Run as `python -I -S _sandbox_child.py RESULT_FD CONFIG_JSON` (one sandbox), or as
 `... zygote CTRL_FD` (a pre-started process forking one sandbox per request); stdlib

@@ -1,6 +1,6 @@
 """CLIP image similarity: the ColBench frontend reward.
 
-    from colbench.clip_reward import ClipScorer
+    from colbench.scoring.clip import ClipScorer
     scorer = ClipScorer()                       # paper: OpenAI CLIP ViT-B/32, scheme="pad"
     scorer.similarity([agent_png], [target_png])   # -> [cosine]
     ClipScorer("tiny")                          # the project's random-weight tiny CLIP (tests)

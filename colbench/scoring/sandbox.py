@@ -1,6 +1,6 @@
 """Run untrusted Python (agent answers, and reference solutions) outside our process.
 
-    from colbench.sandbox import SandboxPool, run_calls
+    from colbench.scoring.sandbox import SandboxPool, run_calls
     outs = run_calls("def f(x):\\n    return x * 2", ["f(2)", "f('a')"])
     # [CallOutcome(ok=True, value={'type': 'int', 'value': 4}), CallOutcome(ok=True, value={'type': 'str', ...})]
     with SandboxPool(workers=4) as pool:
@@ -123,7 +123,7 @@ class CallOutcome:
     """One call's result as plain data.
 
     ok:    the call returned normally.
-    value: the returned value in the plain-data encoding (see backend_scoring.values_equal).
+    value: the returned value in the plain-data encoding (see colbench.scoring.backend.values_equal).
     error: "TimeoutError", "MemoryError", "SyntaxError: ...", "<ExcType>: <message>",
            "sandbox crashed: ...", or "output too large ...".
     """

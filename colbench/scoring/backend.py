@@ -1,13 +1,13 @@
 """Backend-programming scoring: run the reference and the answer in separate sandboxes on
 the task's call expressions and compare the outputs.
 
-    from colbench.sandbox import SandboxPool
-    from colbench.backend_scoring import score_backend
+    from colbench.scoring.sandbox import SandboxPool
+    from colbench.scoring.backend import score_backend
     with SandboxPool() as pool:
         scores = score_backend(tasks, answers, pool)   # Score.reward = fraction of tests passed
 
 Departures from the reference implementation (deliberate):
-- answers and references run as modules in a sandbox (colbench.sandbox), not exec'd in a
+- answers and references run as modules in a sandbox (colbench.scoring.sandbox), not exec'd in a
   function's locals in our process: imports, helpers and recursion work; print/open are
   allowed (the sandbox contains them) instead of zeroing the answer;
 - floats compare with a tolerance (rel 1e-6, abs 1e-9) instead of exactly;
@@ -26,7 +26,7 @@ import re
 import threading
 from typing import Any, Sequence
 
-from colbench.sandbox import CallOutcome, SandboxPool
+from colbench.scoring.sandbox import CallOutcome, SandboxPool
 from colbench.types import Score, Task
 
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
