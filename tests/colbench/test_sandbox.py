@@ -541,19 +541,43 @@ print(json.dumps({"report": sb.isolation_report(), "outs": [o.value for o in out
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"),
                     reason="needs root (to become another user), setpriv and a system python3")
+def copy_sandbox_package(dest: Path) -> Path:
+    """The sandbox's files (stdlib only) in a fresh folder every user may read and write:
+    the checkout itself may sit in a private (0700) folder another user cannot enter,
+    and a writable folder makes the sandbox, not file permissions, stop the writes."""
+    import colbench.scoring.sandbox as sb
+
+    pkg = dest / "colbench" / "scoring"
+    pkg.mkdir(parents=True)
+    (dest / "colbench" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    for name in ("sandbox.py", "_sandbox_child.py"):
+        shutil.copy(Path(sb.__file__).with_name(name), pkg / name)
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod(0o777 if path.is_dir() else 0o644)
+    return dest
+
+
 def test_non_root_user_gets_full_isolation_through_a_user_namespace():
     import json
+    import tempfile
 
-    proc = subprocess.run(
-        ["setpriv", "--reuid=4321", "--regid=4321", "--clear-groups", "/usr/bin/python3", "-c", NON_ROOT_SCRIPT,
-         str(REPO)], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, cwd="/")
-    if proc.returncode != 0 and "user" in proc.stderr.lower() and "namespace" in proc.stderr.lower():
-        pytest.skip("unprivileged user namespaces are disabled here")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    if not result["report"]["net_namespace"]:
-        pytest.skip(f"unprivileged user namespaces unavailable: {result['report']}")
-    assert all(result["report"].values()), result["report"]
-    assert result["outs"][0] == {"type": "str", "value": "0000000000000000"}  # no capabilities at all
-    assert result["outs"][1] == {"type": "list", "items": []}  # every escape failed
-    assert not (REPO / "sweet_pwned_nonroot").exists()
+    root = copy_sandbox_package(Path(tempfile.mkdtemp(prefix="sweet-nonroot-", dir="/tmp")))
+    try:
+        proc = subprocess.run(
+            ["setpriv", "--reuid=4321", "--regid=4321", "--clear-groups", "/usr/bin/python3", "-c", NON_ROOT_SCRIPT,
+             str(root)], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+            cwd="/")
+        if proc.returncode != 0 and "user" in proc.stderr.lower() and "namespace" in proc.stderr.lower():
+            pytest.skip("unprivileged user namespaces are disabled here")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        if not result["report"]["net_namespace"]:
+            pytest.skip(f"unprivileged user namespaces unavailable: {result['report']}")
+        assert all(result["report"].values()), result["report"]
+        assert result["outs"][0] == {"type": "str", "value": "0000000000000000"}  # no capabilities at all
+        # every escape failed, reading and writing the world-readable, world-writable copy included
+        assert result["outs"][1] == {"type": "list", "items": []}
+        assert not (root / "sweet_pwned_nonroot").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
