@@ -32,7 +32,7 @@ def reply_for(question: str, a: int, b: int) -> str:
 
 
 class TestbedSimulator:
-    """Simulator contract (simulators.base.Simulator) for the `testbed` environment."""
+    """Simulator contract (colbench.protocols.Simulator) for the `testbed` environment."""
 
     __test__ = False  # not a pytest class
     name = "scripted:testbed"
