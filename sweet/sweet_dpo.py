@@ -18,12 +18,8 @@ as sampled: context = the sampler's prompt ids (else the state's recorded ids, e
 chat template), action = the generated ids + eos (no eos when cut at max_new_tokens).
 The sampler must share the policy's tokenizer (its ids are trained on).
 
-`--rounds R` (R > 1, one process): after each round, the trained policy plays
-`rollouts_per_task` new episodes per task against `--simulator` (resumable JSONL in
-output_dir/round-r/episodes.jsonl), the critic is retrained with the settings of
-`--critic` (its config.json) on all episodes so far, and stage 2 runs again from the
-previous round's policy, which is also the new DPO reference. Round r writes to
-output_dir/round-r/. The paper trains one round.
+`--rounds R` (R > 1) repeats stage 2 with new episodes and a retrained critic:
+sweet/sweet_rounds.py. The paper trains one round.
 
     # CPU, tiny model (critic from `python -m sweet.train_critic ... --output_dir runs/critic-tiny`)
     python -m sweet.train_policy --algorithm sweet --episodes eps.jsonl --tasks tasks.jsonl \\
@@ -48,8 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence
 
-from sweet.data import ActionPair, Candidate, State
+from sweet.data import Candidate, Pair, State
 from sweet.policy_trainer import PolicyTrainConfig
+from sweet.sweet_rounds import RoundsConfig
 from sweet.training import ModelConfig
 
 STAGES = ("all", "sample", "train")
@@ -58,12 +55,34 @@ CANDIDATES_FILE = "candidates.jsonl"
 
 @dataclass
 class SweetConfig:
-    """Candidates, critic ranking and the per-turn DPO loss."""
+    """The states, the critic that ranks their candidates, the pairs and the per-turn DPO loss."""
 
     episodes: str = field(default="", metadata={"help": "episodes JSONL whose agent turns become states"})
     tasks: str = field(default="", metadata={"help": "tasks file (or builtin:<split>) holding the training-time information c"})
     env: str = field(default="backend", metadata={"help": "environment name (training_info, offline trajectory format)"})
+    max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes (paper: the first 10 percent)"})
     critic: str = field(default="", metadata={"help": "stage-1 critic dir (output_dir of python -m sweet.train_critic)"})
+    stage: str = field(default="all", metadata={"help": "all | sample (candidates + scores only) | train (candidates must exist)"})
+    pairs_per_state: int = field(default=4, metadata={"help": "top-half vs bottom-half pairs drawn per state (paper: 4)"})
+    beta: float = field(default=0.1, metadata={"help": "DPO β (paper: 0.1)"})
+    nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen action's per-token NLL (paper: 0.01)"})
+
+    def __post_init__(self) -> None:
+        for name in ("episodes", "tasks"):
+            if not getattr(self, name):
+                raise ValueError(f"SweetConfig.{name} is required: give --{name}")
+        if self.stage not in STAGES:
+            raise ValueError(f"SweetConfig.stage must be one of {STAGES}, got {self.stage!r}")
+        if self.pairs_per_state < 1:
+            raise ValueError(f"SweetConfig.pairs_per_state must be >= 1, got {self.pairs_per_state}")
+        if self.beta <= 0 or self.nll_coef < 0:
+            raise ValueError("SweetConfig: beta must be > 0 and nll_coef >= 0")
+
+
+@dataclass
+class CandidateConfig:
+    """How the K candidate actions per state are sampled."""
+
     sampler: str = field(default="", metadata={"help": "engine spec for candidates: tiny|hf:..|vllm:..|openai:..; default the policy's initial model"})
     num_candidates: int = field(default=16, metadata={"help": "K candidate actions per state (paper: 16)"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the candidates"})
@@ -73,36 +92,15 @@ class SweetConfig:
     sampler_batch_size: int = field(default=16, metadata={"help": "hf sampler: rows per forward batch"})
     sampler_tensor_parallel: int = field(default=1, metadata={"help": "vllm sampler: tensor parallel size"})
     sampler_gpu_memory_utilization: float = field(default=0.6, metadata={"help": "vllm sampler: GPU memory share (the critic shares the GPU)"})
-    pairs_per_state: int = field(default=4, metadata={"help": "top-half vs bottom-half pairs drawn per state (paper: 4)"})
-    beta: float = field(default=0.1, metadata={"help": "DPO β (paper: 0.1)"})
-    nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen action's per-token NLL (paper: 0.01)"})
-    max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes (paper: the first 10 percent)"})
-    stage: str = field(default="all", metadata={"help": "all | sample (candidates + scores only) | train (candidates must exist)"})
-    rounds: int = field(default=1, metadata={"help": "rounds: >1 collects new episodes with the trained policy, retrains the critic, repeats"})
-    simulator: str = field(default="", metadata={"help": "rounds > 1: simulated human for the new episodes (e.g. scripted:backend, vllm:...)"})
-    rollouts_per_task: int = field(default=2, metadata={"help": "rounds > 1: new episodes per task (seeds 0..N-1)"})
-    max_turns: int | None = field(default=None, metadata={"help": "rounds > 1: agent turns per new episode (default: the env's)"})
 
     def __post_init__(self) -> None:
-        for name in ("episodes", "tasks"):
-            if not getattr(self, name):
-                raise ValueError(f"SweetConfig.{name} is required: give --{name}")
-        if self.stage not in STAGES:
-            raise ValueError(f"SweetConfig.stage must be one of {STAGES}, got {self.stage!r}")
-        for name in ("num_candidates", "pairs_per_state", "max_new_tokens", "sample_batch_size", "sampler_batch_size"):
+        for name in ("num_candidates", "max_new_tokens", "sample_batch_size", "sampler_batch_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"SweetConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"CandidateConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.num_candidates < 2:
-            raise ValueError(f"SweetConfig.num_candidates must be >= 2 to form pairs, got {self.num_candidates}")
-        if self.beta <= 0 or self.nll_coef < 0 or self.temperature < 0:
-            raise ValueError("SweetConfig: beta must be > 0, nll_coef and temperature >= 0")
-        if self.rounds < 1:
-            raise ValueError(f"SweetConfig.rounds must be >= 1, got {self.rounds}")
-        if self.rounds > 1 and not (self.simulator and self.critic):
-            raise ValueError("SweetConfig.simulator and SweetConfig.critic are required with rounds > 1 "
-                             "(new episodes need a simulated human; the critic's config is reused)")
-        if self.rollouts_per_task < 1:
-            raise ValueError(f"SweetConfig.rollouts_per_task must be >= 1, got {self.rollouts_per_task}")
+            raise ValueError(f"CandidateConfig.num_candidates must be >= 2 to form pairs, got {self.num_candidates}")
+        if self.temperature < 0:
+            raise ValueError(f"CandidateConfig.temperature must be >= 0, got {self.temperature}")
 
 
 @dataclass
@@ -111,7 +109,7 @@ class SweetTrainConfig(PolicyTrainConfig):
     learning_rate: float = field(default=2e-7, metadata={"help": "peak learning rate (AdamW; paper 2e-7)"})
 
 
-CONFIGS = (ModelConfig, SweetTrainConfig, SweetConfig)
+CONFIGS = (ModelConfig, SweetTrainConfig, SweetConfig, CandidateConfig, RoundsConfig)
 
 
 class Scorer(Protocol):
@@ -151,7 +149,7 @@ def row_candidates(state: State, row: dict) -> list[Candidate]:
                       c["advantage"], c.get("finish_reason")) for c in row["candidates"]]
 
 
-def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cfg: SweetConfig, path: Path, seed: int) -> None:
+def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cfg: CandidateConfig, path: Path, seed: int) -> None:
     """Sample K candidates for every state not yet in `path`, score them, append rows."""
     from tqdm.auto import tqdm
 
@@ -201,11 +199,11 @@ def _row(state: State, samples, advantages: Sequence[float]) -> dict:
 
 
 def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs_per_state: int,
-                      rng: random.Random) -> tuple[list[ActionPair], dict[str, float]]:
+                      rng: random.Random) -> tuple[list[Pair[Candidate]], dict[str, float]]:
     """Per state: rank candidates by advantage, draw `pairs_per_state` (top-half, bottom-half)
     pairs at random (with replacement). States whose candidates all tie are skipped; drawn
     pairs with equal scores are dropped. Returns the pairs and counts/spread metrics."""
-    pairs: list[ActionPair] = []
+    pairs: list[Pair[Candidate]] = []
     tied = dropped = 0
     stds, ranges = [], []
     for state, cands in scored:
@@ -224,7 +222,7 @@ def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs
         for _ in range(pairs_per_state):
             chosen, rejected = rng.choice(top), rng.choice(bottom)
             if chosen.advantage > rejected.advantage:
-                pairs.append(ActionPair(state, chosen, rejected))
+                pairs.append(Pair(chosen, rejected, state.task_id, state))
             else:
                 dropped += 1
     metrics = {
@@ -236,16 +234,15 @@ def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs
     return pairs, metrics
 
 
-def pair_item(tokenizer, pair: ActionPair, prompt_token_ids: Sequence[int] | None):
+def token_pair(tokenizer, pair: Pair[Candidate], prompt_token_ids: Sequence[int] | None) -> Pair:
     """The DPO example of an action pair: both actions in the context they were sampled from."""
-    from sweet.policy_trainer import PreferenceItem
     from sweet.tokens import Segment, action_ids, context_ids, eos_id
 
     ctx = context_ids(tokenizer, prompt_token_ids if prompt_token_ids is not None else pair.state.prompt_token_ids,
                       pair.state.prompt)
     eos = eos_id(tokenizer)
     seg = lambda c: Segment(ctx, action_ids(c.token_ids, eos, c.finish_reason))  # noqa: E731
-    return PreferenceItem((seg(pair.chosen),), (seg(pair.rejected),))
+    return Pair((seg(pair.chosen),), (seg(pair.rejected),), pair.task_id, pair.state)
 
 
 # ---- the run ------------------------------------------------------------------------------
@@ -271,8 +268,8 @@ def default_sampler(model_cfg: ModelConfig) -> str:
     return "hf:" + resolve_model_path(model_cfg.model)
 
 
-def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cfg: SweetConfig, path: Path, seed: int,
-                       scorer: Scorer | None) -> None:
+def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cfg: SweetConfig, cand: CandidateConfig,
+                       path: Path, seed: int, scorer: Scorer | None) -> None:
     """Load the sampler and the critic (unless every state is done), sample + score, free them."""
     import gc
 
@@ -287,12 +284,12 @@ def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cfg: Swe
         from sweet.critic import CriticScorer
 
         scorer = CriticScorer.load(cfg.critic)
-    options = EngineOptions(dtype=model_cfg.dtype, batch_size=cfg.sampler_batch_size,
-                            tensor_parallel_size=cfg.sampler_tensor_parallel,
-                            gpu_memory_utilization=cfg.sampler_gpu_memory_utilization)
-    engine = load_engine(cfg.sampler or default_sampler(model_cfg), options)
+    options = EngineOptions(dtype=model_cfg.dtype, batch_size=cand.sampler_batch_size,
+                            tensor_parallel_size=cand.sampler_tensor_parallel,
+                            gpu_memory_utilization=cand.sampler_gpu_memory_utilization)
+    engine = load_engine(cand.sampler or default_sampler(model_cfg), options)
     try:
-        sample_and_score(states, engine, scorer, cfg, path, seed)
+        sample_and_score(states, engine, scorer, cand, path, seed)
     finally:
         engine.close()
         del engine, scorer
@@ -307,81 +304,30 @@ def _empty_cuda_cache() -> None:
         torch.cuda.empty_cache()
 
 
-def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, scorer: Scorer | None = None):
-    """Run stage 2 (`rounds` times); returns the last output_dir/final (None for --stage sample).
-    `scorer` replaces the critic loaded from `cfg.critic` (API use and tests; round 1 only)."""
-    from dataclasses import replace
+def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand: CandidateConfig | None = None,
+         rounds: RoundsConfig | None = None, scorer: Scorer | None = None):
+    """Stage 2 (`rounds.rounds` times: sweet/sweet_rounds.py); returns output_dir/final
+    (None for --stage sample). `scorer` replaces the critic loaded from `cfg.critic`
+    (API use and tests; first round only)."""
+    cand = cand or CandidateConfig()
+    if rounds is not None and rounds.rounds > 1:
+        from sweet.sweet_rounds import run_rounds
 
-    from accelerate import PartialState
-
-    if cfg.rounds > 1 and (PartialState().num_processes > 1 or cfg.stage != "all"):
-        raise ValueError("SweetConfig.rounds > 1 runs in one process with --stage all (it collects episodes "
-                         "and retrains the critic between rounds)")
-    final = run_round(model_cfg, train, cfg, scorer)
-    episodes = [cfg.episodes]
-    for r in range(1, cfg.rounds):
-        out = Path(train.output_dir) / f"round-{r}"
-        episodes.append(str(collect_episodes(final, cfg, out / "episodes.jsonl", train.seed)))
-        critic = retrain_critic(cfg.critic, ",".join(episodes), out / "critic")
-        model_cfg = replace(model_cfg, model=str(final))
-        cfg = replace(cfg, episodes=episodes[-1], critic=str(critic), sampler="", max_episodes=None, rounds=1)
-        final = run_round(model_cfg, replace(train, output_dir=str(out)), cfg, None)
-    return final
+        return run_rounds(model_cfg, train, cfg, cand, rounds, scorer)
+    return run_round(model_cfg, train, cfg, cand, scorer)
 
 
-def collect_episodes(policy: Path, cfg: SweetConfig, path: Path, seed: int) -> Path:
-    """Run the policy on the tasks of the round's episodes (resumable JSONL at `path`)."""
-    from colbench.agents import ModelAgent
-    from colbench.envs import make_env
-    from colbench.episodes import load_episodes
-    from colbench.rollout import episode_seeds, rollout
-    from colbench.tasks import load_tasks
-    from engines import EngineOptions, SamplingParams, load_engine
-    from simulators import load_simulator
-
-    task_ids = {ep.task_id for ep in load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]}
-    tasks = [t for t in load_tasks(cfg.tasks, env=cfg.env, validate=False) if t.task_id in task_ids]
-    env = make_env(cfg.env)
-    simulator = load_simulator(cfg.simulator, env)
-    engine = load_engine(f"hf:{policy}", EngineOptions(batch_size=cfg.sampler_batch_size))
-    sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
-    try:
-        rollout(env, tasks, ModelAgent(engine, sampling, name="policy"), simulator,
-                seeds=episode_seeds(seed, cfg.rollouts_per_task), max_turns=cfg.max_turns, out_path=path,
-                progress=True)
-    finally:
-        engine.close()
-        env.close()
-        if simulator is not None:
-            simulator.close()
-    return path
-
-
-def retrain_critic(critic_dir: str, episodes: str, out: Path) -> Path:
-    """Retrain the critic with the settings of `critic_dir` (its config.json) on `episodes`."""
-    from dataclasses import fields, replace
-
-    from sweet.train_critic import CriticConfig, CriticTrainConfig
-    from sweet.train_critic import main as train_critic
-
-    saved = json.loads((Path(critic_dir) / "config.json").read_text())
-    build = lambda cls, d: cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # noqa: E731
-    ccfg = replace(build(CriticConfig, saved["critic"]), episodes=episodes, eval_episodes="")
-    tcfg = replace(build(CriticTrainConfig, saved["train"]), output_dir=str(out))
-    train_critic(ccfg, build(ModelConfig, saved["model"]), tcfg)
-    return out
-
-
-def run_round(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, scorer: Scorer | None = None):
+def run_round(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand: CandidateConfig,
+              scorer: Scorer | None = None):
     """One round of stage 2: candidates + scores, pairs, DPO. Returns output_dir/final."""
     from accelerate import PartialState
 
-    from sweet.policy_trainer import dpo_loss_fn, run_training
+    from sweet.policy_trainer import train_dpo
     from sweet.training import load_tokenizer, save_resolved_config
 
     out = Path(train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_resolved_config(out, model=model_cfg, train=train, sweet=cfg)
+    save_resolved_config(out, model=model_cfg, train=train, sweet=cfg, candidates=cand)
     states = load_states(cfg)
     path = out / CANDIDATES_FILE
     proc = PartialState()
@@ -391,7 +337,7 @@ def run_round(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig,
             raise RuntimeError(f"{path} is incomplete: sample candidates in ONE process first (--stage sample), "
                                "then launch training with several processes (--stage train)")
         if proc.is_main_process:
-            collect_candidates(states, model_cfg, cfg, path, train.seed, scorer)
+            collect_candidates(states, model_cfg, cfg, cand, path, train.seed, scorer)
         if cfg.stage == "sample":
             return None
     rows = read_candidates(path)
@@ -404,6 +350,6 @@ def run_round(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig,
     if not pairs:
         raise ValueError(f"no preference pairs: the critic scored every state's candidates equal ({path})")
     tokenizer = load_tokenizer(model_cfg.model)
-    items = [pair_item(tokenizer, p, rows[state_key(p.state)]["prompt_token_ids"]) for p in pairs]
-    return run_training(items, lambda pad: dpo_loss_fn(model_cfg, pad, cfg.beta, cfg.nll_coef), model_cfg, train,
-                        tokenizer, preference=True, run_config={"algorithm": "sweet"}, extra_metrics=metrics)
+    token_pairs = [token_pair(tokenizer, p, rows[state_key(p.state)]["prompt_token_ids"]) for p in pairs]
+    return train_dpo(token_pairs, model_cfg, train, tokenizer, beta=cfg.beta, nll_coef=cfg.nll_coef,
+                     run_config={"algorithm": "sweet"}, first_metrics=metrics)

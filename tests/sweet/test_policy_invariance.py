@@ -88,15 +88,15 @@ def test_mtdpo_update_does_not_depend_on_micro_batch(data, tmp_path):
 @pytest.fixture(scope="module")
 def candidates(data, tmp_path_factory):
     """candidates.jsonl for the first 2 episodes (4 states x 4 candidates), sampled once."""
-    from sweet.sweet_dpo import CANDIDATES_FILE, SweetConfig, SweetTrainConfig, main
+    from sweet.sweet_dpo import CANDIDATES_FILE, CandidateConfig, SweetConfig, SweetTrainConfig, main
     from sweet.training import ModelConfig
 
     episodes, tasks, _ = data
     out = tmp_path_factory.mktemp("sweet-sample")
-    cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", num_candidates=4, max_new_tokens=8,
-                      pairs_per_state=2, max_episodes=2, stage="sample")
+    cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", pairs_per_state=2, max_episodes=2,
+                      stage="sample")
     main(ModelConfig(model="tiny", dtype="float32"), SweetTrainConfig(output_dir=str(out), report_to="none"), cfg,
-         scorer=LowIdsWin())
+         CandidateConfig(num_candidates=4, max_new_tokens=8), scorer=LowIdsWin())
     return out / CANDIDATES_FILE
 
 
@@ -140,6 +140,19 @@ def _launch(config: str, args: list[str], timeout: int = 600) -> subprocess.Pope
                             start_new_session=True)
 
 
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every process it started (torchrun's workers leave its group)."""
+    import psutil
+
+    parent = psutil.Process(proc.pid)
+    for p in parent.children(recursive=True) + [parent]:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+
+
 def _finish(proc: subprocess.Popen, timeout: int = 600) -> str:
     out, _ = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, out[-4000:]
@@ -161,8 +174,8 @@ def test_sweet_stage2_two_processes_match_one_and_survive_a_kill(data, candidate
     while not (killed / "checkpoint-1" / "state.json").exists():
         assert proc.poll() is None and time.time() < deadline, "no checkpoint before the run ended"
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole launcher and both workers
-    proc.wait()
+    _kill_tree(proc)
+    time.sleep(1)
     assert not (killed / "final").exists()
     out = _finish(_launch(config, _sweet_args(data, candidates, killed, 1, "--save_steps", "1", "--num_epochs", "3")))
     assert "resuming from" in out

@@ -155,11 +155,11 @@ class LowIdsWin:
 
     def score_states(self, items):
         self.calls += 1
-        return [[low_ids_score(a) for a in actions] for _, actions in items]
+        return [[low_ids_score(a) for a in item[1]] for item in items]  # (state, actions, finish reasons)
 
 
 def test_sweet_pairs_by_score_and_resumes_candidates(data, tmp_path):
-    from sweet.sweet_dpo import CANDIDATES_FILE, SweetConfig, SweetTrainConfig, main, read_candidates
+    from sweet.sweet_dpo import CANDIDATES_FILE, CandidateConfig, SweetConfig, SweetTrainConfig, main, read_candidates
     from sweet.training import ModelConfig
 
     episodes, tasks, eps = data
@@ -167,10 +167,11 @@ def test_sweet_pairs_by_score_and_resumes_candidates(data, tmp_path):
     model = ModelConfig(model="tiny", dtype="float32", max_length=512, keep_head=64)
     train = SweetTrainConfig(output_dir=str(out), report_to="none", learning_rate=1e-3, micro_batch_size=4,
                              save_steps=0)
-    cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", num_candidates=4, max_new_tokens=8,
-                      pairs_per_state=2, max_episodes=2, stage="sample")
+    cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", pairs_per_state=2, max_episodes=2,
+                      stage="sample")
+    cand = CandidateConfig(num_candidates=4, max_new_tokens=8)
     scorer = LowIdsWin()
-    assert main(model, train, cfg, scorer=scorer) is None  # sample only
+    assert main(model, train, cfg, cand, scorer=scorer) is None  # sample only
     rows = read_candidates(out / CANDIDATES_FILE)
     n_states = sum(len(ep.agent_turns) for ep in eps[:2])
     assert len(rows) == n_states and scorer.calls >= 1
@@ -182,7 +183,7 @@ def test_sweet_pairs_by_score_and_resumes_candidates(data, tmp_path):
 
     # a rerun finds every state sampled: no sampling, no scoring, same file
     cfg_all = SweetConfig(**{**cfg.__dict__, "stage": "all"})
-    final = main(model, train, cfg_all, scorer=LowIdsWin())
+    final = main(model, train, cfg_all, cand, scorer=LowIdsWin())
     assert (out / CANDIDATES_FILE).read_text() == text
     metrics = read_metrics(out)
     assert {"sweet/critic_score_std", "sweet/critic_score_range", "sweet/tied_states"} <= set(metrics[0])
@@ -193,22 +194,22 @@ def test_sweet_pairs_by_score_and_resumes_candidates(data, tmp_path):
 
 def test_sweet_candidate_file_is_resumed_after_interruption(data, tmp_path):
     """A candidates file cut mid-line (crash) keeps its whole rows; only missing states are sampled."""
-    from sweet.sweet_dpo import CANDIDATES_FILE, SweetConfig, SweetTrainConfig, main, read_candidates
+    from sweet.sweet_dpo import CANDIDATES_FILE, CandidateConfig, SweetConfig, SweetTrainConfig, main, read_candidates
     from sweet.training import ModelConfig
 
     episodes, tasks, _ = data
     out = tmp_path / "sweet-resume"
     model = ModelConfig(model="tiny", dtype="float32")
     train = SweetTrainConfig(output_dir=str(out), report_to="none")
-    cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", num_candidates=2, max_new_tokens=4,
-                      sample_batch_size=1, max_episodes=2, stage="sample")
-    main(model, train, cfg, scorer=LowIdsWin())
+    cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", max_episodes=2, stage="sample")
+    cand = CandidateConfig(num_candidates=2, max_new_tokens=4, sample_batch_size=1)
+    main(model, train, cfg, cand, scorer=LowIdsWin())
     path = out / CANDIDATES_FILE
     lines = path.read_text().splitlines(keepends=True)
     assert len(lines) == 4  # 2 episodes × 2 agent turns
     path.write_text("".join(lines[:2]) + lines[2][:20])  # 2 whole rows and a torn one
     scorer = LowIdsWin()
-    main(model, train, cfg, scorer=scorer)
+    main(model, train, cfg, cand, scorer=scorer)
     assert scorer.calls == 2  # only the 2 missing states, one per call
     new_lines = path.read_text().splitlines(keepends=True)
     assert new_lines[:2] == lines[:2] and len(new_lines) == 4
@@ -286,7 +287,7 @@ def test_cli_errors_name_the_bad_field(tmp_path):
 
     with pytest.raises(SystemExit, match="MTDPOConfig.pairing"):
         main(["--algorithm", "mtdpo", "--episodes", "x.jsonl", "--pairing", "nope"])
-    with pytest.raises(SystemExit, match="SweetConfig.num_candidates"):
+    with pytest.raises(SystemExit, match="CandidateConfig.num_candidates"):
         main(["--algorithm", "sweet", "--episodes", "x", "--tasks", "y", "--num_candidates", "1"])
     with pytest.raises(SystemExit, match="unknown 'ppo'"):
         main(["--algorithm", "ppo"])

@@ -1,0 +1,102 @@
+"""SWEET-RL over several rounds (`--rounds R`, R > 1; the paper trains one round).
+
+After each round of stage 2 (sweet/sweet_dpo.py) the trained policy plays
+`rollouts_per_task` new episodes per task against `--simulator` (resumable JSONL in
+output_dir/round-r/episodes.jsonl), the critic is retrained with the settings of
+`--critic` (its config.json) on all episodes so far, and stage 2 runs again from the
+previous round's policy, which is also the new DPO reference. Round r writes to
+output_dir/round-r/. One process, `--stage all`.
+
+    python -m sweet.train_policy --algorithm sweet --rounds 2 --simulator scripted:testbed \\
+        --episodes eps.jsonl --tasks tasks.jsonl --env testbed --critic runs/critic-tiny --model tiny \\
+        --num_candidates 4 --max_new_tokens 32 --output_dir runs/sweet-rounds
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+
+@dataclass
+class RoundsConfig:
+    """Repeat stage 2 with new episodes and a retrained critic."""
+
+    rounds: int = field(default=1, metadata={"help": "rounds: >1 collects new episodes with the trained policy, retrains the critic, repeats"})
+    simulator: str = field(default="", metadata={"help": "rounds > 1: simulated human for the new episodes (e.g. scripted:backend, vllm:...)"})
+    rollouts_per_task: int = field(default=2, metadata={"help": "rounds > 1: new episodes per task (seeds r*1000 .. r*1000+N-1)"})
+    max_turns: int | None = field(default=None, metadata={"help": "rounds > 1: agent turns per new episode (default: the env's)"})
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"RoundsConfig.rounds must be >= 1, got {self.rounds}")
+        if self.rounds > 1 and not self.simulator:
+            raise ValueError("RoundsConfig.simulator is required with rounds > 1 (new episodes need a simulated human)")
+        if self.rollouts_per_task < 1:
+            raise ValueError(f"RoundsConfig.rollouts_per_task must be >= 1, got {self.rollouts_per_task}")
+
+
+def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
+    """`rounds.rounds` rounds of stage 2; returns the last round's final model."""
+    from accelerate import PartialState
+
+    from sweet.sweet_dpo import run_round
+
+    if PartialState().num_processes > 1 or cfg.stage != "all":
+        raise ValueError("RoundsConfig.rounds > 1 runs in one process with --stage all (it collects episodes "
+                         "and retrains the critic between rounds)")
+    if not cfg.critic:
+        raise ValueError("SweetConfig.critic is required with rounds > 1 (the critic's config is reused)")
+    final = run_round(model_cfg, train, cfg, cand, scorer)
+    episodes = [cfg.episodes]
+    for r in range(1, rounds.rounds):
+        out = Path(train.output_dir) / f"round-{r}"
+        episodes.append(str(collect_episodes(final, cfg, cand, rounds, out / "episodes.jsonl", train.seed)))
+        critic = retrain_critic(cfg.critic, ",".join(episodes), out / "critic")
+        model_cfg = replace(model_cfg, model=str(final))
+        cfg = replace(cfg, episodes=episodes[-1], critic=str(critic), max_episodes=None)
+        final = run_round(model_cfg, replace(train, output_dir=str(out)), cfg, replace(cand, sampler=""), None)
+    return final
+
+
+def collect_episodes(policy: Path, cfg, cand, rounds: RoundsConfig, path: Path, seed: int) -> Path:
+    """Run the policy on the tasks of the round's episodes (resumable JSONL at `path`)."""
+    from colbench.agents import ModelAgent
+    from colbench.envs import make_env
+    from colbench.episodes import load_episodes
+    from colbench.rollout import episode_seeds, rollout
+    from colbench.tasks import load_tasks
+    from engines import EngineOptions, SamplingParams, load_engine
+    from simulators import load_simulator
+
+    task_ids = {ep.task_id for ep in load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]}
+    tasks = [t for t in load_tasks(cfg.tasks, env=cfg.env, validate=False) if t.task_id in task_ids]
+    env = make_env(cfg.env)
+    simulator = load_simulator(rounds.simulator, env)
+    engine = load_engine(f"hf:{policy}", EngineOptions(batch_size=cand.sampler_batch_size))
+    sampling = SamplingParams(temperature=cand.temperature, top_p=cand.top_p, max_new_tokens=cand.max_new_tokens)
+    try:
+        rollout(env, tasks, ModelAgent(engine, sampling, name="policy"), simulator,
+                seeds=episode_seeds(seed, rounds.rollouts_per_task), max_turns=rounds.max_turns, out_path=path,
+                progress=True)
+    finally:
+        engine.close()
+        env.close()
+        if simulator is not None:
+            simulator.close()
+    return path
+
+
+def retrain_critic(critic_dir: str, episodes: str, out: Path) -> Path:
+    """Retrain the critic with the settings of `critic_dir` (its config.json) on `episodes`."""
+    from sweet.train_critic import CriticConfig, CriticTrainConfig
+    from sweet.train_critic import main as train_critic
+    from sweet.training import ModelConfig
+
+    saved = json.loads((Path(critic_dir) / "config.json").read_text())
+    build = lambda cls, d: cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # noqa: E731
+    ccfg = replace(build(CriticConfig, saved["critic"]), episodes=episodes, eval_episodes="")
+    tcfg = replace(build(CriticTrainConfig, saved["train"]), output_dir=str(out))
+    train_critic(ccfg, build(ModelConfig, saved["model"]), tcfg)
+    return out
