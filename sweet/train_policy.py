@@ -1,6 +1,7 @@
-"""Policy training: SWEET-RL stage 2 and the baselines, one entry point.
+"""Policy training, one entry point: SWEET-RL stage 2, RFT, multi-turn DPO and LOOP.
 
-    python -m sweet.train_policy --algorithm {sweet,rft,mtdpo} [that algorithm's flags]
+    python -m sweet.train_policy --algorithm {sweet,rft,mtdpo,loop} [that algorithm's flags]
+    python -m sweet.train_policy --help                        # the algorithms, one line each
     python -m sweet.train_policy --algorithm sweet --help      # the algorithm's flags
     python -m sweet.train_policy --algorithm rft --config run.yaml --learning_rate 1e-6
 
@@ -40,6 +41,22 @@ ALGORITHMS = {
     "mtdpo": "sweet.mtdpo",
     "loop": "sweet.loop",
 }
+# one line each for the plain --help (kept here: --help must not import torch)
+SUMMARIES = {
+    "sweet": "SWEET-RL stage 2: per-turn DPO on candidate actions ranked by the stage-1 critic (default)",
+    "rft": "rejection fine-tuning: supervised training on the agent turns of successful episodes",
+    "mtdpo": "multi-turn DPO: DPO on whole trajectories of the same task (sum of per-turn log-probs)",
+    "loop": "LOOP: online leave-one-out PPO with rollouts against the simulated human",
+}
+
+
+def overview() -> str:
+    """The plain --help: every algorithm with one line, and where its flags are."""
+    lines = [__doc__.split("\n\n")[0].strip(), "", "usage: python -m sweet.train_policy --algorithm ALGORITHM "
+             "[--config run.yaml] [flags]", "", "algorithms:"]
+    lines += [f"  {name:<7} {SUMMARIES[name]}" for name in ALGORITHMS]
+    lines += ["", "python -m sweet.train_policy --algorithm ALGORITHM --help   lists that algorithm's flags"]
+    return "\n".join(lines)
 
 
 def split_algorithm(argv: list[str]) -> tuple[str, list[str]]:
@@ -66,6 +83,9 @@ def main(argv: list[str] | None = None):
     from sweet.training import parse_configs
 
     argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv) and not any(a.split("=")[0] == "--algorithm" for a in argv):
+        print(overview())
+        raise SystemExit(0)
     name, rest = split_algorithm(argv)
     module = load_algorithm(name)
     try:

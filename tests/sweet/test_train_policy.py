@@ -299,6 +299,18 @@ def test_cli_errors_name_the_bad_field(tmp_path):
         main(["--algorithm", "rft", "--config", str(cfg), "--output_dir", str(tmp_path / "o"), "--report_to", "none"])
 
 
+def test_plain_help_lists_every_algorithm_with_one_line():
+    import sweet.train_policy as tp
+
+    proc = subprocess.run([sys.executable, "-m", "sweet.train_policy", "--help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for name in tp.ALGORITHMS:
+        assert sum(line.split()[:1] == [name] for line in lines) == 1, name  # one line each
+        assert name in tp.__doc__.split("\n\n")[1]  # the usage line of the docstring names it too
+
+
 @pytest.mark.parametrize("algorithm", ["sweet", "rft", "mtdpo"])
 def test_help_lists_the_algorithm_flags(algorithm, capsys):
     from sweet.train_policy import main
