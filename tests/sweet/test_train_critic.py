@@ -371,3 +371,65 @@ def test_micro_batch_size_does_not_change_the_update(tmp_path, synthetic_files, 
     # measured: max |Δ1 − Δ4| 3e-5 against max |Δ| 3e-3 (Adam magnifies float noise where g ≈ 0), cosine 0.999999
     assert torch.allclose(delta1, delta4, atol=1e-4)
     assert torch.nn.functional.cosine_similarity(delta1, delta4, dim=0).item() > 0.99999
+
+
+def _launch(config: str, args: list[str], port: int) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "sweet/configs" / config),
+           "--main_process_port", str(port), "-m", "sweet.train_critic", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and its workers (torchrun starts each worker in its own
+    session, so killing the launcher's process group would leave them running)."""
+    import psutil  # a dependency of accelerate
+
+    parent = psutil.Process(proc.pid)
+    for p in [*parent.children(recursive=True), parent]:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config,port", [("ddp_cpu_2proc.yaml", 29631), ("fsdp_cpu_2proc.yaml", 29641)])
+def test_two_processes_killed_and_resumed_match_uninterrupted(trained, tmp_path, synthetic_files, config, port):
+    """2 processes (DDP or FSDP2 over gloo) give the weights of 1; a 2-process run
+    SIGKILLed after its first checkpoint and relaunched gives the uninterrupted run's
+    final weights and metrics."""
+    import time
+
+    one, final = trained
+    whole = tmp_path / "whole"
+    out = _finish(_launch(config, _args(*synthetic_files, whole, "--save_steps", "1"), port))
+    assert "2 process(es)" in out
+    w1, w2 = _weights(one / "final"), _weights(whole / "final")
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-4) for k in w1)
+    assert json.loads((whole / "final_metrics.json").read_text()) == pytest.approx(final, abs=1e-4)
+
+    killed = tmp_path / "killed"
+    proc = _launch(config, _args(*synthetic_files, killed, "--save_steps", "1"), port + 1)
+    deadline = time.time() + 600
+    while not (killed / "checkpoint-1" / "state.json").exists():
+        assert proc.poll() is None and time.time() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.2)
+    _kill_tree(proc)
+    proc.wait()
+    assert not (killed / "final").exists()
+    out = _finish(_launch(config, _args(*synthetic_files, killed, "--save_steps", "1"), port + 2))
+    assert "resuming from" in out
+    w3 = _weights(killed / "final")
+    assert all(torch.allclose(w2[k], w3[k], atol=1e-6) for k in w2)
+    assert json.loads((killed / "final_metrics.json").read_text()) == pytest.approx(
+        json.loads((whole / "final_metrics.json").read_text()), abs=1e-6)
+    rows = lambda d: [r for r in _metrics(d) if "loss/bt" in r]  # noqa: E731
+    assert [r["loss/bt"] for r in rows(killed)] == pytest.approx([r["loss/bt"] for r in rows(whole)], abs=1e-6)
