@@ -182,3 +182,34 @@ def test_checkpoint_resume_restores_model_optimiser_scheduler(tmp_path, tiny_tok
     for k in first:
         assert torch.equal(first[k], again[k]), k
     assert math.isclose(trainer.scheduler.get_last_lr()[0], 0.0, abs_tol=1e-12)  # the schedule ran to its end
+
+
+def test_reference_cache_is_keyed_by_the_pairs_content(tmp_path, tiny_tokenizer):
+    """Same count, other pairs: recomputed. Same pairs: read back from the cache."""
+    import json
+
+    from sweet.policy_trainer import REF_CACHE, reference_logps, sequence_logps
+
+    segs = _segments(8, seed=3)
+    first = [Pair((segs[0],), (segs[1],), "a"), Pair((segs[2], segs[3]), (segs[4],), "b")]
+    other = [Pair((segs[5],), (segs[6],), "a"), Pair((segs[7],), (segs[0],), "b")]  # the same count
+    train = TrainConfig(output_dir=str(tmp_path), report_to="none", micro_batch_size=1)
+    trainer = Trainer(MODEL, train, tiny_tokenizer)
+    path = tmp_path / REF_CACHE
+    pad = int(tiny_tokenizer.pad_token_id)
+
+    def direct(pairs):
+        with torch.no_grad():
+            c, _ = sequence_logps(trainer.model, MODEL, pad, [p.chosen for p in pairs])
+            r, _ = sequence_logps(trainer.model, MODEL, pad, [p.rejected for p in pairs])
+        return torch.stack([c, r], 1).double()
+
+    got = reference_logps(trainer, first, path)
+    assert torch.allclose(got, direct(first), atol=1e-4)
+    got = reference_logps(trainer, other, path)  # a count check alone would reuse the stale values
+    assert torch.allclose(got, direct(other), atol=1e-4) and not torch.allclose(got, direct(first), atol=1e-2)
+
+    blob = json.loads(path.read_text())
+    blob["logps"] = [[-1.0, -2.0], [-3.0, -4.0]]  # mark the cache: the same pairs must read it back
+    path.write_text(json.dumps(blob))
+    assert reference_logps(trainer, other, path).tolist() == [[-1.0, -2.0], [-3.0, -4.0]]
