@@ -1,4 +1,4 @@
-"""The DPO + NLL loss and the SFT loss against hand-computed values."""
+"""The DPO + NLL loss and the SFT loss against hand-computed values, and DPO against TRL's DPOTrainer."""
 
 import math
 
@@ -65,3 +65,46 @@ def test_sft_loss_is_token_mean():
     loss, m = sft_loss(_t(-6.0, -2.0), _t(3, 1))
     assert loss.item() == pytest.approx(2.0)
     assert m["logps/action_mean"] == pytest.approx((-2.0 + -2.0) / 2)
+
+
+def test_dpo_loss_matches_trl_dpo_trainer(tmp_path):
+    """TRL's DPOTrainer (loss_type ["sigmoid", "sft"], weights [1, α]) as the oracle, on the
+    tiny model with a policy moved away from its reference: same loss from the same
+    sequences. (TRL's "sft" term is a token mean over the batch's chosen tokens; with one
+    pair per batch it is our per-token NLL of the chosen action.)"""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import DPOConfig, DPOTrainer
+
+    from engines.tiny import tiny_model_path
+    from sweet.tokens import Segment, segment_logps
+    from sweet.training import load_tokenizer
+
+    torch.manual_seed(0)
+    tok = load_tokenizer("tiny")
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=torch.float32)
+    data = Dataset.from_list([{"prompt": "Is the word apple?", "chosen": " yes it is", "rejected": " no, river"}])
+    beta, alpha = 0.5, 0.3
+    args = DPOConfig(output_dir=str(tmp_path), beta=beta, loss_type=["sigmoid", "sft"], loss_weights=[1.0, alpha],
+                     per_device_train_batch_size=1, report_to=[], use_cpu=True, max_length=None, bf16=False,
+                     save_strategy="no")
+    trainer = DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # the reference model is TRL's own frozen copy
+    batch = next(iter(trainer.get_train_dataloader()))  # rows: [chosen, rejected]
+    trainer.model.train()
+    want = trainer.compute_loss(trainer.model, batch).item()
+
+    segments = []
+    for ids, attn, completion in zip(batch["input_ids"], batch["attention_mask"], batch["completion_mask"]):
+        real, comp = ids[attn.bool()].tolist(), completion[attn.bool()].tolist()
+        segments.append(Segment(tuple(real[: comp.index(1)]), tuple(real[comp.index(1):])))
+    pad = int(tok.pad_token_id)
+    with torch.no_grad():
+        logps, counts = segment_logps(trainer.model, segments, pad_id=pad, max_length=None, keep_head=0)
+        ref, _ = segment_logps(trainer.ref_model, segments, pad_id=pad, max_length=None, keep_head=0)
+    loss, m = dpo_loss(logps[:1], logps[1:], ref[:1], ref[1:], counts[:1], beta=beta, nll_coef=alpha)
+    assert m["loss/dpo"] > 0.01 and m["rewards/margin"] != 0  # a real DPO term, not log 2 at margin 0
+    assert loss.item() == pytest.approx(want, rel=1e-5)
