@@ -1,17 +1,16 @@
-"""What every trainer here shares: configs, model loading (full or LoRA), the
-accelerate setup, checkpoints with resume, and metric logging.
+"""What every trainer here shares besides the loop: configs, model loading (full or
+LoRA), the optimiser and its schedule, and metric logging.
 
-Each algorithm module (critic, sweet_dpo, rft, mtdpo, loop) keeps its maths and its
-loop; this file keeps the plumbing out of them.
+The loop itself (accelerate, micro-batches, checkpoints, resume, the final save) is
+sweet/trainer.py; each algorithm module (critic, sweet_dpo, rft, mtdpo, loop) is a loss
+hook and its data on top of it.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
-import shutil
 import sys
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
@@ -149,20 +148,6 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_accelerator(train: TrainConfig, n_processes_hint: int | None = None):
-    """An Accelerator whose gradient accumulation turns micro-batches into `batch_size`."""
-    from accelerate import Accelerator
-
-    import torch
-
-    world = int(os.environ.get("WORLD_SIZE", n_processes_hint or 1))
-    per_step = train.micro_batch_size * world
-    accum = max(1, math.ceil(train.batch_size / per_step))
-    # Without CUDA, say so: torchrun-launched CPU processes (sweet/configs/ddp_cpu_2proc.yaml)
-    # otherwise skip the process group and each train alone.
-    return Accelerator(gradient_accumulation_steps=accum, cpu=not torch.cuda.is_available())
-
-
 def make_optimizer(model, train: TrainConfig, total_steps: int, optimizer=None):
     """AdamW over the trainable parameters (or the given `optimizer`) and a linear
     warm-up/decay schedule over `total_steps`."""
@@ -237,86 +222,3 @@ class MetricsLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
-
-
-# ---- checkpoints -------------------------------------------------------------------
-# Layout: output_dir/checkpoint-<step>/{model files, trainer_state.pt, state.json};
-# output_dir/final/ holds the last model in HF format (or the LoRA adapter).
-
-
-def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, output_dir: str | Path, step: int,
-                    state: dict[str, Any], keep: int = 2) -> Path:
-    """Save model (HF format / adapter), optimizer, scheduler, RNG and `state`; keep the last `keep`."""
-    import torch
-
-    out = Path(output_dir) / f"checkpoint-{step}"
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=accelerator.get_state_dict(model))
-        tokenizer.save_pretrained(tmp)
-        torch.save(
-            {
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "torch_rng": torch.get_rng_state(),
-                "python_rng": random.getstate(),
-            },
-            tmp / "trainer_state.pt",
-        )
-        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-        for old in sorted(_checkpoints(output_dir), key=_ckpt_step)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    return out
-
-
-def _checkpoints(output_dir: str | Path) -> list[Path]:
-    d = Path(output_dir)
-    return [p for p in d.glob("checkpoint-*") if p.is_dir() and not p.name.endswith(".tmp")] if d.exists() else []
-
-
-def _ckpt_step(p: Path) -> int:
-    return int(p.name.split("-")[-1])
-
-
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    ckpts = [p for p in _checkpoints(output_dir) if (p / "state.json").exists()]
-    return max(ckpts, key=_ckpt_step) if ckpts else None
-
-
-def load_trainer_state(ckpt: Path, optimizer, scheduler) -> dict[str, Any]:
-    """Restore optimizer/scheduler/RNG from a checkpoint; returns its state.json."""
-    import torch
-
-    blob = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
-    if scheduler is not None and blob["scheduler"] is not None:
-        scheduler.load_state_dict(blob["scheduler"])
-    torch.set_rng_state(blob["torch_rng"])
-    random.setstate(blob["python_rng"])
-    return json.loads((ckpt / "state.json").read_text())
-
-
-def save_final(accelerator, model, tokenizer, output_dir: str | Path, name: str = "final") -> Path:
-    """The trained model in HF format, loadable with `hf:<path>` and `vllm:<path>`.
-
-    A LoRA model is saved twice: the adapter in `<name>-adapter/` and the merged
-    weights in `<name>/` (merging ends training: call this last)."""
-    out = Path(output_dir) / name
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
-        if hasattr(unwrapped, "merge_and_unload"):  # PEFT
-            unwrapped.save_pretrained(out.with_name(name + "-adapter"))
-            tokenizer.save_pretrained(out.with_name(name + "-adapter"))
-            unwrapped = unwrapped.merge_and_unload()
-            unwrapped.save_pretrained(out)
-        else:
-            unwrapped.save_pretrained(out, state_dict=accelerator.get_state_dict(model))
-        tokenizer.save_pretrained(out)
-    accelerator.wait_for_everyone()
-    return out
