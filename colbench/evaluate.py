@@ -74,7 +74,7 @@ class EvalConfig:
     tasks: str = field(default="builtin:test", metadata={
         "help": "task source: builtin:test, builtin:train, a JSONL/Parquet file, or hf:<dataset id>"})
     limit: int | None = field(default=None, metadata={"help": "evaluate the first N tasks only"})
-    seeds: int = field(default=1, metadata={"help": "run seeds 0..S-1 per task (use with --temperature > 0)"})
+    seeds: int = field(default=1, metadata={"help": "run seeds 0..S-1 per task, S <= 1000 (use with --temperature > 0)"})
     single_turn: bool = field(default=False, metadata={"help": "the agent's first message is its answer"})
     baseline_agent: str | None = field(default=None, metadata={
         "help": "agent spec whose per-task reward the win rate compares against (frontend: paper used GPT-4o)"})
@@ -97,7 +97,7 @@ class EvalConfig:
             raise UsageError("--output DIR is required")
         if not self.agent:
             raise UsageError("give at least one --agent SPEC")
-        checks = [("seeds", self.seeds >= 1), ("temperature", self.temperature >= 0),
+        checks = [("seeds", 1 <= self.seeds <= 1000), ("temperature", self.temperature >= 0),
                   ("max_new_tokens", self.max_new_tokens >= 1),
                   ("simulator_max_new_tokens", self.simulator_max_new_tokens >= 1),
                   ("max_reply_chars", self.max_reply_chars >= 1),
