@@ -5,47 +5,72 @@
     python -m sweet.train_policy --algorithm loop --env backend --sampler vllm --lora true \
         --model hf:meta-llama/Llama-3.1-8B-Instruct --simulator openai:...@http://localhost:8000/v1 \
         --output_dir runs/loop-8b                                         # 1 GPU, vLLM rollouts
+    ... --advantage grpo        # the paper's GRPO row (58.0); --advantage ppo: PPO + value head (50.8)
 
 Each iteration (paper, Algorithm 1):
   1. sample `tasks_per_iteration` tasks and run K episodes per task with the current
      policy (transformers: the very model in memory; `--sampler vllm`: a vLLM engine
      that loads the new LoRA adapter or weights after every update);
   2. reward R_k = the environment's score (fraction of tests passed);
-  3. leave-one-out advantage  A_k = R_k − 1/(K−1) Σ_{j≠k} R_j   (no division by the
-     standard deviation: normalising cost the paper 9 points; `--normalize_std` turns it
-     on for the GRPO-style ablation);
-  4. drop episodes with |A_k| < 0.01;
-  5. `ppo_epochs` passes over the kept episodes (off-policy reuse) with the PPO clipped
-     objective per token:  L = −min(ρ·A, clip(ρ, 1/1.1, 1.1)·A),  ρ = π_θ / π_old,
-     averaged over each trajectory's action tokens, then over trajectories.
-No value network, no reference model, no KL term (all by default; `--kl_coef` adds a
-KL penalty to the initial model, which then is computed once per iteration).
+  3. advantage, `--advantage`:
+       loo  (LOOP, default)  A_k = R_k − 1/(K−1) Σ_{j≠k} R_j, not divided by the std;
+       grpo                  A_k = (R_k − mean R) / (std R + 1e-6), std over the K (unbiased);
+       ppo                   a scalar value head on the policy's last hidden state predicts
+                             V(s_t) at each agent turn; the only reward R comes after the last
+                             turn (γ = 1): δ_t = V_{t+1} − V_t (δ_{T−1} = R − V_{T−1}),
+                             A_t = Σ_l λ^l δ_{t+l} (GAE over turns, `gae_lambda`), value
+                             targets A_t + V_t, value loss `value_coef` · ½(V − target)²;
+  4. loo/grpo: drop episodes with |A_k| < `min_abs_advantage` (ppo keeps all);
+  5. `ppo_epochs` passes over the kept trajectories (off-policy reuse), `batch_size`
+     trajectories per optimiser step, with the PPO clipped objective per token
+         ℓ = −min(ρ·A, clip(ρ, 1/1.1, 1.1)·A) [+ kl_coef · KL],   ρ = π_θ / π_old,
+     and the step's loss = mean over its trajectories of the mean over ALL the
+     trajectory's action tokens (all its turns) of ℓ.
+No value network, no reference model, no KL term by default (LOOP). `--kl_coef > 0`
+adds the per-token KL to the initial model (k3 estimator exp(r) − r − 1, r = log π_ref −
+log π_θ), with π_ref's log-probs computed once per iteration (LoRA: the adapters
+disabled; full weights: a frozen copy of the initial model).
 
-LOOP runs in one process (rollouts, then updates, on one device); it does not yet
-shard rollouts across `accelerate launch` processes.
+Exactness: each agent turn is one item of `sweet.trainer` (its recorded prompt ids + its
+generated ids, + end of turn only when the model emitted it: `sweet.tokens.turn_segment`),
+so simulator tokens never enter the loss and nothing is re-tokenised. A turn's tokens
+carry the weight 1/N_τ (N_τ: its trajectory's action tokens) and the trainer divides by
+the step's trajectory count, so the update is the same for any `micro_batch_size` and
+for any number of `accelerate launch` processes (the step's turns are dealt across them;
+tests compare the weights). Rollouts run on the main process (one engine) and are
+broadcast; checkpoints hold model, optimiser, scheduler and every RNG (accelerate
+`save_state`), so a killed run resumes to the same weights.
 
-Departures, stated: the importance ratio can be per token (default, the paper's best),
-per turn or per trajectory (the paper's ablation). π_old defaults to the trainer's
-own recomputation at the start of the iteration (so ρ = 1 exactly on the first
-minibatch); the sampler's log-probs are compared with it and the gap is logged, and
-tokens whose gap exceeds `max_logprob_gap` are masked out (guard against a sampler
-that drifted, e.g. a vLLM engine with stale weights). Each agent turn is its own
-training sequence (its recorded prompt ids + its generated ids + end of turn), so
-simulator tokens never enter the loss and nothing is re-tokenised.
+Departures from the paper / its public code, stated:
+  - π_old defaults to the trainer's own recomputation at the start of the iteration (so
+    ρ = 1 exactly on the first step); the sampler's log-probs are compared with it, the gap
+    is logged, and tokens whose gap exceeds `max_logprob_gap` are masked out (guard
+    against a drifted sampler, e.g. a vLLM engine with stale weights);
+  - the importance ratio can also be per turn or per trajectory (the paper's ablation);
+  - max_turns follows the environment (ColBench: 10; test bed: 4) unless given;
+  - learning rate 5e-5 (the public code's), linear decay over the planned steps.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
+from torch import nn
 
 from colbench.types import Episode
 from sweet.training import ModelConfig, TrainConfig
+
+ADVANTAGES = ("loo", "grpo", "ppo")
+NO_VARIANCE_HINT = ("no reward variance: every group of K episodes got the same reward, so no episode has an "
+                    "advantage and nothing was learned; start from a warm start, e.g. --model runs/warm_start/final "
+                    "(python -m sweet.warm_start), or raise --k / --temperature")
 
 
 @dataclass
@@ -55,28 +80,37 @@ class LoopConfig:
     simulator: str | None = field(default="scripted:testbed", metadata={"help": "simulator spec"})
     iterations: int = field(default=10, metadata={"help": "LOOP iterations"})
     tasks_per_iteration: int = field(default=8, metadata={"help": "tasks sampled per iteration"})
-    k: int = field(default=6, metadata={"help": "episodes per task (K)"})
-    ppo_epochs: int = field(default=2, metadata={"help": "passes over each batch (off-policy reuse)"})
-    trajectories_per_step: int = field(default=8, metadata={"help": "trajectories per optimiser step"})
+    k: int = field(default=6, metadata={"help": "episodes per task (K; paper: 6)"})
+    ppo_epochs: int = field(default=2, metadata={"help": "passes over each batch (off-policy reuse; public code: 2)"})
     clip_low: float = field(default=1 / 1.1, metadata={"help": "lower clip of the importance ratio"})
     clip_high: float = field(default=1.1, metadata={"help": "upper clip of the importance ratio"})
-    ratio_level: str = field(default="token", metadata={"help": "importance ratio per token, turn or trajectory"})
-    normalize_std: bool = field(default=False, metadata={"help": "divide advantages by their std (GRPO-style ablation)"})
-    min_abs_advantage: float = field(default=0.01, metadata={"help": "drop episodes with |A| below this"})
-    kl_coef: float = field(default=0.0, metadata={"help": "KL penalty to the initial model (0 = none, as LOOP)"})
-    old_logprobs: str = field(default="trainer", metadata={"help": "pi_old from the 'trainer' (recomputed) or the 'sampler'"})
-    max_logprob_gap: float = field(default=2.0, metadata={"help": "mask tokens whose sampler/trainer log-prob gap exceeds this"})
+    ratio_level: str = field(default="token", metadata={"help": "importance ratio per token (paper's best), turn or "
+                                                                "trajectory"})
+    advantage: str = field(default="loo", metadata={"help": "loo: leave-one-out (LOOP); grpo: group mean/std "
+                                                            "normalised; ppo: learned value head + GAE over turns"})
+    gae_lambda: float = field(default=1.0, metadata={"help": "ppo: GAE λ over turns (1 = return minus V(s_t))"})
+    value_coef: float = field(default=0.5, metadata={"help": "ppo: weight of the value loss"})
+    min_abs_advantage: float = field(default=0.01, metadata={"help": "loo/grpo: drop episodes with |A| below this"})
+    kl_coef: float = field(default=0.0, metadata={"help": "per-token KL penalty to the initial model (0 = none, "
+                                                          "as LOOP)"})
+    old_logprobs: str = field(default="trainer", metadata={"help": "pi_old from the 'trainer' (recomputed) or the "
+                                                                   "'sampler'"})
+    max_logprob_gap: float = field(default=2.0, metadata={"help": "mask tokens whose sampler/trainer log-prob gap "
+                                                                  "exceeds this"})
     sampler: str = field(default="", metadata={"help": "'' = the live policy via transformers; 'vllm' = a vLLM engine "
                                                    "that follows the weights (LoRA adapter or weight copy) each iteration"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
     max_new_tokens: int = field(default=96, metadata={"help": "tokens per agent turn"})
-    max_turns: int = field(default=4, metadata={"help": "agent turns per episode"})
+    max_turns: int | None = field(default=None, metadata={"help": "agent turns per episode (default: the "
+                                                                  "environment's own limit; ColBench 10, testbed 4)"})
 
     def __post_init__(self) -> None:
         if self.k < 2:
             raise ValueError(f"LoopConfig.k must be >= 2 for leave-one-out advantages, got {self.k}")
         if self.ratio_level not in ("token", "turn", "trajectory"):
             raise ValueError(f"LoopConfig.ratio_level must be token, turn or trajectory, got {self.ratio_level!r}")
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"LoopConfig.advantage must be one of {', '.join(ADVANTAGES)}, got {self.advantage!r}")
         if self.old_logprobs not in ("trainer", "sampler"):
             raise ValueError(f"LoopConfig.old_logprobs must be 'trainer' or 'sampler', got {self.old_logprobs!r}")
         if self.sampler not in ("", "vllm"):
@@ -84,117 +118,413 @@ class LoopConfig:
         if not 0 < self.clip_low <= 1 <= self.clip_high:
             raise ValueError(f"LoopConfig clip range must satisfy 0 < clip_low <= 1 <= clip_high, got "
                              f"[{self.clip_low}, {self.clip_high}]")
+        if self.kl_coef < 0 or self.value_coef < 0 or not 0 <= self.gae_lambda <= 1:
+            raise ValueError("LoopConfig: kl_coef and value_coef must be >= 0 and gae_lambda in [0, 1]")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"LoopConfig.max_turns must be >= 1, got {self.max_turns}")
 
 
-CONFIGS = (LoopConfig, ModelConfig, TrainConfig)
+@dataclass
+class LoopTrainConfig(TrainConfig):
+    """TrainConfig with LOOP's meaning of a batch and the public code's learning rate."""
+
+    learning_rate: float = field(default=5e-5, metadata={"help": "peak learning rate (AdamW; LOOP's public code: 5e-5)"})
+    batch_size: int = field(default=8, metadata={"help": "trajectories per optimiser step, across all processes"})
+    micro_batch_size: int = field(default=2, metadata={"help": "agent turns per forward pass per process (does not "
+                                                               "change the update)"})
+
+
+CONFIGS = (LoopConfig, ModelConfig, LoopTrainConfig)
 
 
 # ---- the maths ---------------------------------------------------------------------
 
 
-def leave_one_out_advantages(rewards: torch.Tensor, normalize_std: bool = False, eps: float = 1e-6) -> torch.Tensor:
-    """A_k = R_k − mean_{j≠k} R_j for rewards [..., K] of the same task.
-
-    Equivalently K/(K−1) · (R_k − mean R). With `normalize_std`, divide by the std of
-    the K rewards (the GRPO-style variant the paper found 9 points worse)."""
+def leave_one_out_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """A_k = R_k − mean_{j≠k} R_j for rewards [..., K] of the same task (= K/(K−1)·(R_k − mean R))."""
     k = rewards.shape[-1]
     others_mean = (rewards.sum(-1, keepdim=True) - rewards) / (k - 1)
-    adv = rewards - others_mean
-    if normalize_std:
-        adv = adv / (rewards.std(-1, keepdim=True) + eps)
-    return adv
+    return rewards - others_mean
+
+
+def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: A_k = (R_k − mean R) / (std R + eps) over the K rewards [..., K] (unbiased std)."""
+    return (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + eps)
+
+
+def turn_gae(values: Sequence[float], reward: float, lam: float) -> tuple[list[float], list[float]]:
+    """Per-turn advantages and value targets of one trajectory whose only reward R comes
+    after its last turn (γ = 1): δ_t = V_{t+1} − V_t, δ_{T−1} = R − V_{T−1};
+    A_t = Σ_l λ^l δ_{t+l}; target_t = A_t + V_t. λ = 1: A_t = R − V_t."""
+    adv, running = [0.0] * len(values), 0.0
+    for t in reversed(range(len(values))):
+        nxt = values[t + 1] if t + 1 < len(values) else reward
+        running = (nxt - values[t]) + lam * running
+        adv[t] = running
+    return adv, [a + v for a, v in zip(adv, values)]
 
 
 def clipped_policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
-    group: torch.Tensor,
-    n_groups: int,
+    weight: torch.Tensor,
     clip_low: float,
     clip_high: float,
     ratio_level: str = "token",
-    turn: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO clipped objective, averaged over each trajectory's tokens, summed over the
-    trajectories present and divided by `n_groups` (the trajectories in the step).
+    traj_log_ratio: torch.Tensor | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Σ_tokens weight · ℓ, ℓ = −min(ρ·A, clip(ρ)·A) + kl_coef · KL, and Σ weight · metric.
 
-    logp, old_logp: [B, L] log π_θ and log π_old of each token; mask: [B, L] 1 on action
-    tokens; advantages: [B] (one per sequence, i.e. its trajectory's A); group: [B]
-    trajectory index of each sequence; turn: [B] unique turn index (ratio_level "turn").
-    """
-    mask = mask.to(logp.dtype)
-    log_ratio = (logp - old_logp) * mask
+    logp, old_logp, ref_logp: [B, L] log π_θ, log π_old, log π_ref per token; weight: [B, L]
+    (0 off the loss; 1/N_τ on the kept action tokens of trajectory τ, so that summing over
+    any split of the trajectory's turns gives its token mean); advantages: [B] (the row's A).
+    ratio_level: "token" ρ = π_θ/π_old per token; "turn" ρ = exp(mean over the row's tokens
+    of log π_θ − log π_old); "trajectory" ρ = exp(traj_log_ratio [B]), the trajectory's mean
+    log ratio at the current weights (computed beforehand, detached), with the gradient of
+    that mean flowing through each of its tokens (the rows of a trajectory may sit in
+    different micro-batches)."""
+    on = (weight > 0).to(logp.dtype)
+    log_ratio = (logp - old_logp) * on
     if ratio_level == "token":
         log_rho = log_ratio
+    elif ratio_level == "turn":
+        row = log_ratio.sum(-1) / on.sum(-1).clamp(min=1)
+        log_rho = row[:, None].expand_as(logp)
+    elif ratio_level == "trajectory":
+        if traj_log_ratio is None:
+            raise ValueError("ratio_level 'trajectory' needs traj_log_ratio")
+        # value: the trajectory's mean log ratio; gradient: d log π_θ(token) (its share of the mean
+        # comes from the 1/N_τ weight)
+        log_rho = traj_log_ratio.detach()[:, None].to(logp.dtype) + (logp - logp.detach())
     else:
-        # one ratio per turn / trajectory: exp(mean over its tokens of log π_θ − log π_old)
-        key = turn if ratio_level == "turn" else group
-        n_keys = int(key.max()) + 1
-        num = torch.zeros(n_keys, dtype=logp.dtype, device=logp.device).index_add(0, key, log_ratio.sum(-1))
-        den = torch.zeros(n_keys, dtype=logp.dtype, device=logp.device).index_add(0, key, mask.sum(-1))
-        log_rho = (num / den.clamp(min=1))[key][:, None].expand_as(logp)
+        raise ValueError(f"ratio_level must be token, turn or trajectory, got {ratio_level!r}")
     rho = torch.exp(log_rho)
     adv = advantages[:, None].to(logp.dtype)
     per_token = -torch.minimum(rho * adv, torch.clamp(rho, clip_low, clip_high) * adv)
-    # average over each trajectory's tokens (tokens may span several sequences of the group)
-    n_groups_present = int(group.max()) + 1
-    tok_per_group = torch.zeros(n_groups_present, dtype=logp.dtype, device=logp.device).index_add(0, group, mask.sum(-1))
-    loss_per_group = torch.zeros(n_groups_present, dtype=logp.dtype, device=logp.device).index_add(
-        0, group, (per_token * mask).sum(-1))
-    present = tok_per_group > 0
-    loss = (loss_per_group[present] / tok_per_group[present]).sum() / n_groups
-    rho = rho.detach()
-    clipped = ((rho < clip_low) | (rho > clip_high)).to(logp.dtype) * mask
-    metrics = {
-        "loop/clip_fraction": float(clipped.sum() / mask.sum().clamp(min=1)),
-        "loop/ratio_mean": float((rho * mask).sum() / mask.sum().clamp(min=1)),
+    w = weight.to(logp.dtype)
+    policy = (per_token * w).sum()
+    loss = policy
+    rho_d = rho.detach()
+    sums = {
+        "loss/policy": policy.detach(),
+        "loop/clip_fraction": (((rho_d < clip_low) | (rho_d > clip_high)).to(w.dtype) * w).sum(),
+        "loop/ratio_mean": (rho_d * w).sum(),
     }
-    return loss, metrics
+    if ref_logp is not None and kl_coef > 0:
+        r = (ref_logp - logp) * on
+        kl = torch.exp(r) - r - 1  # k3: unbiased, >= 0
+        loss = loss + kl_coef * (kl * w).sum()
+        sums["loop/kl"] = (kl.detach() * w).sum()
+    return loss, sums
 
 
 # ---- data --------------------------------------------------------------------------
 
 
-@dataclass
-class TurnExample:
-    """One agent turn as a training sequence, with its trajectory's advantage."""
+@dataclass(eq=False)
+class LoopTurn:
+    """One agent turn as a training item, with its trajectory's bookkeeping.
 
-    context: list[int]
-    action: list[int]  # generated ids + end-of-turn id
-    sampler_logprobs: list[float] | None  # for the generated ids (not the end-of-turn id)
+    `old`, `ref`: log π_old / log π_ref of the action tokens ([A], from the pre-pass);
+    `keep`: [A] bool, tokens inside the sampler/trainer gap guard; `traj_tokens`: N_τ, the
+    kept action tokens of the whole trajectory; `first`: the trajectory's first turn
+    (it counts the trajectory once in the step's normaliser)."""
+
+    context: tuple[int, ...]
+    action: tuple[int, ...]
+    sampler_logprobs: list[float] | None
     advantage: float
-    group: int  # trajectory index within the iteration
-    turn: int  # unique turn index within the iteration
+    trajectory: int
+    index: int  # turn position within the trajectory
+    first: bool = False
+    n_turns: int = 1
+    value_target: float | None = None
+    old: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+    keep: torch.Tensor | None = None
+    traj_tokens: int = 0
+    traj_log_ratio: float = 0.0
 
 
-def turn_examples(episodes: Sequence[Episode], advantages: Sequence[float], tokenizer) -> list[TurnExample]:
-    from sweet.tokens import template_ids
+def turn_items(episodes: Sequence[Episode], advantages: Sequence[float], tokenizer) -> list[LoopTurn]:
+    """Every agent turn with generated ids, as items (the one turn->tokens rule)."""
+    from sweet.tokens import turn_segment
 
-    out = []
+    out: list[LoopTurn] = []
     for g, (ep, adv) in enumerate(zip(episodes, advantages)):
-        for t in ep.agent_turns:
-            if not t.token_ids:
-                continue
-            context = list(t.prompt_token_ids) if t.prompt_token_ids is not None else template_ids(tokenizer, t.prompt)
-            out.append(TurnExample(context, list(t.token_ids) + [tokenizer.eos_token_id], t.logprobs, adv, g, len(out)))
+        turns = [t for t in ep.agent_turns if t.token_ids]
+        for i, t in enumerate(turns):
+            seg = turn_segment(tokenizer, t)
+            out.append(LoopTurn(seg.context, seg.action, t.logprobs, float(adv), g, i, first=i == 0,
+                                n_turns=len(turns)))
     return out
 
 
-def _batch(examples: Sequence[TurnExample], pad_id: int, max_length: int, keep_head: int):
+def _batch(items: Sequence[LoopTurn], pad_id: int, model_cfg: ModelConfig):
     from sweet.tokens import make_batch
 
-    batch = make_batch([(e.context, e.action) for e in examples], pad_id, max_length, keep_head)
-    adv = torch.tensor([e.advantage for e in examples])
-    groups = {g: i for i, g in enumerate(dict.fromkeys(e.group for e in examples))}
-    group = torch.tensor([groups[e.group] for e in examples])
-    turn = torch.arange(len(examples))
-    return batch, adv, group, turn
+    return make_batch([(it.context, it.action) for it in items], pad_id, model_cfg.max_length, model_cfg.keep_head)
 
 
-def _action_positions(batch, i: int) -> torch.Tensor:
-    return batch.action_mask[i].nonzero().squeeze(-1)
+def _forward(model, batch, with_value: bool):
+    """Per-token log π [B, L], and V(s_t) [B] at each row's last context token (value head)."""
+    import torch.nn.functional as F
+
+    from sweet.tokens import token_logprobs
+
+    if not with_value:
+        return token_logprobs(model, batch), None
+    logits, values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    logp = torch.gather(F.log_softmax(logits[:, :-1].float(), dim=-1), 2, batch.input_ids[:, 1:, None]).squeeze(-1)
+    last_context = batch.action_mask.argmax(-1) - 1
+    return F.pad(logp, (1, 0)), values[torch.arange(len(values)), last_context]
+
+
+def _action_rows(logp: torch.Tensor, batch) -> list[torch.Tensor]:
+    return [logp[i, batch.action_mask[i].bool()] for i in range(logp.shape[0])]
+
+
+class PolicyWithValue(nn.Module):
+    """The policy LM + a scalar value head (float32, zero-initialised) on its last hidden
+    state, in one module so that DDP/FSDP see one forward. Saved as the LM alone (the final
+    model is a policy); checkpoints (accelerate save_state) keep the head."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+        self.v_head = nn.Linear(lm.config.hidden_size, 1, dtype=torch.float32)
+        nn.init.zeros_(self.v_head.weight)
+        nn.init.zeros_(self.v_head.bias)
+
+    @property
+    def config(self):
+        return self.lm.config
+
+    @property
+    def peft_config(self):
+        return self.lm.peft_config  # AttributeError (so hasattr is False) for full weights
+
+    def forward(self, input_ids, attention_mask):
+        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+        return out.logits, self.v_head(out.hidden_states[-1].float()).squeeze(-1)
+
+    def save_pretrained(self, path, state_dict=None, **kwargs):
+        state_dict = self.state_dict() if state_dict is None else state_dict
+        self.lm.save_pretrained(path, state_dict={k[3:]: v for k, v in state_dict.items() if k.startswith("lm.")},
+                                **kwargs)
+
+
+# ---- the update ----------------------------------------------------------------------
+
+
+def _sharded(acc, n: int, micro: int) -> tuple[list[int], int]:
+    """This process's share of n items (r::world) and the micro-batch count every process runs."""
+    mine = list(range(acc.process_index, n, acc.num_processes))
+    return mine, max(1, math.ceil(math.ceil(n / acc.num_processes) / micro))
+
+
+@torch.no_grad()
+def score_items(model, items: Sequence[LoopTurn], acc, pad_id: int, model_cfg: ModelConfig, micro: int,
+                with_value: bool = False, ref=None) -> list[tuple[torch.Tensor, torch.Tensor | None, float | None]]:
+    """(log π [A], log π_ref [A] or None, V(s_t) or None) per item, the items dealt across
+    processes and gathered; every process runs the same number of forwards (FSDP)."""
+    from accelerate.utils import gather_object
+
+    from sweet.tokens import token_logprobs
+
+    was_training = model.training
+    model.eval()
+    mine, n_chunks = _sharded(acc, len(items), micro)
+    device = acc.device
+    local = []
+    for c in range(n_chunks):
+        idx = mine[c * micro: (c + 1) * micro]
+        batch = _batch([items[i] for i in (idx or [0])], pad_id, model_cfg).to(device)
+        logp, values = _forward(model, batch, with_value)
+        ref_rows: list = [None] * batch.input_ids.shape[0]
+        if ref == "disable_adapter":  # LoRA: π_ref = the base model, adapters switched off
+            unwrapped = acc.unwrap_model(model)
+            with (unwrapped.lm if with_value else unwrapped).disable_adapter():
+                ref_rows = _action_rows(_forward(model, batch, with_value)[0], batch)
+        elif ref is not None:
+            ref_rows = _action_rows(token_logprobs(ref, batch), batch)
+        rows = _action_rows(logp, batch)
+        for j, i in enumerate(idx):
+            local.append((i, rows[j].float().cpu(), None if ref_rows[j] is None else ref_rows[j].float().cpu(),
+                          None if values is None else float(values[j])))
+    if was_training:
+        model.train()
+    gathered = gather_object(local) if acc.num_processes > 1 else local
+    out: list[Any] = [None] * len(items)
+    for i, lp, rf, v in gathered:
+        out[i] = (lp, rf, v)
+    return out
+
+
+def prepare_items(items: list[LoopTurn], scored, cfg: LoopConfig) -> float:
+    """Fill old/ref log-probs and the gap guard; returns the mean |sampler − trainer| gap."""
+    gap_sum, n_gap = 0.0, 0
+    for it, (lp, rf, _) in zip(items, scored):
+        old = lp.clone()
+        keep = torch.ones(len(lp), dtype=torch.bool)
+        if it.sampler_logprobs is not None:
+            n = min(len(it.sampler_logprobs), len(lp))
+            s = torch.tensor(it.sampler_logprobs[:n], dtype=torch.float32)
+            gap = (s - lp[:n]).abs()
+            keep[:n] = gap <= cfg.max_logprob_gap
+            gap_sum, n_gap = gap_sum + float(gap.sum()), n_gap + n
+            if cfg.old_logprobs == "sampler":
+                old[:n] = s
+        it.old, it.ref, it.keep = old, rf, keep
+    tokens: dict[int, int] = {}
+    for it in items:
+        tokens[it.trajectory] = tokens.get(it.trajectory, 0) + int(it.keep.sum())
+    for it in items:
+        it.traj_tokens = tokens[it.trajectory]
+    return gap_sum / max(n_gap, 1)
+
+
+def make_loss_fn(cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int, with_value: bool):
+    """The trainer's loss hook: Σ over the micro-batch's turns of their trajectories' share
+    of the step's loss (token weights 1/N_τ; the trainer divides by the trajectory count)."""
+
+    def loss_fn(model, items: Sequence[LoopTurn]):
+        device = next(model.parameters()).device
+        batch = _batch(items, pad_id, model_cfg).to(device)
+        logp, values = _forward(model, batch, with_value)
+        old = torch.zeros_like(logp)
+        ref = torch.zeros_like(logp) if cfg.kl_coef > 0 else None
+        weight = torch.zeros_like(logp)
+        for j, it in enumerate(items):
+            pos = batch.action_mask[j].bool()
+            old[j, pos] = it.old.to(device)
+            if ref is not None:
+                ref[j, pos] = it.ref.to(device)
+            weight[j, pos] = it.keep.to(device, logp.dtype) / max(it.traj_tokens, 1)
+        adv = torch.tensor([it.advantage for it in items], device=device)
+        traj_lr = torch.tensor([it.traj_log_ratio for it in items], device=device)
+        loss, sums = clipped_policy_loss(logp, old, adv, weight, cfg.clip_low, cfg.clip_high, cfg.ratio_level,
+                                         traj_lr, ref, cfg.kl_coef)
+        if with_value:
+            target = torch.tensor([it.value_target for it in items], device=device)
+            per_turn = 0.5 * (values - target) ** 2 / torch.tensor([it.n_turns for it in items], device=device)
+            loss = loss + cfg.value_coef * per_turn.sum()
+            sums["loss/value"] = per_turn.detach().sum()
+        return loss, {k: float(v) for k, v in sums.items()}
+
+    return loss_fn
+
+
+def _traj_log_ratios(trainer, items: Sequence[LoopTurn], pad_id: int, model_cfg: ModelConfig, with_value: bool):
+    """ratio_level 'trajectory': each trajectory's mean log π_θ − log π_old at the current weights."""
+    scored = score_items(trainer.model, items, trainer.accelerator, pad_id, model_cfg, trainer.train.micro_batch_size,
+                         with_value)
+    num: dict[int, float] = {}
+    for it, (lp, _, _) in zip(items, scored):
+        num[it.trajectory] = num.get(it.trajectory, 0.0) + float(((lp - it.old) * it.keep).sum())
+    for it in items:
+        it.traj_log_ratio = num[it.trajectory] / max(it.traj_tokens, 1)
+
+
+def iteration_update(trainer, items: list[LoopTurn], cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int,
+                     seed: int, with_value: bool = False) -> dict[str, float]:
+    """`ppo_epochs` passes over the kept trajectories, `batch_size` trajectories per
+    optimiser step (seeded order); returns the steps' mean metrics."""
+    acc = trainer.accelerator
+    by_traj: dict[int, list[LoopTurn]] = {}
+    for it in items:
+        by_traj.setdefault(it.trajectory, []).append(it)
+    trajs = list(by_traj)
+    loss_fn = make_loss_fn(cfg, model_cfg, pad_id, with_value)
+    sums: dict[str, float] = {}
+    n_steps = 0
+    trainer.model.train()
+    for epoch in range(cfg.ppo_epochs):
+        order = trajs[:]
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        for s in range(0, len(order), trainer.train.batch_size):
+            step_items = [it for g in order[s: s + trainer.train.batch_size] for it in by_traj[g]]
+            if cfg.ratio_level == "trajectory":
+                _traj_log_ratios(trainer, step_items, pad_id, model_cfg, with_value)
+            # a step holds a variable number of turns: as many accumulation rounds as it needs
+            acc.gradient_accumulation_steps = max(
+                1, math.ceil(len(step_items) / (trainer.train.micro_batch_size * acc.num_processes)))
+            acc.step = 0
+            metrics = trainer.optimizer_step(step_items, loss_fn, lambda it: 1.0 if it.first else 0.0)
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
+            n_steps += 1
+    out = {k: v / max(n_steps, 1) for k, v in sums.items()}
+    out["loop/optimizer_steps"] = float(n_steps)
+    return out
+
+
+def group_advantages(episodes: Sequence[Episode], cfg: LoopConfig) -> tuple[list[Episode], list[float], dict]:
+    """loo/grpo advantages per task group; returns the kept episodes, their A and metrics."""
+    by_task: dict[str, list[Episode]] = {}
+    for ep in episodes:
+        by_task.setdefault(ep.task_id, []).append(ep)
+    kept, kept_adv, all_adv, flat = [], [], [], 0
+    for group in by_task.values():
+        rewards = torch.tensor([e.reward for e in group], dtype=torch.float64)
+        flat += int(bool(torch.all(rewards == rewards[0])))
+        if len(group) < 2:
+            continue
+        adv = leave_one_out_advantages(rewards) if cfg.advantage == "loo" else grpo_advantages(rewards)
+        all_adv += adv.tolist()
+        for ep, a in zip(group, adv.tolist()):
+            if abs(a) >= cfg.min_abs_advantage:
+                kept.append(ep)
+                kept_adv.append(a)
+    a = torch.tensor(all_adv or [0.0])
+    metrics = {"loop/advantage_std": float(a.std()) if len(all_adv) > 1 else 0.0,
+               "loop/advantage_abs_mean": float(a.abs().mean()),
+               "loop/groups_without_variance": flat / max(len(by_task), 1)}
+    return kept, kept_adv, metrics
+
+
+def train_on_episodes(trainer, episodes: Sequence[Episode], cfg: LoopConfig, model_cfg: ModelConfig, tokenizer,
+                      seed: int, ref=None) -> dict[str, float]:
+    """Advantages, pre-pass (π_old, π_ref, V) and the update for one iteration's episodes."""
+    with_value = cfg.advantage == "ppo"
+    rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float64)
+    metrics = {
+        "env/reward": float(rewards.mean()),
+        "env/success_rate": float(sum(e.success for e in episodes) / len(episodes)),
+        "env/turns": float(sum(len(e.agent_turns) for e in episodes) / len(episodes)),
+        "loop/episodes_total": float(len(episodes)),
+    }
+    if with_value:
+        kept, adv = list(episodes), [0.0] * len(episodes)
+    else:
+        kept, adv, m = group_advantages(episodes, cfg)
+        metrics.update(m)
+    metrics["loop/episodes_kept"] = float(len(kept))
+    items = turn_items(kept, adv, tokenizer)
+    metrics["loop/optimizer_steps"] = 0.0
+    if not items:
+        return metrics
+    pad = tokenizer.pad_token_id
+    acc = trainer.accelerator
+    scored = score_items(trainer.model, items, acc, pad, model_cfg, trainer.train.micro_batch_size, with_value, ref)
+    metrics["loop/sampler_trainer_logprob_gap"] = prepare_items(items, scored, cfg)
+    if with_value:
+        by_traj: dict[int, list[int]] = {}
+        for i, it in enumerate(items):
+            by_traj.setdefault(it.trajectory, []).append(i)
+        all_adv = []
+        for g, idx in by_traj.items():
+            a, target = turn_gae([scored[i][2] for i in idx], kept[g].reward, cfg.gae_lambda)
+            for i, ai, ti in zip(idx, a, target):
+                items[i].advantage, items[i].value_target = ai, ti
+            all_adv += a
+        metrics["loop/advantage_abs_mean"] = float(torch.tensor(all_adv).abs().mean())
+        metrics["loop/value_mean"] = float(torch.tensor([s[2] for s in scored]).mean())
+    metrics.update(iteration_update(trainer, items, cfg, model_cfg, pad, seed, with_value))
+    return metrics
 
 
 # ---- the loop ----------------------------------------------------------------------
@@ -205,7 +535,8 @@ def load_env_and_tasks(cfg: LoopConfig):
     from colbench.tasks import load_tasks
 
     env = make_env(cfg.env)
-    env.max_turns = cfg.max_turns
+    if cfg.max_turns is not None:
+        env.max_turns = cfg.max_turns
     tasks = load_tasks(cfg.tasks, env=cfg.env, validate=False)
     if not tasks:
         raise ValueError(f"--tasks {cfg.tasks}: no tasks for env {cfg.env!r}")
@@ -257,172 +588,72 @@ def collect(sampler: Sampler, env, simulator, tasks, cfg: LoopConfig, seed: int,
 
     agent = ModelAgent(sampler.engine, SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens),
                        name="policy")
-    return rollout(env, tasks, agent, simulator, seeds=episode_seeds(seed, cfg.k), max_turns=cfg.max_turns,
-                   out_path=out_path)
-
-
-@torch.no_grad()
-def recompute_old_logprobs(model, examples, pad_id, model_cfg, micro: int) -> list[torch.Tensor]:
-    """π_old per example (action positions only), from the trainer's forward pass."""
-    from sweet.tokens import token_logprobs
-
-    model.eval()
-    out = []
-    for s in range(0, len(examples), micro):
-        chunk = examples[s: s + micro]
-        batch, *_ = _batch(chunk, pad_id, model_cfg.max_length, model_cfg.keep_head)
-        lp = token_logprobs(model, batch.to(next(model.parameters()).device)).cpu()
-        out += [lp[i, _action_positions(batch, i)] for i in range(len(chunk))]
-    return out
-
-
-def logprob_gap(examples: Sequence[TurnExample], trainer_old: Sequence[torch.Tensor]) -> tuple[float, list[torch.Tensor]]:
-    """Mean |sampler − trainer| log-prob over generated tokens, and per-example guard masks
-    (1 = keep) that drop tokens whose gap exceeds the threshold later."""
-    gaps, total = [], 0
-    for e, t in zip(examples, trainer_old):
-        if e.sampler_logprobs is None:
-            gaps.append(torch.zeros(len(e.action)))
-            continue
-        s = torch.tensor(list(e.sampler_logprobs) + [float(t[-1])])  # end-of-turn: no sampler value
-        gaps.append((s - t).abs())
-        total += len(e.sampler_logprobs)
-    mean = float(sum(g[:-1].sum() for g in gaps) / max(total, 1))
-    return mean, gaps
-
-
-def iteration_update(model, optimizer, scheduler, accelerator, examples, old, gaps, cfg: LoopConfig, model_cfg,
-                     train_cfg, pad_id: int) -> dict[str, float]:
-    """`ppo_epochs` passes over the kept trajectories; returns averaged metrics."""
-    from sweet.tokens import token_logprobs
-
-    model.train()
-    by_group: dict[int, list[int]] = {}
-    for i, e in enumerate(examples):
-        by_group.setdefault(e.group, []).append(i)
-    groups = list(by_group)
-    sums: dict[str, float] = {}
-    n = 0
-    for epoch in range(cfg.ppo_epochs):
-        random.shuffle(groups)
-        for s in range(0, len(groups), cfg.trajectories_per_step):
-            step_groups = groups[s: s + cfg.trajectories_per_step]
-            idx = [i for g in step_groups for i in by_group[g]]
-            optimizer.zero_grad()
-            for m in range(0, len(idx), train_cfg.micro_batch_size):
-                chunk = idx[m: m + train_cfg.micro_batch_size]
-                batch, adv, group, turn = _batch([examples[i] for i in chunk], pad_id, model_cfg.max_length,
-                                                 model_cfg.keep_head)
-                # groups numbered within the step so the loss divides by the step's trajectories
-                group = torch.tensor([step_groups.index(examples[i].group) for i in chunk])
-                old_lp = torch.zeros_like(batch.input_ids, dtype=torch.float32)
-                keep = batch.action_mask.clone()
-                for j, i in enumerate(chunk):
-                    pos = _action_positions(batch, j)
-                    old_lp[j, pos] = old[i]
-                    keep[j, pos] = (gaps[i] <= cfg.max_logprob_gap).long()
-                device = next(model.parameters()).device
-                batch = batch.to(device)
-                logp = token_logprobs(model, batch)
-                loss, metrics = clipped_policy_loss(
-                    logp, old_lp.to(device), adv.to(device), keep.to(device), group.to(device), len(step_groups),
-                    cfg.clip_low, cfg.clip_high, cfg.ratio_level, turn.to(device))
-                accelerator.backward(loss)
-                for k, v in {**metrics, "loss/policy": float(loss.detach())}.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                n += 1
-            if train_cfg.max_grad_norm:
-                accelerator.clip_grad_norm_(model.parameters(), train_cfg.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-        sums["loop/epochs"] = epoch + 1
-    out = {k: v / max(n, 1) for k, v in sums.items() if k != "loop/epochs"}
-    out["loop/off_policy_reuse"] = float(cfg.ppo_epochs)
-    return out
+    return rollout(env, tasks, agent, simulator, seeds=episode_seeds(seed, cfg.k), out_path=out_path)
 
 
 def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -> Path:
-    """Run LOOP; returns the path of the final checkpoint (HF format)."""
-    from colbench.types import Episode as _Episode  # noqa: F401  (episodes are written as JSONL)
+    """Run LOOP; returns the path of the final model (HF format)."""
+    from accelerate.utils import broadcast_object_list
+
     from simulators import load_simulator
-    from sweet.training import (MetricsLogger, latest_checkpoint, load_model, load_tokenizer, load_trainer_state,
-                                make_accelerator, make_optimizer, resolve_model_path, save_checkpoint, save_final,
-                                save_resolved_config, set_seed)
+    from sweet.trainer import Trainer
+    from sweet.training import load_model, load_tokenizer, resolve_model_path, save_resolved_config, set_seed
 
     out = Path(train_cfg.output_dir)
-    set_seed(train_cfg.seed)
     env, tasks = load_env_and_tasks(loop_cfg)
-    simulator = load_simulator(loop_cfg.simulator, env)
-    accelerator = make_accelerator(train_cfg)
     tokenizer = load_tokenizer(model_cfg.model)
-    ckpt = latest_checkpoint(out) if train_cfg.resume else None
-    model = load_model(model_cfg, adapter=str(ckpt) if ckpt and model_cfg.lora else None)
-    if ckpt and not model_cfg.lora:
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(ckpt)
-    steps_per_iter = loop_cfg.ppo_epochs * max(1, loop_cfg.tasks_per_iteration * loop_cfg.k // loop_cfg.trajectories_per_step)
-    optimizer, scheduler = make_optimizer(model, train_cfg, loop_cfg.iterations * steps_per_iter)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    start = 0
-    if ckpt:
-        start = load_trainer_state(ckpt, optimizer, scheduler)["iteration"] + 1
-        accelerator.print(f"resuming LOOP from {ckpt} (iteration {start})")
-    save_resolved_config(out, loop=loop_cfg, model=model_cfg, train=train_cfg)
-    logger = MetricsLogger(out, train_cfg.report_to, accelerator.is_main_process)
+    set_seed(train_cfg.seed)
+    model = load_model(model_cfg)
+    if loop_cfg.advantage == "ppo":
+        model = PolicyWithValue(model)
+    configs = {"loop": loop_cfg, "model": model_cfg, "train": train_cfg}
+    trainer = Trainer(model_cfg, train_cfg, tokenizer, model=model, name="loop",
+                      run_config={k: vars(v) for k, v in configs.items()})
+    acc = trainer.accelerator
+    per_iteration = loop_cfg.ppo_epochs * math.ceil(loop_cfg.tasks_per_iteration * loop_cfg.k / train_cfg.batch_size)
+    trainer.prepare(loop_cfg.iterations * per_iteration)
+    ref = None
+    if loop_cfg.kl_coef > 0:
+        # π_ref = the initial model: LoRA disables its adapters, full weights keep a frozen copy
+        ref = "disable_adapter" if model_cfg.lora else load_model(model_cfg, trainable=False).to(acc.device)
+    state = trainer.restore()
+    start = state["iteration"] + 1 if state else 0
+    if acc.is_main_process:
+        save_resolved_config(out, **configs)
     rng = random.Random(train_cfg.seed)
     for _ in range(start):  # keep the task sampling identical after a resume
         rng.sample(tasks, min(loop_cfg.tasks_per_iteration, len(tasks)))
-    policy = accelerator.unwrap_model(model)
-    sampler = Sampler(loop_cfg.sampler, policy, tokenizer, resolve_model_path(model_cfg.model), model_cfg.lora, out)
+    unwrapped = acc.unwrap_model(trainer.model)
+    policy = unwrapped.lm if isinstance(unwrapped, PolicyWithValue) else unwrapped
+    sampler = simulator = None
+    if acc.is_main_process:  # rollouts on one process (one engine), broadcast to the others
+        simulator = load_simulator(loop_cfg.simulator, env)
+        sampler = Sampler(loop_cfg.sampler, policy, tokenizer, resolve_model_path(model_cfg.model), model_cfg.lora, out)
+    ran = updated = 0
     for it in range(start, loop_cfg.iterations):
         batch_tasks = rng.sample(tasks, min(loop_cfg.tasks_per_iteration, len(tasks)))
-        episodes = collect(sampler, env, simulator, batch_tasks, loop_cfg, train_cfg.seed * 100_003 + it,
-                           out / "episodes" / f"iter-{it:04d}.jsonl")
-        metrics = _train_on(episodes, loop_cfg, model, policy, optimizer, scheduler, accelerator, model_cfg,
-                            train_cfg, tokenizer)
-        logger.log(metrics, step=it)
-        accelerator.print(f"[loop] iteration {it}: " + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
-        save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, out, it, {"iteration": it})
-        sampler.sync()
-    logger.close()
+        box = [None]
+        if acc.is_main_process:
+            box[0] = collect(sampler, env, simulator, batch_tasks, loop_cfg, train_cfg.seed * 100_003 + it,
+                             out / "episodes" / f"iter-{it:04d}.jsonl")
+        if acc.num_processes > 1:
+            broadcast_object_list(box, from_process=0)
+        metrics = train_on_episodes(trainer, box[0], loop_cfg, model_cfg, tokenizer, train_cfg.seed * 100_003 + it, ref)
+        ran += 1
+        updated += metrics["loop/optimizer_steps"] > 0
+        trainer.step = it  # LOOP counts checkpoints and metric rows in iterations
+        trainer.log(metrics, step=it)
+        acc.print(f"[loop] iteration {it}: " + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+        if metrics["loop/optimizer_steps"] == 0:
+            acc.print(f"[loop] WARNING iteration {it}: no update. " + (
+                NO_VARIANCE_HINT if metrics.get("loop/groups_without_variance") == 1.0 else
+                "no kept episode has generated token ids to train on"), file=sys.stderr)
+        trainer.save_checkpoint({"iteration": it})
+        if sampler is not None:
+            sampler.sync()
     env.close()
-    return save_final(accelerator, model, tokenizer, out)
-
-
-def _train_on(episodes, loop_cfg, model, policy, optimizer, scheduler, accelerator, model_cfg, train_cfg, tokenizer):
-    by_task: dict[str, list[Episode]] = {}
-    for ep in episodes:
-        by_task.setdefault(ep.task_id, []).append(ep)
-    kept_eps, kept_adv, all_adv = [], [], []
-    for group in by_task.values():
-        adv = leave_one_out_advantages(torch.tensor([e.reward for e in group]), loop_cfg.normalize_std)
-        all_adv += adv.tolist()
-        for ep, a in zip(group, adv.tolist()):
-            if abs(a) >= loop_cfg.min_abs_advantage:
-                kept_eps.append(ep)
-                kept_adv.append(a)
-    rewards = torch.tensor([e.reward for e in episodes])
-    metrics = {
-        "env/reward": float(rewards.mean()),
-        "env/success_rate": float(sum(e.success for e in episodes) / len(episodes)),
-        "env/turns": float(sum(len(e.agent_turns) for e in episodes) / len(episodes)),
-        "loop/advantage_mean": float(torch.tensor(all_adv).mean()),
-        "loop/advantage_std": float(torch.tensor(all_adv).std()),
-        "loop/advantage_abs_mean": float(torch.tensor(all_adv).abs().mean()),
-        "loop/episodes_kept": float(len(kept_eps)),
-        "loop/episodes_total": float(len(episodes)),
-    }
-    examples = turn_examples(kept_eps, kept_adv, tokenizer)
-    metrics["loop/leave_one_out_updates"] = float(len(kept_eps))
-    if not examples:
-        return metrics
-    old = recompute_old_logprobs(policy, examples, tokenizer.pad_token_id, model_cfg, train_cfg.micro_batch_size)
-    gap, gaps = logprob_gap(examples, old)
-    metrics["loop/sampler_trainer_logprob_gap"] = gap
-    if loop_cfg.old_logprobs == "sampler":
-        old = [torch.tensor(list(e.sampler_logprobs) + [float(t[-1])]) if e.sampler_logprobs is not None else t
-               for e, t in zip(examples, old)]
-    metrics.update(iteration_update(model, optimizer, scheduler, accelerator, examples, old, gaps, loop_cfg,
-                                    model_cfg, train_cfg, tokenizer.pad_token_id))
-    return metrics
+    final = trainer.save_final()
+    if ran and not updated:
+        raise SystemExit(f"LOOP: {ran} iteration(s) ran and none updated the weights ({NO_VARIANCE_HINT}). "
+                         f"The unchanged model was saved to {final}.")
+    return final

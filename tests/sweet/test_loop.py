@@ -2,14 +2,18 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from sweet.loop import clipped_policy_loss, leave_one_out_advantages
+from sweet.loop import clipped_policy_loss, grpo_advantages, leave_one_out_advantages, turn_gae
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---- advantage estimators, by hand ----------------------------------------------------
 
 
 def test_leave_one_out_by_hand():
@@ -20,90 +24,96 @@ def test_leave_one_out_by_hand():
     assert torch.all(leave_one_out_advantages(torch.tensor([[0.3, 0.3, 0.3]])) == 0)
 
 
-def test_leave_one_out_std_normalisation_is_a_switch():
-    r = torch.tensor([[1.0, 0.0]])
-    assert torch.allclose(leave_one_out_advantages(r), torch.tensor([[1.0, -1.0]]))
-    std = r.std()  # unbiased: sqrt(0.5)
-    assert torch.allclose(leave_one_out_advantages(r, normalize_std=True), torch.tensor([[1.0, -1.0]]) / (std + 1e-6))
+def test_grpo_advantages_by_hand():
+    # rewards 1, 0, 0.5: mean 0.5, unbiased std sqrt(((0.5)^2 + (0.5)^2 + 0) / 2) = 0.5
+    a = grpo_advantages(torch.tensor([[1.0, 0.0, 0.5]]))
+    assert torch.allclose(a, torch.tensor([[1.0, -1.0, 0.0]]), atol=1e-5)
+    assert torch.all(grpo_advantages(torch.tensor([[0.2, 0.2]])) == 0)  # no variance, no signal
 
 
-def _loss(logp, old, adv, level="token", mask=None, group=None, turn=None, n_groups=None):
-    logp = torch.tensor(logp)
+def test_turn_gae_by_hand():
+    # V = [0.2, 0.5, 0.4], R = 1 after the last turn
+    # δ = [0.5-0.2, 0.4-0.5, 1-0.4] = [0.3, -0.1, 0.6]
+    adv, target = turn_gae([0.2, 0.5, 0.4], 1.0, lam=1.0)  # λ=1: A_t = R - V_t
+    assert adv == pytest.approx([0.8, 0.5, 0.6])
+    assert target == pytest.approx([1.0, 1.0, 1.0])  # Monte-Carlo return
+    adv, target = turn_gae([0.2, 0.5, 0.4], 1.0, lam=0.5)
+    # A_2 = 0.6; A_1 = -0.1 + 0.5*0.6 = 0.2; A_0 = 0.3 + 0.5*0.2 = 0.4
+    assert adv == pytest.approx([0.4, 0.2, 0.6])
+    assert target == pytest.approx([0.6, 0.7, 1.0])
+
+
+# ---- the clipped objective, by hand -----------------------------------------------------
+
+
+def _loss(logp, old, adv, weight=None, level="token", traj_lr=None, ref=None, kl_coef=0.0):
+    logp = torch.tensor(logp, requires_grad=True)
     old = torch.tensor(old)
-    mask = torch.ones_like(logp) if mask is None else torch.tensor(mask, dtype=torch.float32)
-    group = torch.zeros(logp.shape[0], dtype=torch.long) if group is None else torch.tensor(group)
-    turn = torch.arange(logp.shape[0]) if turn is None else torch.tensor(turn)
-    n_groups = n_groups or int(group.max()) + 1
-    return clipped_policy_loss(logp, old, torch.tensor(adv), mask, group, n_groups, 1 / 1.1, 1.1, level, turn)
+    weight = torch.full_like(logp, 1 / logp.shape[1]) if weight is None else torch.tensor(weight)
+    traj_lr = None if traj_lr is None else torch.tensor(traj_lr)
+    ref = None if ref is None else torch.tensor(ref)
+    loss, m = clipped_policy_loss(logp, old, torch.tensor(adv), weight, 1 / 1.1, 1.1, level, traj_lr, ref, kl_coef)
+    return loss, m, logp
 
 
 def test_clipped_objective_inside_and_outside_the_clip_range():
     # token 1: rho = e^0.05 = 1.0513 (inside [0.909, 1.1]); token 2: rho = e^0.5 = 1.6487 (outside)
     # A = +1: l1 = -1.0513; l2 = -min(1.6487, 1.1) = -1.1; trajectory mean = -(1.0513 + 1.1)/2
-    loss, m = _loss([[0.05, 0.5]], [[0.0, 0.0]], [1.0])
+    loss, m, _ = _loss([[0.05, 0.5]], [[0.0, 0.0]], [1.0])
     assert math.isclose(float(loss), -(math.exp(0.05) + 1.1) / 2, rel_tol=1e-5)
-    assert m["loop/clip_fraction"] == pytest.approx(0.5)
+    assert float(m["loop/clip_fraction"]) == pytest.approx(0.5)
     # A = -1 with rho above the range: min(-rho, -1.1) = -rho -> unclipped (pessimistic bound)
-    loss, _ = _loss([[0.5]], [[0.0]], [-1.0])
+    loss, _, _ = _loss([[0.5]], [[0.0]], [-1.0])
     assert math.isclose(float(loss), math.exp(0.5), rel_tol=1e-5)
     # A = -1 with rho below the range: rho = e^-0.5 = 0.6065; min(-0.6065, -0.909) = -0.909 -> clipped
-    loss, _ = _loss([[-0.5]], [[0.0]], [-1.0])
+    loss, _, _ = _loss([[-0.5]], [[0.0]], [-1.0])
     assert math.isclose(float(loss), 1 / 1.1, rel_tol=1e-5)
 
 
-def test_loss_averages_tokens_within_trajectory_then_over_trajectories():
-    # two trajectories, the first over two sequences (turns) with 1 + 2 tokens, rho = 1 everywhere
-    # traj 0: tokens' losses are -A0 = -1 -> mean -1; traj 1: one token, -A1 = +0.5 -> loss = (-1 + 0.5) / 2
-    loss, _ = _loss([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], [[0.0, 0.0]] * 3, [1.0, 1.0, -0.5],
-                    mask=[[1, 0], [1, 1], [1, 0]], group=[0, 0, 1])
-    assert math.isclose(float(loss), -0.25, rel_tol=1e-6)
+def test_a_trajectory_split_across_micro_batches_by_hand():
+    """Trajectory τ has two turns with 1 and 2 action tokens (N_τ = 3), trajectory σ one
+    turn with 1 token; A_τ = 1, A_σ = -0.5, rho = 1. The step's loss is the mean over the
+    2 trajectories of each one's token mean: ((-1·3)/3 + (+0.5)/1) / 2 = -0.25. Split into
+    micro-batches {τ turn 1}, {τ turn 2, σ}, the sums (weights 1/N_τ) add up to
+    -1/3 + (-2/3 + 0.5) = -0.5, and the trainer divides by the 2 trajectories: -0.25."""
+    w_tau, w_sigma = 1 / 3, 1.0
+    l1, _, g1 = _loss([[0.0, 0.0]], [[0.0, 0.0]], [1.0], weight=[[w_tau, 0.0]])
+    l2, _, g2 = _loss([[0.0, 0.0], [0.0, 0.0]], [[0.0, 0.0]] * 2, [1.0, -0.5], weight=[[w_tau, w_tau], [w_sigma, 0.0]])
+    assert float(l1) == pytest.approx(-1 / 3) and float(l2) == pytest.approx(-2 / 3 + 0.5)
+    assert float(l1 + l2) / 2 == pytest.approx(-0.25)
+    # the same rows in one micro-batch give the same sum and the same per-token gradients
+    lall, _, gall = _loss([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], [[0.0, 0.0]] * 3, [1.0, 1.0, -0.5],
+                          weight=[[w_tau, 0.0], [w_tau, w_tau], [w_sigma, 0.0]])
+    assert float(lall) == pytest.approx(float(l1 + l2))
+    (l1 + l2).backward()
+    lall.backward()
+    assert torch.allclose(torch.cat([g1.grad, g2.grad]), gall.grad)
+    # d loss / d logp = -A·rho·w: -1/3 for τ's tokens, +0.5 for σ's
+    assert torch.allclose(gall.grad, torch.tensor([[-1 / 3, 0.0], [-1 / 3, -1 / 3], [0.5, 0.0]]))
 
 
-def test_turn_and_trajectory_ratios_use_the_mean_log_ratio():
-    # one sequence, two tokens with log-ratios 0.0 and 0.1: per-turn rho = e^0.05 for both tokens
+def test_turn_and_trajectory_ratios_by_hand():
+    # one turn, two tokens with log-ratios 0.0 and 0.1: per-turn rho = e^0.05 for both tokens
     # (per token, the second would be e^0.1 = 1.105 and clipped to 1.1)
-    loss, _ = _loss([[0.0, 0.1]], [[0.0, 0.0]], [1.0], level="turn")
+    loss, _, _ = _loss([[0.0, 0.1]], [[0.0, 0.0]], [1.0], level="turn")
     assert math.isclose(float(loss), -math.exp(0.05), rel_tol=1e-5)
-    # trajectory over two sequences: log-ratios 0.0 | 0.05, 0.1 -> mean 0.05 -> rho = e^0.05 (inside the range)
-    loss, _ = _loss([[0.0, 0.0], [0.05, 0.1]], [[0.0, 0.0]] * 2, [1.0, 1.0], level="trajectory",
-                    mask=[[1, 0], [1, 1]], group=[0, 0])
-    assert math.isclose(float(loss), -math.exp(0.05), rel_tol=1e-5)
+    # trajectory of two turns in two micro-batches, log-ratios 0.0 | 0.05, 0.1 -> mean 0.05
+    # -> rho = e^0.05 (inside the range) for every token; loss = -e^0.05 over the 3 tokens
+    w = 1 / 3
+    l1, _, g1 = _loss([[0.0, 0.0]], [[0.0, 0.0]], [1.0], weight=[[w, 0.0]], level="trajectory", traj_lr=[0.05])
+    l2, _, g2 = _loss([[0.05, 0.1]], [[0.0, 0.0]], [1.0], weight=[[w, w]], level="trajectory", traj_lr=[0.05])
+    assert float(l1 + l2) == pytest.approx(-math.exp(0.05), rel=1e-5)
+    (l1 + l2).backward()
+    # d/d logp_i of -e^{mean log ratio} = -e^0.05 / 3 for each of the 3 tokens
+    assert torch.allclose(torch.cat([g1.grad[:, :1], g2.grad], 1), torch.full((1, 3), -math.exp(0.05) / 3))
 
 
-def test_ratio_is_one_on_the_first_epoch_and_params_change(tmp_path):
-    """Old log-probs recomputed by the trainer make rho exactly 1 before any update;
-    one update step then moves the weights."""
-    from colbench.types import Episode, Score, Turn
-    from engines.tiny import tiny_model_path
-    from sweet.loop import LoopConfig, _batch, recompute_old_logprobs, turn_examples
-    from sweet.tokens import template_ids, token_logprobs
-    from sweet.training import ModelConfig, load_model, load_tokenizer
-
-    torch.manual_seed(0)
-    cfg = ModelConfig(model=str(tiny_model_path()), max_length=256, keep_head=32)
-    model, tok = load_model(cfg), load_tokenizer(cfg.model)
-    prompt = [{"role": "user", "content": "hello"}]
-    eps = []
-    for k, text in enumerate(["What happens to positive numbers?", "Can you tell me more?"]):
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-        turn = Turn("agent", text, prompt=prompt, prompt_token_ids=template_ids(tok, prompt), token_ids=ids)
-        eps.append(Episode("t", "testbed", "p", k, [turn], score=Score(float(k == 0), k == 0)))
-    examples = turn_examples(eps, [0.5, -0.5], tok)
-    old = recompute_old_logprobs(model, examples, tok.pad_token_id, cfg, micro=2)
-    batch, adv, group, turn = _batch(examples, tok.pad_token_id, cfg.max_length, cfg.keep_head)
-    old_lp = torch.zeros_like(batch.input_ids, dtype=torch.float32)
-    for j in range(2):
-        old_lp[j, batch.action_mask[j].nonzero().squeeze(-1)] = old[j]
-    model.eval()
-    logp = token_logprobs(model, batch)
-    loss, metrics = clipped_policy_loss(logp, old_lp, adv, batch.action_mask, group, 2, 1 / 1.1, 1.1)
-    assert metrics["loop/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
-    assert metrics["loop/clip_fraction"] == 0.0
-    before = [p.detach().clone() for p in model.parameters()]
-    loss.backward()
-    torch.optim.SGD(model.parameters(), lr=1e-2).step()
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    assert LoopConfig().clip_low == pytest.approx(1 / 1.1)
+def test_kl_term_by_hand():
+    # r = log π_ref − log π = -0.1 - 0 -> k3 = e^r - r - 1 = 0.0048374; rho = 1, A = 0
+    loss, m, _ = _loss([[0.0]], [[0.0]], [0.0], weight=[[1.0]], ref=[[-0.1]], kl_coef=2.0)
+    k3 = math.exp(-0.1) + 0.1 - 1
+    assert float(m["loop/kl"]) == pytest.approx(k3, rel=1e-5)
+    assert float(loss) == pytest.approx(2.0 * k3, rel=1e-5)
 
 
 def test_loop_config_validates():
@@ -113,26 +123,193 @@ def test_loop_config_validates():
         LoopConfig(k=1)
     with pytest.raises(ValueError, match="ratio_level"):
         LoopConfig(ratio_level="episode")
+    with pytest.raises(ValueError, match="advantage"):
+        LoopConfig(advantage="gae")
 
 
-def test_one_full_iteration_on_the_tiny_model(tmp_path):
-    """The CLI end to end: sample K episodes per task with the live policy, score them in
-    the sandbox, update, checkpoint, and write a loadable final model."""
+def test_defaults_follow_the_environment_and_the_paper(capsys):
+    from sweet.loop import LoopConfig, LoopTrainConfig, load_env_and_tasks
+    from sweet.train_policy import main
+
+    env, _ = load_env_and_tasks(LoopConfig(env="backend", tasks="builtin:train", simulator=None))
+    assert env.max_turns == 10  # ColBench's own limit, not a LOOP default
+    env.close()
+    env, _ = load_env_and_tasks(LoopConfig(max_turns=2))
+    assert env.max_turns == 2
+    env.close()
+    assert LoopTrainConfig().learning_rate == 5e-5
+    with pytest.raises(SystemExit):
+        main(["--algorithm", "loop", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--advantage", "--kl_coef", "--gae_lambda", "--value_coef", "public code: 5e-5",
+                 "trajectories per optimiser step"):
+        assert flag in out
+
+
+# ---- updates on fixed rollouts (the tiny model) -----------------------------------------
+
+REWARDS = {"a": [1.0, 0.0, 0.5], "b": [0.2, 0.2, 0.9]}  # two tasks, K = 3
+
+
+def fixed_episodes(tok):
+    """Multi-turn episodes with recorded ids (turns of 1 to 3 agent turns), rewards REWARDS."""
+    from colbench.types import Episode, Score, Turn
+    from sweet.tokens import template_ids
+
+    texts = ["What happens to positive numbers?", "Can you tell me more?", "I WANT TO ANSWER: def f(x): return x",
+             "What happens to negative numbers?"]
+    eps = []
+    for task, rewards in REWARDS.items():
+        for k, r in enumerate(rewards):
+            prompt = [{"role": "user", "content": f"task {task}"}]
+            turns = []
+            for t in range(1 + (k + len(task)) % 3):
+                text = texts[(k + t) % len(texts)]
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+                turns.append(Turn("agent", text, prompt=list(prompt), prompt_token_ids=template_ids(tok, prompt),
+                                  token_ids=ids, finish_reason="stop" if t % 2 == 0 else "length",
+                                  logprobs=None))
+                turns.append(Turn("human", "I don't know."))
+                prompt = prompt + [{"role": "assistant", "content": text}, {"role": "user", "content": "I don't know."}]
+            eps.append(Episode(task, "testbed", "policy", k, turns[:-1], score=Score(r, r >= 1.0)))
+    return eps
+
+
+def run_update(tmp_path, name, *, micro=16, batch=8, lora=False, sgd=True, **loop_kwargs):
+    """One iteration's update on fixed_episodes with the real trainer; returns (weight deltas,
+    metrics). `sgd`: the inner optimiser is plain SGD, so the update IS the gradient (Adam's
+    first step would hide a gradient's scale)."""
+    from engines.tiny import tiny_model_path
+    from sweet.loop import LoopConfig, LoopTrainConfig, PolicyWithValue, train_on_episodes
+    from sweet.trainer import Trainer
+    from sweet.training import ModelConfig, load_model, load_tokenizer
+
+    cfg = LoopConfig(ppo_epochs=loop_kwargs.pop("ppo_epochs", 1), **loop_kwargs)
+    model_cfg = ModelConfig(model=str(tiny_model_path()), max_length=256, keep_head=32, lora=lora, lora_r=4)
+    train = LoopTrainConfig(output_dir=str(tmp_path / name), micro_batch_size=micro, batch_size=batch,
+                            learning_rate=1e-1, max_grad_norm=1e9, report_to="none")
+    tok = load_tokenizer(model_cfg.model)
+    torch.manual_seed(0)
+    model = load_model(model_cfg)
+    if cfg.advantage == "ppo":
+        model = PolicyWithValue(model)
+    trainer = Trainer(model_cfg, train, tok, model=model)
+    sgd_opt = torch.optim.SGD([p for p in trainer.model.parameters() if p.requires_grad], lr=1e-1) if sgd else None
+    trainer.prepare(100, optimizer=sgd_opt)
+    named = trainer.accelerator.unwrap_model(trainer.model).named_parameters  # names without DDP's "module."
+    before = {n: p.detach().clone() for n, p in named() if p.requires_grad}
+    ref = None
+    if cfg.kl_coef > 0:
+        ref = "disable_adapter" if lora else load_model(model_cfg, trainable=False)
+    metrics = train_on_episodes(trainer, fixed_episodes(tok), cfg, model_cfg, tok, seed=0, ref=ref)
+    deltas = {n: p.detach() - before[n] for n, p in named() if p.requires_grad}
+    return deltas, metrics
+
+
+def _same(d1, d2, rtol=1e-3):
+    """allclose per tensor, the absolute tolerance scaled to the tensor's largest change
+    (padding changes float32 sums by ~1e-8; a wrong weighting changes them by percents)."""
+    return all(torch.allclose(d1[n], d2[n], rtol=rtol, atol=rtol * float(d1[n].abs().max())) for n in d1)
+
+
+def _cosine(d1, d2):
+    a = torch.cat([d.flatten() for d in d1.values()])
+    b = torch.cat([d.flatten() for d in d2.values()])
+    return float(a @ b / (a.norm() * b.norm()))
+
+
+@pytest.mark.parametrize("level", ["token", "trajectory"])
+def test_update_is_the_same_for_any_micro_batch_size(tmp_path, level):
+    """One optimiser step over all kept trajectories: micro-batches of 1 turn and of 16
+    turns give the same weight update (the trajectory split across micro-batches)."""
+    d1, m1 = run_update(tmp_path, "m1", micro=1, ratio_level=level)
+    d16, m16 = run_update(tmp_path, "m16", micro=16, ratio_level=level)
+    assert m1["loop/optimizer_steps"] == 1.0 and m1["loop/episodes_kept"] == 5.0  # A = 0 for a reward-0.5 episode: dropped
+    assert any(d.abs().max() > 0 for d in d1.values())
+    assert _same(d1, d16), f"cosine {_cosine(d1, d16):.6f}"
+    assert m1["loss/policy"] == pytest.approx(m16["loss/policy"], abs=1e-6)
+    # rho = 1 exactly on the first step (pi_old recomputed by the trainer)
+    assert m1["loop/ratio_mean"] == pytest.approx(1.0, abs=1e-6) and m1["loop/clip_fraction"] == 0.0
+
+
+def test_kl_penalty_changes_the_update_and_is_logged(tmp_path):
+    # two epochs: on the first step π_θ = π_ref (the KL gradient is 0), on the second it is not
+    d0, m0 = run_update(tmp_path, "kl0", ppo_epochs=2)
+    d1, m1 = run_update(tmp_path, "kl1", ppo_epochs=2, kl_coef=1.0)
+    assert "loop/kl" not in m0 and m1["loop/kl"] > 0
+    assert not _same(d0, d1)
+
+
+def test_kl_penalty_with_lora_uses_the_disabled_adapters(tmp_path):
+    d0, _ = run_update(tmp_path, "lkl0", ppo_epochs=2, lora=True)
+    d1, m1 = run_update(tmp_path, "lkl1", ppo_epochs=2, lora=True, kl_coef=1.0)
+    assert m1["loop/kl"] > 0 and not _same(d0, d1)
+
+
+def test_grpo_and_ppo_switches_train(tmp_path):
+    dl, ml = run_update(tmp_path, "loo")
+    dg, mg = run_update(tmp_path, "grpo", advantage="grpo")
+    assert ml["loop/episodes_kept"] == mg["loop/episodes_kept"]
+    assert not _same(dl, dg)  # other advantages, other update
+    dp, mp = run_update(tmp_path, "ppo", advantage="ppo", micro=1)
+    dp16, _ = run_update(tmp_path, "ppo16", advantage="ppo", micro=16)
+    assert mp["loop/episodes_kept"] == 6.0  # PPO keeps every episode: V is its baseline
+    assert mp["loss/value"] > 0 and dp["v_head.bias"].abs().item() > 0  # the value head learns
+    assert _same(dp, dp16)  # value loss micro-batch invariant too
+
+
+@pytest.mark.slow
+def test_update_on_two_processes_matches_one(tmp_path):
+    """The step's turns dealt across 2 gloo processes give the weights of 1 process."""
+    script = tmp_path / "run.py"
+    script.write_text(f"""
+import sys, torch
+sys.path.insert(0, {str(ROOT / 'tests' / 'sweet')!r}); sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+from test_loop import run_update
+deltas, metrics = run_update(Path(sys.argv[1]), "run", micro=1, ppo_epochs=2, batch=3)
+import torch.distributed as dist
+if not dist.is_initialized() or dist.get_rank() == 0:
+    torch.save(deltas, sys.argv[2])
+""")
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "a"), str(one)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+              str(ROOT / "sweet/configs/ddp_cpu_2proc.yaml"), "--main_process_port", "29531"]
+    res = subprocess.run([*launch, str(script), str(tmp_path / "b"), str(two)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    d1, d2 = torch.load(one), torch.load(two)
+    assert any(d.abs().max() > 0 for d in d1.values())
+    assert _same(d1, d2), f"cosine {_cosine(d1, d2):.6f}"
+
+
+# ---- the CLI ---------------------------------------------------------------------------
+
+
+def test_a_run_that_cannot_learn_says_so(tmp_path):
+    """The README's laptop example (the tiny random model never solves a test-bed task):
+    every group has the same reward, nothing is learned, and the run says why and exits
+    non-zero after saving the (unchanged) model; a rerun resumes and does not redo it."""
     out = tmp_path / "loop"
     cmd = [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
-           "--iterations", "1", "--tasks_per_iteration", "2", "--k", "2", "--max_new_tokens", "8", "--max_turns", "2",
-           "--micro_batch_size", "4", "--learning_rate", "1e-4", "--report_to", "none", "--output_dir", str(out)]
+           "--iterations", "2", "--tasks_per_iteration", "1", "--k", "3", "--max_new_tokens", "8", "--max_turns", "2",
+           "--micro_batch_size", "4", "--report_to", "none", "--output_dir", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode != 0, res.stderr[-3000:]
+    assert "no reward variance" in res.stderr and "warm start" in res.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["step"] == 0 and rows[0]["loop/episodes_total"] == 4.0
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(r["loop/episodes_total"] == 3.0 and r["loop/episodes_kept"] == 0.0 for r in rows)
+    assert all(r["loop/groups_without_variance"] == 1.0 and r["loop/optimizer_steps"] == 0.0 for r in rows)
     assert (out / "final" / "config.json").exists()
     episodes = (out / "episodes" / "iter-0000.jsonl").read_text().splitlines()
-    assert len(episodes) == 4 and all(json.loads(e)["score"] is not None for e in episodes)
-    # resume: a rerun with the same output finds the finished iteration and does not redo it
+    assert len(episodes) == 3 and all(json.loads(e)["score"] is not None for e in episodes)
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+    assert res.returncode == 0, res.stderr[-3000:]  # nothing left to run
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
 
 
 @pytest.mark.gpu
@@ -146,7 +323,7 @@ def test_one_iteration_with_a_vllm_sampler(tmp_path):
            "--sampler", "vllm", "--lora", "true", "--iterations", "2", "--tasks_per_iteration", "2", "--k", "2",
            "--max_new_tokens", "8", "--max_turns", "2", "--report_to", "none", "--output_dir", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
     assert (out / "sampler-adapter" / "adapter_config.json").exists()
