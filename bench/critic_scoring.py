@@ -83,9 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     scorer.advantages(state, actions[:2])  # warm-up
     t_batched, batched = timed(lambda: scorer.advantages(state, actions), args.repeats)
     t_single, single = timed(lambda: [scorer.advantages(state, [a])[0] for a in actions], args.repeats)
-    from sweet.critic import TurnExample, critic_action_ids
+    from sweet.critic import CriticTurn
+    from sweet.tokens import action_ids
 
-    examples = [TurnExample(state, critic_action_ids(a, scorer.spec.eos_token_id)) for a in actions]
+    examples = [CriticTurn(state, action_ids(a, scorer.spec.eos_token_id, None)) for a in actions]
     t_padded, padded = timed(lambda: scorer._padded_advantages(examples), args.repeats)
     diff = max(max(abs(a - b), abs(a - c)) for a, b, c in zip(batched, single, padded))
     n_ctx = len(scorer.tokenizer.apply_chat_template(list(state.prompt), tokenize=False))

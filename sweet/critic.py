@@ -25,9 +25,10 @@ Conventions (recorded in critic_config.json so scoring reproduces training):
 - context = `template_ids(with_training_info(o_t, c, header))`: the policy's chat
   messages with c appended to the first message, chat-templated with the
   generation prompt;
-- action = the turn's generated `token_ids` + the end-of-turn id (`eos_token_id`):
-  engines report ids without the end-of-turn token, but the policy did emit it, and
-  ending the turn is part of the action the critic judges. Never re-tokenised text.
+- action = the turn's generated `token_ids` + the end-of-turn id (`eos_token_id`)
+  exactly when the model emitted it (finish reason "stop"; old records without a
+  finish reason: appended): the one rule of every trainer, `sweet.tokens.action_ids`.
+  Ending the turn is part of the action the critic judges. Never re-tokenised text.
 - β: the paper does not state the critic's β; default 1.0 (with the mean it only
   rescales the BT logits, i.e. acts like a learning-rate/temperature knob).
 
@@ -135,32 +136,20 @@ def critic_context_ids(tokenizer, state: State, header: str = DEFAULT_HEADER, tr
     return template_ids(tokenizer, messages)
 
 
-def critic_action_ids(token_ids: Sequence[int], eos_token_id: int, finish_reason: str | None = None) -> tuple[int, ...]:
-    """a_t = generated ids + the end-of-turn id exactly when the model emitted it: the
-    one rule of every trainer (sweet.tokens.action_ids; None = a record without it)."""
-    from sweet.tokens import action_ids
+def episode_turn_examples(episode: Episode, training_info: str, tokenizer, tokenize_missing: bool = False
+                          ) -> list[CriticTurn]:
+    """One CriticTurn per agent turn; the action ids by the one rule of every trainer
+    (`sweet.tokens.turn_action_ids`: generated ids, + end-of-turn exactly when the model
+    emitted it). Turns without `token_ids` (published offline data, scripted agents) are
+    an error unless `tokenize_missing`: their text is then tokenised once."""
+    from sweet.tokens import turn_action_ids
 
-    return action_ids(token_ids, eos_token_id, finish_reason)
-
-
-def episode_turn_examples(
-    episode: Episode, training_info: str, eos_token_id: int, tokenizer=None
-) -> list[CriticTurn]:
-    """One CriticTurn per agent turn. Turns without `token_ids` (published offline
-    data, scripted agents) are an error unless `tokenizer` is given, in which case
-    their text is tokenised once (the only option when the ids were never recorded)."""
-    states = episode_states(episode, training_info)
     examples = []
-    for state, turn in zip(states, episode.agent_turns):
-        ids = turn.token_ids
-        if ids is None:
-            if tokenizer is None:
-                raise ValueError(
-                    f"episode {episode.episode_id}: agent turn {state.turn_index} has no token_ids "
-                    "(pass --tokenize_missing_actions true to tokenise its text)"
-                )
-            ids = tokenizer(turn.content, add_special_tokens=False)["input_ids"]
-        examples.append(CriticTurn(state, critic_action_ids(ids, eos_token_id, turn.finish_reason)))
+    for state, turn in zip(episode_states(episode, training_info), episode.agent_turns):
+        try:
+            examples.append(CriticTurn(state, turn_action_ids(tokenizer, turn, tokenize_missing)))
+        except ValueError as e:
+            raise ValueError(f"episode {episode.episode_id}: agent turn {state.turn_index}: {e}") from None
     return examples
 
 
@@ -242,15 +231,12 @@ def pair_accuracy_and_margin(score_chosen: "torch.Tensor", score_rejected: "torc
 
 def load_training_info(tasks: str, env: str = "backend") -> dict[str, str]:
     """task_id -> c for every task of `tasks` (any source `colbench.tasks.load_tasks`
-    reads, our own Task records included). c is the environment's `training_info(task)`,
-    or `task.hidden` when the environment cannot be built."""
+    reads: our Task records, published rows, `builtin:<split>`). c is the environment's
+    `training_info(task)`, or `task.hidden` when the environment cannot be built."""
     from colbench.tasks import load_tasks
 
-    rows = load_tasks(tasks, env=env, validate=False)
-    if not rows:
-        raise ValueError(f"{tasks}: no tasks")
     info_of = training_info_fn(env)
-    return {t.task_id: info_of(t) for t in rows}
+    return {t.task_id: info_of(t) for t in load_tasks(tasks, env=env, validate=False)}
 
 
 def training_info_fn(env: str):
@@ -336,18 +322,21 @@ class CriticScorer:
         in training: when its finish reason is "stop" or not given) of one state."""
         return self.score_states([(state, actions, finish_reasons or [None] * len(actions))])[0]
 
-    def score_states(self, items: Sequence[tuple[State, Sequence[Sequence[int]]]]) -> list[list[float]]:
+    def score_states(self, items: Sequence[tuple]) -> list[list[float]]:
         """advantages() for many states. Each state's context (o_t, c) is run once and
         its KV cache shared by all its candidates (the same log-probs as one padded
         pass of context + action per candidate, at a fraction of the cost); contexts
-        that need truncation take the padded path so they are cut exactly as in training."""
+        that need truncation take the padded path so they are cut exactly as in training.
+        items: (state, actions) or (state, actions, finish_reasons)."""
+        from sweet.tokens import action_ids
+
         out = []
         for state, actions, *finish in items:  # finish: optionally, one finish reason per action
             reasons = finish[0] if finish and finish[0] is not None else [None] * len(actions)
             if len(reasons) != len(actions):
                 raise ValueError(f"state {state.episode_id}#{state.turn_index}: {len(actions)} actions but "
                                  f"{len(reasons)} finish reasons")
-            examples = [CriticTurn(state, critic_action_ids(a, self.spec.eos_token_id, r)) for a, r in zip(actions, reasons)]
+            examples = [CriticTurn(state, action_ids(a, self.spec.eos_token_id, r)) for a, r in zip(actions, reasons)]
             context = critic_context_ids(self.tokenizer, state, self.spec.header, self.spec.training_info)
             longest = max((len(ex.action_ids) for ex in examples), default=0)
             if not examples:

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from colbench.envs import defaults_help, training_defaults
 from sweet.critic import CRITIC_CONFIG_FILE, DEFAULT_HEADER, HEADS, CriticSpec, CriticTurn
 from sweet.training import ModelConfig, TrainConfig
 
@@ -73,14 +74,19 @@ class CriticConfig:
     training_info: bool = field(default=True, metadata={"help": "add the hidden reference c to the critic's context (paper); false: without it, in training and in scoring (ablation sweet_no_info; paper: 31.2%%); --tasks is then not needed"})
     head: str = field(default="lm", metadata={"help": "lm: A = β·mean(log π_θ − log π_ref) read through the LM head (paper); value: a scalar regression head on the last hidden state, A = β·mean over the action's tokens of v (ablation sweet_value_head; paper: 36.2%%), no π_ref"})
     nll_coef: float = field(default=0.0, metadata={"help": "weight of an NLL term on the chosen trajectories' actions"})
-    success_threshold: float = field(default=1.0, metadata={"help": "a task yields pairs when its best reward reaches this (backend: 1.0 = all tests)"})
-    min_reward_gap: float = field(default=0.0, metadata={"help": "rejected episodes must be worse than the best by more than this"})
+    success_threshold: float | None = field(default=None, metadata={"help": f"a task yields pairs when its best reward reaches this (default: the --env's: {defaults_help('success_threshold')}; backend 1.0 = all tests pass)"})
+    min_reward_gap: float | None = field(default=None, metadata={"help": f"rejected episodes must be worse than the best by more than this (default: the --env's: {defaults_help('min_reward_gap')})"})
     max_pairs: int = field(default=0, metadata={"help": "cap on training pairs (0: all)"})
     header: str = field(default=DEFAULT_HEADER, metadata={"help": "header around c in the critic's prompt"})
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns that carry no token_ids (published data)"})
     eval_batch_size: int = field(default=8, metadata={"help": "turns per forward pass when computing π_ref and held-out scores"})
 
     def __post_init__(self) -> None:
+        defaults = training_defaults(self.env)  # frontend: CLIP rewards have no success
+        if self.success_threshold is None:
+            self.success_threshold = defaults.success_threshold
+        if self.min_reward_gap is None:
+            self.min_reward_gap = defaults.min_reward_gap
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"CriticConfig.eval_fraction must be in [0, 1), got {self.eval_fraction}")
         if self.beta <= 0:
@@ -130,7 +136,7 @@ class CriticData:
 
 
 def _load_all(paths: str, env: str) -> list:
-    from sweet.data import load_episodes
+    from colbench.episodes import load_episodes
 
     episodes = []
     for p in [p.strip() for p in paths.split(",") if p.strip()]:
@@ -153,7 +159,7 @@ def _pairs(cfg: CriticConfig, episodes: list, source: str) -> list:
     return pairs
 
 
-def build_data(cfg: CriticConfig, eos_token_id: int, tokenizer, seed: int) -> CriticData:
+def build_data(cfg: CriticConfig, tokenizer, seed: int) -> CriticData:
     """Episodes -> pairs -> train/held-out split (by task) -> indexed turn examples."""
     from colbench.types import Task
     from sweet.critic import episode_turn_examples, load_training_info, training_info_fn
@@ -189,8 +195,7 @@ def build_data(cfg: CriticConfig, eos_token_id: int, tokenizer, seed: int) -> Cr
                                  "(give the task file the episodes ran on: the source of training-time information)")
             if ep.task_id not in info:
                 raise ValueError(f"task {ep.task_id!r} (episode {ep.episode_id}) is not in --tasks {cfg.tasks}")
-            examples = episode_turn_examples(ep, info[ep.task_id], eos_token_id,
-                                             tokenizer if cfg.tokenize_missing_actions else None)
+            examples = episode_turn_examples(ep, info[ep.task_id], tokenizer, cfg.tokenize_missing_actions)
             if not examples:
                 raise ValueError(f"episode {ep.episode_id} has no agent turns")
             index[id(ep)] = len(episode_turns)
@@ -375,7 +380,7 @@ def train(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dic
     tokenizer = load_tokenizer(mcfg.model)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"model {mcfg.model!r}: tokenizer has no eos token (needed to end every action)")
-    data = build_data(ccfg, tokenizer.eos_token_id, tokenizer, tcfg.seed)
+    data = build_data(ccfg, tokenizer, tcfg.seed)
     set_seed(tcfg.seed)  # the initial model (LoRA adapters) is rebuilt identically on a resume
     trainer = Trainer(mcfg, tcfg, tokenizer, model=_value_model(mcfg) if ccfg.head == "value" else None,
                       run_config=to_jsonable({"critic": ccfg, "model": mcfg, "train": tcfg}), name="critic")

@@ -5,20 +5,13 @@ import math
 import pytest
 import torch
 
-from sweet.critic import (CriticScorer, CriticSpec, bradley_terry_loss, critic_action_ids, pair_accuracy_and_margin,
-                          per_turn_advantage, trajectory_scores)
+from sweet.critic import (CriticScorer, CriticSpec, bradley_terry_loss, pair_accuracy_and_margin, per_turn_advantage,
+                          trajectory_scores)
 from sweet.data import State
-from sweet.tokens import with_training_info
+from sweet.tokens import action_ids, with_training_info
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def test_action_ids_append_eos_when_the_model_ended_the_turn():
-    assert critic_action_ids([5, 6], eos_token_id=4, finish_reason="stop") == (5, 6, 4)
-    assert critic_action_ids([5, 6], eos_token_id=4, finish_reason="length") == (5, 6)  # cut: never sampled
-    assert critic_action_ids([5, 6], eos_token_id=4) == (5, 6, 4)  # a record without the field
-    assert critic_action_ids([], eos_token_id=4, finish_reason="stop") == (4,)
 
 
 def test_per_turn_advantage_by_hand():
@@ -73,14 +66,15 @@ def _state(info: str = "def f():\n    return 'apple'") -> State:
 
 
 def _manual_advantage(tok, theta, ref, state, action, beta, length_normalize, header="Training-time information",
-                      training_info=True):
-    """A by hand: template the critic's messages, append a_t + eos, one unpadded forward each."""
+                      training_info=True, eos_as_last=None):
+    """A by hand: template the critic's messages, append a_t + eos (or + `eos_as_last`
+    instead of eos), one unpadded forward each."""
     messages = with_training_info(state.prompt, state.training_info, header) if training_info else list(state.prompt)
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     context = tok(text, add_special_tokens=False)["input_ids"]
     # c is in the critic's context, unless the ablation leaves it out
     assert (state.training_info.splitlines()[1] in tok.decode(context)) == training_info
-    ids = torch.tensor([context + list(action) + [tok.eos_token_id]])
+    ids = torch.tensor([context + list(action) + [tok.eos_token_id if eos_as_last is None else eos_as_last]])
     n = len(action) + 1
     diffs = []
     for model in (theta, ref):
@@ -172,10 +166,29 @@ def test_scorer_truncates_long_contexts_like_training(tiny_tokenizer, two_models
     scorer = CriticScorer(spec, theta, ref, tok, torch.device("cpu"))
     state = _state()
     actions = [tok("Is it red?", add_special_tokens=False)["input_ids"], tok("ok", add_special_tokens=False)["input_ids"]]
-    examples = [CriticTurn(state, critic_action_ids(a, tok.eos_token_id)) for a in actions]
+    examples = [CriticTurn(state, action_ids(a, tok.eos_token_id, None)) for a in actions]
     batch = critic_batch(tok, examples, spec.header, 64, 16)
     assert batch.input_ids.shape[1] == 64  # truncated: the full context is longer
     with torch.no_grad():
         want = per_turn_advantage(action_logprob_sums(theta, batch), action_logprob_sums(ref, batch),
                                   torch.tensor([len(e.action_ids) for e in examples]), 1.0).tolist()
     assert scorer.advantages(state, actions) == pytest.approx(want, abs=1e-5)
+
+
+def test_scorer_appends_end_of_turn_by_the_finish_reason(tiny_tokenizer, two_models):
+    """The one turn->tokens rule (sweet.tokens.action_ids): eos after a turn the model
+    ended ("stop", or an old record: None), not after a cut one ("length")."""
+    theta, ref = two_models
+    tok = tiny_tokenizer
+    spec = CriticSpec(beta=1.0, length_normalize=True, header="Training-time information", reference_model="tiny",
+                      eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=1024)
+    scorer = CriticScorer(spec, theta, ref, tok, torch.device("cpu"))
+    state = _state()
+    a = tok("Is it red?", add_special_tokens=False)["input_ids"]
+    ended = _manual_advantage(tok, theta, ref, state, a, 1.0, True)  # a + eos
+    cut = _manual_advantage(tok, theta, ref, state, a[:-1], 1.0, True, eos_as_last=a[-1])  # a, no eos
+    got = scorer.advantages(state, [a, a, a], ["stop", None, "length"])
+    assert got == pytest.approx([ended, ended, cut], abs=1e-4)
+    assert abs(ended - cut) > 1e-3
+    with pytest.raises(ValueError, match="2 actions but 1 finish reasons"):
+        scorer.advantages(state, [a, a], ["stop"])

@@ -114,7 +114,7 @@ def test_scorer_reproduces_training_conditioning(trained, synthetic_files, tiny_
     out, _ = trained
     episodes, tasks = synthetic_files
     ccfg = CriticConfig(episodes=str(episodes), tasks=str(tasks), eval_fraction=0.2, max_pairs=12)
-    data = build_data(ccfg, tiny_tokenizer.eos_token_id, tiny_tokenizer, seed=0)
+    data = build_data(ccfg, tiny_tokenizer, seed=0)
     ref_sums = torch.load(out / "ref_logprobs.pt", weights_only=False)["sums"]
     chosen, rejected = data.eval_pairs[0]
     idx = data.episode_turns[chosen] + data.episode_turns[rejected]
@@ -160,40 +160,39 @@ def _write(path: Path, records) -> Path:
 def test_bad_inputs_give_clear_errors(tmp_path, tiny_tokenizer, make_synthetic):
     tasks, episodes = make_synthetic(tiny_tokenizer, 4)
     tasks_file = _write(tmp_path / "tasks.jsonl", tasks)
-    eos = tiny_tokenizer.eos_token_id
 
     for ep in episodes:  # nothing succeeds: no pairs
         ep.score.reward = 0.0
     failing = _write(tmp_path / "failing.jsonl", episodes)
     with pytest.raises(ValueError, match=r"no trajectory pairs from 8 episodes over 4 tasks \(0 tasks reach"):
-        build_data(CriticConfig(episodes=str(failing), tasks=str(tasks_file)), eos, tiny_tokenizer, 0)
+        build_data(CriticConfig(episodes=str(failing), tasks=str(tasks_file)), tiny_tokenizer, 0)
 
     tasks, episodes = make_synthetic(tiny_tokenizer, 4)
     good = _write(tmp_path / "good.jsonl", episodes)
     partial = _write(tmp_path / "partial.jsonl", tasks[:3])
     with pytest.raises(ValueError, match="task 'syn-003'.*not in --tasks"):
-        build_data(CriticConfig(episodes=str(good), tasks=str(partial), eval_fraction=0.0), eos, tiny_tokenizer, 0)
+        build_data(CriticConfig(episodes=str(good), tasks=str(partial), eval_fraction=0.0), tiny_tokenizer, 0)
 
     for ep in episodes:
         ep.turns[0].token_ids = None
     no_ids = _write(tmp_path / "no_ids.jsonl", episodes)
-    with pytest.raises(ValueError, match="agent turn 0 has no token_ids.*tokenize_missing_actions"):
-        build_data(CriticConfig(episodes=str(no_ids), tasks=str(tasks_file)), eos, tiny_tokenizer, 0)
+    with pytest.raises(ValueError, match="agent turn 0: .*no generated token_ids.*tokenize_missing_actions"):
+        build_data(CriticConfig(episodes=str(no_ids), tasks=str(tasks_file)), tiny_tokenizer, 0)
     data = build_data(CriticConfig(episodes=str(no_ids), tasks=str(tasks_file), tokenize_missing_actions=True),
-                      eos, tiny_tokenizer, 0)
+                      tiny_tokenizer, 0)
     assert data.turns
 
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
-        build_data(CriticConfig(episodes=str(tmp_path / "missing.jsonl"), tasks=str(tasks_file)), eos, tiny_tokenizer, 0)
+        build_data(CriticConfig(episodes=str(tmp_path / "missing.jsonl"), tasks=str(tasks_file)), tiny_tokenizer, 0)
     with pytest.raises(ValueError, match="--tasks is required"):
-        build_data(CriticConfig(episodes=str(good)), eos, tiny_tokenizer, 0)
+        build_data(CriticConfig(episodes=str(good)), tiny_tokenizer, 0)
     # published trajectories carry their task: no --tasks needed
     tasks_by_id = {t.task_id: t for t in tasks}
     for ep in episodes:
         ep.meta["task"] = tasks_by_id[ep.task_id].to_json()
     with_tasks = _write(tmp_path / "with_tasks.jsonl", episodes)
     data = build_data(CriticConfig(episodes=str(with_tasks), tokenize_missing_actions=True, eval_fraction=0.0),
-                      eos, tiny_tokenizer, 0)
+                      tiny_tokenizer, 0)
     assert {t.state.training_info for t in data.turns} == {tasks[0].hidden}  # every secret is "apple"
     with pytest.raises(ValueError, match="cannot load tokenizer for model 'hf:/nonexistent/model'"):
         cli(["--episodes", str(good), "--tasks", str(tasks_file), "--model", "hf:/nonexistent/model",
@@ -251,7 +250,7 @@ def test_pair_terms_by_hand(tmp_path, tiny_tokenizer, make_synthetic, fresh_acce
     tasks, episodes = make_synthetic(tok, 3, secrets=("apple", "river"))
     ccfg = CriticConfig(episodes=str(_write(tmp_path / "e.jsonl", episodes)), tasks=str(_write(tmp_path / "t.jsonl", tasks)),
                         eval_fraction=0.0, beta=0.5, **switches)
-    data = build_data(ccfg, tok.eos_token_id, tok, 0)
+    data = build_data(ccfg, tok, 0)
     mcfg = ModelConfig(model="tiny", dtype="float32", max_length=512)
     ref = load_model(mcfg, trainable=False)
     theta = _perturbed(load_model(mcfg, trainable=False), 1)
@@ -336,7 +335,7 @@ def test_ablation_critic_trains_and_scores_as_trained(tmp_path, synthetic_files,
 
     ccfg = CriticConfig(episodes=str(episodes), tasks=str(tasks), eval_fraction=0.2, max_pairs=12,
                         **VARIANTS[variant])
-    data = build_data(ccfg, tiny_tokenizer.eos_token_id, tiny_tokenizer, seed=0)
+    data = build_data(ccfg, tiny_tokenizer, seed=0)
     scorer = CriticScorer.load(out, device="cpu")
 
     def score(e):  # stage 2's call: generated ids without eos, the state with c
@@ -433,3 +432,19 @@ def test_two_processes_killed_and_resumed_match_uninterrupted(trained, tmp_path,
         json.loads((whole / "final_metrics.json").read_text()), abs=1e-6)
     rows = lambda d: [r for r in _metrics(d) if "loss/bt" in r]  # noqa: E731
     assert [r["loss/bt"] for r in rows(killed)] == pytest.approx([r["loss/bt"] for r in rows(whole)], abs=1e-6)
+
+
+def test_training_actions_follow_the_finish_reason(tmp_path, tiny_tokenizer, make_synthetic):
+    """Training turns use the one turn->tokens rule: + eos after "stop" (and old records),
+    nothing after a cut ("length")."""
+    tok = tiny_tokenizer
+    tasks, episodes = make_synthetic(tok, 2)
+    ep = episodes[0]
+    question, answer = ep.agent_turns
+    question.finish_reason, answer.finish_reason = "length", "stop"
+    data = build_data(CriticConfig(episodes=str(_write(tmp_path / "e.jsonl", episodes)),
+                                   tasks=str(_write(tmp_path / "t.jsonl", tasks)), eval_fraction=0.0), tok, 0)
+    mine = [t.action_ids for t in data.turns if t.state.episode_id == ep.episode_id]
+    assert mine == [tuple(question.token_ids), tuple(answer.token_ids) + (tok.eos_token_id,)]
+    others = [t.action_ids for t in data.turns if t.state.episode_id != ep.episode_id]
+    assert others and all(a[-1] == tok.eos_token_id for a in others)  # finish_reason None: an old record
