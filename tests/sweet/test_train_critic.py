@@ -306,17 +306,21 @@ def test_pair_terms_by_hand(tmp_path, tiny_tokenizer, make_synthetic, fresh_acce
             assert nll[k].item() == pytest.approx(-sum(l for l, _ in logps) / sum(n for _, n in logps), abs=1e-4)
 
 
-@pytest.mark.parametrize("variant", ["sweet_sum", "sweet_no_info", "sweet_value_head"])
+@pytest.mark.parametrize("variant", ["sweet_sum", "sweet_no_info", "sweet_value_head", "sweet_value_head_lora"])
 def test_ablation_critic_trains_and_scores_as_trained(tmp_path, synthetic_files, tiny_tokenizer, fresh_accelerate,
                                                       variant):
     """Each ablation end to end: `python -m sweet.train_critic <flag>` learns, records the
     switch in critic_config.json, and CriticScorer.load scores the held-out pairs with
     the same head, reduction and context: its margins reproduce training's
-    `critic/margin` metric."""
+    `critic/margin` metric. (LoRA value head: the adapter and the head in final/.)"""
     from sweet.critic import CriticScorer
 
+    lora = variant.endswith("_lora")
+    variant = variant.removesuffix("_lora")
     flags = {"sweet_sum": ["--length_normalize", "false"], "sweet_no_info": ["--training_info", "false"],
              "sweet_value_head": ["--head", "value"]}[variant]
+    if lora:
+        flags += ["--lora", "true", "--lora_r", "4", "--num_epochs", "1", "--learning_rate", "1e-2"]
     episodes, tasks = synthetic_files
     out = tmp_path / variant
     args = _args(episodes, tasks, out, *flags)
@@ -329,8 +333,11 @@ def test_ablation_critic_trains_and_scores_as_trained(tmp_path, synthetic_files,
         "sweet_sum": (False, True, "lm"), "sweet_no_info": (True, False, "lm"), "sweet_value_head": (True, True, "value")}[variant]
     bt = [r["loss/bt"] for r in _metrics(out) if "loss/bt" in r]
     assert bt[0] == pytest.approx(math.log(2), abs=1e-3)  # every A is 0 at the start (θ = π_ref, or v = 0)
-    assert bt[-1] < 0.9 * bt[0]
-    assert final["critic/pair_accuracy"] >= 0.75 and final["critic/margin"] > 0  # chance: 0.5
+    if lora:
+        assert spec["lora"] and (out / spec["adapter_dir"] / "adapter_config.json").exists()
+    else:
+        assert bt[-1] < 0.9 * bt[0]
+        assert final["critic/pair_accuracy"] >= 0.75 and final["critic/margin"] > 0  # chance: 0.5
     assert (out / "ref_logprobs.pt").exists() == (variant != "sweet_value_head")  # the value head has no π_ref
 
     ccfg = CriticConfig(episodes=str(episodes), tasks=str(tasks), eval_fraction=0.2, max_pairs=12,
@@ -344,6 +351,7 @@ def test_ablation_critic_trains_and_scores_as_trained(tmp_path, synthetic_files,
 
     margins = [score(c) - score(r) for c, r in data.eval_pairs]
     assert sum(margins) / len(margins) == pytest.approx(final["critic/margin"], abs=1e-4)
+    assert any(abs(m) > 1e-4 for m in margins)  # a trained critic, not an all-zero one
     if variant == "sweet_no_info":  # c is ignored by the scorer too
         turn = data.turns[data.episode_turns[data.eval_pairs[0][0]][0]]
         other = replace(turn.state, training_info="def f():\n    return 'river'")
@@ -448,3 +456,45 @@ def test_training_actions_follow_the_finish_reason(tmp_path, tiny_tokenizer, mak
     assert mine == [tuple(question.token_ids), tuple(answer.token_ids) + (tok.eos_token_id,)]
     others = [t.action_ids for t in data.turns if t.state.episode_id != ep.episode_id]
     assert others and all(a[-1] == tok.eos_token_id for a in others)  # finish_reason None: an old record
+
+
+@pytest.mark.parametrize("variant", ["sweet", "sweet_value_head"])
+def test_loss_hook_is_a_sum_over_pairs(tmp_path, tiny_tokenizer, make_synthetic, variant):
+    """The skeleton divides the hook's loss by the step's pair count (sweet/trainer.py), so
+    the hook must return a plain sum over its pairs: the gradient of one call on 3 pairs
+    equals the sum of 3 one-pair calls (what makes any micro-batch split the same step;
+    Adam would hide a wrong overall scale in the weight tests)."""
+    from sweet.train_critic import critic_loss_fn
+    from sweet.training import load_model
+    from sweet.value_head import ValueHeadModel
+
+    tok = tiny_tokenizer
+    tasks, episodes = make_synthetic(tok, 3, secrets=("apple", "river"))
+    ccfg = CriticConfig(episodes=str(_write(tmp_path / "e.jsonl", episodes)), tasks=str(_write(tmp_path / "t.jsonl", tasks)),
+                        eval_fraction=0.0, nll_coef=0.0 if variant == "sweet_value_head" else 0.3, **VARIANTS[variant])
+    data = build_data(ccfg, tok, 0)
+    mcfg = ModelConfig(model="tiny", dtype="float32", max_length=512)
+    model = _perturbed(load_model(mcfg, trainable=True), 4)
+    ref_sums = torch.randn(len(data.turns), dtype=torch.float64, generator=torch.Generator().manual_seed(5)) - 30
+    if variant == "sweet_value_head":
+        model = ValueHeadModel(model)
+        torch.nn.init.normal_(model.v_head.weight, std=0.1)
+        ref_sums = torch.zeros(len(data.turns), dtype=torch.float64)
+    loss_fn = critic_loss_fn(data, ref_sums, ccfg, mcfg, tok, torch.device("cpu"))
+
+    def grads(idx):
+        model.zero_grad()
+        loss, metrics = loss_fn(model, idx)
+        loss.backward()
+        # (the value head never runs the LM head: no gradient there)
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+                          for p in model.parameters()]), loss.item(), metrics
+
+    together, loss, metrics = grads([0, 1, 2])
+    singles = [grads([i]) for i in range(3)]
+    apart = sum(g for g, _, _ in singles)
+    assert together.norm() > 0
+    assert torch.allclose(together, apart, atol=1e-5 * together.abs().max().item())
+    assert loss == pytest.approx(sum(l for _, l, _ in singles), rel=1e-5)
+    for key in metrics:
+        assert metrics[key] == pytest.approx(sum(m[key] for _, _, m in singles), rel=1e-5, abs=1e-6)
