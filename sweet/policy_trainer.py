@@ -11,6 +11,10 @@ stage 2, multi-turn DPO, rejection fine-tuning and the warm start.
   the action TOKENS of the whole optimiser step (not per micro-batch).
 Both give the same update for any micro_batch_size and process count (the skeleton
 normalises over the whole step). Checkpoints every `save_steps` optimiser steps.
+
+Why not TRL's SFTTrainer/DPOTrainer for these: both re-tokenise or truncate from the end
+(see sweet/dpo.py), and neither scores a trajectory as a sum of turns each in its own
+context; TRL's DPO loss is instead the test oracle of ours (tests/sweet/test_dpo_loss.py).
 """
 
 from __future__ import annotations
