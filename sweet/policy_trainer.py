@@ -12,9 +12,11 @@ stage 2, multi-turn DPO, rejection fine-tuning and the warm start.
 Both give the same update for any micro_batch_size and process count (the skeleton
 normalises over the whole step). Checkpoints every `save_steps` optimiser steps.
 
-Why not TRL's SFTTrainer/DPOTrainer for these: both re-tokenise or truncate from the end
-(see sweet/dpo.py), and neither scores a trajectory as a sum of turns each in its own
-context; TRL's DPO loss is instead the test oracle of ours (tests/sweet/test_dpo_loss.py).
+Why not TRL's SFTTrainer/DPOTrainer (trl 1.16): both truncate only with `keep_start`,
+which cuts the action, where we cut a context in the middle and keep the action whole;
+DPOTrainer re-tokenises text, and neither scores a trajectory as a sum of turns each in
+its own context (see sweet/dpo.py). TRL's DPO loss is the test oracle of ours instead
+(tests/sweet/test_dpo_loss.py).
 """
 
 from __future__ import annotations
