@@ -8,9 +8,10 @@ are never in the loss and generated ids are never re-tokenised. The DPO loss
 chosen trajectory's per-token NLL over its action tokens.
 
 Pairs (`--pairing`): `paper` (sweet.data.make_trajectory_pairs: tasks whose best
-episode reaches `success_threshold`; chosen = best, rejected = each strictly worse
-episode) or `best_vs_worst` (one pair per task: best vs worst, when their rewards
-differ by more than `min_reward_gap`).
+episode reaches `success_threshold`; chosen = best, rejected = each episode worse by
+more than `min_reward_gap`) or `best_vs_worst` (one pair per task: best vs worst, when
+their rewards differ by more than `min_reward_gap`). Both default to the environment's
+(`colbench.envs.training_defaults`: backend 1.0 and 0.0, frontend no success and a margin).
 
     # CPU, tiny model
     python -m sweet.train_policy --algorithm mtdpo --episodes eps.jsonl --model tiny \\
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from colbench.envs import defaults_help, training_defaults
 from sweet.policy_trainer import PolicyTrainConfig
 from sweet.training import ModelConfig
 
@@ -37,16 +39,21 @@ class MTDPOConfig:
     """Trajectory pairs and the DPO loss."""
 
     episodes: str = field(default="", metadata={"help": "episodes JSONL (several per task: rollouts to compare)"})
-    env: str = field(default="backend", metadata={"help": "environment of published offline trajectories"})
+    env: str = field(default="backend", metadata={"help": "environment the episodes come from (reads published offline trajectories; sets the pairing defaults)"})
     pairing: str = field(default="paper", metadata={"help": "paper | best_vs_worst (module docstring)"})
-    success_threshold: float = field(default=1.0, metadata={"help": "paper pairing: the best episode must reach this reward"})
-    min_reward_gap: float = field(default=0.0, metadata={"help": "rejected reward must be lower than chosen by more than this"})
+    success_threshold: float | None = field(default=None, metadata={"help": f"paper pairing: the best episode must reach this reward (default: the --env's: {defaults_help('success_threshold')})"})
+    min_reward_gap: float | None = field(default=None, metadata={"help": f"rejected reward must be lower than chosen by more than this (default: the --env's: {defaults_help('min_reward_gap')})"})
     beta: float = field(default=0.1, metadata={"help": "DPO β"})
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen trajectory's per-token NLL"})
     max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes of the file"})
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns without token_ids (published data)"})
 
     def __post_init__(self) -> None:
+        defaults = training_defaults(self.env)  # frontend: CLIP rewards have no success
+        if self.success_threshold is None:
+            self.success_threshold = defaults.success_threshold
+        if self.min_reward_gap is None:
+            self.min_reward_gap = defaults.min_reward_gap
         if not self.episodes:
             raise ValueError("MTDPOConfig.episodes is required: give --episodes <file.jsonl>")
         if self.pairing not in PAIRINGS:
@@ -83,7 +90,8 @@ def trajectory_pairs(episodes, cfg: MTDPOConfig):
 
 def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     """Train with trajectory-level DPO; returns output_dir/final."""
-    from sweet.data import Pair, load_episodes
+    from colbench.episodes import load_episodes
+    from sweet.data import Pair
     from sweet.policy_trainer import train_dpo
     from sweet.tokens import episode_segments
     from sweet.training import load_tokenizer, save_resolved_config

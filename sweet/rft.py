@@ -1,5 +1,7 @@
 """Rejection fine-tuning (RFT) baseline: supervised training on the agent turns of
-successful episodes (reward >= `success_threshold`).
+successful episodes (reward >= `success_threshold`, and among the best `top_fraction`
+of all episodes; both default to the environment's `colbench.envs.training_defaults`:
+backend reward 1.0 = all tests pass, frontend the best quarter by CLIP similarity).
 
 Each agent turn is one example: context = the turn's recorded prompt ids, loss on the
 generated action ids + eos only (token-mean NLL); simulator turns only ever appear
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from colbench.envs import defaults_help, training_defaults
 from sweet.policy_trainer import PolicyTrainConfig
 from sweet.training import ModelConfig
 
@@ -28,14 +31,22 @@ class RFTConfig:
     """Which episodes to imitate."""
 
     episodes: str = field(default="", metadata={"help": "episodes JSONL (our runner's, or published offline trajectories)"})
-    env: str = field(default="backend", metadata={"help": "environment of published offline trajectories"})
-    success_threshold: float = field(default=1.0, metadata={"help": "keep episodes with reward >= this (1.0: all tests pass)"})
+    env: str = field(default="backend", metadata={"help": "environment the episodes come from (reads published offline trajectories; sets the filter defaults)"})
+    success_threshold: float | None = field(default=None, metadata={"help": f"keep episodes with reward >= this (default: the --env's: {defaults_help('success_threshold')}; backend 1.0 = all tests pass)"})
+    top_fraction: float | None = field(default=None, metadata={"help": f"and only the best fraction of all episodes by reward (default: the --env's: {defaults_help('rft_top_fraction')})"})
     max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes of the file"})
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns without token_ids (published data)"})
 
     def __post_init__(self) -> None:
+        defaults = training_defaults(self.env)  # frontend: CLIP rewards have no success
+        if self.success_threshold is None:
+            self.success_threshold = defaults.success_threshold
+        if self.top_fraction is None:
+            self.top_fraction = defaults.rft_top_fraction
         if not self.episodes:
             raise ValueError("RFTConfig.episodes is required: give --episodes <file.jsonl>")
+        if not 0.0 < self.top_fraction <= 1.0:
+            raise ValueError(f"RFTConfig.top_fraction must be in (0, 1], got {self.top_fraction}")
         if self.max_episodes is not None and self.max_episodes < 1:
             raise ValueError(f"RFTConfig.max_episodes must be >= 1, got {self.max_episodes}")
 
@@ -49,25 +60,34 @@ class RFTTrainConfig(PolicyTrainConfig):
 CONFIGS = (ModelConfig, RFTTrainConfig, RFTConfig)
 
 
-def rft_segments(episodes, tokenizer, success_threshold: float, tokenize_missing: bool = False):
-    """The training segments of every agent turn of the successful episodes."""
+def rft_segments(episodes, tokenizer, success_threshold: float, tokenize_missing: bool = False,
+                 top_fraction: float = 1.0):
+    """The training segments of every agent turn of the kept episodes: reward >=
+    `success_threshold` and at least the reward of the ceil(top_fraction × N)-th best
+    of all N episodes (ties at that reward are kept)."""
+    import math
+
     from sweet.tokens import episode_segments
 
-    kept = [ep for ep in episodes if ep.reward >= success_threshold]
+    ranked = sorted((ep.reward for ep in episodes), reverse=True)
+    cutoff = ranked[max(1, math.ceil(top_fraction * len(ranked))) - 1] if ranked else 0.0
+    kept = [ep for ep in episodes if ep.reward >= success_threshold and ep.reward >= cutoff]
     return kept, [seg for ep in kept for seg in episode_segments(tokenizer, ep, tokenize_missing)]
 
 
 def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
     """Fine-tune on successful episodes; returns output_dir/final."""
-    from sweet.data import load_episodes
+    from colbench.episodes import load_episodes
     from sweet.policy_trainer import train_sft
     from sweet.training import load_tokenizer, save_resolved_config
 
     save_resolved_config(train.output_dir, model=model_cfg, train=train, rft=cfg)
     episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]
     tokenizer = load_tokenizer(model_cfg.model)
-    kept, segments = rft_segments(episodes, tokenizer, cfg.success_threshold, cfg.tokenize_missing_actions)
-    print(f"rft: {len(kept)}/{len(episodes)} episodes with reward >= {cfg.success_threshold}, {len(segments)} agent turns")
+    kept, segments = rft_segments(episodes, tokenizer, cfg.success_threshold, cfg.tokenize_missing_actions,
+                                  cfg.top_fraction)
+    print(f"rft: {len(kept)}/{len(episodes)} episodes with reward >= {cfg.success_threshold} in the top "
+          f"{cfg.top_fraction:g}, {len(segments)} agent turns")
     if not segments:
         raise ValueError(f"{cfg.episodes}: no episode reaches reward >= {cfg.success_threshold}; "
                          "lower --success_threshold or collect more episodes")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from colbench.envs.base import TrainingDefaults
 from colbench.protocols import ANSWER_MARKER, Environment
 
 _REGISTRY: dict[str, str] = {
@@ -18,7 +19,8 @@ _REGISTRY: dict[str, str] = {
     "testbed": "colbench.envs.testbed:TestbedEnv",
 }
 
-__all__ = ["ANSWER_MARKER", "Environment", "env_names", "make_env", "register_env"]
+__all__ = ["ANSWER_MARKER", "Environment", "TrainingDefaults", "defaults_help", "env_class", "env_names",
+           "make_env", "register_env", "training_defaults"]
 
 
 def register_env(name: str, target: str) -> None:
@@ -32,9 +34,25 @@ def env_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_env(name: str, **kwargs: Any) -> Environment:
-    """Instantiate a registered environment with keyword options."""
+def env_class(name: str) -> type:
+    """The class registered under `name` (imported, not instantiated)."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown environment {name!r}; known: {', '.join(env_names())}")
     module, _, cls = _REGISTRY[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+    return getattr(importlib.import_module(module), cls)
+
+
+def make_env(name: str, **kwargs: Any) -> Environment:
+    """Instantiate a registered environment with keyword options."""
+    return env_class(name)(**kwargs)
+
+
+def training_defaults(name: str) -> TrainingDefaults:
+    """The trainers' pairing and filtering defaults for environment `name`: its class
+    attribute `training_defaults`; the paper's rule (TrainingDefaults()) without one."""
+    return getattr(env_class(name), "training_defaults", None) or TrainingDefaults()
+
+
+def defaults_help(field: str) -> str:
+    """'backend 1.0, frontend 0.0, ...': a TrainingDefaults field per bundled environment, for --help."""
+    return ", ".join(f"{name} {getattr(training_defaults(name), field):g}" for name in env_names())

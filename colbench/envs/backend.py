@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from colbench.envs.base import agent_chat, fill_instructions
+from colbench.envs.base import TrainingDefaults, agent_chat, fill_instructions
 from colbench.protocols import ANSWER_MARKER
 from colbench.scoring.backend import ReferenceCache, extract_code, score_backend
 from colbench.scoring.sandbox import SandboxLimits, SandboxPool
@@ -41,6 +41,8 @@ class BackendEnv:
     """
 
     name = "backend"
+    # the paper's pairing: the best episode passes every test, rejected = strictly worse
+    training_defaults = TrainingDefaults(success_threshold=1.0, min_reward_gap=0.0, rft_top_fraction=1.0)
 
     def __init__(self, answer_marker: str = ANSWER_MARKER, max_turns: int = 10,
                  workers: int | None = None, limits: SandboxLimits | None = None,

@@ -1,10 +1,12 @@
-"""What the bundled environments share: filling the agent's instructions and
-building the chat the agent sees. The contract itself is
+"""What the bundled environments share: filling the agent's instructions,
+building the chat the agent sees, and the trainers' defaults for turning rewards into
+training data (`TrainingDefaults`). The contract itself is
 `colbench.protocols.Environment`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from colbench.types import Turn
@@ -26,3 +28,30 @@ def agent_chat(system: str, description: str, turns: Sequence[Turn]) -> list[Mes
     for t in turns:
         messages.append({"role": "assistant" if t.role == "agent" else "user", "content": t.content})
     return messages
+
+
+@dataclass(frozen=True)
+class TrainingDefaults:
+    """How trainers turn this environment's rewards into training data when no flag
+    says otherwise (an environment class's `training_defaults` attribute; read through
+    `colbench.envs.training_defaults(name)`, shown in the trainers' --help).
+
+    success_threshold: trajectory pairs (the critic, multi-turn DPO's paper pairing)
+                       come from tasks whose best episode reaches this reward, and RFT
+                       imitates episodes that reach it.
+    min_reward_gap:    a rejected episode's reward is below the chosen one's by more
+                       than this.
+    rft_top_fraction:  RFT also keeps only the best `rft_top_fraction` of all episodes
+                       by reward (1.0: no rank filter).
+
+    The default is the paper's backend rule: the best episode succeeds (reward 1.0 = all
+    tests pass), any strictly worse episode is rejected, RFT imitates successes.
+    """
+
+    success_threshold: float = 1.0
+    min_reward_gap: float = 0.0
+    rft_top_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.min_reward_gap < 0 or not 0.0 < self.rft_top_fraction <= 1.0:
+            raise ValueError(f"TrainingDefaults: min_reward_gap must be >= 0 and rft_top_fraction in (0, 1], got {self}")
