@@ -29,6 +29,7 @@ import os
 import platform
 import shutil
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -72,7 +73,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", choices=sorted(SCALES), default=os.environ.get("SWEET_GPU_CHECK_SCALE", "8b"))
     p.add_argument("--out", default="runs/gpu_check", help="folder for gpu_check.json and summary.txt")
     p.add_argument("--work", default="", help="folder for the saved model and LOOP run (default: /dev/shm if it "
-                                              "has room, else OUT/work); removed at the end")
+                                              "has room, else a temporary folder; removed at the end)")
     p.add_argument("--device", default="", help="default: cuda if available, else cpu")
     p.add_argument("--stages", default="generation,critic_step,dpo_step,loop_iteration")
     p.add_argument("--budget_s", type=float, default=420.0, help="skip stages not started after this many seconds")
@@ -117,6 +118,11 @@ def _load(path: Path, device: str, **model_cfg):
 
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
     return load_model(ModelConfig(model=str(path), dtype=dtype, **model_cfg), trainable=bool(model_cfg)).to(device)
+
+
+def _lora_b_norm(model) -> float:
+    """|B| over all LoRA B matrices: 0 at initialisation, > 0 once a step reached them."""
+    return sum(p.detach().float().norm().item() for n, p in model.named_parameters() if "lora_B" in n)
 
 
 def _lora_optimizer(model):
@@ -227,9 +233,10 @@ def critic_step(scale: Scale, path: Path, device: str) -> dict:
     optimizer.zero_grad(set_to_none=True)
     _sync(device)
     seconds = time.perf_counter() - start
+    moved = _lora_b_norm(model)
     del model, optimizer
     return {"sequences": 2, "tokens_per_sequence": scale.critic_len, "lora_r": scale.lora_r,
-            "trainable_params": trainable, "loss": round(loss.mean().item(), 4), "seconds": round(seconds, 2)}
+            "trainable_params": trainable, "lora_b_norm_after": round(moved, 6), "loss": round(loss.mean().item(), 4), "seconds": round(seconds, 2)}
 
 
 def dpo_step(scale: Scale, path: Path, device: str) -> dict:
@@ -260,8 +267,9 @@ def dpo_step(scale: Scale, path: Path, device: str) -> dict:
     optimizer.zero_grad(set_to_none=True)
     _sync(device)
     seconds = time.perf_counter() - start
+    moved = _lora_b_norm(model)
     del model, optimizer
-    return {"pairs": n, "context_tokens": scale.dpo_context, "action_tokens": scale.action_len,
+    return {"pairs": n, "lora_b_norm_after": round(moved, 6), "context_tokens": scale.dpo_context, "action_tokens": scale.action_len,
             "trainable_params": trainable, "loss": round(loss.item(), 4), "loss_dpo": round(metrics["loss/dpo"], 4),
             "seconds": round(seconds, 2)}
 
@@ -302,7 +310,7 @@ def _work_dir(requested: str, out: Path, need_bytes: int) -> Path:
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 1.5 * need_bytes:
         return shm / f"sweet-gpu-check-{os.getpid()}"
-    return out / "work"
+    return Path(tempfile.mkdtemp(prefix="sweet-gpu-check-"))  # not under OUT: its files are collected
 
 
 def run(args) -> dict:
