@@ -388,3 +388,16 @@ def test_all_replicas_failing_raises_after_rounds(scripted):
         engine.generate(CONVS[:1], SamplingParams())
     engine.close()
     assert len(a.requests) == len(b.requests) == 2
+
+
+def test_finish_reason_tells_end_of_turn_from_stop_string_and_length():
+    """vLLM's server names the stop string that ended a choice in `stop_reason` (None:
+    end of turn); trainers append end-of-turn only on "stop"."""
+    from engines.openai_engine import _parse_choice
+
+    choice = lambda reason, stop_reason=None: {"message": {"content": "x"}, "finish_reason": reason,  # noqa: E731
+                                               "stop_reason": stop_reason}
+    assert _parse_choice(choice("stop")).finish_reason == "stop"
+    assert _parse_choice(choice("stop", "\n\n")).finish_reason == "stop_string"
+    assert _parse_choice(choice("stop", 128009)).finish_reason == "stop"  # a stop token id ends the turn
+    assert _parse_choice(choice("length")).finish_reason == "length"
