@@ -125,6 +125,6 @@ class EngineOptions:
     lora_path: str | None = None  # vllm / hf: adapter applied to the base model
     request_timeout: float = 120.0  # openai: seconds per request
     max_concurrency: int = 16  # openai: requests in flight
-    max_retries: int = 5  # openai: retries on 429 / 5xx / connection errors
+    max_retries: int = 5  # openai: retry rounds on 429 / 5xx / connection errors (a round tries every replica)
     api_key: str | None = None  # openai: defaults to $OPENAI_API_KEY or "EMPTY"
     extra: dict[str, Any] = field(default_factory=dict)

@@ -195,12 +195,16 @@ class VLLMEngine:
 
         The tensors go through safetensors files of at most WEIGHT_SHARD_BYTES (in
         /dev/shm when it exists) and `collective_rpc` with the worker extension's
-        `sweet_load_weights(path)`: only a path is sent to the workers. The prefix cache
-        is dropped afterwards so no KV entry of the old weights is reused.
+        `sweet_load_weights(path)`: only a path is sent to the workers, so every
+        tensor-parallel worker must see the folder (true on one node; a multi-node engine
+        needs a shared folder: `EngineOptions(extra={"weights_dir": ...})`). The prefix cache is dropped afterwards so no KV entry of
+        the old weights is reused.
         """
         self._wake()
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        folder = tempfile.mkdtemp(prefix="sweet-weights-", dir=shm)
+        root = self.options.extra.get("weights_dir")
+        if root is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+            root = "/dev/shm"  # RAM: no disk round trip for 16 GB of weights
+        folder = tempfile.mkdtemp(prefix="sweet-weights-", dir=root)
         loaded = 0
         try:
             for path in write_weight_shards(named_tensors, folder):
