@@ -202,7 +202,8 @@ class VLLMEngine:
         """
         self._wake()
         root = self.options.extra.get("weights_dir")
-        if root is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        if (root is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
+                and shutil.disk_usage("/dev/shm").free > 2 * WEIGHT_SHARD_BYTES):  # containers often have 64 MB
             root = "/dev/shm"  # RAM: no disk round trip for 16 GB of weights
         folder = tempfile.mkdtemp(prefix="sweet-weights-", dir=root)
         loaded = 0
