@@ -115,7 +115,9 @@ CONFIGS = (ModelConfig, SweetTrainConfig, SweetConfig, CandidateConfig, RoundsCo
 class Scorer(Protocol):
     """What ranks candidates: sweet.critic.CriticScorer, or any object with this method."""
 
-    def score_states(self, items: Sequence[tuple[State, Sequence[Sequence[int]]]]) -> list[list[float]]: ...
+    def score_states(self, items: Sequence[tuple[State, Sequence[Sequence[int]], Sequence[str | None]]]
+                     ) -> list[list[float]]:
+        """Per (state, candidate action ids, their finish reasons): one advantage per candidate."""
 
 
 def state_key(state: State) -> str:
@@ -149,7 +151,7 @@ def row_candidates(state: State, row: dict) -> list[Candidate]:
                       c["advantage"], c.get("finish_reason")) for c in row["candidates"]]
 
 
-def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cfg: CandidateConfig, path: Path, seed: int) -> None:
+def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cand: CandidateConfig, path: Path, seed: int) -> None:
     """Sample K candidates for every state not yet in `path`, score them, append rows."""
     from tqdm.auto import tqdm
 
@@ -159,10 +161,10 @@ def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cfg: Candi
     _cut_torn_line(path)
     todo = [(i, s) for i, s in enumerate(states) if state_key(s) not in done]
     with path.open("a") as f, tqdm(total=len(states), initial=len(states) - len(todo), desc="candidates") as bar:
-        for start in range(0, len(todo), cfg.sample_batch_size):
-            chunk = todo[start : start + cfg.sample_batch_size]
-            params = SamplingParams(n=cfg.num_candidates, temperature=cfg.temperature, top_p=cfg.top_p,
-                                    max_new_tokens=cfg.max_new_tokens, seed=seed * 1_000_003 + chunk[0][0])
+        for start in range(0, len(todo), cand.sample_batch_size):
+            chunk = todo[start : start + cand.sample_batch_size]
+            params = SamplingParams(n=cand.num_candidates, temperature=cand.temperature, top_p=cand.top_p,
+                                    max_new_tokens=cand.max_new_tokens, seed=seed * 1_000_003 + chunk[0][0])
             results = engine.generate([list(s.prompt) for _, s in chunk], params)
             scores = scorer.score_states([(s, [smp.token_ids for smp in samples], [smp.finish_reason for smp in samples])
                                           for (_, s), samples in zip(chunk, results)])
