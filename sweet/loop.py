@@ -65,6 +65,7 @@ import torch
 from torch import nn
 
 from colbench.types import Episode
+from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION
 from sweet.training import ModelConfig, TrainConfig
 
 ADVANTAGES = ("loo", "grpo", "ppo")
@@ -99,6 +100,9 @@ class LoopConfig:
                                                                   "exceeds this"})
     sampler: str = field(default="", metadata={"help": "'' = the live policy via transformers; 'vllm' = a vLLM engine "
                                                    "that follows the weights (LoRA adapter or weight copy) each iteration"})
+    sampler_gpu_memory_utilization: float = field(default=COLOCATED_GPU_MEMORY_UTILIZATION, metadata={
+        "help": "vllm sampler: share of the GPU it takes beside the policy (the default fits an 8B LoRA policy and "
+                "its sampler on one 80 GB GPU; arithmetic in engines/vllm_engine.py)"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
     max_new_tokens: int = field(default=96, metadata={"help": "tokens per agent turn"})
     max_turns: int | None = field(default=None, metadata={"help": "agent turns per episode (default: the "
@@ -552,16 +556,17 @@ class Sampler:
     full weights in, and the sampler/trainer log-prob gap measures any drift.
     """
 
-    def __init__(self, kind: str, policy, tokenizer, model_path: str, lora: bool, out: Path):
+    def __init__(self, kind: str, policy, tokenizer, model_path: str, lora: bool, out: Path,
+                 gpu_memory_utilization: float = COLOCATED_GPU_MEMORY_UTILIZATION):
         from engines.hf import HFEngine
 
         self.kind, self.policy, self.tokenizer, self.out = kind, policy, tokenizer, out
         if kind == "vllm":
             from engines.base import EngineOptions
-            from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION, VLLMEngine
+            from engines.vllm_engine import VLLMEngine
 
             # the sampler shares the GPU with the policy being trained (arithmetic in engines.vllm_engine)
-            options = EngineOptions(enable_lora=lora, gpu_memory_utilization=COLOCATED_GPU_MEMORY_UTILIZATION,
+            options = EngineOptions(enable_lora=lora, gpu_memory_utilization=gpu_memory_utilization,
                                     max_lora_rank=policy.peft_config["default"].r if lora else None)
             self.engine = VLLMEngine(model_path, options, spec=f"vllm:{model_path}")
             self.lora = lora
@@ -628,7 +633,8 @@ def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -
     sampler = simulator = None
     if acc.is_main_process:  # rollouts on one process (one engine), broadcast to the others
         simulator = load_simulator(loop_cfg.simulator, env)
-        sampler = Sampler(loop_cfg.sampler, policy, tokenizer, resolve_model_path(model_cfg.model), model_cfg.lora, out)
+        sampler = Sampler(loop_cfg.sampler, policy, tokenizer, resolve_model_path(model_cfg.model), model_cfg.lora, out,
+                          loop_cfg.sampler_gpu_memory_utilization)
     ran = updated = 0
     for it in range(start, loop_cfg.iterations):
         batch_tasks = rng.sample(tasks, min(loop_cfg.tasks_per_iteration, len(tasks)))
