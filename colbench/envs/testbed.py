@@ -7,8 +7,8 @@ Each task hides a function from one parametrised family
 
     def f(x):
         if x >= 0:
-            return x * A        # A in 2..9, told only when asked about positive numbers
-        return x + B            # B in 10..20, told only when asked about negative numbers
+            return x * A        # A in {2, 3}, told only when asked about positive numbers
+        return x + B            # B in {10, 20}, told only when asked about negative numbers
 
 The description is vague ("treats positive and negative numbers differently"). The
 scripted human (simulators/testbed.py) answers a question about positive numbers
@@ -18,10 +18,12 @@ asks one question and guesses the other constant earns about half the reward, an
 only an agent that asks both questions and copies both numbers into its code earns
 full reward: multi-turn credit assignment in miniature.
 
-A and B come from disjoint sets of numbers that the tiny tokenizer keeps as single
-tokens, so using a constant the human stated is a content lookup (one attention
-head), not a positional copy that a 2M-parameter model needs thousands of steps to
-learn.
+A and B are single tokens from two disjoint two-value sets, so using a stated
+constant is a small lookup, not a copy that a 2M-parameter model needs thousands of
+steps to learn. The scripted explorer the warm start imitates (simulators/testbed.py)
+chooses per turn between asking about positive numbers, negative numbers, a vague
+question and answering now, and writes a never-right default (x * 1, x + 0) for any
+constant it was not told: success comes only from asking both useful questions.
 """
 
 from __future__ import annotations
@@ -41,8 +43,12 @@ QUESTION_POS = "What happens to positive numbers?"
 QUESTION_NEG = "What happens to negative numbers?"
 QUESTION_VAGUE = "Can you tell me more?"
 
-A_VALUES = tuple(range(2, 10))
-B_VALUES = (10, 11, 12, 13, 14, 17, 18, 19, 20)  # single tokens for the tiny tokenizer
+# Two values per constant: the 2M-parameter warm start learned to copy which of 8 stated
+# values it was told only at chance after 400 steps (it learned *that* it was told), so
+# the lookup is kept small and the difficulty stays in which questions to ask.
+A_VALUES = (2, 3)
+B_VALUES = (10, 20)
+N_TRAIN, N_TEST = 56, 16
 DEFAULT_A, DEFAULT_B = 1, 0  # the explorer's guess for a constant it was not told: never right
 MAX_TURNS = 4  # agent turns: up to three questions, then the answer
 REFERENCE = "def f(x):\n    if x >= 0:\n        return x * {a}\n    return x + {b}\n"
@@ -68,15 +74,15 @@ def make_task(index: int, split: str, a: int, b: int, rng: random.Random) -> Tas
 
 
 def make_tasks(split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-    """Deterministic task sets. The 72 (A, B) combinations are shuffled once and split
-    56 train / 16 test, so test tasks have constant pairs never seen in training."""
-    combos = [(a, b) for a in A_VALUES for b in B_VALUES]
-    random.Random(1234).shuffle(combos)
-    chosen = {"train": combos[:56], "test": combos[56:]}.get(split)
-    if chosen is None:
+    """Deterministic task sets: 56 train and 16 test tasks cycling through the four (A, B)
+    pairs, each with its own hidden test inputs. The description is the same for every
+    task, so a task's constants are learnable only by asking, never by memorising."""
+    sizes = {"train": N_TRAIN, "test": N_TEST}
+    if split not in sizes:
         raise ValueError(f"testbed split must be 'train' or 'test', got {split!r}")
+    combos = [(a, b) for a in A_VALUES for b in B_VALUES]
     rng = random.Random(f"{split}-{seed}")
-    tasks = [make_task(i, split, a, b, rng) for i, (a, b) in enumerate(chosen)]
+    tasks = [make_task(i, split, *combos[i % len(combos)], rng) for i in range(sizes[split])]
     return tasks[:n] if n is not None else tasks
 
 
