@@ -646,12 +646,14 @@ def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -
             broadcast_object_list(box, from_process=0)
         metrics = train_on_episodes(trainer, box[0], loop_cfg, model_cfg, tokenizer, train_cfg.seed * 100_003 + it, ref)
         ran += 1
-        updated += metrics["loop/optimizer_steps"] > 0
+        # learned: some update with some reward signal (min_abs_advantage 0 keeps A = 0 episodes)
+        learned = metrics["loop/optimizer_steps"] > 0 and metrics.get("loop/groups_without_variance", 0.0) < 1.0
+        updated += learned
         trainer.step = it  # LOOP counts checkpoints and metric rows in iterations
         trainer.log(metrics, step=it)
         acc.print(f"[loop] iteration {it}: " + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
-        if metrics["loop/optimizer_steps"] == 0:
-            acc.print(f"[loop] WARNING iteration {it}: no update. " + (
+        if not learned:
+            acc.print(f"[loop] WARNING iteration {it}: nothing learned. " + (
                 NO_VARIANCE_HINT if metrics.get("loop/groups_without_variance") == 1.0 else
                 "no kept episode has generated token ids to train on"), file=sys.stderr)
         trainer.save_checkpoint({"iteration": it})
@@ -660,6 +662,7 @@ def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -
     env.close()
     final = trainer.save_final()
     if ran and not updated:
-        raise SystemExit(f"LOOP: {ran} iteration(s) ran and none updated the weights ({NO_VARIANCE_HINT}). "
+        raise SystemExit(f"LOOP: {ran} iteration(s) ran and none had a reward signal to learn from "
+                         f"({NO_VARIANCE_HINT}). "
                          f"The unchanged model was saved to {final}.")
     return final

@@ -327,3 +327,60 @@ def test_one_iteration_with_a_vllm_sampler(tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
     assert (out / "sampler-adapter" / "adapter_config.json").exists()
+
+
+def runnable_answer_tasks(path: Path) -> Path:
+    """Test-bed tasks whose two tests ("0", "1") do not call f: an answer scores 1 exactly
+    when it runs. The random tiny model sampling one token at temperature 3 writes runnable
+    Python (a digit, "None", "#") now and then, so groups of K episodes differ in reward
+    and LOOP has something to learn from (real sampling, real sandbox scoring)."""
+    from colbench.envs.testbed import make_tasks
+
+    tasks = [replace(t, tests=("0", "1")) for t in make_tasks("train", n=4)]
+    path.write_text("".join(json.dumps(t.to_json()) + "\n" for t in tasks))
+    return path
+
+
+def _final_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_run_gives_the_uninterrupted_weights(tmp_path):
+    """2 iterations, full weights with gradient checkpointing: killed (SIGKILL) once
+    iteration 0's checkpoint exists, then rerun, the final weights and metrics equal an
+    uninterrupted run's (model, optimiser, schedule, RNGs and task sampling restored)."""
+    import signal
+    import time
+
+    tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
+
+    def cmd(out):
+        return [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed",
+                "--model", "tiny", "--tasks", str(tasks), "--gradient_checkpointing", "true", "--iterations", "2",
+                "--tasks_per_iteration", "2", "--k", "8", "--temperature", "3", "--max_new_tokens", "1",
+                "--max_turns", "2", "--batch_size", "3", "--micro_batch_size", "4", "--learning_rate", "1e-3",
+                "--report_to", "none", "--output_dir", str(out)]
+
+    whole = tmp_path / "whole"
+    res = subprocess.run(cmd(whole), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["loop/optimizer_steps"] > 0 for r in rows), rows  # both iterations learned something
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(cmd(killed), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 900
+    while not (killed / "checkpoint-0" / "state.json").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "final").exists(), "the run finished before it could be killed"
+    res = subprocess.run(cmd(killed), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming" in res.stdout + res.stderr
+    a, b = _final_weights(whole / "final"), _final_weights(killed / "final")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (killed / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
