@@ -325,11 +325,19 @@ def test_help_lists_the_algorithm_flags(algorithm, capsys):
 
 @pytest.mark.slow
 def test_mtdpo_two_cpu_processes(data, tmp_path):
+    """Two DDP processes give one process's update (3 pairs, batch 2: the second step has one pair)."""
+    from engines.tiny import tiny_model_path
+
     episodes, _, _ = data
+    args = ["--algorithm", "mtdpo", "--episodes", str(episodes), *FAST, "--pairing", "best_vs_worst",
+            "--learning_rate", "1e-3", "--micro_batch_size", "1", "--batch_size", "2"]
     out = tmp_path / "ddp"
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                 str(REPO / "sweet" / "configs" / "ddp_cpu_2proc.yaml"), "-m"]
-    _cli("--algorithm", "mtdpo", "--episodes", str(episodes), "--output_dir", str(out), *FAST,
-         "--pairing", "best_vs_worst", "--learning_rate", "1e-3", "--micro_batch_size", "1", "--batch_size", "2",
-         launcher=launcher, timeout=600)
+    _cli(*args, "--output_dir", str(out), launcher=launcher, timeout=600)
     _assert_trained(out / "final", out, "loss/dpo")
+    _cli(*args, "--output_dir", str(tmp_path / "one"))
+    start, two, one = _weights(tiny_model_path()), _weights(out / "final"), _weights(tmp_path / "one" / "final")
+    d_two = torch.cat([(two[k] - start[k]).flatten() for k in start])
+    d_one = torch.cat([(one[k] - start[k]).flatten() for k in start])
+    assert ((d_two - d_one).norm() / d_one.norm()).item() < 1e-3
