@@ -154,8 +154,12 @@ def test_multi_turn_dpo_step_by_hand(tmp_path, tiny_tokenizer):
         _assert_same(_sgd_delta(tmp_path, micro, 2, loss_fn, None, 2, tiny_tokenizer), want)
 
 
-def test_checkpoint_resume_restores_model_optimiser_scheduler(tmp_path, tiny_tokenizer):
-    """fit() with a checkpoint every step; a rerun from the first checkpoint ends on the same weights."""
+@pytest.mark.parametrize("lora", [False, True])
+def test_checkpoint_resume_restores_model_optimiser_scheduler(tmp_path, tiny_tokenizer, lora):
+    """fit() with a checkpoint every step; a rerun from the first checkpoint ends on the same weights
+    (LoRA: the adapters, and the merged final model)."""
+    from dataclasses import replace
+
     from sweet.policy_trainer import sft_loss_fn
 
     segs = _segments(6, seed=2)
@@ -166,21 +170,26 @@ def test_checkpoint_resume_restores_model_optimiser_scheduler(tmp_path, tiny_tok
 
     def run():
         _reset_accelerate()
-        trainer = Trainer(MODEL, train, tiny_tokenizer)
+        trainer = Trainer(replace(MODEL, lora=lora, lora_r=4), train, tiny_tokenizer)
         trainer.prepare(trainer.steps_per_epoch(len(segs)) * train.num_epochs)
         final = trainer.fit(list(range(len(segs))), loss_fn, count_fn, save_steps=1)
         return final, _params(trainer.accelerator.unwrap_model(trainer.model)), trainer
 
     final, first, trainer = run()
+    if lora:
+        assert (tmp_path / "run" / "final-adapter").exists()
+    merged = {k: v.clone() for k, v in load_model(replace(MODEL, model=str(final))).state_dict().items()}
     assert trainer.step == 3 and sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == \
         ["checkpoint-1", "checkpoint-2"]
     import shutil
 
     shutil.rmtree(final)
     shutil.rmtree(tmp_path / "run" / "checkpoint-2")  # "killed" after the first checkpoint
-    _, again, trainer = run()
+    final, again, trainer = run()
     for k in first:
         assert torch.equal(first[k], again[k]), k
+    merged_again = load_model(replace(MODEL, model=str(final))).state_dict()
+    assert all(torch.equal(merged[k], merged_again[k]) for k in merged)
     assert math.isclose(trainer.scheduler.get_last_lr()[0], 0.0, abs_tol=1e-12)  # the schedule ran to its end
 
 
