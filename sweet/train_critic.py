@@ -392,7 +392,8 @@ def train(ccfg: CriticConfig, mcfg: ModelConfig, tcfg: CriticTrainConfig) -> dic
         save_resolved_config(out, critic=ccfg, model=mcfg, train=tcfg)
         print(f"critic: {len(data.train_pairs)} training pairs, {len(data.eval_pairs)} held-out pairs, "
               f"{len(data.turns)} turns; {trainer.steps_per_epoch(len(data.train_pairs))} steps/epoch x "
-              f"{tcfg.num_epochs} epochs; {trainer.world} process(es) x {trainer.accum} accumulation step(s)")
+              f"{tcfg.num_epochs} epochs; {trainer.world} process(es) ({acc.distributed_type.value}) x {trainer.accum} "
+              "accumulation step(s)")
     metrics: dict[str, float] = {}
 
     def on_epoch_end(epoch: int) -> dict[str, float]:

@@ -29,6 +29,11 @@ class ValueHeadModel(nn.Module):
     def __init__(self, lm):
         super().__init__()
         self.lm = lm
+        out, inp = lm.get_output_embeddings(), lm.get_input_embeddings()
+        if out is not None and out.weight is not inp.weight:
+            # the LM head never runs: frozen, so DDP does not wait for its gradient
+            # (tied weights stay trainable: they are the input embeddings too)
+            out.requires_grad_(False)
         self.v_head = nn.Linear(lm.config.hidden_size, 1, dtype=torch.float32)
         nn.init.zeros_(self.v_head.weight)
         nn.init.zeros_(self.v_head.bias)
