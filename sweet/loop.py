@@ -477,7 +477,7 @@ def group_advantages(episodes: Sequence[Episode], cfg: LoopConfig) -> tuple[list
         flat += int(bool(torch.all(rewards == rewards[0])))
         if len(group) < 2:
             continue
-        adv = leave_one_out_advantages(rewards) if cfg.advantage == "loo" else grpo_advantages(rewards)
+        adv = grpo_advantages(rewards) if cfg.advantage == "grpo" else leave_one_out_advantages(rewards)
         all_adv += adv.tolist()
         for ep, a in zip(group, adv.tolist()):
             if abs(a) >= cfg.min_abs_advantage:
@@ -501,11 +501,10 @@ def train_on_episodes(trainer, episodes: Sequence[Episode], cfg: LoopConfig, mod
         "env/turns": float(sum(len(e.agent_turns) for e in episodes) / len(episodes)),
         "loop/episodes_total": float(len(episodes)),
     }
+    kept, adv, m = group_advantages(episodes, cfg)  # ppo: only the group metrics
+    metrics.update(m)
     if with_value:
         kept, adv = list(episodes), [0.0] * len(episodes)
-    else:
-        kept, adv, m = group_advantages(episodes, cfg)
-        metrics.update(m)
     metrics["loop/episodes_kept"] = float(len(kept))
     items = turn_items(kept, adv, tokenizer)
     metrics["loop/optimizer_steps"] = 0.0
@@ -525,7 +524,9 @@ def train_on_episodes(trainer, episodes: Sequence[Episode], cfg: LoopConfig, mod
             for i, ai, ti in zip(idx, a, target):
                 items[i].advantage, items[i].value_target = ai, ti
             all_adv += a
-        metrics["loop/advantage_abs_mean"] = float(torch.tensor(all_adv).abs().mean())
+        a = torch.tensor(all_adv)
+        metrics["loop/advantage_abs_mean"] = float(a.abs().mean())
+        metrics["loop/advantage_std"] = float(a.std()) if len(all_adv) > 1 else 0.0
         metrics["loop/value_mean"] = float(torch.tensor([s[2] for s in scored]).mean())
     metrics.update(iteration_update(trainer, items, cfg, model_cfg, pad, seed, with_value))
     return metrics
@@ -646,15 +647,15 @@ def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -
             broadcast_object_list(box, from_process=0)
         metrics = train_on_episodes(trainer, box[0], loop_cfg, model_cfg, tokenizer, train_cfg.seed * 100_003 + it, ref)
         ran += 1
-        # learned: some update with some reward signal (min_abs_advantage 0 keeps A = 0 episodes)
-        learned = metrics["loop/optimizer_steps"] > 0 and metrics.get("loop/groups_without_variance", 0.0) < 1.0
+        # learned: some update with some advantage (min_abs_advantage 0 keeps A = 0 episodes)
+        learned = metrics["loop/optimizer_steps"] > 0 and metrics["loop/advantage_abs_mean"] > 0
         updated += learned
         trainer.step = it  # LOOP counts checkpoints and metric rows in iterations
         trainer.log(metrics, step=it)
         acc.print(f"[loop] iteration {it}: " + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
         if not learned:
             acc.print(f"[loop] WARNING iteration {it}: nothing learned. " + (
-                NO_VARIANCE_HINT if metrics.get("loop/groups_without_variance") == 1.0 else
+                NO_VARIANCE_HINT if metrics["loop/groups_without_variance"] == 1.0 else
                 "no kept episode has generated token ids to train on"), file=sys.stderr)
         trainer.save_checkpoint({"iteration": it})
         if sampler is not None:

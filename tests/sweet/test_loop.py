@@ -384,3 +384,23 @@ def test_killed_and_resumed_run_gives_the_uninterrupted_weights(tmp_path):
     a, b = _final_weights(whole / "final"), _final_weights(killed / "final")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (killed / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
+
+
+def test_ppo_with_lora_and_kl_end_to_end(tmp_path):
+    """The CLI with the value-head policy (LoRA, KL to the adapters-off model): it
+    samples with the LM inside the wrapper, trains, and saves a loadable policy (no head)."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "ppo"
+    cmd = [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
+           "--tasks", str(runnable_answer_tasks(tmp_path / "tasks.jsonl")), "--advantage", "ppo", "--kl_coef", "0.1",
+           "--lora", "true", "--lora_r", "4", "--iterations", "1", "--tasks_per_iteration", "2", "--k", "8",
+           "--temperature", "3", "--max_new_tokens", "1", "--max_turns", "2", "--report_to", "none",
+           "--output_dir", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["loop/episodes_kept"] == 16.0 and row["loop/optimizer_steps"] > 0 and "loss/value" in row
+    assert "loop/kl" in row
+    assert (out / "final-adapter" / "adapter_config.json").exists()
+    AutoModelForCausalLM.from_pretrained(out / "final")  # a plain policy
