@@ -404,3 +404,53 @@ def test_ppo_with_lora_and_kl_end_to_end(tmp_path):
     assert "loop/kl" in row
     assert (out / "final-adapter" / "adapter_config.json").exists()
     AutoModelForCausalLM.from_pretrained(out / "final")  # a plain policy
+
+
+@pytest.mark.slow
+def test_two_process_run_matches_one_and_survives_a_kill(tmp_path):
+    """The CLI under `accelerate launch` with 2 gloo processes (rollouts on the main one,
+    broadcast; each step's turns dealt across both): the same episodes and metrics as 1
+    process and the same weights up to float32 summation order (Adam turns ~1e-9 gradient
+    noise into ~1e-5 steps); SIGKILLed after iteration 0's checkpoint and relaunched, the
+    uninterrupted 2-process weights exactly."""
+    import os
+    import signal
+    import time
+
+    tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+              str(ROOT / "sweet/configs/ddp_cpu_2proc.yaml"), "--main_process_port", "29537", "-m"]
+
+    def cmd(out, launcher=(sys.executable, "-m")):
+        return [*launcher, "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
+                "--tasks", str(tasks), "--iterations", "2", "--tasks_per_iteration", "2", "--k", "8",
+                "--temperature", "3", "--max_new_tokens", "1", "--max_turns", "2", "--batch_size", "3",
+                "--micro_batch_size", "1", "--learning_rate", "1e-3", "--report_to", "none", "--output_dir", str(out)]
+
+    for out, launcher in ((tmp_path / "one", (sys.executable, "-m")), (tmp_path / "two", launch)):
+        res = subprocess.run(cmd(out, launcher), cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("one", "two")}
+    assert all(r["loop/optimizer_steps"] > 0 for r in rows["one"])
+    for r1, r2 in zip(rows["one"], rows["two"]):
+        assert {k: v for k, v in r1.items() if k.startswith("env/")} == {k: v for k, v in r2.items() if k.startswith("env/")}
+        assert r1["loss/policy"] == pytest.approx(r2["loss/policy"], abs=1e-5)
+    a, b = _final_weights(tmp_path / "one" / "final"), _final_weights(tmp_path / "two" / "final")
+    assert all(torch.allclose(a[k], b[k], rtol=0, atol=2e-4) for k in a)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(cmd(killed, launch), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 900
+    while not (killed / "checkpoint-0" / "state.json").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both workers
+    proc.wait()
+    time.sleep(1)
+    assert not (killed / "final").exists(), "the run finished before it could be killed"
+    res = subprocess.run(cmd(killed, launch), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming" in res.stdout + res.stderr
+    c = _final_weights(killed / "final")
+    assert all(torch.equal(b[k], c[k]) for k in b)
