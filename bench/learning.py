@@ -1,16 +1,28 @@
-"""Proof of learning on CPU: RFT, multi-turn DPO, SWEET-RL and LOOP from one warm start.
+"""Proof of learning on CPU: every algorithm and SWEET-RL's ablations from one warm start.
 
-    python bench/learning.py                          # 3 seeds, ~1 hour on 2 cores
-    python bench/learning.py --seeds 1 --algorithms sweet,loop --out runs/learning-quick
+    python bench/learning.py                                   # 3 seeds (0, 1, 2)
+    python bench/learning.py --seeds 3 --seed-start 10         # seeds 10, 11, 12
+    python bench/learning.py --seeds 1 --policies sweet,mtdpo --out runs/learning-quick
 
-All algorithms start from the same warm-started tiny model (sweet/warm_start.py) on
-the CPU test bed (colbench/envs/testbed.py) and get the same sample budget: K
-episodes per train task (the offline algorithms learn from one collected set per
-seed; LOOP collects the same number of episodes online). SWEET-RL additionally
-samples single-turn candidates per state for stage 2, as in the paper; they are
-counted and reported. Each trained policy is evaluated on the held-out test tasks
-(sampled episodes per task); the table shows success rate and tests passed with 95%
-intervals over seeds, and wall time; learning curves go to learning.png.
+All policies start from the same warm-started tiny model (sweet/warm_start.py, built
+once into OUT/warm_start) on the CPU test bed (colbench/envs/testbed.py). Per seed,
+one set of K episodes per train task is collected with the warm start and every
+offline algorithm learns from it; LOOP collects the same number of episodes online.
+SWEET-RL and its ablations also sample single-turn candidates at stage 2, as in the
+paper. Every policy's sample count (episodes + stage-2 candidates) is counted from
+what it actually read or generated and reported, as is its training wall time.
+
+Policies: warm_start, rft, mtdpo, sweet, loop, and the paper's SWEET-RL ablations
+  sweet_no_info     critic without the training-time information (--training_info false)
+  sweet_value_head  critic with a regression head instead of the LM-head advantage (--head value)
+  sweet_sum         sum instead of mean over the action's tokens (--length_normalize false)
+
+Each trained policy is evaluated on the held-out test tasks (sampled episodes per
+task). Intervals are 95% percentile-bootstrap intervals over (seed x held-out task)
+clusters (colbench.stats.bootstrap_ci), so they stay inside [0, 1]. Outputs in OUT:
+summary.json ({"seeds", "policies": {name: {"success_rate", "tests_passed",
+"samples", "train_wall_s"}}}), results.md, results.json (per-seed values, sample
+breakdown, timings) and learning.png (training curves).
 """
 
 from __future__ import annotations
@@ -25,102 +37,168 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-ALGORITHMS = ("rft", "mtdpo", "sweet", "loop")
+# policy -> (training algorithm, extra train_critic flags for SWEET variants)
+POLICIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "rft": ("rft", ()),
+    "mtdpo": ("mtdpo", ()),
+    "sweet": ("sweet", ()),
+    "loop": ("loop", ()),
+    "sweet_no_info": ("sweet", ("--training_info", "false")),
+    "sweet_value_head": ("sweet", ("--head", "value")),
+    "sweet_sum": ("sweet", ("--length_normalize", "false")),
+}
+CURVE_KEY = {"rft": "loss/nll", "mtdpo": "loss/dpo", "sweet": "loss/dpo", "loop": "env/reward"}
 
 
-def ci95(values: list[float]) -> tuple[float, float, float]:
-    """Mean and a normal-approximation 95% interval over seeds (t-value for small n)."""
-    t = {1: 0.0, 2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78}.get(len(values), 1.96)
-    mean = statistics.fmean(values)
-    half = t * statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
-    return mean, mean - half, mean + half
-
-
-def run_seed(seed: int, algorithms: list[str], warm: Path, out: Path, setup) -> dict[str, dict]:
-    from sweet.pipeline import collect_episodes, evaluate, timed, train_critic, train_policy
+def run_seed(seed: int, policies: list[str], warm: Path, out: Path, setup) -> dict[str, dict]:
+    """Collect, train every policy, evaluate all of them; returns per-policy samples,
+    wall time and the evaluation episodes."""
+    from sweet.pipeline import collect_episodes, count_samples, evaluate, timed, train_critic, train_policy
 
     sd = out / f"seed{seed}"
     with timed(setup, f"seed{seed}/collect"):
         episodes = collect_episodes(str(warm), setup, sd / "episodes.jsonl", seed=seed)
     models = {"warm_start": str(warm)}
-    for algo in algorithms:
+    info: dict[str, dict] = {"warm_start": {"samples": {"episodes": 0, "candidates": 0}, "train_wall_s": 0.0}}
+    for name in policies:
+        algo, critic_flags = POLICIES[name]
         t0 = time.perf_counter()
-        critic = None
-        if algo == "sweet":
-            critic = train_critic(episodes, str(warm), setup, sd / "critic", seed=seed)
-        models[algo] = str(train_policy(algo, episodes, str(warm), setup, sd / algo, critic=critic, seed=seed))
-        setup.timings[f"seed{seed}/{algo}"] = time.perf_counter() - t0
+        note = ""
+        try:
+            critic = train_critic(episodes, str(warm), setup, sd / f"critic_{name}", seed=seed,
+                                  extra=critic_flags) if algo == "sweet" else None
+            models[name] = str(train_policy(algo, episodes, str(warm), setup, sd / name, critic=critic, seed=seed))
+        except ValueError as e:  # e.g. RFT with no successful episode: evaluated as the warm start, and said so
+            note = f"untrained ({e})"
+            print(f"seed {seed} {name}: {note}", flush=True)
+            models[name] = str(warm)
+        info[name] = {"samples": count_samples(algo, episodes, sd / name), "train_wall_s": time.perf_counter() - t0,
+                      "note": note}
     rows = evaluate(models, setup, sd / "eval")
-    return {r["agent"]: r for r in rows}
+    for row in rows:
+        info[row["agent"]]["eval_episodes"] = sd / "eval" / "episodes" / f"{row['agent']}.jsonl"
+    return info
 
 
-def main(argv: list[str] | None = None) -> None:
+def cluster_metrics(per_seed: dict[int, Path]) -> dict[str, dict]:
+    """success_rate and tests_passed over all evaluation episodes of all seeds, with
+    bootstrap intervals over (seed, task) clusters."""
+    from colbench.stats import bootstrap_ci
+    from sweet.data import load_episodes
+
+    success: dict[tuple[int, str], list[float]] = {}
+    reward: dict[tuple[int, str], list[float]] = {}
+    for seed, path in per_seed.items():
+        for ep in load_episodes(path, env="testbed"):
+            success.setdefault((seed, ep.task_id), []).append(float(ep.success))
+            reward.setdefault((seed, ep.task_id), []).append(float(ep.reward))
+    return {"success_rate": bootstrap_ci(list(success.values())).to_json(),
+            "tests_passed": bootstrap_ci(list(reward.values())).to_json()}
+
+
+def summarise(results: dict[int, dict[str, dict]], names: list[str]) -> dict:
+    """The issue's summary.json: {"seeds": S, "policies": {name: M}}."""
+    policies = {}
+    for name in names:
+        m = cluster_metrics({s: r[name]["eval_episodes"] for s, r in results.items()})
+        samples = [sum(r[name]["samples"].values()) for r in results.values()]
+        walls = [r[name]["train_wall_s"] for r in results.values()]
+        policies[name] = {**m, "samples": int(round(statistics.fmean(samples))),
+                          "train_wall_s": round(statistics.fmean(walls), 1)}
+    return {"seeds": len(results), "policies": policies}
+
+
+def table(summary: dict, results: dict[int, dict[str, dict]]) -> str:
+    lines = ["| policy | success rate [95% CI] | tests passed [95% CI] | samples (episodes + candidates) | train wall s |",
+             "|---|---|---|---|---|"]
+    for name, m in summary["policies"].items():
+        s, t = m["success_rate"], m["tests_passed"]
+        ep = statistics.fmean(r[name]["samples"]["episodes"] for r in results.values())
+        ca = statistics.fmean(r[name]["samples"]["candidates"] for r in results.values())
+        lines.append(f"| {name} | {s['value']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}] | "
+                     f"{t['value']:.3f} [{t['ci95'][0]:.3f}, {t['ci95'][1]:.3f}] | "
+                     f"{m['samples']} ({ep:.0f} + {ca:.0f}) | {m['train_wall_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    p.add_argument("--episodes-per-task", type=int, default=4)
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds (S)")
+    p.add_argument("--seed-start", "--seed_start", type=int, default=0, help="first seed (K): seeds K..K+S-1")
+    p.add_argument("--policies", "--algorithms", default=",".join(POLICIES),
+                   help=f"comma list from {', '.join(POLICIES)} (warm_start is always evaluated)")
+    p.add_argument("--episodes-per-task", "--episodes_per_task", type=int, default=None,
+                   help="K episodes per train task (default: the test bed's, sweet/pipeline.py)")
+    p.add_argument("--train-limit", "--train_limit", type=int, default=None,
+                   help="collect on the first N train tasks only (quick checks)")
+    p.add_argument("--test-limit", "--test_limit", type=int, default=None, help="evaluate on the first N test tasks")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "learning")
     args = p.parse_args(argv)
-    algorithms = [a for a in args.algorithms.split(",") if a]
-    unknown = set(algorithms) - set(ALGORITHMS)
+    policies = [a for a in args.policies.split(",") if a and a != "warm_start"]
+    unknown = set(policies) - set(POLICIES)
     if unknown:
-        p.error(f"unknown algorithms {sorted(unknown)}; choose from {ALGORITHMS}")
+        p.error(f"unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}")
+    if args.seeds < 1:
+        p.error("--seeds must be >= 1")
 
-    from sweet import warm_start
-    from sweet.pipeline import TestbedSetup
+    from sweet.pipeline import TestbedSetup, warm_start
 
-    setup = TestbedSetup(episodes_per_task=args.episodes_per_task)
+    setup = TestbedSetup()
+    if args.episodes_per_task:
+        setup.episodes_per_task = args.episodes_per_task
+    setup.train_limit, setup.test_limit = args.train_limit, args.test_limit
     t0 = time.perf_counter()
-    warm = warm_start.main(warm_start.WarmStartConfig(output_dir=str(args.out / "warm_start")))
+    warm = warm_start(args.out / "warm_start")
     setup.timings["warm_start"] = time.perf_counter() - t0
-    results = [run_seed(s, algorithms, warm, args.out, setup) for s in range(args.seeds)]
+    seeds = list(range(args.seed_start, args.seed_start + args.seeds))
+    results = {s: run_seed(s, policies, warm, args.out, setup) for s in seeds}
 
-    names = ["warm_start", *algorithms]
-    lines = ["| policy | success rate (95% CI) | tests passed (95% CI) | train wall s (mean) |", "|---|---|---|---|"]
-    summary = {}
-    for name in names:
-        succ = [r[name]["metrics"]["success_rate"]["value"] for r in results]
-        tests = [r[name]["metrics"]["tests_passed"]["value"] for r in results]
-        wall = [setup.timings.get(f"seed{s}/{name}", 0.0) for s in range(args.seeds)]
-        s_m, s_lo, s_hi = ci95(succ)
-        t_m, t_lo, t_hi = ci95(tests)
-        summary[name] = {"success": succ, "tests_passed": tests, "wall_s": wall}
-        lines.append(f"| {name} | {s_m:.3f} [{s_lo:.3f}, {s_hi:.3f}] | {t_m:.3f} [{t_lo:.3f}, {t_hi:.3f}] | "
-                     f"{statistics.fmean(wall):.0f} |")
-    table = "\n".join(lines)
-    print("\n" + table)
-    print(f"\nwarm start: {setup.timings['warm_start']:.0f} s; sample budget: {args.episodes_per_task} episodes per "
-          f"train task per seed; SWEET-RL also samples {setup.candidates} candidates per state")
+    names = ["warm_start", *policies]
+    summary = summarise(results, names)
+    text = table(summary, results)
+    print("\n" + text)
+    for s, r in results.items():
+        for n in names:
+            if r[n].get("note"):
+                print(f"note: seed {s} {n}: {r[n]['note']}")
+    print(f"\nseeds {seeds}; {setup.episodes_per_task} episodes per train task per seed; SWEET-RL variants also "
+          f"sample {setup.candidates} candidates per stage-2 state; warm start {setup.timings['warm_start']:.0f} s")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"summary": summary, "timings": setup.timings}, indent=2))
-    (args.out / "results.md").write_text(table + "\n")
-    plot_curves(args.out, algorithms, args.seeds)
-    print(f"results: {args.out / 'results.md'}; curves: {args.out / 'learning.png'}")
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    per_seed = {str(s): {n: {k: r[n].get(k) for k in ("samples", "train_wall_s", "note")} for n in names}
+                for s, r in results.items()}
+    (args.out / "results.json").write_text(json.dumps({"per_seed": per_seed, "timings": setup.timings}, indent=2))
+    (args.out / "results.md").write_text(text + "\n")
+    plot_curves(args.out, policies, seeds)
+    print(f"summary: {args.out / 'summary.json'}; table: {args.out / 'results.md'}; curves: {args.out / 'learning.png'}")
+    return summary
 
 
-def plot_curves(out: Path, algorithms: list[str], seeds: int) -> None:
+def plot_curves(out: Path, policies: list[str], seeds: list[int]) -> None:
     """Training curves from each run's metrics.jsonl (loss, and LOOP's reward per iteration)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(algorithms), figsize=(4 * len(algorithms), 3), squeeze=False)
-    for ax, algo in zip(axes[0], algorithms):
-        key = {"loop": "env/reward", "rft": "loss/nll", "mtdpo": "loss/dpo", "sweet": "loss/dpo"}[algo]
-        for s in range(seeds):
-            path = out / f"seed{s}" / algo / "metrics.jsonl"
+    fig, axes = plt.subplots(1, len(policies), figsize=(4 * len(policies), 3), squeeze=False)
+    for ax, name in zip(axes[0], policies):
+        key = CURVE_KEY[POLICIES[name][0]]
+        for s in seeds:
+            path = out / f"seed{s}" / name / "metrics.jsonl"
             if not path.exists():
                 continue
-            rows = [json.loads(line) for line in path.read_text().splitlines()]
-            pts = [(r["step"], r[key]) for r in rows if key in r]
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            pts = [(r["step"], r[key]) for r in rows if key in r and "step" in r]
             if pts:
                 ax.plot(*zip(*pts), label=f"seed {s}")
-        ax.set_title(f"{algo}: {key}")
-        ax.set_xlabel("iteration" if algo == "loop" else "step")
-        ax.legend(fontsize=7)
+        ax.set_title(f"{name}: {key}")
+        ax.set_xlabel("iteration" if name == "loop" else "step")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "learning.png", dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ Steps (each skipped when its output exists, so an interrupted run resumes):
   2. collect K episodes per train task with the warm-started policy;
   3. SWEET-RL stage 1: train the critic with the training-time information;
   4. SWEET-RL stage 2: sample candidates per state, rank them with the critic, DPO;
-  5. evaluate warm start vs SWEET-RL on held-out tasks: leaderboard + report.
+  5. evaluate warm start vs SWEET-RL on held-out tasks: leaderboard + report;
+  6. the per-turn credit inspector (sweet/inspect_critic.py): an HTML page with the
+     critic's advantage on every agent turn and the ranked stage-2 candidates.
 
 The test bed is not ColBench: see colbench/envs/testbed.py and the README.
 """
@@ -32,25 +34,25 @@ class DemoConfig:
 def main(argv: list[str] | None = None) -> Path:
     import torch
 
-    from sweet import warm_start
-    from sweet.pipeline import TestbedSetup, collect_episodes, evaluate, timed, train_critic, train_policy
+    from sweet import inspect_critic
+    from sweet.pipeline import (TestbedSetup, collect_episodes, compare, evaluate, timed, train_critic, train_policy,
+                                warm_start)
     from sweet.training import parse_configs
 
     (cfg,) = parse_configs([DemoConfig], argv, description=__doc__.split("\n\n")[0])
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(cfg.output_dir)
     setup = TestbedSetup(episodes_per_task=cfg.episodes_per_task)
-    warm_cfg = warm_start.WarmStartConfig(output_dir=str(out / "warm_start"), seed=cfg.seed)
     if cfg.smoke:
         setup = TestbedSetup(episodes_per_task=2, train_limit=8, test_limit=4, eval_seeds=1, candidates=2,
                              max_new_tokens=48, stage2_episodes=16)
-        warm_cfg.n_dialogues, warm_cfg.epochs = 160, 1
-    steps = ["warm start", "collect episodes", "train critic", "train policy (SWEET-RL)", "evaluate"]
+    steps = ["warm start", "collect episodes", "train critic", "train policy (SWEET-RL)", "evaluate",
+             "per-turn credit inspector"]
     say = lambda i: print(f"\n=== [{i + 1}/{len(steps)}] {steps[i]} ===", flush=True)  # noqa: E731
 
     say(0)
     with timed(setup, "warm_start"):
-        warm = warm_start.main(warm_cfg)
+        warm = warm_start(out / "warm_start", seed=cfg.seed, smoke=cfg.smoke)
     say(1)
     with timed(setup, "collect"):
         episodes = collect_episodes(str(warm), setup, out / "episodes" / "train.jsonl", seed=cfg.seed)
@@ -67,6 +69,11 @@ def main(argv: list[str] | None = None) -> Path:
     say(4)
     with timed(setup, "evaluate"):
         rows = evaluate({"warm_start": str(warm), "sweet_rl": str(policy)}, setup, out / "leaderboard")
+    say(5)
+    with timed(setup, "inspect"):
+        page = inspect_critic.main(["--critic", str(critic), "--episodes", str(episodes), "--output", str(out / "inspect"),
+                                    "--candidates", str(out / "sweet" / "candidates.jsonl"),
+                                    "--tasks", setup.train_tasks, "--max_episodes", "40"])
 
     print("\n=== results (held-out test-bed tasks) ===")
     for row in rows:
@@ -74,10 +81,12 @@ def main(argv: list[str] | None = None) -> Path:
         print(f"{row['agent']:>12}: success {m['success_rate']['value']:.3f} "
               f"[{m['success_rate']['ci95'][0]:.3f}, {m['success_rate']['ci95'][1]:.3f}]  "
               f"tests passed {m['tests_passed']['value']:.3f}")
+    print(compare(rows, "warm_start", "sweet_rl"))
     (out / "timings.json").write_text(json.dumps(setup.timings, indent=2))
     print("\nwall time per step (s): " + ", ".join(f"{k} {v:.0f}" for k, v in setup.timings.items()))
     print(f"leaderboard: {out / 'leaderboard' / 'leaderboard.md'}")
     print(f"report with plots: {out / 'leaderboard' / 'report.html'}")
+    print(f"per-turn credit inspector: {page}")
     print(f"critic metrics: {out / 'critic' / 'metrics.jsonl'}; policy metrics: {out / 'sweet' / 'metrics.jsonl'}")
     return out
 

@@ -38,6 +38,39 @@ class TestbedSetup:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
+    """The shared warm start (sweet/warm_start.py), in two phases on the scripted
+    explorer's dialogues (simulators/testbed.py):
+
+    1. copy:   an explorer that always asks three questions (p_ask 1.0), so most
+               answers use a constant the human stated: the tiny model learns to
+               copy it (measured: one mixed phase at p_ask 0.6 left the warm start
+               copying almost never, success 1.7% even after asking both questions);
+    2. behave: from phase 1's model, the explorer at p_ask 0.6, which sets the
+               per-turn question/answer choices that RL then has to improve.
+    Phase 2 is the policy every algorithm starts from (OUT/behave/final)."""
+    from sweet.warm_start import WarmStartConfig
+    from sweet.warm_start import main as run
+
+    if smoke:  # toy sizes: one short phase
+        return run(WarmStartConfig(output_dir=str(out / "behave"), seed=seed, n_dialogues=160, epochs=1))
+    copy = run(WarmStartConfig(output_dir=str(out / "copy"), seed=seed, p_ask=1.0, n_dialogues=1600, epochs=1,
+                               batch_size=16, learning_rate=2e-3))
+    return run(WarmStartConfig(output_dir=str(out / "behave"), model=str(copy), seed=seed + 1, p_ask=0.6,
+                               n_dialogues=600, epochs=1, batch_size=16, learning_rate=1e-3))
+
+
+def compare(rows: list[dict], base: str, new: str) -> str:
+    """One line: `new`'s success rate as a multiple of `base`'s, and whether their
+    95% intervals are disjoint."""
+    m = {r["agent"]: r["metrics"]["success_rate"] for r in rows}
+    b, n = m[base], m[new]
+    ratio = n["value"] / b["value"] if b["value"] > 0 else float("inf") if n["value"] > 0 else 1.0
+    disjoint = n["ci95"][0] > b["ci95"][1] or n["ci95"][1] < b["ci95"][0]
+    return (f"{new} success / {base} success = {ratio:.2f}x; 95% intervals "
+            f"{'disjoint' if disjoint else 'overlap'}")
+
+
 def timed(setup: TestbedSetup, name: str):
     """Context manager adding the step's wall time to setup.timings[name]."""
 
@@ -70,7 +103,9 @@ def collect_episodes(model: str, setup: TestbedSetup, out_path: Path, seed: int 
     return out_path
 
 
-def train_critic(episodes: Path, base_model: str, setup: TestbedSetup, out: Path, seed: int = 0) -> Path:
+def train_critic(episodes: Path, base_model: str, setup: TestbedSetup, out: Path, seed: int = 0,
+                 extra: Sequence[str] = ()) -> Path:
+    """SWEET-RL stage 1 on `episodes`; `extra` adds train_critic flags (the ablations)."""
     from sweet import train_critic
 
     if not (out / "final").exists():
@@ -78,8 +113,25 @@ def train_critic(episodes: Path, base_model: str, setup: TestbedSetup, out: Path
             "--episodes", str(episodes), "--tasks", setup.train_tasks, "--env", setup.env, "--model", base_model,
             "--output_dir", str(out), "--num_epochs", "4", "--learning_rate", "1e-3", "--batch_size", "8",
             "--micro_batch_size", "4", "--success_threshold", "0.5", "--report_to", "none", "--seed", str(seed),
-            "--max_length", "512", "--keep_head", "64"])
+            "--max_length", "512", "--keep_head", "64", *extra])
     return out
+
+
+def count_samples(algorithm: str, episodes: Path, out: Path) -> dict[str, int]:
+    """What a trained policy consumed, counted from the files: episodes it learned
+    from (offline: the collected file; LOOP: the episodes it generated) and stage-2
+    candidates it sampled (SWEET-RL)."""
+    def lines(path: Path) -> int:
+        return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0
+
+    if algorithm == "loop":
+        return {"episodes": sum(lines(p) for p in sorted((out / "episodes").glob("*.jsonl"))), "candidates": 0}
+    candidates = 0
+    if algorithm == "sweet" and (out / "candidates.jsonl").exists():
+        for line in (out / "candidates.jsonl").read_text().splitlines():
+            if line.strip():
+                candidates += len(json.loads(line)["candidates"])
+    return {"episodes": lines(episodes), "candidates": candidates}
 
 
 def train_policy(algorithm: str, episodes: Path, base_model: str, setup: TestbedSetup, out: Path,
@@ -110,7 +162,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
                 "--max_episodes", str(setup.stage2_episodes)]
     elif algorithm == "loop":
         n_tasks = 8
-        budget = 56 * setup.episodes_per_task  # the same number of episodes as the offline algorithms
+        budget = (setup.train_limit or 56) * setup.episodes_per_task  # as many episodes as the offline algorithms
         args = ["--env", setup.env, "--simulator", setup.simulator, "--tasks", setup.train_tasks,
                 "--iterations", str(max(1, budget // (n_tasks * 6))), "--tasks_per_iteration", str(n_tasks),
                 "--k", "6", "--max_turns", str(setup.max_turns), "--max_new_tokens", str(setup.max_new_tokens),

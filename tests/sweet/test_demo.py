@@ -1,5 +1,5 @@
 """The README's main job, end to end at toy sizes: warm start -> episodes -> critic ->
-SWEET-RL policy -> leaderboard (the full-size run is `bash scripts/demo.sh`)."""
+SWEET-RL policy -> leaderboard -> credit inspector (the full-size run is `bash scripts/demo.sh`)."""
 
 import json
 import subprocess
@@ -22,8 +22,13 @@ def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     assert (out / "critic" / "critic_config.json").exists()
     assert (out / "sweet" / "final" / "config.json").exists()
     assert "leaderboard:" in res.stdout and "report with plots:" in res.stdout
+    assert "sweet_rl success / warm_start success =" in res.stdout
+    # the credit inspector shows the critic's advantage on the training dialogues' turns
+    page = (out / "inspect" / "index.html").read_text()
+    assert "per-turn credit inspector: " + str(out / "inspect" / "index.html") in res.stdout
+    assert page.count("A = ") >= 8 and "stage 2:" in page
     # the warm start learned the dialogue format from the scripted explorer
-    warm_metrics = [json.loads(line) for line in (out / "warm_start" / "metrics.jsonl").read_text().splitlines()]
+    warm_metrics = [json.loads(line) for line in (out / "warm_start" / "behave" / "metrics.jsonl").read_text().splitlines()]
     nll = [m["loss/nll"] for m in warm_metrics if "loss/nll" in m]
     assert nll[-1] < nll[0] / 2
     # every step's output exists, so a rerun skips them all and prints the same table
