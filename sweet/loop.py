@@ -89,15 +89,17 @@ class LoopConfig:
                                                                 "trajectory"})
     advantage: str = field(default="loo", metadata={"help": "loo: leave-one-out (LOOP); grpo: group mean/std "
                                                             "normalised; ppo: learned value head + GAE over turns"})
-    gae_lambda: float = field(default=1.0, metadata={"help": "ppo: GAE λ over turns (1 = return minus V(s_t))"})
+    gae_lambda: float = field(default=1.0, metadata={"help": "ppo: GAE λ over turns, γ = 1 (1 = return minus "
+                                                                 "V(s_t)); the paper does not give its PPO's settings"})
     value_coef: float = field(default=0.5, metadata={"help": "ppo: weight of the value loss"})
     min_abs_advantage: float = field(default=0.01, metadata={"help": "loo/grpo: drop episodes with |A| below this"})
     kl_coef: float = field(default=0.0, metadata={"help": "per-token KL penalty to the initial model (0 = none, "
                                                           "as LOOP)"})
-    old_logprobs: str = field(default="trainer", metadata={"help": "pi_old from the 'trainer' (recomputed) or the "
-                                                                   "'sampler'"})
+    old_logprobs: str = field(default="trainer", metadata={"help": "pi_old from the 'trainer' (recomputed at the start "
+                                                                   "of each iteration, so rho = 1 on its first step; "
+                                                                   "departure) or the 'sampler' (the paper)"})
     max_logprob_gap: float = field(default=2.0, metadata={"help": "mask tokens whose sampler/trainer log-prob gap "
-                                                                  "exceeds this"})
+                                                                  "exceeds this (a guard the paper does not have)"})
     sampler: str = field(default="", metadata={"help": "'' = the live policy via transformers; 'vllm' = a vLLM engine "
                                                    "that follows the weights (LoRA adapter or weight copy) each iteration"})
     sampler_gpu_memory_utilization: float = field(default=COLOCATED_GPU_MEMORY_UTILIZATION, metadata={
