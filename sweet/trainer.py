@@ -123,6 +123,7 @@ class Trainer:
         self.model = (model if model is not None else load_model(model_cfg)).to(self.accelerator.device)
         self.model.train()
         self.optimizer = self.scheduler = None
+        self.base_accum = self.accelerator.gradient_accumulation_steps
         self.step = 0
         self.logger = MetricsLogger(self.out, train.report_to, self.accelerator.is_main_process, run_config)
 
@@ -177,10 +178,12 @@ class Trainer:
     def optimizer_step(self, step_items: Sequence[Any], loss_fn: LossFn, count_fn: CountFn | None = None
                        ) -> dict[str, float]:
         """One optimiser step on `step_items` (the WHOLE step's items, the same list on
-        every process); returns the step's metrics (Σ/N over all processes, grad norm, lr)."""
+        every process; more than `batch_size` items take more accumulation rounds);
+        returns the step's metrics (Σ/N over all processes, grad norm, lr)."""
         import torch
 
         acc, model = self.accelerator, self.model
+        self._fit_accumulation(len(step_items))
         total = float(sum(count_fn(it) for it in step_items)) if count_fn else float(len(step_items))
         if total <= 0:
             raise ValueError(f"optimiser step {self.step + 1}: the items hold no loss units (count {total})")
@@ -209,6 +212,18 @@ class Trainer:
         metrics["train/grad_norm"] = float("nan") if grad_norm is None else float(grad_norm)
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         return metrics
+
+    def _fit_accumulation(self, n_items: int) -> None:
+        """Accumulation rounds for a step of `n_items`: the configured ones, or more when a
+        step holds more items than `batch_size` (LOOP: a step is whole trajectories, a
+        variable number of turns). DeepSpeed fixes them in its engine: there a step must fit."""
+        per_round = self.train.micro_batch_size * self.world
+        need = max(self.base_accum, math.ceil(n_items / per_round))
+        if need != self.accum:
+            if self.accelerator.state.deepspeed_plugin is not None:
+                raise ValueError(f"{n_items} items do not fit one DeepSpeed step of {self.base_accum} x {per_round}")
+            self.accelerator.gradient_accumulation_steps = need
+        self.accelerator.step = 0  # accumulate() counts micro-batches from the start of this step
 
     # ---- the epoch loop --------------------------------------------------------------------
 

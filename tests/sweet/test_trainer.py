@@ -222,3 +222,20 @@ def test_reference_cache_is_keyed_by_the_pairs_content(tmp_path, tiny_tokenizer)
     blob["logps"] = [[-1.0, -2.0], [-3.0, -4.0]]  # mark the cache: the same pairs must read it back
     path.write_text(json.dumps(blob))
     assert reference_logps(trainer, other, path).tolist() == [[-1.0, -2.0], [-3.0, -4.0]]
+
+
+def test_a_step_larger_than_batch_size_takes_more_accumulation_rounds(tmp_path, tiny_tokenizer):
+    """LOOP's steps hold whole trajectories (a variable number of turns): 5 items with
+    batch_size 2 and micro 1 still give the gradient of the 5 items' token mean."""
+    from sweet.policy_trainer import sft_loss_fn
+
+    segs = _segments(5, seed=4)
+    pad = int(tiny_tokenizer.pad_token_id)
+    loss_fn, count_fn = sft_loss_fn(segs, MODEL, pad), (lambda i: len(segs[i].action))
+    n_tokens = sum(len(s.action) for s in segs)
+
+    def expected(model):
+        sums, _ = segment_logps(model, segs, pad_id=pad, max_length=MODEL.max_length, keep_head=MODEL.keep_head)
+        return -sums.sum() / n_tokens
+
+    _assert_same(_sgd_delta(tmp_path, 1, 2, loss_fn, count_fn, 5, tiny_tokenizer), _grad(expected))
