@@ -1,7 +1,7 @@
 """The one training skeleton: every trainer here is a loss hook + its data on top of it.
 
     trainer = Trainer(model_cfg, train_cfg, tokenizer)   # accelerate, seed, initial model
-    trainer.prepare(total_steps)                         # AdamW + linear schedule, accelerator.prepare
+    trainer.prepare(total_steps)                         # AdamW (or optimizer=) + linear schedule, prepare
     ...                                                  # reference log-probs etc. with trainer.model
     final = trainer.fit(items, loss_fn, count_fn)        # epochs, checkpoints, resume, metrics, final/
 
@@ -25,7 +25,7 @@ count N = Σ count_fn over the step's items (all micro-batches, all processes), 
     gradient of one optimiser step = ∇ (1/N) Σ_{units of the step} loss
 
 whatever `micro_batch_size` and the number of processes: the update is the same
-(tests/sweet/test_trainer.py compares the weights). Scaling, why: accelerate's
+(tests/sweet/test_trainer.py, test_policy_invariance.py compare the weights). Scaling, why: accelerate's
 `backward` divides by the accumulation steps and DDP/FSDP/DeepSpeed average the
 gradients over processes, so each micro-batch's `loss_sum` is multiplied by
 world·accum/N (`optimizer_step`). `metric_sums` are sums over the same units (floats);
@@ -34,9 +34,10 @@ the trainer logs Σ/N per key (so a hook returns `mean * batch` for a per-pair m
 Batches: an optimiser step takes `batch_size` items (the last step of an epoch what is
 left) from a seeded per-epoch permutation; item j of the step goes to micro-batch slot
 j // micro, slot s to process s % world, accumulation round s // world. Every process
-runs the same number of forward/backward passes (`accum`, from batch/(micro·world)): an
-empty slot re-runs the step's first item with weight 0 (FSDP and DeepSpeed need equal
-collective counts; DDP needs the last backward on every rank).
+runs the same number of forward/backward passes (`accum`, from batch/(micro·world),
+more for a larger step given to `optimizer_step`): an empty slot re-runs the step's
+first item with weight 0 (FSDP and DeepSpeed need equal collective counts; DDP needs
+the last backward on every rank).
 
 Checkpoints: `accelerator.save_state`/`load_state` (model, optimiser, scheduler, the
 RNGs of every process, any backend), called by EVERY process, into
