@@ -51,6 +51,7 @@ from sweet.training import ModelConfig
 
 STAGES = ("all", "sample", "train")
 CANDIDATES_FILE = "candidates.jsonl"
+SAMPLING_FILE = "candidates.settings.json"  # what candidates.jsonl was sampled and scored with
 
 
 @dataclass
@@ -172,6 +173,25 @@ def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cand: Cand
                 f.write(json.dumps(_row(s, samples, advs)) + "\n")
             f.flush()
             bar.update(len(chunk))
+
+
+def check_sampling_settings(path: Path, model_cfg: ModelConfig, cfg: SweetConfig, cand: CandidateConfig,
+                            seed: int) -> None:
+    """A rerun appends to candidates.jsonl only with the settings it was sampled with
+    (stale candidates from another sampler, K or critic would be mixed in silently);
+    they are kept in candidates.settings.json beside it."""
+    settings = {"sampler": cand.sampler or default_sampler(model_cfg), "num_candidates": cand.num_candidates,
+                "temperature": cand.temperature, "top_p": cand.top_p, "max_new_tokens": cand.max_new_tokens,
+                "critic": cfg.critic, "seed": seed}
+    side = path.with_name(SAMPLING_FILE)
+    if side.exists():
+        old = json.loads(side.read_text())
+        changed = {k: f"{old.get(k)!r} -> {v!r}" for k, v in settings.items() if old.get(k) != v}
+        if changed:
+            raise ValueError(f"{path} was sampled with other settings ({changed}); delete it and {side.name} "
+                             "or use a new --output_dir")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    side.write_text(json.dumps(settings, indent=2))
 
 
 def _cut_torn_line(path: Path) -> None:
@@ -339,6 +359,7 @@ def run_round(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig,
             raise RuntimeError(f"{path} is incomplete: sample candidates in ONE process first (--stage sample), "
                                "then launch training with several processes (--stage train)")
         if proc.is_main_process:
+            check_sampling_settings(path, model_cfg, cfg, cand, train.seed)
             collect_candidates(states, model_cfg, cfg, cand, path, train.seed, scorer)
         if cfg.stage == "sample":
             return None

@@ -214,6 +214,11 @@ def test_sweet_candidate_file_is_resumed_after_interruption(data, tmp_path):
     new_lines = path.read_text().splitlines(keepends=True)
     assert new_lines[:2] == lines[:2] and len(new_lines) == 4
     assert set(read_candidates(path)) == {json.loads(line)["key"] for line in lines}
+    # other sampling settings would mix stale candidates in: refused, naming the file and the change
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match=r"candidates.jsonl was sampled with other settings.*num_candidates"):
+        main(model, train, cfg, replace(cand, num_candidates=3), scorer=LowIdsWin())
 
 
 @pytest.fixture(scope="module")
