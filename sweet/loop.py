@@ -439,7 +439,6 @@ def iteration_update(trainer, items: list[LoopTurn], cfg: LoopConfig, model_cfg:
                      seed: int, with_value: bool = False) -> dict[str, float]:
     """`ppo_epochs` passes over the kept trajectories, `batch_size` trajectories per
     optimiser step (seeded order); returns the steps' mean metrics."""
-    acc = trainer.accelerator
     by_traj: dict[int, list[LoopTurn]] = {}
     for it in items:
         by_traj.setdefault(it.trajectory, []).append(it)
@@ -455,10 +454,7 @@ def iteration_update(trainer, items: list[LoopTurn], cfg: LoopConfig, model_cfg:
             step_items = [it for g in order[s: s + trainer.train.batch_size] for it in by_traj[g]]
             if cfg.ratio_level == "trajectory":
                 _traj_log_ratios(trainer, step_items, pad_id, model_cfg, with_value)
-            # a step holds a variable number of turns: as many accumulation rounds as it needs
-            acc.gradient_accumulation_steps = max(
-                1, math.ceil(len(step_items) / (trainer.train.micro_batch_size * acc.num_processes)))
-            acc.step = 0
+            # whole trajectories: a variable number of turns (the trainer adds accumulation rounds)
             metrics = trainer.optimizer_step(step_items, loss_fn, lambda it: 1.0 if it.first else 0.0)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
