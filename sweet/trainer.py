@@ -155,6 +155,17 @@ class Trainer:
             plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = self.train.micro_batch_size
         self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
         self.accelerator.register_for_checkpointing(self.scheduler)
+        if self._trainable_only:
+            self.accelerator.register_save_state_pre_hook(_keep_trainable)
+
+    @property
+    def _trainable_only(self) -> bool:
+        """LoRA (frozen weights) outside FSDP/DeepSpeed: checkpoints hold the trainable
+        weights only; the frozen ones are rebuilt from the model spec on resume."""
+        from accelerate.utils import DistributedType
+
+        frozen = any(not p.requires_grad for p in self.model.parameters())
+        return frozen and self.accelerator.distributed_type not in (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
     def restore(self) -> dict[str, Any] | None:
         """Load the latest checkpoint of output_dir (when `train.resume`); returns its
@@ -165,7 +176,8 @@ class Trainer:
                 trim_metrics(self.out / "metrics.jsonl", -1)  # no rows from an earlier attempt
             self.accelerator.wait_for_everyone()
             return None
-        self.accelerator.load_state(str(ckpt))
+        # trainable-only checkpoints (LoRA) leave the frozen weights as built
+        self.accelerator.load_state(str(ckpt), **({"strict": False} if self._trainable_only else {}))
         state = json.loads((ckpt / STATE_FILE).read_text())
         self.step = int(state["step"])
         if self.is_main:
@@ -312,6 +324,15 @@ class Trainer:
         self.logger.close()
         acc.print(f"saved {out} (use it as hf:{out})")
         return out
+
+
+def _keep_trainable(models, weights, output_dir) -> None:
+    """save_state pre-hook: drop frozen weights from the saved state dicts (an 8B LoRA run
+    would otherwise write the 16 GB base model into every checkpoint)."""
+    for model, state in zip(models, weights):
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        for key in [k for k in state if k not in trainable]:
+            del state[key]
 
 
 # ---- checkpoint folders and metrics --------------------------------------------------------

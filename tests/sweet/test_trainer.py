@@ -178,6 +178,10 @@ def test_checkpoint_resume_restores_model_optimiser_scheduler(tmp_path, tiny_tok
     final, first, trainer = run()
     if lora:
         assert (tmp_path / "run" / "final-adapter").exists()
+        from safetensors.torch import load_file
+
+        saved = load_file(str(tmp_path / "run" / "checkpoint-1" / "model.safetensors"))
+        assert saved and all("lora_" in k for k in saved)  # the frozen base model is not copied
     merged = {k: v.clone() for k, v in load_model(replace(MODEL, model=str(final))).state_dict().items()}
     assert trainer.step == 3 and sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == \
         ["checkpoint-1", "checkpoint-2"]
