@@ -42,7 +42,8 @@ the last backward on every rank).
 Checkpoints: `accelerator.save_state`/`load_state` (model, optimiser, scheduler, the
 RNGs of every process, any backend), called by EVERY process, into
 output_dir/checkpoint-<step>/ plus state.json (the step and the caller's state); the last
-`keep` are kept. Resuming: the model is built with its initial weights and prepared
+`keep` are kept. With frozen weights (LoRA; not under FSDP/DeepSpeed) only the trainable
+ones are saved. Resuming: the model is built with its initial weights and prepared
 (anything computed from the initial model, like DPO reference log-probs, is computed
 then), then `restore()` loads the latest checkpoint and cuts metrics.jsonl back to its
 step (a fresh start empties it). The final model goes to output_dir/final in HF format
