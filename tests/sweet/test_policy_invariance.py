@@ -160,7 +160,7 @@ def _finish(proc: subprocess.Popen, timeout: int = 600) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["ddp_cpu_2proc.yaml", "fsdp_cpu_2proc.yaml"])
+@pytest.mark.parametrize("config", ["ddp_cpu_2proc.yaml"])  # FSDP: accelerate runs it as DDP on CPU
 def test_sweet_stage2_two_processes_match_one_and_survive_a_kill(data, candidates, tmp_path, config):
     """2 processes give the weights of 1; killed after a checkpoint and resumed, the same again."""
     one = _train_policy(*_sweet_args(data, candidates, tmp_path / "one", 1, "--save_steps", "0", "--num_epochs", "3"))
