@@ -15,6 +15,9 @@ from pathlib import Path
 
 from colbench.types import Episode, Score
 
+# The trainers' CLI flags every policy test uses: the tiny model, fp32, short contexts.
+FAST = ["--model", "tiny", "--dtype", "float32", "--report_to", "none", "--max_length", "512", "--keep_head", "64"]
+
 
 def tiny_engine():
     import torch

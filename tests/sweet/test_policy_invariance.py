@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from policy_fixtures import cached_tiny_episodes
+from policy_fixtures import FAST, cached_tiny_episodes
 
 REPO = Path(__file__).resolve().parents[2]
-FAST = ["--model", "tiny", "--dtype", "float32", "--report_to", "none", "--max_length", "512", "--keep_head", "64"]
 
 
 @pytest.fixture(scope="module")
