@@ -328,18 +328,22 @@ def test_help_lists_the_algorithm_flags(algorithm, capsys):
 
 
 @pytest.mark.slow
-def test_mtdpo_two_cpu_processes(data, tmp_path):
-    """Two DDP processes give one process's update (3 pairs, batch 2: the second step has one pair)."""
+@pytest.mark.parametrize("algorithm, extra, loss_key", [
+    ("mtdpo", ["--pairing", "best_vs_worst"], "loss/dpo"),  # 3 pairs, batch 2: the second step has one pair
+    ("rft", [], "loss/nll"),  # a token mean over the whole step, tokens split unevenly over the ranks
+])
+def test_two_cpu_processes_match_one(data, tmp_path, algorithm, extra, loss_key):
+    """Two DDP processes give one process's update."""
     from engines.tiny import tiny_model_path
 
     episodes, _, _ = data
-    args = ["--algorithm", "mtdpo", "--episodes", str(episodes), *FAST, "--pairing", "best_vs_worst",
+    args = ["--algorithm", algorithm, "--episodes", str(episodes), *FAST, *extra,
             "--learning_rate", "1e-3", "--micro_batch_size", "1", "--batch_size", "2"]
     out = tmp_path / "ddp"
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                 str(REPO / "sweet" / "configs" / "ddp_cpu_2proc.yaml"), "-m"]
     _cli(*args, "--output_dir", str(out), launcher=launcher, timeout=600)
-    _assert_trained(out / "final", out, "loss/dpo")
+    _assert_trained(out / "final", out, loss_key)
     _cli(*args, "--output_dir", str(tmp_path / "one"))
     start, two, one = _weights(tiny_model_path()), _weights(out / "final"), _weights(tmp_path / "one" / "final")
     d_two = torch.cat([(two[k] - start[k]).flatten() for k in start])
