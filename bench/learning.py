@@ -50,6 +50,21 @@ POLICIES: dict[str, tuple[str, tuple[str, ...]]] = {
 CURVE_KEY = {"rft": "loss/nll", "mtdpo": "loss/dpo", "sweet": "loss/dpo", "loop": "env/reward"}
 
 
+def _train_wall(policy_dir: Path, t0: float, trained_before: bool) -> float:
+    """The policy's training wall time (critic included), kept beside its outputs so that
+    a resumed benchmark, which skips finished steps, reports the time they took (NaN:
+    trained by a run that kept no record)."""
+    record = policy_dir / "train_wall_s.json"
+    if record.exists():
+        return float(json.loads(record.read_text())["train_wall_s"])
+    if trained_before:
+        return float("nan")
+    wall = time.perf_counter() - t0
+    policy_dir.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"train_wall_s": wall}))
+    return wall
+
+
 def run_seed(seed: int, policies: list[str], warm: Path, out: Path, setup) -> dict[str, dict]:
     """Collect, train every policy, evaluate all of them; returns per-policy samples,
     wall time and the evaluation episodes."""
@@ -62,7 +77,7 @@ def run_seed(seed: int, policies: list[str], warm: Path, out: Path, setup) -> di
     info: dict[str, dict] = {"warm_start": {"samples": {"episodes": 0, "candidates": 0}, "train_wall_s": 0.0}}
     for name in policies:
         algo, critic_flags = POLICIES[name]
-        t0 = time.perf_counter()
+        t0, trained_before = time.perf_counter(), (sd / name / "final").exists()
         note = ""
         try:
             critic = train_critic(episodes, str(warm), setup, sd / f"critic_{name}", seed=seed,
@@ -72,7 +87,7 @@ def run_seed(seed: int, policies: list[str], warm: Path, out: Path, setup) -> di
             note = f"untrained ({e})"
             print(f"seed {seed} {name}: {note}", flush=True)
             models[name] = str(warm)
-        info[name] = {"samples": count_samples(algo, episodes, sd / name), "train_wall_s": time.perf_counter() - t0,
+        info[name] = {"samples": count_samples(algo, episodes, sd / name), "train_wall_s": _train_wall(sd / name, t0, trained_before),
                       "note": note}
     rows = evaluate(models, setup, sd / "eval")
     for row in rows:
@@ -102,9 +117,9 @@ def summarise(results: dict[int, dict[str, dict]], names: list[str]) -> dict:
     for name in names:
         m = cluster_metrics({s: r[name]["eval_episodes"] for s, r in results.items()})
         samples = [sum(r[name]["samples"].values()) for r in results.values()]
-        walls = [r[name]["train_wall_s"] for r in results.values()]
+        walls = [w for r in results.values() if (w := r[name]["train_wall_s"]) == w]  # NaN: not recorded
         policies[name] = {**m, "samples": int(round(statistics.fmean(samples))),
-                          "train_wall_s": round(statistics.fmean(walls), 1)}
+                          "train_wall_s": round(statistics.fmean(walls), 1) if walls else None}
     return {"seeds": len(results), "policies": policies}
 
 
@@ -117,7 +132,8 @@ def table(summary: dict, results: dict[int, dict[str, dict]]) -> str:
         ca = statistics.fmean(r[name]["samples"]["candidates"] for r in results.values())
         lines.append(f"| {name} | {s['value']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}] | "
                      f"{t['value']:.3f} [{t['ci95'][0]:.3f}, {t['ci95'][1]:.3f}] | "
-                     f"{m['samples']} ({ep:.0f} + {ca:.0f}) | {m['train_wall_s']:.0f} |")
+                     f"{m['samples']} ({ep:.0f} + {ca:.0f}) | "
+                     f"{'n/a' if m['train_wall_s'] is None else format(m['train_wall_s'], '.0f')} |")
     return "\n".join(lines)
 
 
@@ -165,7 +181,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"sample {setup.candidates} candidates per stage-2 state; warm start {setup.timings['warm_start']:.0f} s")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    per_seed = {str(s): {n: {k: r[n].get(k) for k in ("samples", "train_wall_s", "note")} for n in names}
+    nan_to_none = lambda v: None if isinstance(v, float) and v != v else v  # noqa: E731 (strict JSON)
+    per_seed = {str(s): {n: {k: nan_to_none(r[n].get(k)) for k in ("samples", "train_wall_s", "note")} for n in names}
                 for s, r in results.items()}
     (args.out / "results.json").write_text(json.dumps({"per_seed": per_seed, "timings": setup.timings}, indent=2))
     (args.out / "results.md").write_text(text + "\n")
