@@ -205,6 +205,16 @@ def generation(scale: Scale, path: Path, device: str) -> dict:
     }
 
 
+def _finish_lora_step(loss, model, optimizer, device: str, start: float) -> tuple[float, float]:
+    """Backward + optimiser step; the step's wall time since `start` (device synced) and
+    the LoRA B norm after it (non-zero: the adapters moved)."""
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    return time.perf_counter() - start, _lora_b_norm(model)
+
+
 def critic_step(scale: Scale, path: Path, device: str) -> dict:
     """One stage-1 step: chosen and rejected trajectories of one turn of `critic_len` tokens."""
     import torch
@@ -228,12 +238,7 @@ def critic_step(scale: Scale, path: Path, device: str) -> dict:
     advantages = per_turn_advantage(policy, ref, batch.action_mask.sum(-1), beta=1.0)
     scores = trajectory_scores(advantages, torch.tensor([0, 1]), 2)
     loss, _ = bradley_terry_loss(scores[:1], scores[1:])
-    loss.mean().backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    _sync(device)
-    seconds = time.perf_counter() - start
-    moved = _lora_b_norm(model)
+    seconds, moved = _finish_lora_step(loss.mean(), model, optimizer, device, start)
     del model, optimizer
     return {"sequences": 2, "tokens_per_sequence": scale.critic_len, "lora_r": scale.lora_r,
             "trainable_params": trainable, "lora_b_norm_after": round(moved, 6), "loss": round(loss.mean().item(), 4), "seconds": round(seconds, 2)}
@@ -262,12 +267,7 @@ def dpo_step(scale: Scale, path: Path, device: str) -> dict:
     logps, counts = segment_logps(model, chosen + rejected, **kwargs)
     n = scale.dpo_pairs
     loss, metrics = dpo_loss(logps[:n], logps[n:], ref[:n], ref[n:], counts[:n], beta=0.1, nll_coef=0.01)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    _sync(device)
-    seconds = time.perf_counter() - start
-    moved = _lora_b_norm(model)
+    seconds, moved = _finish_lora_step(loss, model, optimizer, device, start)
     del model, optimizer
     return {"pairs": n, "lora_b_norm_after": round(moved, 6), "context_tokens": scale.dpo_context, "action_tokens": scale.action_len,
             "trainable_params": trainable, "loss": round(loss.item(), 4), "loss_dpo": round(metrics["loss/dpo"], 4),

@@ -95,21 +95,23 @@ def test_deal_gives_every_item_once_and_pads_with_weight_zero():
 # ---- token mean over the whole step (RFT, warm start) ---------------------------------------
 
 
-def test_token_mean_step_is_the_same_for_any_micro_batch(tmp_path, tiny_tokenizer):
+def _token_mean_case(segs, tokenizer):
+    """SFT's loss hook and count over `segs`, and the hand-computed gradient of
+    L = −Σ_i log π(a_i|c_i) / Σ_i |a_i| over all of them."""
     from sweet.policy_trainer import sft_loss_fn
 
-    segs = _segments(5)
-    pad = int(tiny_tokenizer.pad_token_id)
-    loss_fn, count_fn = sft_loss_fn(segs, MODEL, pad), (lambda i: len(segs[i].action))
-
-    # by hand: L = −Σ_i log π(a_i|c_i) / Σ_i |a_i| over all 5 segments
+    pad = int(tokenizer.pad_token_id)
     n_tokens = sum(len(s.action) for s in segs)
 
     def expected(model):
         sums, _ = segment_logps(model, segs, pad_id=pad, max_length=MODEL.max_length, keep_head=MODEL.keep_head)
         return -sums.sum() / n_tokens
 
-    want = _grad(expected)
+    return sft_loss_fn(segs, MODEL, pad), (lambda i: len(segs[i].action)), _grad(expected)
+
+
+def test_token_mean_step_is_the_same_for_any_micro_batch(tmp_path, tiny_tokenizer):
+    loss_fn, count_fn, want = _token_mean_case(_segments(5), tiny_tokenizer)
     for micro in (1, 2, 5):  # 5 micro-batches, 3 (the last partial), 1
         _assert_same(_sgd_delta(tmp_path, micro, 5, loss_fn, count_fn, 5, tiny_tokenizer), want)
 
@@ -231,15 +233,5 @@ def test_reference_cache_is_keyed_by_the_pairs_content(tmp_path, tiny_tokenizer)
 def test_a_step_larger_than_batch_size_takes_more_accumulation_rounds(tmp_path, tiny_tokenizer):
     """LOOP's steps hold whole trajectories (a variable number of turns): 5 items with
     batch_size 2 and micro 1 still give the gradient of the 5 items' token mean."""
-    from sweet.policy_trainer import sft_loss_fn
-
-    segs = _segments(5, seed=4)
-    pad = int(tiny_tokenizer.pad_token_id)
-    loss_fn, count_fn = sft_loss_fn(segs, MODEL, pad), (lambda i: len(segs[i].action))
-    n_tokens = sum(len(s.action) for s in segs)
-
-    def expected(model):
-        sums, _ = segment_logps(model, segs, pad_id=pad, max_length=MODEL.max_length, keep_head=MODEL.keep_head)
-        return -sums.sum() / n_tokens
-
-    _assert_same(_sgd_delta(tmp_path, 1, 2, loss_fn, count_fn, 5, tiny_tokenizer), _grad(expected))
+    loss_fn, count_fn, want = _token_mean_case(_segments(5, seed=4), tiny_tokenizer)
+    _assert_same(_sgd_delta(tmp_path, 1, 2, loss_fn, count_fn, 5, tiny_tokenizer), want)
