@@ -111,3 +111,37 @@ def fresh_accelerate():
     yield
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+
+
+def checkpoint_layout(checkpoint: Path) -> tuple[int, bool]:
+    """(processes, sharded) of a checkpoint-<step>/ folder: every process saves its RNGs
+    (random_states_<rank>.pkl); under FSDP each also writes its own shard of the model
+    (pytorch_model_fsdp_0/__<rank>_0.distcp), under DDP the main one model.safetensors.
+    Shows that the processes formed one group and that FSDP really sharded."""
+    ranks = len(list(checkpoint.glob("random_states_*.pkl")))
+    shards = {p.name for p in (checkpoint / "pytorch_model_fsdp_0").glob("*.distcp")}
+    return ranks, ranks > 1 and shards == {f"__{r}_0.distcp" for r in range(ranks)}
+
+
+@pytest.fixture(name="checkpoint_layout")
+def checkpoint_layout_fixture():
+    return checkpoint_layout
+
+
+def kill_tree(proc) -> None:
+    """SIGKILL a launcher (a subprocess.Popen) and every process it started: torchrun starts
+    each worker in its own session, so killing the launcher's process group leaves them running."""
+    import psutil  # a dependency of accelerate
+
+    parent = psutil.Process(proc.pid)
+    for p in [*parent.children(recursive=True), parent]:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+
+
+@pytest.fixture(name="kill_tree")
+def kill_tree_fixture():
+    return kill_tree

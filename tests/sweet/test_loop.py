@@ -407,14 +407,12 @@ def test_ppo_with_lora_and_kl_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_run_matches_one_and_survives_a_kill(tmp_path):
+def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_layout, kill_tree):
     """The CLI under `accelerate launch` with 2 gloo processes (rollouts on the main one,
     broadcast; each step's turns dealt across both): the same episodes and metrics as 1
     process and the same weights up to float32 summation order (Adam turns ~1e-9 gradient
     noise into ~1e-5 steps); SIGKILLed after iteration 0's checkpoint and relaunched, the
     uninterrupted 2-process weights exactly."""
-    import os
-    import signal
     import time
 
     tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
@@ -445,10 +443,10 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path):
     deadline = time.time() + 900
     while not (killed / "checkpoint-0" / "state.json").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both workers
-    proc.wait()
+    kill_tree(proc)  # the launcher and both workers
     time.sleep(1)
     assert not (killed / "final").exists(), "the run finished before it could be killed"
+    assert checkpoint_layout(killed / "checkpoint-0") == (2, False)
     res = subprocess.run(cmd(killed, launch), cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming" in res.stdout + res.stderr

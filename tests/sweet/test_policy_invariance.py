@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -139,19 +138,6 @@ def _launch(config: str, args: list[str], timeout: int = 600) -> subprocess.Pope
                             start_new_session=True)
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the launcher and every process it started (torchrun's workers leave its group)."""
-    import psutil
-
-    parent = psutil.Process(proc.pid)
-    for p in parent.children(recursive=True) + [parent]:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait()
-
-
 def _finish(proc: subprocess.Popen, timeout: int = 600) -> str:
     out, _ = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, out[-4000:]
@@ -159,9 +145,11 @@ def _finish(proc: subprocess.Popen, timeout: int = 600) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["ddp_cpu_2proc.yaml"])  # FSDP: accelerate runs it as DDP on CPU
-def test_sweet_stage2_two_processes_match_one_and_survive_a_kill(data, candidates, tmp_path, config):
-    """2 processes give the weights of 1; killed after a checkpoint and resumed, the same again."""
+@pytest.mark.parametrize("config", ["ddp_cpu_2proc.yaml", "fsdp_cpu_2proc.yaml"])
+def test_sweet_stage2_two_processes_match_one_and_survive_a_kill(data, candidates, tmp_path, config, checkpoint_layout,
+                                                                 kill_tree):
+    """2 processes (DDP or FSDP2) give the weights of 1; killed after a checkpoint and
+    resumed, the same again. Under FSDP each process writes its own shard."""
     one = _train_policy(*_sweet_args(data, candidates, tmp_path / "one", 1, "--save_steps", "0", "--num_epochs", "3"))
     two = tmp_path / "two"
     _finish(_launch(config, _sweet_args(data, candidates, two, 1, "--save_steps", "0", "--num_epochs", "3")))
@@ -173,9 +161,10 @@ def test_sweet_stage2_two_processes_match_one_and_survive_a_kill(data, candidate
     while not (killed / "checkpoint-1" / "state.json").exists():
         assert proc.poll() is None and time.time() < deadline, "no checkpoint before the run ended"
         time.sleep(0.2)
-    _kill_tree(proc)
+    kill_tree(proc)
     time.sleep(1)
     assert not (killed / "final").exists()
+    assert checkpoint_layout(killed / "checkpoint-1") == (2, config.startswith("fsdp"))
     out = _finish(_launch(config, _sweet_args(data, candidates, killed, 1, "--save_steps", "1", "--num_epochs", "3")))
     assert "resuming from" in out
     _assert_same_update(two / "final", killed / "final", rtol=1e-6)

@@ -388,19 +388,6 @@ def _launch(config: str, args: list[str], port: int) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the launcher and its workers (torchrun starts each worker in its own
-    session, so killing the launcher's process group would leave them running)."""
-    import psutil  # a dependency of accelerate
-
-    parent = psutil.Process(proc.pid)
-    for p in [*parent.children(recursive=True), parent]:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
 def _finish(proc: subprocess.Popen) -> str:
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
@@ -408,21 +395,22 @@ def _finish(proc: subprocess.Popen) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("config,kind", [("ddp_cpu_2proc.yaml", "MULTI_CPU"), ("fsdp_cpu_2proc.yaml", "FSDP")])
 @pytest.mark.parametrize("head,port", [("lm", 29631), ("value", 29641)])
-def test_two_processes_killed_and_resumed_match_uninterrupted(tmp_path, synthetic_files, fresh_accelerate, head, port):
-    """2 processes (DDP over gloo) give the weights of 1; a 2-process run SIGKILLed after
-    its first checkpoint and relaunched gives the uninterrupted run's final weights and
-    metrics. (FSDP cannot be run on CPU: accelerate 1.15 enables it only for GPU-type
-    process groups, and with `sweet/configs/fsdp_cpu_2proc.yaml` on CPU it silently runs
-    DDP (MULTI_CPU), which the "(MULTI_CPU)" check below would show.)"""
+def test_two_processes_killed_and_resumed_match_uninterrupted(tmp_path, synthetic_files, fresh_accelerate, checkpoint_layout,
+                                                              kill_tree, head, port, config, kind):
+    """2 processes (DDP or FSDP2 over gloo) give the weights of 1; a 2-process run
+    SIGKILLed after its first checkpoint and relaunched gives the uninterrupted run's
+    final weights and metrics. FSDP really shards (each process writes its own shard of
+    the checkpoint), not accelerate's silent DDP fallback on CPU (sweet.trainer.make_accelerator)."""
     import time
 
-    config = "ddp_cpu_2proc.yaml"
+    port += 5 * (kind == "FSDP")
     flags = ["--head", head, "--save_steps", "1"]
     final = cli(_args(*synthetic_files, tmp_path / "one", *flags))
     whole = tmp_path / "whole"
     out = _finish(_launch(config, _args(*synthetic_files, whole, *flags), port))
-    assert "2 process(es) (MULTI_CPU)" in out
+    assert f"2 process(es) ({kind})" in out
     files = ["model.safetensors"] + (["value_head.safetensors"] if head == "value" else [])
     w1 = {f"{f}:{k}": v for f in files for k, v in _weights(tmp_path / "one" / "final", f).items()}
     w2 = {f"{f}:{k}": v for f in files for k, v in _weights(whole / "final", f).items()}
@@ -435,9 +423,9 @@ def test_two_processes_killed_and_resumed_match_uninterrupted(tmp_path, syntheti
     while not (killed / "checkpoint-1" / "state.json").exists():
         assert proc.poll() is None and time.time() < deadline, "no checkpoint before the run ended"
         time.sleep(0.2)
-    _kill_tree(proc)
-    proc.wait()
+    kill_tree(proc)
     assert not (killed / "final").exists()
+    assert checkpoint_layout(killed / "checkpoint-1") == (2, kind == "FSDP")
     out = _finish(_launch(config, _args(*synthetic_files, killed, *flags), port + 2))
     assert "resuming from" in out
     w3 = {f"{f}:{k}": v for f in files for k, v in _weights(killed / "final", f).items()}
