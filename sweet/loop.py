@@ -597,7 +597,9 @@ def collect(sampler: Sampler, env, simulator, tasks, cfg: LoopConfig, seed: int,
 
 def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -> Path:
     """Run LOOP; returns the path of the final model (HF format)."""
-    from accelerate.utils import broadcast_object_list
+    import copy
+
+    from accelerate.utils import DistributedType, broadcast_object_list
 
     from simulators import load_simulator
     from sweet.trainer import Trainer
@@ -614,6 +616,18 @@ def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -
     trainer = Trainer(model_cfg, train_cfg, tokenizer, model=model, name="loop",
                       run_config={k: vars(v) for k, v in configs.items()})
     acc = trainer.accelerator
+    # FSDP shards the trained weights: a forward on the main process alone would wait for the
+    # others' shards. The transformers sampler then plays with an unsharded copy there, given
+    # the gathered weights after each update (the memory of one more model on that process).
+    mirrored = acc.distributed_type == DistributedType.FSDP and not loop_cfg.sampler
+    sampling_copy = copy.deepcopy(model).requires_grad_(False) if mirrored and acc.is_main_process else None
+
+    def refresh_sampling_copy() -> None:
+        if mirrored:
+            weights = acc.get_state_dict(trainer.model)  # a collective: every process gathers
+            if sampling_copy is not None:
+                sampling_copy.load_state_dict(weights)
+
     per_iteration = loop_cfg.ppo_epochs * math.ceil(loop_cfg.tasks_per_iteration * loop_cfg.k / train_cfg.batch_size)
     trainer.prepare(loop_cfg.iterations * per_iteration)
     ref = None
@@ -627,7 +641,8 @@ def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -
     rng = random.Random(train_cfg.seed)
     for _ in range(start):  # keep the task sampling identical after a resume
         rng.sample(tasks, min(loop_cfg.tasks_per_iteration, len(tasks)))
-    unwrapped = acc.unwrap_model(trainer.model)
+    refresh_sampling_copy()  # a resumed run's weights
+    unwrapped = sampling_copy if mirrored else acc.unwrap_model(trainer.model)
     policy = unwrapped.lm if isinstance(unwrapped, PolicyWithValue) else unwrapped
     sampler = simulator = None
     if acc.is_main_process:  # rollouts on one process (one engine), broadcast to the others
@@ -656,6 +671,7 @@ def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -
                 NO_VARIANCE_HINT if metrics["loop/groups_without_variance"] == 1.0 else
                 "no kept episode has generated token ids to train on"), file=sys.stderr)
         trainer.save_checkpoint({"iteration": it})
+        refresh_sampling_copy()
         if sampler is not None:
             sampler.sync()
     env.close()

@@ -407,17 +407,19 @@ def test_ppo_with_lora_and_kl_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_layout, kill_tree):
-    """The CLI under `accelerate launch` with 2 gloo processes (rollouts on the main one,
-    broadcast; each step's turns dealt across both): the same episodes and metrics as 1
-    process and the same weights up to float32 summation order (Adam turns ~1e-9 gradient
-    noise into ~1e-5 steps); SIGKILLed after iteration 0's checkpoint and relaunched, the
-    uninterrupted 2-process weights exactly."""
+@pytest.mark.parametrize("config,port", [("ddp_cpu_2proc.yaml", 29537), ("fsdp_cpu_2proc.yaml", 29538)])
+def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_layout, kill_tree, config, port):
+    """The CLI under `accelerate launch` with 2 gloo processes, DDP or FSDP2 (rollouts on
+    the main one, broadcast; each step's turns dealt across both): the same episodes and
+    metrics as 1 process and the same weights up to float32 summation order (Adam turns
+    ~1e-9 gradient noise into ~1e-5 steps); SIGKILLed after iteration 0's checkpoint and
+    relaunched, the uninterrupted 2-process weights exactly. Under FSDP each process saves
+    its own shard and the sampler's unsharded copy follows the updates (log-prob gap 0)."""
     import time
 
     tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-              str(ROOT / "sweet/configs/ddp_cpu_2proc.yaml"), "--main_process_port", "29537", "-m"]
+              str(ROOT / "sweet/configs" / config), "--main_process_port", str(port), "-m"]
 
     def cmd(out, launcher=(sys.executable, "-m")):
         return [*launcher, "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
@@ -434,6 +436,7 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
     for r1, r2 in zip(rows["one"], rows["two"]):
         assert {k: v for k, v in r1.items() if k.startswith("env/")} == {k: v for k, v in r2.items() if k.startswith("env/")}
         assert r1["loss/policy"] == pytest.approx(r2["loss/policy"], abs=1e-5)
+        assert r2["loop/sampler_trainer_logprob_gap"] < 1e-5  # the sampler plays the trained weights
     a, b = _final_weights(tmp_path / "one" / "final"), _final_weights(tmp_path / "two" / "final")
     assert all(torch.allclose(a[k], b[k], rtol=0, atol=2e-4) for k in a)
 
@@ -446,7 +449,7 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
     kill_tree(proc)  # the launcher and both workers
     time.sleep(1)
     assert not (killed / "final").exists(), "the run finished before it could be killed"
-    assert checkpoint_layout(killed / "checkpoint-0") == (2, False)
+    assert checkpoint_layout(killed / "checkpoint-0") == (2, config.startswith("fsdp"))
     res = subprocess.run(cmd(killed, launch), cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming" in res.stdout + res.stderr
