@@ -16,6 +16,9 @@ Policies: warm_start, rft, mtdpo, sweet, loop, and the paper's SWEET-RL ablation
   sweet_no_info     critic without the training-time information (--training_info false)
   sweet_value_head  critic with a regression head instead of the LM-head advantage (--head value)
   sweet_sum         sum instead of mean over the action's tokens (--length_normalize false)
+and a diagnostic, not one of the paper's ablations (run only when --policies names it):
+  sweet_oracle      no critic: stage 2 ranks with the test bed's exact advantage (--critic oracle),
+                    to tell a wrong critic from a stage 2 that cannot use a right ranking
 
 Each trained policy is evaluated on the held-out test tasks (sampled episodes per
 task). Intervals are 95% percentile-bootstrap intervals over (seed x held-out task)
@@ -37,8 +40,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# policy -> (training algorithm, extra train_critic flags for SWEET variants)
-POLICIES: dict[str, tuple[str, tuple[str, ...]]] = {
+# policy -> (training algorithm, extra train_critic flags for SWEET variants;
+#            ORACLE: no critic is trained, stage 2 ranks with --critic oracle)
+ORACLE = None
+POLICIES: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "rft": ("rft", ()),
     "mtdpo": ("mtdpo", ()),
     "sweet": ("sweet", ()),
@@ -46,7 +51,9 @@ POLICIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "sweet_no_info": ("sweet", ("--training_info", "false")),
     "sweet_value_head": ("sweet", ("--head", "value")),
     "sweet_sum": ("sweet", ("--length_normalize", "false")),
+    "sweet_oracle": ("sweet", ORACLE),
 }
+DIAGNOSTICS = ("sweet_oracle",)  # run only when --policies names them
 CURVE_KEY = {"rft": "loss/nll", "mtdpo": "loss/dpo", "sweet": "loss/dpo", "loop": "env/reward"}
 
 
@@ -80,8 +87,10 @@ def run_seed(seed: int, policies: list[str], warm: Path, out: Path, setup) -> di
         t0, trained_before = time.perf_counter(), (sd / name / "final").exists()
         note = ""
         try:
-            critic = train_critic(episodes, str(warm), setup, sd / f"critic_{name}", seed=seed,
-                                  extra=critic_flags) if algo == "sweet" else None
+            critic = None
+            if algo == "sweet":
+                critic = "oracle" if critic_flags is ORACLE else train_critic(
+                    episodes, str(warm), setup, sd / f"critic_{name}", seed=seed, extra=critic_flags)
             models[name] = str(train_policy(algo, episodes, str(warm), setup, sd / name, critic=critic, seed=seed))
         except ValueError as e:  # e.g. RFT with no successful episode: evaluated as the warm start, and said so
             note = f"untrained ({e})"
@@ -141,8 +150,9 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (S)")
     p.add_argument("--seed-start", "--seed_start", type=int, default=0, help="first seed (K): seeds K..K+S-1")
-    p.add_argument("--policies", "--algorithms", default=",".join(POLICIES),
-                   help=f"comma list from {', '.join(POLICIES)} (warm_start is always evaluated)")
+    p.add_argument("--policies", "--algorithms", default=",".join(n for n in POLICIES if n not in DIAGNOSTICS),
+                   help=f"comma list from {', '.join(POLICIES)} (warm_start is always evaluated; default: all but "
+                        f"the diagnostics {', '.join(DIAGNOSTICS)})")
     p.add_argument("--episodes-per-task", "--episodes_per_task", type=int, default=None,
                    help="K episodes per train task (default: the test bed's, sweet/pipeline.py)")
     p.add_argument("--train-limit", "--train_limit", type=int, default=None,

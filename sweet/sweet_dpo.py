@@ -4,7 +4,9 @@ For every agent turn of the input episodes (a State: the recorded prompt o_t):
 1. sample K candidate actions (default 16) from the state's prompt with any engine
    (`--sampler`, default the policy's initial model) at temperature 1;
 2. score each with the critic, A(o_t, a, c) (sweet.critic.CriticScorer, conditioned
-   exactly as in critic training);
+   exactly as in critic training); `--critic oracle` (test bed only) is a diagnostic:
+   the test bed's exact advantage (sweet/oracle_critic.py), to tell a wrong critic from
+   a stage 2 that cannot use a right one;
 3. pair a random candidate of the top half with a random one of the bottom half,
    `pairs_per_state` times (states whose candidates all tie are skipped and counted;
    a drawn pair with equal scores is dropped);
@@ -50,6 +52,7 @@ from sweet.sweet_rounds import RoundsConfig
 from sweet.training import ModelConfig
 
 STAGES = ("all", "sample", "train")
+ORACLE_CRITIC = "oracle"  # --critic oracle: sweet/oracle_critic.py instead of a critic dir
 CANDIDATES_FILE = "candidates.jsonl"
 SAMPLING_FILE = "candidates.settings.json"  # what candidates.jsonl was sampled and scored with
 
@@ -62,7 +65,9 @@ class SweetConfig:
     tasks: str = field(default="", metadata={"help": "tasks file (or builtin:<split>) holding the training-time information c"})
     env: str = field(default="backend", metadata={"help": "environment name (training_info, offline trajectory format)"})
     max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes (paper: the first 10 percent)"})
-    critic: str = field(default="", metadata={"help": "stage-1 critic dir (output_dir of python -m sweet.train_critic)"})
+    critic: str = field(default="", metadata={"help": "stage-1 critic dir (output_dir of python -m sweet.train_critic); "
+                                                      "'oracle' (--env testbed): a diagnostic, the test bed's exact advantage, "
+                                                      "to tell a wrong critic from a stage 2 that cannot use a right one"})
     stage: str = field(default="all", metadata={"help": "all | sample (candidates + scores only) | train (candidates must exist)"})
     pairs_per_state: int = field(default=4, metadata={"help": "top-half vs bottom-half pairs drawn per state (paper: 4)"})
     beta: float = field(default=0.1, metadata={"help": "DPO β (paper: 0.1)"})
@@ -290,6 +295,24 @@ def default_sampler(model_cfg: ModelConfig) -> str:
     return "hf:" + resolve_model_path(model_cfg.model)
 
 
+def load_scorer(model_cfg: ModelConfig, cfg: SweetConfig) -> Scorer:
+    """The critic `--critic` names: a stage-1 critic dir, or `oracle` (the test bed's exact
+    advantage, decoded with the policy's tokenizer: the sampler shares it)."""
+    if not cfg.critic:
+        raise ValueError("SweetConfig.critic is required to score candidates: give --critic <critic dir>")
+    if cfg.critic == ORACLE_CRITIC:
+        if cfg.env != "testbed":
+            raise ValueError(f"--critic {ORACLE_CRITIC} is the test bed's exact advantage: it needs --env testbed, "
+                             f"got --env {cfg.env}")
+        from sweet.oracle_critic import OracleScorer
+        from sweet.training import load_tokenizer
+
+        return OracleScorer(load_tokenizer(model_cfg.model), cfg.env)
+    from sweet.critic import CriticScorer
+
+    return CriticScorer.load(cfg.critic)
+
+
 def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cfg: SweetConfig, cand: CandidateConfig,
                        path: Path, seed: int, scorer: Scorer | None) -> None:
     """Load the sampler and the critic (unless every state is done), sample + score, free them."""
@@ -301,11 +324,7 @@ def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cfg: Swe
     if all(state_key(s) in done for s in states):
         return
     if scorer is None:
-        if not cfg.critic:
-            raise ValueError("SweetConfig.critic is required to score candidates: give --critic <critic dir>")
-        from sweet.critic import CriticScorer
-
-        scorer = CriticScorer.load(cfg.critic)
+        scorer = load_scorer(model_cfg, cfg)
     options = EngineOptions(dtype=model_cfg.dtype, batch_size=cand.sampler_batch_size,
                             tensor_parallel_size=cand.sampler_tensor_parallel,
                             gpu_memory_utilization=cand.sampler_gpu_memory_utilization)
@@ -333,6 +352,8 @@ def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand
     (API use and tests; first round only)."""
     cand = cand or CandidateConfig()
     if rounds is not None and rounds.rounds > 1:
+        if cfg.critic == ORACLE_CRITIC:  # rounds retrain the critic from its dir's config.json
+            raise ValueError(f"--critic {ORACLE_CRITIC} runs one round: there is no critic to retrain")
         from sweet.sweet_rounds import run_rounds
 
         return run_rounds(model_cfg, train, cfg, cand, rounds, scorer)

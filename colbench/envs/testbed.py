@@ -24,16 +24,22 @@ steps to learn. The scripted explorer the warm start imitates (simulators/testbe
 chooses per turn between asking about positive numbers, negative numbers, a vague
 question and answering now, and writes a never-right default (x * 1, x + 0) for any
 constant it was not told: success comes only from asking both useful questions.
+
+`optimal_advantage` is SWEET-RL's per-turn advantage computed exactly from the hidden
+constants: the oracle critic (sweet/oracle_critic.py, `--critic oracle`), a diagnostic.
 """
 
 from __future__ import annotations
 
 import random
+import re
+import warnings
 from typing import Sequence
 
 from colbench.envs.backend import BackendEnv
 from colbench.envs.base import agent_chat
 from colbench.protocols import ANSWER_MARKER
+from colbench.scoring.backend import extract_code
 from colbench.types import Task, Turn
 from engines.base import Message
 
@@ -99,3 +105,84 @@ class TestbedEnv(BackendEnv):
     def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
         system = SYSTEM if not single_turn else f"Write {self.answer_marker} and the code now."
         return agent_chat(system, task.description, turns)
+
+
+# ---- the exact advantage: an oracle critic for diagnosing stage 2 ------------------------
+#
+# SWEET-RL's critic estimates a per-turn advantage A(o_t, a_t, c) from the training-time
+# information c. On the test bed that advantage can be computed exactly, so ranking
+# candidates with it (sweet/oracle_critic.py, `--critic oracle`) tells a wrong critic from
+# a stage 2 that cannot use a right ranking.
+
+_STATED_A = re.compile(r"\bx\s*\*\s*(-?\d+)")
+_STATED_B = re.compile(r"\bx\s*\+\s*(-?\d+)")
+
+
+def _code_constants(code: str) -> tuple[int | None, int | None]:
+    """(A, B) of a function written in the reference's form: the first `x * <n>` and the
+    first `x + <n>`; None for a side that is missing, both None when the code does not
+    compile (the sandbox would fail every test)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. SyntaxWarning on odd literals: not our concern
+            compile(code, "<answer>", "exec")  # syntax check only: nothing runs
+    except (SyntaxError, ValueError):
+        return None, None
+    a, b = _STATED_A.search(code), _STATED_B.search(code)
+    return (int(a.group(1)) if a else None), (int(b.group(1)) if b else None)
+
+
+def constants_from_reference(code: str) -> tuple[int, int]:
+    """(A, B) of a task's hidden reference (its training-time information, REFERENCE)."""
+    a, b = _code_constants(code)
+    if a is None or b is None:
+        raise ValueError(f"not a test-bed reference (no `x * A` and `x + B`): {code[:80]!r}")
+    return a, b
+
+
+def _answer_reward(text: str, a: int, b: int) -> float:
+    """The reward the scorer gives an agent's final message: half per side it gets right.
+    The code is read as the runner reads it (BackendEnv.extract_answer: after the answer
+    marker, else the whole message), and parsed, not run."""
+    _, found, after = text.partition(ANSWER_MARKER)
+    got_a, got_b = _code_constants(extract_code(after if found and after.strip() else text))
+    return 0.5 * (got_a == a) + 0.5 * (got_b == b)
+
+
+def _optimal_value(know_a: bool, know_b: bool, turns_left: int) -> float:
+    """V*: the best expected reward from here. Answering writes the known constants (a
+    default guess never matches); a question reveals A, B, both or nothing, and on the
+    last turn a question is scored as the answer (0: it holds no code)."""
+    answer = 0.5 * know_a + 0.5 * know_b
+    if turns_left <= 1:
+        return answer
+    asks = (_optimal_value(know_a or pos, know_b or neg, turns_left - 1)
+            for pos in (False, True) for neg in (False, True))  # what a question reveals
+    return max(answer, *asks)
+
+
+def optimal_advantage(history: Sequence[str], action: str, a: int, b: int, turns_left: int) -> float:
+    """Q*(s, action) − V*(s) on a test-bed task with constants (a, b), under optimal play
+    from the next turn on: SWEET-RL's per-turn advantage, computed exactly.
+
+    history:    the human's replies so far; the agent knows A once one stated `x * A`
+                (and B once one stated `x + B`).
+    action:     the agent's message. With the answer marker, or on the last turn
+                (turns_left == 1, as the runner scores it), it is the answer: half a
+                point per constant it gets right (`_answer_reward`). Otherwise it is a
+                question that reveals A if it says "positive" and B if it says
+                "negative" (the scripted human's rule, simulators/testbed.reply_for).
+    turns_left: agent turns left, this one included (MAX_TURNS - turn index).
+
+    It sees the hidden constants, as the critic sees c: a lucky guess of an untold
+    constant counts as right, though V* never relies on guessing."""
+    if turns_left < 1:
+        raise ValueError(f"turns_left must be >= 1, got {turns_left}")
+    know_a = any(re.search(rf"x \* {a}\b", h) for h in history)
+    know_b = any(re.search(rf"x \+ {b}\b", h) for h in history)
+    if ANSWER_MARKER in action or turns_left == 1:
+        q = _answer_reward(action, a, b)
+    else:
+        words = action.lower()
+        q = _optimal_value(know_a or "positive" in words, know_b or "negative" in words, turns_left - 1)
+    return q - _optimal_value(know_a, know_b, turns_left)

@@ -1,0 +1,41 @@
+"""An oracle critic for the CPU test bed: the exact per-turn advantage, as a Scorer.
+
+A diagnostic, not part of SWEET-RL: stage 2 (sweet/sweet_dpo.py, `--critic oracle`)
+ranks candidates with the advantage the stage-1 critic is meant to learn, computed
+exactly from the training-time information c (colbench.envs.testbed.optimal_advantage).
+If stage 2 learns with it but not with the trained critic, the critic is wrong; if it
+fails with both, stage 2 cannot use even a right ranking.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from colbench.envs.testbed import MAX_TURNS, constants_from_reference, optimal_advantage
+from sweet.data import State
+
+
+class OracleScorer:
+    """The Scorer protocol (sweet.sweet_dpo.Scorer) with the test bed's exact advantage.
+
+    tokenizer: the policy's (candidates are its token ids; decoded without special tokens).
+    env:       the environment name; only "testbed" has an exact advantage.
+    """
+
+    def __init__(self, tokenizer, env: str = "testbed"):
+        if env != "testbed":
+            raise ValueError(f"OracleScorer knows the exact advantage of the 'testbed' environment only, got {env!r}")
+        self.tokenizer = tokenizer
+
+    def score_states(self, items: Sequence[tuple[State, Sequence[Sequence[int]], Sequence[str | None]]]
+                     ) -> list[list[float]]:
+        """Per (state, candidate action ids, finish reasons): A*(o_t, a, c) per candidate.
+        A candidate cut at max_new_tokens is scored as the text it is (the runner would too)."""
+        scores = []
+        for state, actions, _ in items:
+            a, b = constants_from_reference(state.training_info)
+            replies = [m["content"] for m in state.prompt if m["role"] == "user"][1:]  # the first is the description
+            turns_left = MAX_TURNS - state.turn_index
+            texts = self.tokenizer.batch_decode([list(ids) for ids in actions], skip_special_tokens=True)
+            scores.append([optimal_advantage(replies, text, a, b, turns_left) for text in texts])
+        return scores
