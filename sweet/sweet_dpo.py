@@ -363,9 +363,8 @@ def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand
 def run_round(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand: CandidateConfig,
               scorer: Scorer | None = None):
     """One round of stage 2: candidates + scores, pairs, DPO. Returns output_dir/final."""
-    from accelerate import PartialState
-
     from sweet.policy_trainer import train_dpo
+    from sweet.trainer import process_state
     from sweet.training import load_tokenizer, save_resolved_config
 
     out = Path(train.output_dir)
@@ -373,7 +372,7 @@ def run_round(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig,
     save_resolved_config(out, model=model_cfg, train=train, sweet=cfg, candidates=cand)
     states = load_states(cfg)
     path = out / CANDIDATES_FILE
-    proc = PartialState()
+    proc = process_state()  # on CPU, PartialState() alone would leave each process on its own
     if cfg.stage != "train":
         done = read_candidates(path)
         if proc.num_processes > 1 and not all(state_key(s) in done for s in states):

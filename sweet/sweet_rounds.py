@@ -39,11 +39,10 @@ class RoundsConfig:
 
 def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
     """`rounds.rounds` rounds of stage 2; returns the last round's final model."""
-    from accelerate import PartialState
-
     from sweet.sweet_dpo import run_round
+    from sweet.trainer import process_state
 
-    if PartialState().num_processes > 1 or cfg.stage != "all":
+    if process_state().num_processes > 1 or cfg.stage != "all":
         raise ValueError("RoundsConfig.rounds > 1 runs in one process with --stage all (it collects episodes "
                          "and retrains the critic between rounds)")
     if not cfg.critic:
