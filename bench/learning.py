@@ -25,7 +25,13 @@ task). Intervals are 95% percentile-bootstrap intervals over (seed x held-out ta
 clusters (colbench.stats.bootstrap_ci), so they stay inside [0, 1]. Outputs in OUT:
 summary.json ({"seeds", "policies": {name: {"success_rate", "tests_passed",
 "samples", "train_wall_s"}}}), results.md, results.json (per-seed values, sample
-breakdown, timings) and learning.png (training curves).
+breakdown, timings, the critic check below) and learning.png (training curves).
+
+On the test bed, results.md also checks each SWEET-RL critic's stage-2 rankings against
+the exact advantage A* (colbench.envs.testbed.optimal_advantage): the share of candidate
+pairs it orders as A* does, and how often its top candidate is A*-best (all turns, and the
+last turn, where only a right answer scores). That tells a wrong critic from a stage 2
+that cannot use a right ranking; `--policies sweet_oracle` trains stage 2 on A* itself.
 """
 
 from __future__ import annotations
@@ -146,6 +152,60 @@ def table(summary: dict, results: dict[int, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup) -> dict[str, dict]:
+    """How each SWEET-RL variant's critic ranked its stage-2 candidates against the test
+    bed's exact advantage A* (colbench.envs.testbed.optimal_advantage), from the scores in
+    candidates.jsonl, over all seeds:
+      pairs: of candidate pairs at one state whose A* differ, the share the critic orders
+             the same way (a critic tie counts half);
+      top1:  of states whose candidates' A* differ, the share where the critic's top
+             candidate has the best A*; top1_last the same on the last turn only."""
+    from colbench.envs.testbed import MAX_TURNS, constants_from_reference, optimal_advantage
+    from sweet.sweet_dpo import SweetConfig, load_states, read_candidates, state_key
+
+    checks = {}
+    for name in policies:
+        if POLICIES[name][0] != "sweet":
+            continue
+        agree = pairs = top = top_n = last = last_n = 0.0
+        for seed in seeds:
+            sd = out / f"seed{seed}"
+            rows = read_candidates(sd / name / "candidates.jsonl")
+            if not rows:
+                continue
+            states = {state_key(s): s for s in load_states(SweetConfig(
+                episodes=str(sd / "episodes.jsonl"), tasks=setup.train_tasks, env=setup.env))}
+            for key, row in rows.items():
+                state = states[key]
+                a, b = constants_from_reference(state.training_info)
+                replies = [m["content"] for m in state.prompt if m["role"] == "user"][1:]
+                exact = [optimal_advantage(replies, c["text"], a, b, MAX_TURNS - state.turn_index) for c in row["candidates"]]
+                critic = [c["advantage"] for c in row["candidates"]]
+                for i in range(len(exact)):
+                    for j in range(i + 1, len(exact)):
+                        if exact[i] != exact[j]:
+                            pairs += 1
+                            d = (critic[i] - critic[j]) * (exact[i] - exact[j])
+                            agree += 1.0 if d > 0 else 0.5 if critic[i] == critic[j] else 0.0
+                if len(set(exact)) > 1:
+                    hit = float(exact[max(range(len(critic)), key=critic.__getitem__)] == max(exact))
+                    top, top_n = top + hit, top_n + 1
+                    if state.turn_index == MAX_TURNS - 1:
+                        last, last_n = last + hit, last_n + 1
+        if pairs:
+            checks[name] = {"pairs": agree / pairs, "n_pairs": int(pairs), "top1": top / max(top_n, 1),
+                            "n_states": int(top_n), "top1_last": last / last_n if last_n else None, "n_last": int(last_n)}
+    return checks
+
+
+def checks_table(checks: dict[str, dict]) -> str:
+    lines = ["| critic of | pairs ordered as A* | top candidate is A*-best | same, last turn |", "|---|---|---|---|"]
+    for name, c in checks.items():
+        last = "n/a" if c["top1_last"] is None else f"{c['top1_last']:.2f} (of {c['n_last']})"
+        lines.append(f"| {name} | {c['pairs']:.2f} (of {c['n_pairs']}) | {c['top1']:.2f} (of {c['n_states']}) | {last} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (S)")
@@ -182,6 +242,9 @@ def main(argv: list[str] | None = None) -> dict:
     names = ["warm_start", *policies]
     summary = summarise(results, names)
     text = table(summary, results)
+    checks = critic_vs_oracle(args.out, seeds, policies, setup) if setup.env == "testbed" else {}
+    if checks:
+        text += "\n\nStage-2 rankings against the exact advantage A* (1.00 = the oracle's ranking):\n\n" + checks_table(checks)
     print("\n" + text)
     for s, r in results.items():
         for n in names:
@@ -194,7 +257,8 @@ def main(argv: list[str] | None = None) -> dict:
     nan_to_none = lambda v: None if isinstance(v, float) and v != v else v  # noqa: E731 (strict JSON)
     per_seed = {str(s): {n: {k: nan_to_none(r[n].get(k)) for k in ("samples", "train_wall_s", "note")} for n in names}
                 for s, r in results.items()}
-    (args.out / "results.json").write_text(json.dumps({"per_seed": per_seed, "timings": setup.timings}, indent=2))
+    (args.out / "results.json").write_text(json.dumps({"per_seed": per_seed, "critic_vs_exact": checks,
+                                                       "timings": setup.timings}, indent=2))
     (args.out / "results.md").write_text(text + "\n")
     plot_curves(args.out, policies, seeds)
     print(f"summary: {args.out / 'summary.json'}; table: {args.out / 'results.md'}; curves: {args.out / 'learning.png'}")

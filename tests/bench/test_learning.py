@@ -1,0 +1,70 @@
+"""bench/learning.py's check of a critic's stage-2 rankings against the test bed's exact
+advantage, on a real test-bed episode and hand-scored candidates."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Sequence
+
+from colbench.envs.testbed import DEFAULT_B, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, TestbedEnv, answer_text, make_tasks
+from colbench.protocols import AgentRequest
+from colbench.rollout import rollout
+from engines.base import Sample
+from simulators.testbed import TestbedSimulator
+from sweet.pipeline import TestbedSetup
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
+learning = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(learning)
+
+SCRIPT = (QUESTION_VAGUE, QUESTION_VAGUE, QUESTION_POS)  # then the answer on the 4th (last) turn
+
+
+class ScriptedAgent:
+    name = "policy"
+
+    def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
+        out = []
+        for r in requests:
+            asked = sum(m["role"] == "assistant" for m in r.messages)
+            out.append(Sample(SCRIPT[asked] if asked < len(SCRIPT) else answer_text(r.task.meta["a"], r.task.meta["b"])))
+        return out
+
+
+def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path):
+    task = make_tasks("train", n=1)[0]
+    a, b = task.meta["a"], task.meta["b"]
+    sd = tmp_path / "seed0"
+    env = TestbedEnv()
+    try:
+        [ep] = rollout(env, [task], ScriptedAgent(), TestbedSimulator(), max_turns=4, out_path=sd / "episodes.jsonl")
+    finally:
+        env.close()
+    assert ep.success
+    episode_id = f"{task.task_id}/policy/0"
+
+    def row(turn: int, scored: list[tuple[str, float]]) -> dict:
+        return {"key": f"{episode_id}#{turn}", "task_id": task.task_id, "episode_id": episode_id, "turn_index": turn,
+                "candidates": [{"text": t, "token_ids": [1], "advantage": adv, "finish_reason": "stop"} for t, adv in scored]}
+
+    rows = [
+        # first turn: A* = 0 for any question, -1 for answering at once. The critic orders both
+        # pairs (question, answer) right and ties the two questions (same A*: not a pair).
+        row(0, [(QUESTION_NEG, 0.5), (QUESTION_VAGUE, 0.1), (answer_text(1, 0), -2.0)]),
+        # last turn, A told (V* = 0.5): the right answer (B guessed) +0.5, a wrong B 0, a
+        # question -0.5. The critic orders all three exactly backwards: 0 of 3 pairs right.
+        row(3, [(answer_text(a, b), 1.0), (answer_text(a, DEFAULT_B), 1.5), (QUESTION_NEG, 2.0)]),
+    ]
+    (sd / "sweet").mkdir(parents=True)
+    (sd / "sweet" / "candidates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    checks = learning.critic_vs_oracle(tmp_path, [0], ["rft", "sweet", "sweet_sum"], TestbedSetup())
+    assert set(checks) == {"sweet"}  # rft has no critic; sweet_sum has no candidates here
+    c = checks["sweet"]
+    assert c["n_pairs"] == 5 and c["pairs"] == 0.4  # turn 0: 2 of 2 right; last turn: 0 of 3
+    assert c["n_states"] == 2 and c["top1"] == 0.5 and c["n_last"] == 1 and c["top1_last"] == 0.0
+    table = learning.checks_table(checks)
+    assert "| sweet | 0.40 (of 5) | 0.50 (of 2) | 0.00 (of 1) |" in table
