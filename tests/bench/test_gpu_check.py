@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -14,8 +15,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_gpu_check_script_runs_every_stage_at_tiny_scale(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "SCALE": "tiny", "PYTHON": sys.executable, "OUT": str(out), "OMP_NUM_THREADS": "1"}
+    # a fake nvidia-smi with 2 GPUs and DIST_DRY_RUN: the distributed step only collects its
+    # tests, so the command it builds (test ids, SWEET_DIST_CONFIGS) cannot rot either
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'GPU 0: Fake (UUID: GPU-0)'\necho 'GPU 1: Fake (UUID: GPU-1)'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "SCALE": "tiny", "PYTHON": sys.executable, "OUT": str(out), "OMP_NUM_THREADS": "1",
+           "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "DIST": "1", "DIST_DRY_RUN": "1"}
     env.pop("PYTHONPATH", None)  # the script must set it itself (the GPU machine has no install)
+    env.pop("SWEET_DIST_CONFIGS", None)
     res = subprocess.run(["bash", "scripts/gpu_check.sh", "--device", "cpu", "--work", str(tmp_path / "work")],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     report = json.loads((out / "gpu_check.json").read_text())
@@ -39,3 +48,14 @@ def test_gpu_check_script_runs_every_stage_at_tiny_scale(tmp_path):
     assert loop["metrics"]["loop/optimizer_steps"] >= 1  # --min_abs_advantage 0: the update runs without variance
     summary = (out / "summary.txt").read_text()
     assert "all stages ok" in summary and all(name in summary for name in stages)
+    # each GPU config would run the 4 two-process tests (critic lm + value, stage 2, LOOP), none on CPU;
+    # the DeepSpeed ones only where deepspeed imports
+    dist = {r["config"]: r for r in map(json.loads, (out / "distributed.json").read_text().splitlines())}
+    has_deepspeed = importlib.util.find_spec("deepspeed") is not None
+    assert list(dist) == ["multi_gpu.yaml", "fsdp.yaml", "deepspeed_zero2.yaml", "deepspeed_zero3.yaml"]
+    for name, r in dist.items():
+        if name.startswith("deepspeed") and not has_deepspeed:
+            assert r["status"] == "skipped" and r["reason"] == "deepspeed not importable"
+        else:
+            assert r["status"] == "dry-run" and r["tests"] == {"collected": 4}, r
+    assert "cpu_2proc.yaml]" not in summary and "SWEET_DIST_CONFIGS=multi_gpu.yaml,fsdp.yaml" in summary

@@ -12,7 +12,10 @@ not learning, are checked).
 from __future__ import annotations
 
 import json
+import os
 import random
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -115,12 +118,21 @@ def fresh_accelerate():
 
 def checkpoint_layout(checkpoint: Path) -> tuple[int, bool]:
     """(processes, sharded) of a checkpoint-<step>/ folder: every process saves its RNGs
-    (random_states_<rank>.pkl); under FSDP each also writes its own shard of the model
-    (pytorch_model_fsdp_0/__<rank>_0.distcp), under DDP the main one model.safetensors.
-    Shows that the processes formed one group and that FSDP really sharded."""
+    (random_states_<rank>.pkl); sharded when each process also wrote its own part of the
+    model or optimiser: under FSDP with SHARDED_STATE_DICT a model shard
+    (pytorch_model_fsdp_0/__<rank>_0.distcp), under DeepSpeed ZeRO its optimiser partition
+    (pytorch_model/[bf16_]zero_pp_rank_<rank>_mp_rank_00_optim_states.pt: accelerate's
+    save_state calls engine.save_checkpoint(checkpoint, "pytorch_model")). DDP (and FSDP's
+    FULL_STATE_DICT) write one model file from the main process.
+    Shows that the processes formed one group and that FSDP/ZeRO really sharded."""
+    import re
+
     ranks = len(list(checkpoint.glob("random_states_*.pkl")))
-    shards = {p.name for p in (checkpoint / "pytorch_model_fsdp_0").glob("*.distcp")}
-    return ranks, ranks > 1 and shards == {f"__{r}_0.distcp" for r in range(ranks)}
+    expected = set(range(ranks))
+    fsdp = {p.name for p in (checkpoint / "pytorch_model_fsdp_0").glob("*.distcp")}
+    zero = {int(m.group(1)) for p in (checkpoint / "pytorch_model").glob("*_optim_states.pt")
+            if (m := re.fullmatch(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", p.name))}
+    return ranks, ranks > 1 and (fsdp == {f"__{r}_0.distcp" for r in expected} or zero == expected)
 
 
 @pytest.fixture(name="checkpoint_layout")
@@ -145,3 +157,71 @@ def kill_tree(proc) -> None:
 @pytest.fixture(name="kill_tree")
 def kill_tree_fixture():
     return kill_tree
+
+
+# ---- the 2-process tests' launch configs ----------------------------------------------------
+
+CONFIGS = Path(__file__).resolve().parents[2] / "sweet" / "configs"
+CPU_DIST_CONFIGS = ("ddp_cpu_2proc.yaml", "fsdp_cpu_2proc.yaml")
+
+
+def dist_config_names() -> list[str]:
+    """The launch configs (names in sweet/configs) the 2-process tests run under: the two CPU
+    ones, plus those listed in $SWEET_DIST_CONFIGS (comma-separated, e.g.
+    "multi_gpu.yaml,fsdp.yaml,deepspeed_zero2.yaml,deepspeed_zero3.yaml": scripts/gpu_check.sh
+    sets it on a machine with GPUs)."""
+    extra = [c.strip() for c in os.environ.get("SWEET_DIST_CONFIGS", "").split(",") if c.strip()]
+    return [*CPU_DIST_CONFIGS, *dict.fromkeys(c for c in extra if c not in CPU_DIST_CONFIGS)]
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    """One launch config as a 2-process test uses it."""
+
+    name: str
+    kind: str  # the distributed type the trainer reports: MULTI_CPU, MULTI_GPU, FSDP or DEEPSPEED
+    sharded: bool  # each process saves its own part of the model/optimiser (checkpoint_layout)
+    port_offset: int  # added to the test's port: every config gets ports of its own
+
+    def launch(self, port: int) -> list[str]:
+        """`accelerate launch` up to the script: 2 processes whatever the config's count,
+        full precision (the weights are compared with a float32 run on one process: bf16
+        autocast alone would differ by more than the tolerances) and a port of its own."""
+        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / self.name),
+                "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(port + self.port_offset)]
+
+
+def dist_config(name: str) -> DistConfig:
+    """The config `name`, or pytest.skip when this machine cannot run it: a GPU config needs
+    2 visible CUDA devices, a DeepSpeed one an importable deepspeed."""
+    import importlib.util
+
+    import yaml  # a dependency of accelerate
+
+    cfg = yaml.safe_load((CONFIGS / name).read_text())
+    kind = cfg["distributed_type"]
+    if cfg.get("use_cpu"):
+        # the CPU configs launch through MULTI_GPU's torchrun (ddp_cpu_2proc.yaml explains why):
+        # DDP then runs as MULTI_CPU; FSDP stays FSDP (sweet.trainer.make_accelerator)
+        kind = "FSDP" if kind == "FSDP" else "MULTI_CPU"
+    else:
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            pytest.skip(f"{name} needs 2 CUDA devices, {torch.cuda.device_count()} visible")
+    if kind == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
+        pytest.skip(f"{name} needs deepspeed (not importable)")
+    fsdp_sharded = cfg.get("fsdp_config", {}).get("fsdp_state_dict_type") == "SHARDED_STATE_DICT"
+    sharded = kind == "DEEPSPEED" or (kind == "FSDP" and fsdp_sharded)
+    return DistConfig(name, kind, sharded, port_offset=100 * dist_config_names().index(name))
+
+
+def pytest_generate_tests(metafunc):
+    """A test that asks for `dist` runs once per launch config of dist_config_names()."""
+    if "dist" in metafunc.fixturenames:
+        metafunc.parametrize("dist", dist_config_names(), indirect=True)
+
+
+@pytest.fixture
+def dist(request) -> DistConfig:
+    return dist_config(request.param)

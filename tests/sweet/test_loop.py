@@ -407,19 +407,18 @@ def test_ppo_with_lora_and_kl_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config,port", [("ddp_cpu_2proc.yaml", 29537), ("fsdp_cpu_2proc.yaml", 29538)])
-def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_layout, kill_tree, config, port):
-    """The CLI under `accelerate launch` with 2 gloo processes, DDP or FSDP2 (rollouts on
-    the main one, broadcast; each step's turns dealt across both): the same episodes and
-    metrics as 1 process and the same weights up to float32 summation order (Adam turns
-    ~1e-9 gradient noise into ~1e-5 steps); SIGKILLed after iteration 0's checkpoint and
-    relaunched, the uninterrupted 2-process weights exactly. Under FSDP each process saves
-    its own shard and the sampler's unsharded copy follows the updates (log-prob gap 0)."""
+def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_layout, kill_tree, dist):
+    """The CLI under `accelerate launch` with 2 gloo processes, DDP or FSDP2, or a GPU config
+    from $SWEET_DIST_CONFIGS (rollouts on the main one, broadcast; each step's turns dealt
+    across both): the same episodes and metrics as 1 process and the same weights up to
+    float32 summation order (Adam turns ~1e-9 gradient noise into ~1e-5 steps); SIGKILLed
+    after iteration 0's checkpoint and relaunched, the uninterrupted 2-process weights
+    exactly. Under FSDP each process saves its own shard and the sampler's unsharded copy
+    follows the updates (log-prob gap 0)."""
     import time
 
     tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-              str(ROOT / "sweet/configs" / config), "--main_process_port", str(port), "-m"]
+    launch = [*dist.launch(29537), "-m"]
 
     def cmd(out, launcher=(sys.executable, "-m")):
         return [*launcher, "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
@@ -449,7 +448,7 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
     kill_tree(proc)  # the launcher and both workers
     time.sleep(1)
     assert not (killed / "final").exists(), "the run finished before it could be killed"
-    assert checkpoint_layout(killed / "checkpoint-0") == (2, config.startswith("fsdp"))
+    assert checkpoint_layout(killed / "checkpoint-0") == (2, dist.sharded)
     res = subprocess.run(cmd(killed, launch), cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming" in res.stdout + res.stderr

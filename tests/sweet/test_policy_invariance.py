@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -130,10 +129,9 @@ def test_warm_start_update_does_not_depend_on_micro_batch(tmp_path):
 # ---- several processes (gloo on CPU) -------------------------------------------------------
 
 
-def _launch(config: str, args: list[str], timeout: int = 600) -> subprocess.Popen:
+def _launch(dist, args: list[str], port: int = 29651) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "sweet" / "configs" / config),
-           "-m", "sweet.train_policy", *args]
+    cmd = [*dist.launch(port), "-m", "sweet.train_policy", *args]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -145,18 +143,18 @@ def _finish(proc: subprocess.Popen, timeout: int = 600) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["ddp_cpu_2proc.yaml", "fsdp_cpu_2proc.yaml"])
-def test_sweet_stage2_two_processes_match_one_and_survive_a_kill(data, candidates, tmp_path, config, checkpoint_layout,
+def test_sweet_stage2_two_processes_match_one_and_survive_a_kill(data, candidates, tmp_path, dist, checkpoint_layout,
                                                                  kill_tree):
-    """2 processes (DDP or FSDP2) give the weights of 1; killed after a checkpoint and
-    resumed, the same again. Under FSDP each process writes its own shard."""
+    """2 processes (DDP or FSDP2; the GPU configs with $SWEET_DIST_CONFIGS) give the weights
+    of 1; killed after a checkpoint and resumed, the same again. Under FSDP each process
+    writes its own shard."""
     one = _train_policy(*_sweet_args(data, candidates, tmp_path / "one", 1, "--save_steps", "0", "--num_epochs", "3"))
     two = tmp_path / "two"
-    _finish(_launch(config, _sweet_args(data, candidates, two, 1, "--save_steps", "0", "--num_epochs", "3")))
+    _finish(_launch(dist, _sweet_args(data, candidates, two, 1, "--save_steps", "0", "--num_epochs", "3")))
     _assert_same_update(one, two / "final")
 
     killed = tmp_path / "killed"
-    proc = _launch(config, _sweet_args(data, candidates, killed, 1, "--save_steps", "1", "--num_epochs", "3"))
+    proc = _launch(dist, _sweet_args(data, candidates, killed, 1, "--save_steps", "1", "--num_epochs", "3"))
     deadline = time.time() + 300
     while not (killed / "checkpoint-1" / "state.json").exists():
         assert proc.poll() is None and time.time() < deadline, "no checkpoint before the run ended"
@@ -164,7 +162,7 @@ def test_sweet_stage2_two_processes_match_one_and_survive_a_kill(data, candidate
     kill_tree(proc)
     time.sleep(1)
     assert not (killed / "final").exists()
-    assert checkpoint_layout(killed / "checkpoint-1") == (2, config.startswith("fsdp"))
-    out = _finish(_launch(config, _sweet_args(data, candidates, killed, 1, "--save_steps", "1", "--num_epochs", "3")))
+    assert checkpoint_layout(killed / "checkpoint-1") == (2, dist.sharded)
+    out = _finish(_launch(dist, _sweet_args(data, candidates, killed, 1, "--save_steps", "1", "--num_epochs", "3")))
     assert "resuming from" in out
     _assert_same_update(two / "final", killed / "final", rtol=1e-6)

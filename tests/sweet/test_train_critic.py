@@ -380,10 +380,9 @@ def test_micro_batch_size_does_not_change_the_update(tmp_path, synthetic_files, 
     assert torch.nn.functional.cosine_similarity(delta1, delta4, dim=0).item() > 0.99999
 
 
-def _launch(config: str, args: list[str], port: int) -> subprocess.Popen:
+def _launch(dist, args: list[str], port: int) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "sweet/configs" / config),
-           "--main_process_port", str(port), "-m", "sweet.train_critic", *args]
+    cmd = [*dist.launch(port), "-m", "sweet.train_critic", *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -395,22 +394,21 @@ def _finish(proc: subprocess.Popen) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config,kind", [("ddp_cpu_2proc.yaml", "MULTI_CPU"), ("fsdp_cpu_2proc.yaml", "FSDP")])
 @pytest.mark.parametrize("head,port", [("lm", 29631), ("value", 29641)])
 def test_two_processes_killed_and_resumed_match_uninterrupted(tmp_path, synthetic_files, fresh_accelerate, checkpoint_layout,
-                                                              kill_tree, head, port, config, kind):
-    """2 processes (DDP or FSDP2 over gloo) give the weights of 1; a 2-process run
-    SIGKILLed after its first checkpoint and relaunched gives the uninterrupted run's
-    final weights and metrics. FSDP really shards (each process writes its own shard of
-    the checkpoint), not accelerate's silent DDP fallback on CPU (sweet.trainer.make_accelerator)."""
+                                                              kill_tree, head, port, dist):
+    """2 processes (DDP or FSDP2 over gloo; the GPU configs with $SWEET_DIST_CONFIGS) give
+    the weights of 1; a 2-process run SIGKILLed after its first checkpoint and relaunched
+    gives the uninterrupted run's final weights and metrics. FSDP really shards (each process
+    writes its own shard of the checkpoint), not accelerate's silent DDP fallback on CPU
+    (sweet.trainer.make_accelerator)."""
     import time
 
-    port += 5 * (kind == "FSDP")
     flags = ["--head", head, "--save_steps", "1"]
     final = cli(_args(*synthetic_files, tmp_path / "one", *flags))
     whole = tmp_path / "whole"
-    out = _finish(_launch(config, _args(*synthetic_files, whole, *flags), port))
-    assert f"2 process(es) ({kind})" in out
+    out = _finish(_launch(dist, _args(*synthetic_files, whole, *flags), port))
+    assert f"2 process(es) ({dist.kind})" in out
     files = ["model.safetensors"] + (["value_head.safetensors"] if head == "value" else [])
     w1 = {f"{f}:{k}": v for f in files for k, v in _weights(tmp_path / "one" / "final", f).items()}
     w2 = {f"{f}:{k}": v for f in files for k, v in _weights(whole / "final", f).items()}
@@ -418,15 +416,15 @@ def test_two_processes_killed_and_resumed_match_uninterrupted(tmp_path, syntheti
     assert json.loads((whole / "final_metrics.json").read_text()) == pytest.approx(final, abs=1e-4)
 
     killed = tmp_path / "killed"
-    proc = _launch(config, _args(*synthetic_files, killed, *flags), port + 1)
+    proc = _launch(dist, _args(*synthetic_files, killed, *flags), port + 1)
     deadline = time.time() + 600
     while not (killed / "checkpoint-1" / "state.json").exists():
         assert proc.poll() is None and time.time() < deadline, "no checkpoint before the run ended"
         time.sleep(0.2)
     kill_tree(proc)
     assert not (killed / "final").exists()
-    assert checkpoint_layout(killed / "checkpoint-1") == (2, kind == "FSDP")
-    out = _finish(_launch(config, _args(*synthetic_files, killed, *flags), port + 2))
+    assert checkpoint_layout(killed / "checkpoint-1") == (2, dist.sharded)
+    out = _finish(_launch(dist, _args(*synthetic_files, killed, *flags), port + 2))
     assert "resuming from" in out
     w3 = {f"{f}:{k}": v for f in files for k, v in _weights(killed / "final", f).items()}
     assert all(torch.allclose(w2[k], w3[k], atol=1e-6) for k in w2)
