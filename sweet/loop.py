@@ -616,10 +616,12 @@ def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -
     trainer = Trainer(model_cfg, train_cfg, tokenizer, model=model, name="loop",
                       run_config={k: vars(v) for k, v in configs.items()})
     acc = trainer.accelerator
-    # FSDP shards the trained weights: a forward on the main process alone would wait for the
-    # others' shards. The transformers sampler then plays with an unsharded copy there, given
-    # the gathered weights after each update (the memory of one more model on that process).
-    mirrored = acc.distributed_type == DistributedType.FSDP and not loop_cfg.sampler
+    # FSDP and ZeRO-3 shard the trained weights: a forward on the main process alone would wait
+    # for the others' shards. The transformers sampler then plays with an unsharded copy there,
+    # given the gathered weights after each update (the memory of one more model on that process).
+    # (ZeRO-3 is untested here: DeepSpeed does not run on this project's CPU test machines.)
+    zero3 = acc.distributed_type == DistributedType.DEEPSPEED and acc.state.deepspeed_plugin.zero_stage == 3
+    mirrored = (acc.distributed_type == DistributedType.FSDP or zero3) and not loop_cfg.sampler
     sampling_copy = copy.deepcopy(model).requires_grad_(False) if mirrored and acc.is_main_process else None
 
     def refresh_sampling_copy() -> None:
