@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
-from typing import Sequence
 
-from colbench.envs.testbed import DEFAULT_B, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, TestbedEnv, answer_text, make_tasks
-from colbench.protocols import AgentRequest
-from colbench.rollout import rollout
-from engines.base import Sample
-from simulators.testbed import TestbedSimulator
+from colbench.envs.testbed import DEFAULT_B, QUESTION_NEG, QUESTION_VAGUE, answer_text
 from sweet.pipeline import TestbedSetup
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,29 +16,14 @@ _spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" 
 learning = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(learning)
 
-SCRIPT = (QUESTION_VAGUE, QUESTION_VAGUE, QUESTION_POS)  # then the answer on the 4th (last) turn
 
-
-class ScriptedAgent:
-    name = "policy"
-
-    def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
-        out = []
-        for r in requests:
-            asked = sum(m["role"] == "assistant" for m in r.messages)
-            out.append(Sample(SCRIPT[asked] if asked < len(SCRIPT) else answer_text(r.task.meta["a"], r.task.meta["b"])))
-        return out
-
-
-def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path):
-    task = make_tasks("train", n=1)[0]
+def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scripted_testbed_episode):
+    """The episode (tests/conftest.py) asks vague, vague, positive, then answers on its last turn."""
+    task, ep = scripted_testbed_episode.task, scripted_testbed_episode.episode
     a, b = task.meta["a"], task.meta["b"]
     sd = tmp_path / "seed0"
-    env = TestbedEnv()
-    try:
-        [ep] = rollout(env, [task], ScriptedAgent(), TestbedSimulator(), max_turns=4, out_path=sd / "episodes.jsonl")
-    finally:
-        env.close()
+    sd.mkdir()
+    shutil.copy(scripted_testbed_episode.path, sd / "episodes.jsonl")
     assert ep.success
     episode_id = f"{task.task_id}/policy/0"
 

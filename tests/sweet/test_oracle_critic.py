@@ -4,48 +4,19 @@ advantage scored on States of a real test-bed episode, and wired into stage 2.""
 from __future__ import annotations
 
 import json
-from typing import Sequence
 
 import pytest
 
-from colbench.envs.testbed import (DEFAULT_B, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, TestbedEnv, answer_text,
-                                   make_tasks, optimal_advantage)
-from colbench.episodes import EpisodeConfig, run_episodes
-from colbench.protocols import AgentRequest
-from engines.base import Sample
-from simulators.testbed import TestbedSimulator
-from sweet.data import episode_states
+from colbench.envs.testbed import DEFAULT_B, QUESTION_NEG, QUESTION_VAGUE, answer_text, optimal_advantage
 from sweet.oracle_critic import OracleScorer
-
-SCRIPT = (QUESTION_VAGUE, QUESTION_VAGUE, QUESTION_POS)  # then it answers on its 4th turn
-
-
-class ScriptedAgent:
-    """Asks SCRIPT's questions in order, then answers with the right constants."""
-
-    name = "scripted"
-
-    def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
-        out = []
-        for r in requests:
-            asked = sum(m["role"] == "assistant" for m in r.messages)
-            a, b = r.task.meta["a"], r.task.meta["b"]
-            out.append(Sample(SCRIPT[asked] if asked < len(SCRIPT) else answer_text(a, b)))
-        return out
 
 
 @pytest.fixture(scope="module")
-def episode():
-    """(task, the four States of one real test-bed episode, the episode), against the scripted human."""
-    task = make_tasks("train", n=1)[0]
-    env = TestbedEnv()
-    try:
-        [ep] = run_episodes(env, [task], ScriptedAgent(), TestbedSimulator(), config=EpisodeConfig(max_turns=4),
-                            progress=False)
-        states = episode_states(ep, env.training_info(task))
-    finally:
-        env.close()
-    return task, states, ep
+def episode(scripted_testbed_episode):
+    """(task, the four States of one real test-bed episode, the episode): vague, vague,
+    positive, then the answer, against the scripted human (tests/conftest.py)."""
+    e = scripted_testbed_episode
+    return e.task, e.states, e.episode
 
 
 def _ids(tokenizer, texts, eos: bool = True) -> list[list[int]]:
