@@ -160,7 +160,8 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup) ->
              the same way (a critic tie counts half);
       top1:  of states whose candidates' A* differ, the share where the critic's top
              candidate has the best A*; top1_last the same on the last turn only."""
-    from colbench.envs.testbed import MAX_TURNS, constants_from_reference, optimal_advantage
+    from colbench.envs.testbed import MAX_TURNS
+    from sweet.oracle_critic import exact_advantages
     from sweet.sweet_dpo import SweetConfig, load_states, read_candidates, state_key
 
     checks = {}
@@ -177,9 +178,7 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup) ->
                 episodes=str(sd / "episodes.jsonl"), tasks=setup.train_tasks, env=setup.env))}
             for key, row in rows.items():
                 state = states[key]
-                a, b = constants_from_reference(state.training_info)
-                replies = [m["content"] for m in state.prompt if m["role"] == "user"][1:]
-                exact = [optimal_advantage(replies, c["text"], a, b, MAX_TURNS - state.turn_index) for c in row["candidates"]]
+                exact = exact_advantages(state, [c["text"] for c in row["candidates"]])
                 critic = [c["advantage"] for c in row["candidates"]]
                 for i in range(len(exact)):
                     for j in range(i + 1, len(exact)):

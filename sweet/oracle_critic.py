@@ -31,11 +31,15 @@ class OracleScorer:
                      ) -> list[list[float]]:
         """Per (state, candidate action ids, finish reasons): A*(o_t, a, c) per candidate.
         A candidate cut at max_new_tokens is scored as the text it is (the runner would too)."""
-        scores = []
-        for state, actions, _ in items:
-            a, b = constants_from_reference(state.training_info)
-            replies = [m["content"] for m in state.prompt if m["role"] == "user"][1:]  # the first is the description
-            turns_left = MAX_TURNS - state.turn_index
-            texts = self.tokenizer.batch_decode([list(ids) for ids in actions], skip_special_tokens=True)
-            scores.append([optimal_advantage(replies, text, a, b, turns_left) for text in texts])
-        return scores
+        return [exact_advantages(state, self.tokenizer.batch_decode([list(ids) for ids in actions],
+                                                                    skip_special_tokens=True))
+                for state, actions, _ in items]
+
+
+def exact_advantages(state: State, texts: Sequence[str]) -> list[float]:
+    """A*(o_t, a, c) of each candidate message `texts` at a test-bed State: its human
+    replies so far, its turns left and the constants in its training-time information."""
+    a, b = constants_from_reference(state.training_info)
+    replies = [m["content"] for m in state.prompt if m["role"] == "user"][1:]  # the first is the description
+    turns_left = MAX_TURNS - state.turn_index
+    return [optimal_advantage(replies, text, a, b, turns_left) for text in texts]
