@@ -8,6 +8,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from colbench.envs.testbed import DEFAULT_B, QUESTION_NEG, QUESTION_VAGUE, answer_text
 from sweet.pipeline import TestbedSetup
 
@@ -49,3 +51,48 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     assert c["n_states"] == 2 and c["top1"] == 0.5 and c["n_last"] == 1 and c["top1_last"] == 0.0
     table = learning.checks_table(checks)
     assert "| sweet | 0.40 (of 5) | 0.50 (of 2) | 0.00 (of 1) |" in table
+
+
+@pytest.mark.slow
+def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
+    """`--jobs 2` runs (seed, policy) jobs in worker processes with one torch thread each;
+    with one thread in the parent too, every trained weight, sample count and evaluation
+    metric must be the one `--jobs 1` produces, each under its own seed and name."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+    from safetensors.torch import load_file
+
+    from sweet.pipeline import warm_start
+
+    warm = warm_start(tmp_path / "ws", smoke=True)  # the tiny model after a short imitation phase
+    runs = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}"
+        for phase in ("copy", "behave"):  # the benchmark reuses a finished warm start
+            shutil.copytree(warm, out / "warm_start" / phase / "final")
+        subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "--seeds", "2", "--policies", "rft,loop",
+                        "--train-limit", "2", "--test-limit", "2", "--episodes-per-task", "4", "--jobs", str(jobs),
+                        "--out", str(out)], check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       timeout=900)
+        runs[jobs] = out
+    one, two = (json.loads((runs[j] / "results.json").read_text())["per_seed"] for j in (1, 2))
+    drop_wall = lambda m: {k: v for k, v in m.items() if k != "train_wall_s"}  # noqa: E731 (the one thing that differs)
+    assert {s: {n: drop_wall(m) for n, m in r.items()} for s, r in one.items()} == \
+        {s: {n: drop_wall(m) for n, m in r.items()} for s, r in two.items()}
+    trained = 0
+    for seed in (0, 1):
+        for name in ("rft", "loop"):
+            final = Path(f"seed{seed}") / name / "final" / "model.safetensors"
+            if not (runs[1] / final).exists():
+                assert not (runs[2] / final).exists()
+                continue
+            a, b = load_file(runs[1] / final), load_file(runs[2] / final)
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (seed, name)
+            trained += 1
+    assert trained >= 2  # LOOP trains online on both seeds whatever the warm start's success
+    summaries = [json.loads((runs[j] / "summary.json").read_text()) for j in (1, 2)]
+    assert [{n: drop_wall(m) for n, m in s["policies"].items()} for s in summaries] == \
+        [{n: drop_wall(m) for n, m in summaries[0]["policies"].items()}] * 2
