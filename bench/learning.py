@@ -128,10 +128,12 @@ def run_all(seeds: list[int], policies: list[str], warm: Path, out: Path, setup,
     """Collect each seed's episodes, train every (seed, policy), evaluate each seed.
 
     jobs > 1 trains and evaluates that many (seed, policy) jobs at once in worker
-    processes with cpu_count // jobs torch threads each, longest first: on 2 cores two
-    one-thread jobs did 1.33x the work of one two-thread job (a 1-epoch critic: 61.5 s
-    alone on 2 threads, 92 s for two at once on 1 thread each). Every job is the same
-    code with the same seed either way; only floating-point reduction order may differ."""
+    processes with cpu_count // jobs torch threads each, longest first: for machines
+    with cores to spare. On 2 cores it did not pay: two 1-epoch critics at once on one
+    thread each took 92 s against 61.5 s for one on two threads (1.33x the throughput),
+    but the whole benchmark's 21 training jobs took 6,350 job-seconds, about 53 min of
+    wall time on two workers, against about 42 min one after the other. Every job is the
+    same code with the same seed either way; only floating-point reduction order may differ."""
     import concurrent.futures as cf
     import multiprocessing
 
@@ -277,8 +279,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--train-limit", "--train_limit", type=int, default=None,
                    help="collect on the first N train tasks only (quick checks)")
     p.add_argument("--test-limit", "--test_limit", type=int, default=None, help="evaluate on the first N test tasks")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                   help="(seed, policy) jobs trained at once, each with cpu_count // jobs torch threads (1: in this process)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="(seed, policy) jobs trained at once in worker processes, each with cpu_count // jobs torch "
+                        "threads (default 1: one after the other in this process; on 2 cores, 2 was slower)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "learning")
     args = p.parse_args(argv)
     policies = [a for a in args.policies.split(",") if a and a != "warm_start"]
