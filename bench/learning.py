@@ -100,8 +100,8 @@ def train_one(seed: int, name: str, warm: Path, out: Path, setup) -> dict:
             critic = "oracle" if critic_flags is ORACLE else train_critic(
                 episodes, str(warm), setup, sd / f"critic_{name}", seed=seed, extra=critic_flags)
         model = str(train_policy(algo, episodes, str(warm), setup, sd / name, critic=critic, seed=seed))
-    except ValueError as e:  # e.g. RFT with no successful episode: evaluated as the warm start, and said so
-        note = f"untrained ({e})"
+    except (ValueError, SystemExit) as e:  # RFT with no successful episode, LOOP with no reward variance:
+        note = f"untrained ({e})"       # evaluated as the warm start, and said so
         print(f"seed {seed} {name}: {note}", flush=True)
         model = str(warm)
     return {"model": model, "samples": count_samples(algo, episodes, sd / name),
