@@ -132,7 +132,8 @@ def run_all(seeds: list[int], policies: list[str], warm: Path, out: Path, setup,
     with cores to spare. On 2 cores it did not pay: two 1-epoch critics at once on one
     thread each took 92 s against 61.5 s for one on two threads (1.33x the throughput),
     but the whole benchmark's 21 training jobs took 6,350 job-seconds, about 53 min of
-    wall time on two workers, against about 42 min one after the other. Every job is the
+    wall time on two workers (on a test-bed variant with slightly more data), against
+    about 42 min one after the other. Every job is the
     same code with the same seed either way; only floating-point reduction order may differ."""
     import concurrent.futures as cf
     import multiprocessing
