@@ -50,6 +50,8 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
                answers use a constant the human stated: the tiny model learns to
                copy it (measured: one mixed phase at p_ask 0.6 left the warm start
                copying almost never, success 1.7% even after asking both questions);
+               checked on held-out dialogues and trained on until it copies
+               (`copy_phase`);
     2. behave: from phase 1's model, the explorer at p_ask 0.6, which sets the
                per-turn question/answer choices that RL then has to improve.
     Phase 2 is the policy every algorithm starts from (OUT/behave/final)."""
@@ -58,10 +60,44 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
 
     if smoke:  # toy sizes: one short phase
         return run(WarmStartConfig(output_dir=str(out / "behave"), seed=seed, n_dialogues=160, epochs=1))
-    copy = run(WarmStartConfig(output_dir=str(out / "copy"), seed=seed, p_ask=1.0, n_dialogues=1600, epochs=1,
-                               batch_size=16, learning_rate=2e-3))
+    copy = copy_phase(out, seed)
     return run(WarmStartConfig(output_dir=str(out / "behave"), model=str(copy), seed=seed + 1, p_ask=0.6,
                                n_dialogues=600, epochs=1, batch_size=16, learning_rate=1e-3))
+
+
+COPY_PASS = 0.9  # the copy phase's bar: held-out share of told constants copied right
+COPY_ROUNDS = 4  # at most this many copy passes (fresh dialogues each) before giving up
+
+
+def copy_phase(out: Path, seed: int) -> Path:
+    """Phase 1 of the warm start, checked: train on the always-asking explorer, measure
+    held-out copy accuracy (sweet.warm_start.copy_accuracy), and train another pass on
+    fresh dialogues until it reaches COPY_PASS (copying emerges abruptly, after a number
+    of steps that varies with the seed and the prompt's wording). Each pass is its own
+    folder (copy, copy-2, ...), its accuracy recorded in copy_check.json, so a rerun
+    resumes. Raises if no pass of COPY_ROUNDS passes: every algorithm would start from a
+    policy that cannot use what the human said."""
+    from sweet.warm_start import WarmStartConfig, copy_accuracy
+    from sweet.warm_start import main as run
+
+    record = out / "copy_check.json"
+    checks = json.loads(record.read_text()) if record.exists() else []
+    model = "tiny"
+    for k in range(COPY_ROUNDS):
+        folder = out / ("copy" if k == 0 else f"copy-{k + 1}")
+        model = str(run(WarmStartConfig(output_dir=str(folder), model=model, seed=seed + 100 * k, p_ask=1.0,
+                                        n_dialogues=1600, epochs=1, batch_size=16,
+                                        learning_rate=2e-3 if k == 0 else 1e-3)))
+        if k >= len(checks):
+            checks.append({"model": model, "copy_accuracy": copy_accuracy(model, seed=seed)})
+            out.mkdir(parents=True, exist_ok=True)
+            record.write_text(json.dumps(checks, indent=2))
+        print(f"warm start: copy pass {k + 1}: held-out copy accuracy {checks[k]['copy_accuracy']:.2f} "
+              f"(bar {COPY_PASS})", flush=True)
+        if checks[k]["copy_accuracy"] >= COPY_PASS:
+            return Path(model)
+    raise RuntimeError(f"warm start: the copy phase did not reach {COPY_PASS} held-out copy accuracy in "
+                       f"{COPY_ROUNDS} passes ({record}); the policy cannot use what the human said")
 
 
 def compare(rows: list[dict], base: str, new: str) -> str:

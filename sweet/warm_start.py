@@ -72,6 +72,62 @@ def _dialogue(task, rng, p_ask):
     return scripted_dialogue(task, rng, p_ask=p_ask)
 
 
+def copy_check_dialogues(n: int = 48, seed: int = 0):
+    """`n` held-out copy-check cases: the always-asking explorer's three questions and the
+    human's replies on the test bed's test tasks, as (task, turns, told) with told = (A or
+    None, B or None), the constants the replies stated."""
+    from colbench.envs.testbed import make_tasks
+
+    tasks = make_tasks("test")
+    rng = random.Random(f"copy-check-{seed}")
+    cases = []
+    for i in range(n):
+        task = tasks[i % len(tasks)]
+        turns = [Turn(role, text) for role, text in _dialogue(task, rng, 1.0)[:-1]]  # not the explorer's answer
+        replies = " ".join(t.content for t in turns if t.role == "human")
+        cases.append((task, turns, (task.meta["a"] if "x * " in replies else None,
+                                    task.meta["b"] if "x + " in replies else None)))
+    return cases
+
+
+def copy_score(answers: list[str], told: list[tuple[int | None, int | None]]) -> float:
+    """The share of told constants that the answers wrote (read as the scorer reads an
+    answer: the code after the answer marker); untold constants are not counted."""
+    from colbench.envs.testbed import _code_constants
+    from colbench.protocols import ANSWER_MARKER
+    from colbench.scoring.backend import extract_code
+
+    right = total = 0
+    for text, want in zip(answers, told, strict=True):
+        _, marker, after = text.partition(ANSWER_MARKER)
+        got = _code_constants(extract_code(after if marker else text))
+        for g, w in zip(got, want):
+            if w is not None:
+                right, total = right + (g == w), total + 1
+    return right / max(total, 1)
+
+
+def copy_accuracy(model: str, n: int = 48, seed: int = 0) -> float:
+    """How often `model`, answering greedily after the always-asking explorer's three
+    questions on held-out tasks, writes each constant it was told (`copy_score`). The
+    warm start's copy phase must pass this before the behaviour phase: a cosmetic change
+    to the prompt once flipped it from 28/28 to 8/28, and every algorithm then started
+    from a policy that miscopies."""
+    from colbench.envs.testbed import TestbedEnv
+    from engines import SamplingParams, load_engine
+
+    env = TestbedEnv()
+    cases = copy_check_dialogues(n, seed)
+    prompts = [env.agent_messages(task, turns) for task, turns, _ in cases]
+    env.close()
+    engine = load_engine(f"hf:{model}")
+    try:
+        samples = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=64))
+    finally:
+        engine.close()
+    return copy_score([s[0].text for s in samples], [told for _, _, told in cases])
+
+
 def write_episodes(episodes: list[Episode], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:

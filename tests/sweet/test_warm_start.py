@@ -1,0 +1,65 @@
+"""The warm start's copy check (sweet/warm_start.py): the held-out cases and their scoring."""
+
+import json
+
+import pytest
+
+from colbench.envs.testbed import DEFAULT_A, DEFAULT_B, MAX_TURNS, answer_text
+from sweet import pipeline
+from sweet.warm_start import copy_check_dialogues, copy_score
+
+
+def test_copy_check_cases_are_held_out_three_question_dialogues_with_what_was_told():
+    cases = copy_check_dialogues(n=40, seed=0)
+    assert len(cases) == 40
+    kinds = set()
+    for task, turns, (a, b) in cases:
+        assert task.meta["split"] == "test"
+        assert [t.role for t in turns] == ["agent", "human"] * (MAX_TURNS - 1)  # three questions, no answer yet
+        replies = [t.content for t in turns if t.role == "human"]
+        assert (a is not None) == any(f"x * {task.meta['a']}" in r for r in replies)
+        assert (b is not None) == any(f"x + {task.meta['b']}" in r for r in replies)
+        assert a in (None, task.meta["a"]) and b in (None, task.meta["b"])
+        kinds.add((a is not None, b is not None))
+    assert {(True, True), (True, False), (False, True)} <= kinds  # one or both constants told
+    assert copy_check_dialogues(n=40, seed=0)[7][1] == cases[7][1]  # deterministic
+
+
+def test_copy_score_counts_each_told_constant_once():
+    told = [(3, 20), (2, None), (None, 10)]
+    assert copy_score([answer_text(3, 20), answer_text(2, DEFAULT_B), answer_text(DEFAULT_A, 10)], told) == 1.0
+    # the defaults for what was not told are not held against it; miscopies are
+    assert copy_score([answer_text(2, 20), answer_text(3, 10), answer_text(2, 20)], told) == pytest.approx(1 / 4)
+    # no answer marker: the whole message is read as code; a question has none
+    assert copy_score(["What happens to positive numbers?"] * 3, told) == 0.0
+    with pytest.raises(ValueError):
+        copy_score([answer_text(3, 20)], told)  # one answer per case
+
+
+def test_copy_phase_trains_again_until_the_bar_and_records_each_pass(tmp_path, monkeypatch):
+    """The copy phase stops at the first pass over the bar, resumes from copy_check.json,
+    and raises rather than hand on a warm start that cannot copy."""
+    trained, measured = [], []
+    accuracy = {"copy": 0.5, "copy-2": 0.95}
+
+    def fake_run(cfg):
+        trained.append((cfg.output_dir, cfg.model))
+        return tmp_path / "ws" / cfg.output_dir.rsplit("/", 1)[1] / "final"
+
+    def fake_accuracy(model, seed=0):
+        measured.append(model)
+        return accuracy[model.split("/")[-2]]
+
+    monkeypatch.setattr("sweet.warm_start.main", fake_run)
+    monkeypatch.setattr("sweet.warm_start.copy_accuracy", fake_accuracy)
+    model = pipeline.copy_phase(tmp_path / "ws", seed=0)
+    assert model.parent.name == "copy-2"
+    assert [t[0].rsplit("/", 1)[1] for t in trained] == ["copy", "copy-2"]
+    assert trained[1][1] == str(tmp_path / "ws" / "copy" / "final")  # the second pass continues the first
+    record = json.loads((tmp_path / "ws" / "copy_check.json").read_text())
+    assert [r["copy_accuracy"] for r in record] == [0.5, 0.95]
+    pipeline.copy_phase(tmp_path / "ws", seed=0)  # resumed: nothing measured again
+    assert len(measured) == 2
+    accuracy.update({"copy-2": 0.5, "copy-3": 0.5, "copy-4": 0.5})
+    with pytest.raises(RuntimeError, match="copy phase did not reach"):
+        pipeline.copy_phase(tmp_path / "other", seed=0)
