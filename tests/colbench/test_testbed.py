@@ -3,7 +3,7 @@ import random
 import pytest
 
 from colbench.envs import make_env
-from colbench.envs.testbed import (A_VALUES, B_VALUES, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, TestbedEnv, answer_text,
+from colbench.envs.testbed import (A_VALUES, B_VALUES, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, answer_text,
                                    make_tasks)
 from colbench.tasks import load_tasks
 from colbench.types import Turn
@@ -83,19 +83,3 @@ def test_scripted_explorer_succeeds_exactly_when_it_asked_both_questions(env):
     assert {sum(role == "agent" for role, _ in d) for d in dialogues} == {1, 2, 3, 4}
     rate = sum(s.success for s in scores) / len(scores)
     assert 0.06 < rate < 0.25  # low by design (about 0.13): room for per-turn credit to help
-
-
-def test_the_agent_sees_its_turns_left(env):
-    """The time left is part of the state: each agent prompt's last message ends with it."""
-    task = make_tasks("train")[0]
-    turns: list[Turn] = []
-    seen = []
-    for question in (QUESTION_POS, QUESTION_VAGUE, QUESTION_NEG):
-        seen.append(env.agent_messages(task, turns)[-1]["content"])
-        turns += [Turn("agent", question), Turn("human", reply_for(question, task.meta["a"], task.meta["b"]))]
-    seen.append(env.agent_messages(task, turns)[-1]["content"])
-    assert seen[0] == f"{task.description} (4 turns left)"
-    assert [s.rsplit(" (", 1)[1] for s in seen[1:]] == ["3 turns left)", "2 turns left)", "1 turn left)"]
-    assert seen[1].startswith("For positive numbers it is x * ")  # the human's words come first, unchanged
-    assert env.agent_messages(task, [], single_turn=True)[-1]["content"].endswith("(1 turn left)")
-    assert TestbedEnv(max_turns=6).agent_messages(task, [])[-1]["content"].endswith("(6 turns left)")
