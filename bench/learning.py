@@ -222,8 +222,14 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup) ->
       pairs: of candidate pairs at one state whose A* differ, the share the critic orders
              the same way (a critic tie counts half);
       top1:  of states whose candidates' A* differ, the share where the critic's top
-             candidate has the best A*; top1_last the same on the last turn only."""
+             candidate has the best A*; top1_last the same on the last turn only;
+      questions: of pairs of two QUESTIONS at one state two turns before the end whose
+             A* differ, the share ordered as A*: the one decision where a question's
+             worth depends on what was already asked (ask for the constant still
+             missing, not again for a known one), so the only one that tests whether
+             the critic reads the dialogue rather than the question's wording."""
     from colbench.envs.testbed import MAX_TURNS
+    from colbench.protocols import ANSWER_MARKER
     from sweet.oracle_critic import exact_advantages
     from sweet.sweet_dpo import SweetConfig, load_states, read_candidates, state_key
 
@@ -231,7 +237,7 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup) ->
     for name in policies:
         if POLICIES[name][0] != "sweet":
             continue
-        agree = pairs = top = top_n = last = last_n = 0.0
+        agree = pairs = top = top_n = last = last_n = q_agree = q_pairs = 0.0
         for seed in seeds:
             sd = out / f"seed{seed}"
             rows = read_candidates(sd / name / "candidates.jsonl")
@@ -241,14 +247,18 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup) ->
                 episodes=str(sd / "episodes.jsonl"), tasks=setup.train_tasks, env=setup.env))}
             for key, row in rows.items():
                 state = states[key]
-                exact = exact_advantages(state, [c["text"] for c in row["candidates"]])
+                texts = [c["text"] for c in row["candidates"]]
+                exact = exact_advantages(state, texts)
                 critic = [c["advantage"] for c in row["candidates"]]
+                asks = state.turn_index == MAX_TURNS - 2
                 for i in range(len(exact)):
                     for j in range(i + 1, len(exact)):
                         if exact[i] != exact[j]:
-                            pairs += 1
                             d = (critic[i] - critic[j]) * (exact[i] - exact[j])
-                            agree += 1.0 if d > 0 else 0.5 if critic[i] == critic[j] else 0.0
+                            hit = 1.0 if d > 0 else 0.5 if critic[i] == critic[j] else 0.0
+                            pairs, agree = pairs + 1, agree + hit
+                            if asks and ANSWER_MARKER not in texts[i] and ANSWER_MARKER not in texts[j]:
+                                q_pairs, q_agree = q_pairs + 1, q_agree + hit
                 if len(set(exact)) > 1:
                     hit = float(exact[max(range(len(critic)), key=critic.__getitem__)] == max(exact))
                     top, top_n = top + hit, top_n + 1
@@ -256,15 +266,19 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup) ->
                         last, last_n = last + hit, last_n + 1
         if pairs:
             checks[name] = {"pairs": agree / pairs, "n_pairs": int(pairs), "top1": top / max(top_n, 1),
-                            "n_states": int(top_n), "top1_last": last / last_n if last_n else None, "n_last": int(last_n)}
+                            "n_states": int(top_n), "top1_last": last / last_n if last_n else None, "n_last": int(last_n),
+                            "questions": q_agree / q_pairs if q_pairs else None, "n_questions": int(q_pairs)}
     return checks
 
 
 def checks_table(checks: dict[str, dict]) -> str:
-    lines = ["| critic of | pairs ordered as A* | top candidate is A*-best | same, last turn |", "|---|---|---|---|"]
+    lines = ["| critic of | pairs ordered as A* | top candidate is A*-best | same, last turn | question pairs, "
+             "two turns before the end |", "|---|---|---|---|---|"]
     for name, c in checks.items():
         last = "n/a" if c["top1_last"] is None else f"{c['top1_last']:.2f} (of {c['n_last']})"
-        lines.append(f"| {name} | {c['pairs']:.2f} (of {c['n_pairs']}) | {c['top1']:.2f} (of {c['n_states']}) | {last} |")
+        asks = "n/a" if c.get("questions") is None else f"{c['questions']:.2f} (of {c['n_questions']})"
+        lines.append(f"| {name} | {c['pairs']:.2f} (of {c['n_pairs']}) | {c['top1']:.2f} (of {c['n_states']}) | {last} "
+                     f"| {asks} |")
     return "\n".join(lines)
 
 

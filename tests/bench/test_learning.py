@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from colbench.envs.testbed import DEFAULT_B, QUESTION_NEG, QUESTION_VAGUE, answer_text
+from colbench.envs.testbed import DEFAULT_B, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, answer_text
 from sweet.pipeline import TestbedSetup
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +37,10 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
         # first turn: A* = 0 for any question, -1 for answering at once. The critic orders both
         # pairs (question, answer) right and ties the two questions (same A*: not a pair).
         row(0, [(QUESTION_NEG, 0.5), (QUESTION_VAGUE, 0.1), (answer_text(1, 0), -2.0)]),
+        # two turns before the end, nothing known yet: either useful question -0.5 (one
+        # constant), the vague one -1, answering now -1. Question pairs: (positive, vague)
+        # right, (negative, vague) wrong; (positive, negative) tie. With the answer: 2 of 2.
+        row(2, [(QUESTION_POS, 0.3), (QUESTION_VAGUE, 0.25), (QUESTION_NEG, 0.2), (answer_text(1, 0), -1.0)]),
         # last turn, A told (V* = 0.5): the right answer (B guessed) +0.5, a wrong B 0, a
         # question -0.5. The critic orders all three exactly backwards: 0 of 3 pairs right.
         row(3, [(answer_text(a, b), 1.0), (answer_text(a, DEFAULT_B), 1.5), (QUESTION_NEG, 2.0)]),
@@ -47,10 +51,11 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     checks = learning.critic_vs_oracle(tmp_path, [0], ["rft", "sweet", "sweet_sum"], TestbedSetup())
     assert set(checks) == {"sweet"}  # rft has no critic; sweet_sum has no candidates here
     c = checks["sweet"]
-    assert c["n_pairs"] == 5 and c["pairs"] == 0.4  # turn 0: 2 of 2 right; last turn: 0 of 3
-    assert c["n_states"] == 2 and c["top1"] == 0.5 and c["n_last"] == 1 and c["top1_last"] == 0.0
+    assert c["n_pairs"] == 9 and c["pairs"] == 5 / 9  # turn 0: 2 of 2 right; turn 2: 3 of 4; last turn: 0 of 3
+    assert c["n_states"] == 3 and c["top1"] == 2 / 3 and c["n_last"] == 1 and c["top1_last"] == 0.0
+    assert c["n_questions"] == 2 and c["questions"] == 0.5
     table = learning.checks_table(checks)
-    assert "| sweet | 0.40 (of 5) | 0.50 (of 2) | 0.00 (of 1) |" in table
+    assert "| sweet | 0.56 (of 9) | 0.67 (of 3) | 0.00 (of 1) | 0.50 (of 2) |" in table
 
 
 @pytest.mark.slow
