@@ -93,16 +93,12 @@ def copy_check_dialogues(n: int = 48, seed: int = 0):
 
 def copy_score(answers: list[str], told: list[tuple[int | None, int | None]]) -> float:
     """The share of told constants that the answers wrote (read as the scorer reads an
-    answer: the code after the answer marker); untold constants are not counted."""
-    from colbench.envs.testbed import _code_constants
-    from colbench.protocols import ANSWER_MARKER
-    from colbench.scoring.backend import extract_code
+    answer: colbench.envs.testbed.answer_constants); untold constants are not counted."""
+    from colbench.envs.testbed import answer_constants
 
     right = total = 0
     for text, want in zip(answers, told, strict=True):
-        _, marker, after = text.partition(ANSWER_MARKER)
-        got = _code_constants(extract_code(after if marker else text))
-        for g, w in zip(got, want):
+        for g, w in zip(answer_constants(text), want):
             if w is not None:
                 right, total = right + (g == w), total + 1
     return right / max(total, 1)

@@ -159,12 +159,18 @@ def constants_from_reference(code: str) -> tuple[int, int]:
     return a, b
 
 
-def _answer_reward(text: str, a: int, b: int) -> float:
-    """The reward the scorer gives an agent's final message: half per side it gets right.
-    The code is read as the runner reads it (BackendEnv.extract_answer: after the answer
-    marker, else the whole message), and parsed, not run."""
+def answer_constants(text: str) -> tuple[int | None, int | None]:
+    """(A, B) that an agent's final message writes (None: a side it does not write, or
+    code that does not compile). The code is read as the runner reads it
+    (BackendEnv.extract_answer: after the answer marker, else the whole message), and
+    parsed, not run."""
     _, found, after = text.partition(ANSWER_MARKER)
-    got_a, got_b = _code_constants(extract_code(after if found and after.strip() else text))
+    return _code_constants(extract_code(after if found and after.strip() else text))
+
+
+def _answer_reward(text: str, a: int, b: int) -> float:
+    """The reward the scorer gives an agent's final message: half per side it gets right."""
+    got_a, got_b = answer_constants(text)
     return 0.5 * (got_a == a) + 0.5 * (got_b == b)
 
 
