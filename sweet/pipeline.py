@@ -20,9 +20,8 @@ class TestbedSetup:
     """The CPU test bed's sizes; the defaults fit the ~10-minute demo. Settings that
     differ from the papers' (the CLI defaults stay the papers'): 8 stage-2 candidates
     (16) on the first 112 of the sorted episodes (the first 10%), critic lr 1e-3 on
-    pairs whose best reward >= 0.5 (1.0), stage-2 DPO lr 3e-5, NLL 0.1 (0.01) and 3
-    epochs (1; higher lrs collapsed the tiny policy to 0% success), evaluation at
-    temperature 0.7."""
+    pairs whose best reward >= 0.5 (1.0), DPO lr 3e-5 and NLL 0.1 (0.01; higher lrs
+    collapsed the tiny policy to 0% success), evaluation at temperature 0.7."""
 
     __test__ = False  # not a pytest class
 
@@ -53,9 +52,8 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
                copying almost never, success 1.7% even after asking both questions);
                checked on held-out dialogues and trained on until it copies
                (`copy_phase`);
-    2. behave: from phase 1's model, the explorer at p_ask 0.6 that on its last turn
-               still asks instead of answering with probability P_ASK_LAST, which sets
-               the per-turn question/answer choices that RL then has to improve.
+    2. behave: from phase 1's model, the explorer at p_ask 0.6, which sets the
+               per-turn question/answer choices that RL then has to improve.
     Phase 2 is the policy every algorithm starts from (OUT/behave/final)."""
     from sweet.warm_start import WarmStartConfig
     from sweet.warm_start import main as run
@@ -64,16 +62,9 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
         return run(WarmStartConfig(output_dir=str(out / "behave"), seed=seed, n_dialogues=160, epochs=1))
     copy = copy_phase(out, seed)
     return run(WarmStartConfig(output_dir=str(out / "behave"), model=str(copy), seed=seed + 1, p_ask=0.6,
-                               p_ask_last=P_ASK_LAST, n_dialogues=600, epochs=1, batch_size=16, learning_rate=1e-3))
+                               n_dialogues=600, epochs=1, batch_size=16, learning_rate=1e-3))
 
 
-# The behaviour phase's explorer sometimes asks on its last turn (scoring 0) instead of
-# answering. Without such turns no stage-2 candidate at a last-turn state is a question,
-# so no pair says "answer now" there, while the many early-turn pairs say "don't answer
-# yet": more than one DPO epoch then taught the policy to stop answering at its last turn
-# too (seed 0, even with the exact advantage ranking the candidates: no answer in 128 of
-# 128 evaluation episodes; README, "The CPU test bed").
-P_ASK_LAST = 0.3
 COPY_PASS = 0.9  # the copy phase's bar: held-out share of told constants copied right
 COPY_ROUNDS = 4  # at most this many copy passes (fresh dialogues each) before giving up
 
@@ -217,7 +208,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
     elif algorithm == "sweet":
         args = ["--episodes", str(episodes), "--tasks", setup.train_tasks, "--env", setup.env, "--critic", str(critic),
                 "--num_candidates", str(setup.candidates), "--max_new_tokens", str(setup.max_new_tokens),
-                "--learning_rate", "3e-5", "--beta", "0.1", "--nll_coef", "0.1", "--num_epochs", "3",
+                "--learning_rate", "3e-5", "--beta", "0.1", "--nll_coef", "0.1", "--num_epochs", "1",
                 "--batch_size", "16", "--micro_batch_size", "16", "--pairs_per_state", "4",
                 "--max_episodes", str(setup.stage2_episodes)]
     elif algorithm == "loop":
