@@ -109,11 +109,14 @@ def train_one(seed: int, name: str, warm: Path, out: Path, setup) -> dict:
 
 
 def evaluate_seed(seed: int, models: dict[str, str], out: Path, setup) -> dict[str, Path]:
-    """Every policy of one seed on the held-out tasks: its evaluation episodes file."""
+    """Every policy of one seed on the held-out tasks: its evaluation episodes file. Each
+    seed samples its own evaluation episodes (round `seed` of colbench.rollout's episode
+    seeds), so the warm start, the same model in every seed, is evaluated independently
+    S times rather than once counted S times."""
     from sweet.pipeline import evaluate
 
     sd = out / f"seed{seed}"
-    rows = evaluate(models, setup, sd / "eval")
+    rows = evaluate(models, setup, sd / "eval", seed_round=seed)
     return {row["agent"]: sd / "eval" / "episodes" / f"{row['agent']}.jsonl" for row in rows}
 
 
@@ -297,6 +300,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--jobs", type=int, default=1,
                    help="(seed, policy) jobs trained at once in worker processes, each with cpu_count // jobs torch "
                         "threads (default 1: one after the other in this process; on 2 cores, 2 was slower)")
+    p.add_argument("--warm-start", "--warm_start", type=Path, default=None,
+                   help="a warm-started model folder every policy starts from (default: build it, checked, in "
+                        "OUT/warm_start with sweet.pipeline.warm_start)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "learning")
     args = p.parse_args(argv)
     policies = [a for a in args.policies.split(",") if a and a != "warm_start"]
@@ -313,7 +319,9 @@ def main(argv: list[str] | None = None) -> dict:
         setup.episodes_per_task = args.episodes_per_task
     setup.train_limit, setup.test_limit = args.train_limit, args.test_limit
     t0 = time.perf_counter()
-    warm = warm_start(args.out / "warm_start")
+    if args.warm_start is not None and not (args.warm_start / "config.json").exists():
+        p.error(f"--warm-start {args.warm_start}: no model there (no config.json)")
+    warm = args.warm_start or warm_start(args.out / "warm_start")
     setup.timings["warm_start"] = time.perf_counter() - t0
     seeds = list(range(args.seed_start, args.seed_start + args.seeds))
     results = run_all(seeds, policies, warm, args.out, setup, jobs=args.jobs)

@@ -75,6 +75,8 @@ class EvalConfig:
         "help": "task source: builtin:test, builtin:train, a JSONL/Parquet file, or hf:<dataset id>"})
     limit: int | None = field(default=None, metadata={"help": "evaluate the first N tasks only"})
     seeds: int = field(default=1, metadata={"help": "run seeds 0..S-1 per task, S <= 1000 (use with --temperature > 0)"})
+    seed_round: int = field(default=0, metadata={
+        "help": "sampling round R: run seeds R*1000 .. R*1000+S-1 instead, an evaluation independent of round 0's"})
     single_turn: bool = field(default=False, metadata={"help": "the agent's first message is its answer"})
     baseline_agent: str | None = field(default=None, metadata={
         "help": "agent spec whose per-task reward the win rate compares against (frontend: paper used GPT-4o)"})
@@ -97,7 +99,8 @@ class EvalConfig:
             raise UsageError("--output DIR is required")
         if not self.agent:
             raise UsageError("give at least one --agent SPEC")
-        checks = [("seeds", 1 <= self.seeds <= 1000), ("temperature", self.temperature >= 0),
+        checks = [("seeds", 1 <= self.seeds <= 1000), ("seed_round", self.seed_round >= 0),
+                  ("temperature", self.temperature >= 0),
                   ("max_new_tokens", self.max_new_tokens >= 1),
                   ("simulator_max_new_tokens", self.simulator_max_new_tokens >= 1),
                   ("max_reply_chars", self.max_reply_chars >= 1),
@@ -177,7 +180,8 @@ def prepare(config: EvalConfig) -> Plan:
     _check_episode_files(out_dir, [n for n, _ in agents])
     from colbench.rollout import episode_seeds
 
-    return Plan(tasks=tasks, agents=agents, baseline=baseline, seeds=episode_seeds(0, config.seeds), out_dir=out_dir)
+    return Plan(tasks=tasks, agents=agents, baseline=baseline, seeds=episode_seeds(config.seed_round, config.seeds),
+                out_dir=out_dir)
 
 
 def _check_replay_covers(file: str, tasks: Sequence[Any]) -> None:

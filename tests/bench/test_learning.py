@@ -80,9 +80,8 @@ def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
     runs = {}
     for jobs in (1, 2):
         out = tmp_path / f"jobs{jobs}"
-        for phase in ("copy", "behave"):  # the benchmark reuses a finished warm start
-            shutil.copytree(warm, out / "warm_start" / phase / "final")
         subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "--seeds", "2", "--policies", "rft,loop",
+                        "--warm-start", str(warm),
                         "--train-limit", "2", "--test-limit", "2", "--episodes-per-task", "4", "--jobs", str(jobs),
                         "--out", str(out)], check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
                        timeout=900)

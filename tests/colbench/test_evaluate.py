@@ -102,6 +102,21 @@ def test_baseline_win_rate(tmp_path, replay_file):
     assert metric(rows["reference"], "win_rate") == 0.5 and rows["reference"]["baseline"]
 
 
+def test_a_seed_round_samples_its_own_episode_seeds(tmp_path):
+    """--seed-round R runs seeds R*1000.. (colbench.rollout.episode_seeds), so repeated
+    evaluations of one policy are independent, and reuses nothing of round 0's."""
+    out = tmp_path / "rounds"
+    base = ["--env", "testbed", "--tasks", "builtin:test", "--agent", "reference", "--limit", "2", "--seeds", "2",
+            "--temperature", "0.7", "--output", str(out), "--no-progress"]
+    assert main(base) == 0 and main([*base, "--seed-round", "3"]) == 0
+    assert json.loads((out / "config.json").read_text())["seeds"] == [3000, 3001]
+    seeds = [json.loads(line)["seed"] for line in (out / "episodes" / "reference.jsonl").read_text().splitlines()]
+    assert sorted(seeds) == [0, 0, 1, 1, 3000, 3000, 3001, 3001]  # round 0's kept, round 3's added
+    assert json.loads((out / "leaderboard.json").read_text())[0]["n_episodes"] == 4
+    with pytest.raises(ValueError, match="--seed-round: invalid value -1"):
+        parse_config([*base, "--seed-round", "-1"])
+
+
 def test_bad_input_one_error_line_exit_2(tmp_path, replay_file, tasks, capsys):
     bad_rows = tmp_path / "bad.jsonl"
     bad_rows.write_text(json.dumps({"task_id": tasks[0].task_id, "answer": "x"}) + "\n{oops\n")

@@ -36,14 +36,15 @@ def test_copy_score_counts_each_told_constant_once():
         copy_score([answer_text(3, 20)], told)  # one answer per case
 
 
-def test_copy_phase_trains_again_until_the_bar_and_records_each_pass(tmp_path, monkeypatch):
-    """The copy phase stops at the first pass over the bar, resumes from copy_check.json,
-    and raises rather than hand on a warm start that cannot copy."""
+def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_path, monkeypatch):
+    """A warm-start phase stops at the first pass over the bar, each pass continuing the
+    last at its own learning rate; it resumes from <phase>_check.json, and raises rather
+    than hand on a warm start that cannot copy."""
     trained, measured = [], []
-    accuracy = {"copy": 0.5, "copy-2": 0.95}
+    accuracy = {"copy": 0.5, "copy-2": pipeline.COPY_PASS, "behave": pipeline.COPY_PASS - 0.01, "behave-2": 1.0}
 
     def fake_run(cfg):
-        trained.append((cfg.output_dir, cfg.model))
+        trained.append(cfg)
         return tmp_path / "ws" / cfg.output_dir.rsplit("/", 1)[1] / "final"
 
     def fake_accuracy(model, seed=0):
@@ -52,14 +53,20 @@ def test_copy_phase_trains_again_until_the_bar_and_records_each_pass(tmp_path, m
 
     monkeypatch.setattr("sweet.warm_start.main", fake_run)
     monkeypatch.setattr("sweet.warm_start.copy_accuracy", fake_accuracy)
-    model = pipeline.copy_phase(tmp_path / "ws", seed=0)
-    assert model.parent.name == "copy-2"
-    assert [t[0].rsplit("/", 1)[1] for t in trained] == ["copy", "copy-2"]
-    assert trained[1][1] == str(tmp_path / "ws" / "copy" / "final")  # the second pass continues the first
-    record = json.loads((tmp_path / "ws" / "copy_check.json").read_text())
-    assert [r["copy_accuracy"] for r in record] == [0.5, 0.95]
-    pipeline.copy_phase(tmp_path / "ws", seed=0)  # resumed: nothing measured again
-    assert len(measured) == 2
+    model = pipeline.warm_start(tmp_path / "ws", seed=0)
+    assert model == tmp_path / "ws" / "behave-2" / "final"
+    assert [c.output_dir.rsplit("/", 1)[1] for c in trained] == ["copy", "copy-2", "behave", "behave-2"]
+    ws = str(tmp_path / "ws")
+    assert [c.model for c in trained] == ["tiny", f"{ws}/copy/final", f"{ws}/copy-2/final", f"{ws}/behave/final"]
+    assert [c.learning_rate for c in trained] == [2e-3, 1e-3, 1e-3, 1e-3]
+    assert [c.p_ask for c in trained] == [1.0, 1.0, 0.6, 0.6]
+    assert [c.p_ask_last for c in trained] == [0.0, 0.0, pipeline.P_ASK_LAST, pipeline.P_ASK_LAST]
+    assert len({c.seed for c in trained}) == 4  # fresh dialogues each pass
+    for phase, want in (("copy", [0.5, pipeline.COPY_PASS]), ("behave", [pipeline.COPY_PASS - 0.01, 1.0])):
+        record = json.loads((tmp_path / "ws" / f"{phase}_check.json").read_text())
+        assert [r["copy_accuracy"] for r in record] == want
+    assert pipeline.warm_start(tmp_path / "ws", seed=0) == model  # resumed: nothing measured again
+    assert len(measured) == 4
     accuracy.update({"copy-2": 0.5, "copy-3": 0.5, "copy-4": 0.5})
     with pytest.raises(RuntimeError, match="copy phase did not reach"):
-        pipeline.copy_phase(tmp_path / "other", seed=0)
+        pipeline.warm_start(tmp_path / "other", seed=0)
