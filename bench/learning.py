@@ -9,7 +9,8 @@ once into OUT/warm_start) on the CPU test bed (colbench/envs/testbed.py). Per se
 one set of K episodes per train task is collected with the warm start and every
 offline algorithm learns from it; LOOP collects the same number of episodes online.
 SWEET-RL and its ablations also sample single-turn candidates at stage 2, as in the
-paper. Every policy's sample count (episodes + stage-2 candidates) is counted from
+paper: the first variant of a seed samples them, and the others rank those same
+candidates with their own critics (`shared_candidates`). Every policy's sample count (episodes + stage-2 candidates) is counted from
 what it actually read or generated and reported, as is its training wall time.
 
 Policies: warm_start, rft, mtdpo, sweet, loop, and the paper's SWEET-RL ablations
@@ -99,13 +100,29 @@ def train_one(seed: int, name: str, warm: Path, out: Path, setup) -> dict:
         if algo == "sweet":
             critic = "oracle" if critic_flags is ORACLE else train_critic(
                 episodes, str(warm), setup, sd / f"critic_{name}", seed=seed, extra=critic_flags)
-        model = str(train_policy(algo, episodes, str(warm), setup, sd / name, critic=critic, seed=seed))
+        model = str(train_policy(algo, episodes, str(warm), setup, sd / name, critic=critic, seed=seed,
+                                 extra=shared_candidates(sd, name)))
     except (ValueError, SystemExit) as e:  # RFT with no successful episode, LOOP with no reward variance:
         note = f"untrained ({e})"       # evaluated as the warm start, and said so
         print(f"seed {seed} {name}: {note}", flush=True)
         model = str(warm)
     return {"model": model, "samples": count_samples(algo, episodes, sd / name),
             "train_wall_s": _train_wall(sd / name, t0, trained_before), "note": note}
+
+
+def shared_candidates(sd: Path, name: str) -> list[str]:
+    """A SWEET variant scores the stage-2 candidates that an earlier, finished variant of
+    its seed sampled (same warm start, states, K and seed: `--reuse_candidates`), so the
+    ablations differ only in how they rank the same candidates, and the samples are drawn
+    once (each variant still counts them). None finished (e.g. `--jobs 2`): it samples."""
+    if POLICIES[name][0] != "sweet":
+        return []
+    for other in POLICIES:
+        if other == name:
+            break
+        if POLICIES[other][0] == "sweet" and (sd / other / "final" / "config.json").exists():
+            return ["--reuse_candidates", str(sd / other / "candidates.jsonl")]
+    return []
 
 
 def evaluate_seed(seed: int, models: dict[str, str], out: Path, setup) -> dict[str, Path]:

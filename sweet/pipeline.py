@@ -62,9 +62,10 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
 
     if smoke:  # toy sizes: one short phase
         return run(WarmStartConfig(output_dir=str(out / "behave"), seed=seed, n_dialogues=160, epochs=1))
-    copy = checked_phase(out, "copy", "tiny", seed=seed, learning_rates=(2e-3, 1e-3), p_ask=1.0, n_dialogues=1600)
-    return checked_phase(out, "behave", str(copy), seed=seed + 1, learning_rates=(1e-3,), p_ask=0.6,
-                         p_ask_last=P_ASK_LAST, n_dialogues=600)
+    copy = checked_phase(out, "copy", "tiny", COPY_PASS, seed=seed, learning_rates=(2e-3, 1e-3), p_ask=1.0,
+                         n_dialogues=1600)
+    return checked_phase(out, "behave", str(copy), BEHAVE_PASS, seed=seed + 1, learning_rates=(1e-3,), p_ask=0.6,
+                         p_ask_last=P_ASK_LAST, n_dialogues=2400)
 
 
 # The behaviour phase's explorer sometimes asks on its last turn (scoring 0) instead of
@@ -74,19 +75,25 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
 # too (seed 0, even with the exact advantage ranking the candidates: no answer in 128 of
 # 128 evaluation episodes; README, "The CPU test bed").
 P_ASK_LAST = 0.3
-# Both phases' bar: the held-out share of told constants copied right. At 0.9 a copy
-# phase that passed at 0.92 fell to 0.82 in the behaviour phase, and stage 2 then took
-# SWEET-RL from 0.039 to 0.008 success, where a warm start at 1.00 went from 0.133 to
-# 0.599 (README, "Turns left and last-turn questions").
-COPY_PASS = 0.97
+# The phases' bars: the held-out share of told constants copied right, answering on the
+# last turn after three questions. Phase 1 only has to have learnt to copy; the warm start
+# itself (phase 2) must copy nearly always. With one bar of 0.9 and 600 behaviour
+# dialogues, two builds of the same code differed by float noise alone: one copied at
+# 1.00 (SWEET-RL then reached 0.599 success on three seeds), the other at 0.82, or asked
+# instead of answering on its last turn, and SWEET-RL collapsed to 0.000-0.008 (README,
+# "The CPU test bed"). 2,400 behaviour dialogues bring different phase-1 models to the
+# same behaviour (P(answer now) 0.32 vs 0.32 on the first turn, 0.54 vs 0.57 on the last).
+COPY_PASS = 0.9
+BEHAVE_PASS = 0.97
 PHASE_ROUNDS = 4  # at most this many passes of one phase (fresh dialogues each) before giving up
 
 
-def checked_phase(out: Path, phase: str, model: str, seed: int, learning_rates: Sequence[float], **explorer) -> Path:
+def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, learning_rates: Sequence[float],
+                  **explorer) -> Path:
     """One warm-start phase, checked: imitate the explorer (`explorer`: WarmStartConfig
     fields such as p_ask, n_dialogues), measure held-out copy accuracy
     (sweet.warm_start.copy_accuracy: greedy answers after three questions on the test
-    tasks) and, below COPY_PASS, train another pass from the last one on fresh dialogues
+    tasks) and, below `bar`, train another pass from the last one on fresh dialogues
     (pass k at learning_rates[k], the last rate repeating): copying emerges abruptly,
     after a number of steps that varies with the seed, the prompt's wording and, on the
     tiny model, float noise (two runs of the same 10 steps differ by 1e-7 in the weights,
@@ -109,10 +116,10 @@ def checked_phase(out: Path, phase: str, model: str, seed: int, learning_rates: 
             out.mkdir(parents=True, exist_ok=True)
             record.write_text(json.dumps(checks, indent=2))
         print(f"warm start: {phase} pass {k + 1}: held-out copy accuracy {checks[k]['copy_accuracy']:.2f} "
-              f"(bar {COPY_PASS})", flush=True)
-        if checks[k]["copy_accuracy"] >= COPY_PASS:
+              f"(bar {bar})", flush=True)
+        if checks[k]["copy_accuracy"] >= bar:
             return Path(model)
-    raise RuntimeError(f"warm start: the {phase} phase did not reach {COPY_PASS} held-out copy accuracy in "
+    raise RuntimeError(f"warm start: the {phase} phase did not reach {bar} held-out copy accuracy in "
                        f"{PHASE_ROUNDS} passes ({record}); the policy cannot use what the human said")
 
 

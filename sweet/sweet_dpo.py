@@ -19,6 +19,10 @@ per batch of states: a rerun skips states already there. Candidates are trained 
 as sampled: context = the sampler's prompt ids (else the state's recorded ids, else the
 chat template), action = the generated ids + eos (no eos when cut at max_new_tokens).
 The sampler must share the policy's tokenizer (its ids are trained on).
+`--reuse_candidates RUN/candidates.jsonl` scores the samples another run drew with the
+same sampler, K, temperature, top_p, max_new_tokens and seed (checked against its
+candidates.settings.json) instead of drawing them again: the critic ablations of
+bench/learning.py then rank the very same candidates, and each still counts them.
 
 `--rounds R` (R > 1) repeats stage 2 with new episodes and a retrained critic:
 sweet/sweet_rounds.py. The paper trains one round.
@@ -90,6 +94,9 @@ class CandidateConfig:
     """How the K candidate actions per state are sampled."""
 
     sampler: str = field(default="", metadata={"help": "engine spec for candidates: tiny|hf:..|vllm:..|openai:..; default the policy's initial model"})
+    reuse_candidates: str = field(default="", metadata={
+        "help": "another stage-2 run's candidates.jsonl, sampled with these same settings: score its samples with "
+                "this run's critic instead of sampling again (ablations then differ only in the ranking)"})
     num_candidates: int = field(default=16, metadata={"help": "K candidate actions per state (paper: 16)"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the candidates"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling of the candidates"})
@@ -171,7 +178,10 @@ def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cand: Cand
             chunk = todo[start : start + cand.sample_batch_size]
             params = SamplingParams(n=cand.num_candidates, temperature=cand.temperature, top_p=cand.top_p,
                                     max_new_tokens=cand.max_new_tokens, seed=seed * 1_000_003 + chunk[0][0])
-            results = engine.generate([list(s.prompt) for _, s in chunk], params)
+            if isinstance(engine, StoredSamples):
+                results = [engine.samples(s) for _, s in chunk]
+            else:
+                results = engine.generate([list(s.prompt) for _, s in chunk], params)
             scores = scorer.score_states([(s, [smp.token_ids for smp in samples], [smp.finish_reason for smp in samples])
                                           for (_, s), samples in zip(chunk, results)])
             for (_, s), samples, advs in zip(chunk, results, scores):
@@ -180,14 +190,22 @@ def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cand: Cand
             bar.update(len(chunk))
 
 
+def sampling_settings(model_cfg: ModelConfig, cfg: SweetConfig, cand: CandidateConfig, seed: int) -> dict:
+    """What candidates.jsonl is sampled and scored with (candidates.settings.json)."""
+    settings = {"sampler": cand.sampler or default_sampler(model_cfg), "num_candidates": cand.num_candidates,
+                "temperature": cand.temperature, "top_p": cand.top_p, "max_new_tokens": cand.max_new_tokens,
+                "critic": cfg.critic, "seed": seed}
+    if cand.reuse_candidates:
+        settings["reused_from"] = cand.reuse_candidates
+    return settings
+
+
 def check_sampling_settings(path: Path, model_cfg: ModelConfig, cfg: SweetConfig, cand: CandidateConfig,
                             seed: int) -> None:
     """A rerun appends to candidates.jsonl only with the settings it was sampled with
     (stale candidates from another sampler, K or critic would be mixed in silently);
     they are kept in candidates.settings.json beside it."""
-    settings = {"sampler": cand.sampler or default_sampler(model_cfg), "num_candidates": cand.num_candidates,
-                "temperature": cand.temperature, "top_p": cand.top_p, "max_new_tokens": cand.max_new_tokens,
-                "critic": cfg.critic, "seed": seed}
+    settings = sampling_settings(model_cfg, cfg, cand, seed)
     side = path.with_name(SAMPLING_FILE)
     if side.exists():
         old = json.loads(side.read_text())
@@ -197,6 +215,33 @@ def check_sampling_settings(path: Path, model_cfg: ModelConfig, cfg: SweetConfig
                              "or use a new --output_dir")
     path.parent.mkdir(parents=True, exist_ok=True)
     side.write_text(json.dumps(settings, indent=2))
+
+
+class StoredSamples:
+    """Another run's candidate samples (`--reuse_candidates`), served instead of a
+    sampler's: the same sampler, K, temperature, top_p, max_new_tokens and seed as this
+    run's are required (its candidates.settings.json), and every state must be there."""
+
+    def __init__(self, path: Path, settings: dict):
+        side = path.with_name(SAMPLING_FILE)
+        if not side.exists():
+            raise ValueError(f"--reuse_candidates {path}: no {SAMPLING_FILE} beside it")
+        theirs = json.loads(side.read_text())
+        drawn = ("sampler", "num_candidates", "temperature", "top_p", "max_new_tokens", "seed")
+        changed = {k: f"{theirs.get(k)!r} there, {settings[k]!r} here" for k in drawn if theirs.get(k) != settings[k]}
+        if changed:
+            raise ValueError(f"--reuse_candidates {path} was sampled with other settings: {changed}")
+        self.path, self.rows = path, read_candidates(path)
+
+    def samples(self, state: State) -> list:
+        from engines.base import Sample
+
+        row = self.rows.get(state_key(state))
+        if row is None:
+            raise ValueError(f"--reuse_candidates {self.path}: no candidates for state {state_key(state)}")
+        prompt = tuple(row["prompt_token_ids"]) if row.get("prompt_token_ids") is not None else None
+        return [Sample(c["text"], tuple(c["token_ids"]), tuple(c["logprobs"]) if c.get("logprobs") else None,
+                       c.get("finish_reason") or "stop", prompt) for c in row["candidates"]]
 
 
 def _cut_torn_line(path: Path) -> None:
@@ -325,6 +370,10 @@ def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cfg: Swe
         return
     if scorer is None:
         scorer = load_scorer(model_cfg, cfg)
+    if cand.reuse_candidates:
+        stored = StoredSamples(Path(cand.reuse_candidates), sampling_settings(model_cfg, cfg, cand, seed))
+        sample_and_score(states, stored, scorer, cand, path, seed)
+        return
     options = EngineOptions(dtype=model_cfg.dtype, batch_size=cand.sampler_batch_size,
                             tensor_parallel_size=cand.sampler_tensor_parallel,
                             gpu_memory_utilization=cand.sampler_gpu_memory_utilization)

@@ -58,6 +58,17 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     assert "| sweet | 0.56 (of 9) | 0.67 (of 3) | 0.00 (of 1) | 0.50 (of 2) |" in table
 
 
+def test_sweet_variants_rank_the_candidates_the_first_finished_variant_sampled(tmp_path):
+    sd = tmp_path / "seed0"
+    assert learning.shared_candidates(sd, "sweet_no_info") == []  # nothing finished yet: it samples
+    (sd / "sweet_no_info" / "final").mkdir(parents=True)
+    (sd / "sweet_no_info" / "final" / "config.json").write_text("{}")
+    assert learning.shared_candidates(sd, "sweet") == []  # only earlier variants (the run order) are sources
+    assert learning.shared_candidates(sd, "sweet_sum") == ["--reuse_candidates",
+                                                           str(sd / "sweet_no_info" / "candidates.jsonl")]
+    assert learning.shared_candidates(sd, "rft") == [] and learning.shared_candidates(sd, "loop") == []
+
+
 @pytest.mark.slow
 def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
     """`--jobs 2` runs (seed, policy) jobs in worker processes with one torch thread each;

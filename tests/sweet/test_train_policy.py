@@ -220,6 +220,58 @@ def test_sweet_candidate_file_is_resumed_after_interruption(data, tmp_path):
         main(model, train, cfg, replace(cand, num_candidates=3), scorer=LowIdsWin())
 
 
+class HighIdsWin:
+    """The opposite ranking: A = +mean(action ids)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def score_states(self, items):
+        self.seen += [item[1] for item in items]
+        return [[-low_ids_score(a) for a in item[1]] for item in items]
+
+
+def test_sweet_reuses_another_runs_candidates_and_scores_them_with_its_own_critic(data, tmp_path):
+    """--reuse_candidates: the very same samples (texts, ids, finish reasons, prompt ids),
+    no sampler loaded, each scored by this run's critic; a source sampled otherwise, or
+    missing a state, is refused with the file named."""
+    from dataclasses import replace
+
+    from sweet.sweet_dpo import CANDIDATES_FILE, CandidateConfig, SweetConfig, SweetTrainConfig, main, read_candidates
+    from sweet.training import ModelConfig
+
+    episodes, tasks, _ = data
+    model = ModelConfig(model="tiny", dtype="float32")
+    cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", max_episodes=2, stage="sample")
+    cand = CandidateConfig(num_candidates=3, max_new_tokens=6, temperature=1.0)
+    source = tmp_path / "source"
+    main(model, SweetTrainConfig(output_dir=str(source), report_to="none", seed=3), cfg, cand, scorer=LowIdsWin())
+    theirs = read_candidates(source / CANDIDATES_FILE)
+
+    reuse = replace(cand, reuse_candidates=str(source / CANDIDATES_FILE), sampler="no-such-engine:x")
+    scorer = HighIdsWin()
+    with pytest.raises(ValueError, match="sampled with other settings.*sampler"):  # its sampler differs
+        main(model, SweetTrainConfig(output_dir=str(tmp_path / "a"), report_to="none", seed=3), cfg, reuse, scorer=scorer)
+    reuse = replace(reuse, sampler="")
+    out = tmp_path / "reused"
+    main(model, SweetTrainConfig(output_dir=str(out), report_to="none", seed=3), cfg, reuse, scorer=scorer)
+    ours = read_candidates(out / CANDIDATES_FILE)
+    assert ours.keys() == theirs.keys()
+    for key, row in ours.items():
+        assert row["prompt_token_ids"] == theirs[key]["prompt_token_ids"]
+        for c, t in zip(row["candidates"], theirs[key]["candidates"], strict=True):
+            assert (c["text"], c["token_ids"], c["finish_reason"]) == (t["text"], t["token_ids"], t["finish_reason"])
+            assert c["advantage"] == pytest.approx(-t["advantage"])  # this run's critic, not theirs
+    assert len(scorer.seen) == len(ours)
+    with pytest.raises(ValueError, match=r"source.candidates.jsonl was sampled with other settings.*seed"):
+        main(model, SweetTrainConfig(output_dir=str(tmp_path / "b"), report_to="none", seed=4), cfg, reuse,
+             scorer=HighIdsWin())
+    more = SweetConfig(**{**cfg.__dict__, "max_episodes": 3})
+    with pytest.raises(ValueError, match=r"source.candidates.jsonl: no candidates for state"):
+        main(model, SweetTrainConfig(output_dir=str(tmp_path / "c"), report_to="none", seed=3), more, reuse,
+             scorer=HighIdsWin())
+
+
 @pytest.fixture(scope="module")
 def critic(data, tmp_path_factory):
     """A stage-1 critic trained on the episodes by `python -m sweet.train_critic`."""

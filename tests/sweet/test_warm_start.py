@@ -41,7 +41,7 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
     last at its own learning rate; it resumes from <phase>_check.json, and raises rather
     than hand on a warm start that cannot copy."""
     trained, measured = [], []
-    accuracy = {"copy": 0.5, "copy-2": pipeline.COPY_PASS, "behave": pipeline.COPY_PASS - 0.01, "behave-2": 1.0}
+    accuracy = {"copy": 0.5, "copy-2": pipeline.COPY_PASS, "behave": pipeline.BEHAVE_PASS - 0.01, "behave-2": 1.0}
 
     def fake_run(cfg):
         trained.append(cfg)
@@ -62,7 +62,7 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
     assert [c.p_ask for c in trained] == [1.0, 1.0, 0.6, 0.6]
     assert [c.p_ask_last for c in trained] == [0.0, 0.0, pipeline.P_ASK_LAST, pipeline.P_ASK_LAST]
     assert len({c.seed for c in trained}) == 4  # fresh dialogues each pass
-    for phase, want in (("copy", [0.5, pipeline.COPY_PASS]), ("behave", [pipeline.COPY_PASS - 0.01, 1.0])):
+    for phase, want in (("copy", [0.5, pipeline.COPY_PASS]), ("behave", [pipeline.BEHAVE_PASS - 0.01, 1.0])):
         record = json.loads((tmp_path / "ws" / f"{phase}_check.json").read_text())
         assert [r["copy_accuracy"] for r in record] == want
     assert pipeline.warm_start(tmp_path / "ws", seed=0) == model  # resumed: nothing measured again
