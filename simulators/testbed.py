@@ -56,7 +56,7 @@ class TestbedSimulator:
 
 # ---- the scripted exploratory agent used for the warm start -------------------------
 
-def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6, p_ask_last: float = 0.0) -> list[tuple[str, str]]:
+def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6) -> list[tuple[str, str]]:
     """A dialogue of the exploratory scripted agent against the scripted human, as
     (role, text) pairs: the warm start imitates it.
 
@@ -64,11 +64,9 @@ def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6, p_ask_
     it answers at once), choosing uniformly among the useful questions about positive
     and negative numbers and the vague one, whatever it already knows. It answers
     with the constants it was told and a fixed wrong default (x * 1, x + 0) for any
-    constant it was not told. With probability `p_ask_last` it asks once more on its
-    last turn instead of answering (the runner then scores that question: 0). So every
-    turn is a choice that matters and success (about 0.13 at p_ask = 0.6, 0.10 with
-    p_ask_last = 0.3) needs the right question at each turn and an answer at the end, a
-    per-turn credit assignment problem, while copying a stated number stays easy."""
+    constant it was not told. So every turn is a choice that matters and success
+    (about 0.13 at p_ask = 0.6) needs the right question at each turn, a per-turn
+    credit assignment problem, while copying a stated number stays easy."""
     a, b = task.meta["a"], task.meta["b"]
     known_a = known_b = None
     dialogue: list[tuple[str, str]] = []
@@ -81,9 +79,6 @@ def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6, p_ask_
             known_a = a
         elif q == QUESTION_NEG:
             known_b = b
-    if p_ask_last and len(dialogue) == 2 * (MAX_TURNS - 1) and rng.random() < p_ask_last:  # no draw at 0
-        dialogue.append(("agent", rng.choice((QUESTION_POS, QUESTION_NEG, QUESTION_VAGUE))))
-        return dialogue
     dialogue.append(("agent", answer_text(DEFAULT_A if known_a is None else known_a,
                                           DEFAULT_B if known_b is None else known_b)))
     return dialogue

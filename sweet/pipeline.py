@@ -20,9 +20,8 @@ class TestbedSetup:
     """The CPU test bed's sizes; the defaults fit the ~10-minute demo. Settings that
     differ from the papers' (the CLI defaults stay the papers'): 8 stage-2 candidates
     (16) on the first 112 of the sorted episodes (the first 10%), critic lr 1e-3 on
-    pairs whose best reward >= 0.5 (1.0), stage-2 DPO lr 3e-5, NLL 0.1 (0.01) and 3
-    epochs (1; higher lrs collapsed the tiny policy to 0% success), evaluation at
-    temperature 0.7."""
+    pairs whose best reward >= 0.5 (1.0), DPO lr 3e-5 and NLL 0.1 (0.01; higher lrs
+    collapsed the tiny policy to 0% success), evaluation at temperature 0.7."""
 
     __test__ = False  # not a pytest class
 
@@ -51,12 +50,11 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
                answers use a constant the human stated: the tiny model learns to
                copy it (measured: one mixed phase at p_ask 0.6 left the warm start
                copying almost never, success 1.7% even after asking both questions);
-    2. behave: from phase 1's model, the explorer at p_ask 0.6 that on its last turn
-               still asks instead of answering with probability P_ASK_LAST, which sets
-               the per-turn question/answer choices that RL then has to improve.
-    Each phase is checked on held-out dialogues and trained on until it copies what it
-    was told (`checked_phase`). The behaviour phase's last pass is the policy every
-    algorithm starts from (OUT/behave/final, or OUT/behave-2/final, ...)."""
+    2. behave: from phase 1's model, the explorer at p_ask 0.6, which sets the
+               per-turn question/answer choices that RL then has to improve.
+    Each phase is checked on held-out dialogues and trained on until it answers with
+    what it was told (`checked_phase`). The behaviour phase's last pass is the policy
+    every algorithm starts from (OUT/behave/final, or OUT/behave-2/final, ...)."""
     from sweet.warm_start import WarmStartConfig
     from sweet.warm_start import main as run
 
@@ -65,24 +63,16 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
     copy = checked_phase(out, "copy", "tiny", COPY_PASS, seed=seed, learning_rates=(2e-3, 1e-3), p_ask=1.0,
                          n_dialogues=1600)
     return checked_phase(out, "behave", str(copy), BEHAVE_PASS, seed=seed + 1, learning_rates=(1e-3,), p_ask=0.6,
-                         p_ask_last=P_ASK_LAST, n_dialogues=2400)
+                         n_dialogues=600)
 
 
-# The behaviour phase's explorer sometimes asks on its last turn (scoring 0) instead of
-# answering. Without such turns no stage-2 candidate at a last-turn state is a question,
-# so no pair says "answer now" there, while the many early-turn pairs say "don't answer
-# yet": more than one DPO epoch then taught the policy to stop answering at its last turn
-# too (seed 0, even with the exact advantage ranking the candidates: no answer in 128 of
-# 128 evaluation episodes; README, "The CPU test bed").
-P_ASK_LAST = 0.3
-# The phases' bars: the held-out share of told constants copied right, answering on the
-# last turn after three questions. Phase 1 only has to have learnt to copy; the warm start
-# itself (phase 2) must copy nearly always. With one bar of 0.9 and 600 behaviour
-# dialogues, two builds of the same code differed by float noise alone: one copied at
-# 1.00 (SWEET-RL then reached 0.599 success on three seeds), the other at 0.82, or asked
-# instead of answering on its last turn, and SWEET-RL collapsed to 0.000-0.008 (README,
-# "The CPU test bed"). 2,400 behaviour dialogues bring different phase-1 models to the
-# same behaviour (P(answer now) 0.32 vs 0.32 on the first turn, 0.54 vs 0.57 on the last).
+# The phases' bars: the held-out share of told constants written right when answering on
+# the last turn after three questions (sweet.warm_start.copy_accuracy). Phase 1 only has
+# to have learnt to copy; the warm start itself must also answer there, and copy nearly
+# always. Builds of the same code differ by float noise alone: on the turns-left test bed
+# of 142564f, one build's unchecked behaviour phase copied at 0.82 (SWEET-RL then fell
+# from 0.039 to 0.008 success) and another's asked instead of answering on its last turn
+# (0.00: caught by this check, its second pass 1.00; README, "The CPU test bed").
 COPY_PASS = 0.9
 BEHAVE_PASS = 0.97
 PHASE_ROUNDS = 4  # at most this many passes of one phase (fresh dialogues each) before giving up
@@ -96,8 +86,8 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
     tasks) and, below `bar`, train another pass from the last one on fresh dialogues
     (pass k at learning_rates[k], the last rate repeating): copying emerges abruptly,
     after a number of steps that varies with the seed, the prompt's wording and, on the
-    tiny model, float noise (two runs of the same 10 steps differ by 1e-7 in the weights,
-    and 100 steps later by 0.92 against 0.76 held-out copy accuracy). Each pass is its
+    tiny model, float noise (two runs of the same 10 steps differ by 1e-7 in the weights;
+    after one 400-step copy pass, two builds scored 0.92 and 0.76). Each pass is its
     own folder (copy, copy-2, ...) with its accuracy in OUT/<phase>_check.json, so a
     rerun resumes. Raises if no pass of PHASE_ROUNDS passes: every algorithm would start
     from a policy that cannot use what the human said."""
@@ -231,7 +221,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
     elif algorithm == "sweet":
         args = ["--episodes", str(episodes), "--tasks", setup.train_tasks, "--env", setup.env, "--critic", str(critic),
                 "--num_candidates", str(setup.candidates), "--max_new_tokens", str(setup.max_new_tokens),
-                "--learning_rate", "3e-5", "--beta", "0.1", "--nll_coef", "0.1", "--num_epochs", "3",
+                "--learning_rate", "3e-5", "--beta", "0.1", "--nll_coef", "0.1", "--num_epochs", "1",
                 "--batch_size", "16", "--micro_batch_size", "16", "--pairs_per_state", "4",
                 "--max_episodes", str(setup.stage2_episodes)]
     elif algorithm == "loop":

@@ -29,7 +29,6 @@ class WarmStartConfig:
     model: str = field(default="tiny", metadata={"help": "model to fine-tune"})
     n_dialogues: int = field(default=1200, metadata={"help": "scripted dialogues to train on"})
     p_ask: float = field(default=0.6, metadata={"help": "probability that the explorer asks each question"})
-    p_ask_last: float = field(default=0.0, metadata={"help": "probability that the explorer asks on its last turn too"})
     epochs: int = field(default=2, metadata={"help": "passes over the dialogues"})
     learning_rate: float = field(default=2e-3, metadata={"help": "AdamW learning rate"})
     batch_size: int = field(default=8, metadata={"help": "examples per step (small: many steps let copying emerge)"})
@@ -38,7 +37,7 @@ class WarmStartConfig:
     seed: int = field(default=0, metadata={"help": "random seed"})
 
 
-def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, p_ask_last: float = 0.0) -> list[Episode]:
+def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int) -> list[Episode]:
     """`n` scripted explorer episodes on the test bed's train tasks, tokenised."""
     from colbench.envs.testbed import TestbedEnv, make_tasks
     from sweet.tokens import template_ids
@@ -50,7 +49,7 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, p_ask_last: fl
     for i in range(n):
         task = tasks[i % len(tasks)]
         turns: list[Turn] = []
-        for role, text in _dialogue(task, rng, p_ask, p_ask_last):
+        for role, text in _dialogue(task, rng, p_ask):
             if role == "agent":
                 prompt = env.agent_messages(task, turns)
                 ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -67,10 +66,10 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, p_ask_last: fl
     return episodes
 
 
-def _dialogue(task, rng, p_ask, p_ask_last=0.0):
+def _dialogue(task, rng, p_ask):
     from simulators.testbed import scripted_dialogue
 
-    return scripted_dialogue(task, rng, p_ask=p_ask, p_ask_last=p_ask_last)
+    return scripted_dialogue(task, rng, p_ask=p_ask)
 
 
 def copy_check_dialogues(n: int = 48, seed: int = 0):
@@ -146,7 +145,7 @@ def main(cfg: WarmStartConfig | None = None, argv: list[str] | None = None) -> P
     episodes_path = out / "scripted_episodes.jsonl"
     if not episodes_path.exists():
         tokenizer = load_tokenizer(cfg.model)
-        episodes = scripted_episodes(tokenizer, cfg.n_dialogues, cfg.p_ask, cfg.seed, cfg.p_ask_last)
+        episodes = scripted_episodes(tokenizer, cfg.n_dialogues, cfg.p_ask, cfg.seed)
         write_episodes(episodes, episodes_path)
         success = sum(e.success for e in episodes) / len(episodes)
         print(f"warm start: {len(episodes)} scripted dialogues, explorer success rate {success:.2f}")

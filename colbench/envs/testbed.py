@@ -22,17 +22,8 @@ A and B are single tokens from two disjoint two-value sets, so using a stated
 constant is a small lookup, not a copy that a 2M-parameter model needs thousands of
 steps to learn. The scripted explorer the warm start imitates (simulators/testbed.py)
 chooses per turn between asking about positive numbers, negative numbers, a vague
-question and answering now, sometimes asks again on its last turn instead of answering,
-and writes a never-right default (x * 1, x + 0) for any constant it was not told:
-success comes only from asking both useful questions and then answering.
-
-The agent sees how many turns it has left (the last message ends with "(3 turns left)";
-ColBench's own prompt states the turn budget once). The time left is part of a
-time-limited task's state (Pardo et al. 2018, "Time Limits in Reinforcement Learning").
-Without it, the 2M-parameter policy could not tell its last turn from its first: per-turn
-DPO pairs that reject answering at early turns then stopped it answering at the last one
-(measured on seed 0: SWEET-RL gave no answer in 27 of 128 evaluation episodes; with the
-note, in none; README, "The CPU test bed").
+question and answering now, and writes a never-right default (x * 1, x + 0) for any
+constant it was not told: success comes only from asking both useful questions.
 
 `optimal_advantage` is SWEET-RL's per-turn advantage computed exactly from the hidden
 constants: the oracle critic (sweet/oracle_critic.py, `--critic oracle`), a diagnostic.
@@ -112,18 +103,8 @@ class TestbedEnv(BackendEnv):
         super().__init__(answer_marker=answer_marker, max_turns=max_turns, workers=workers, limits=limits)
 
     def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
-        """The dialogue so far, its last message ending with the agent turns left
-        (`turns_left_note`): the time left is part of a time-limited task's state."""
         system = SYSTEM if not single_turn else f"Write {self.answer_marker} and the code now."
-        messages = agent_chat(system, task.description, turns)
-        left = 1 if single_turn else self.max_turns - sum(t.role == "agent" for t in turns)
-        messages[-1] = {**messages[-1], "content": messages[-1]["content"] + " " + turns_left_note(left)}
-        return messages
-
-
-def turns_left_note(n: int) -> str:
-    """What the agent sees of its remaining turns, e.g. "(3 turns left)"."""
-    return f"({n} turn{'' if n == 1 else 's'} left)"
+        return agent_chat(system, task.description, turns)
 
 
 # ---- the exact advantage: an oracle critic for diagnosing stage 2 ------------------------

@@ -60,7 +60,7 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
     assert [c.model for c in trained] == ["tiny", f"{ws}/copy/final", f"{ws}/copy-2/final", f"{ws}/behave/final"]
     assert [c.learning_rate for c in trained] == [2e-3, 1e-3, 1e-3, 1e-3]
     assert [c.p_ask for c in trained] == [1.0, 1.0, 0.6, 0.6]
-    assert [c.p_ask_last for c in trained] == [0.0, 0.0, pipeline.P_ASK_LAST, pipeline.P_ASK_LAST]
+    assert [c.n_dialogues for c in trained] == [1600, 1600, 600, 600]
     assert len({c.seed for c in trained}) == 4  # fresh dialogues each pass
     for phase, want in (("copy", [0.5, pipeline.COPY_PASS]), ("behave", [pipeline.BEHAVE_PASS - 0.01, 1.0])):
         record = json.loads((tmp_path / "ws" / f"{phase}_check.json").read_text())
