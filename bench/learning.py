@@ -10,8 +10,9 @@ one set of K episodes per train task is collected with the warm start and every
 offline algorithm learns from it; LOOP collects the same number of episodes online.
 SWEET-RL and its ablations also sample single-turn candidates at stage 2, as in the
 paper: the first variant of a seed samples them, and the others rank those same
-candidates with their own critics (`shared_candidates`). Every policy's sample count (episodes + stage-2 candidates) is counted from
-what it actually read or generated and reported, as is its training wall time.
+candidates with their own critics (`shared_candidates`). Every policy's sample count
+(episodes + stage-2 candidates) is counted from what it actually read or generated and
+reported, as is its training wall time.
 
 Policies: warm_start, rft, mtdpo, sweet, loop, and the paper's SWEET-RL ablations
   sweet_no_info     critic without the training-time information (--training_info false)

@@ -243,6 +243,9 @@ class StoredSamples:
         return [Sample(c["text"], tuple(c["token_ids"]), tuple(c["logprobs"]) if c.get("logprobs") else None,
                        c.get("finish_reason") or "stop", prompt) for c in row["candidates"]]
 
+    def close(self) -> None:  # the engine interface's; nothing to free
+        pass
+
 
 def _cut_torn_line(path: Path) -> None:
     """Drop a last line left unfinished by an interrupted write, so appends start on a fresh line."""
@@ -371,13 +374,12 @@ def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cfg: Swe
     if scorer is None:
         scorer = load_scorer(model_cfg, cfg)
     if cand.reuse_candidates:
-        stored = StoredSamples(Path(cand.reuse_candidates), sampling_settings(model_cfg, cfg, cand, seed))
-        sample_and_score(states, stored, scorer, cand, path, seed)
-        return
-    options = EngineOptions(dtype=model_cfg.dtype, batch_size=cand.sampler_batch_size,
-                            tensor_parallel_size=cand.sampler_tensor_parallel,
-                            gpu_memory_utilization=cand.sampler_gpu_memory_utilization)
-    engine = load_engine(cand.sampler or default_sampler(model_cfg), options)
+        engine = StoredSamples(Path(cand.reuse_candidates), sampling_settings(model_cfg, cfg, cand, seed))
+    else:
+        options = EngineOptions(dtype=model_cfg.dtype, batch_size=cand.sampler_batch_size,
+                                tensor_parallel_size=cand.sampler_tensor_parallel,
+                                gpu_memory_utilization=cand.sampler_gpu_memory_utilization)
+        engine = load_engine(cand.sampler or default_sampler(model_cfg), options)
     try:
         sample_and_score(states, engine, scorer, cand, path, seed)
     finally:
