@@ -371,11 +371,12 @@ def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cfg: Swe
     done = read_candidates(path)
     if all(state_key(s) in done for s in states):
         return
-    if scorer is None:
-        scorer = load_scorer(model_cfg, cfg)
+    engine = None  # stored samples are checked before the critic loads: a wrong source fails at once
     if cand.reuse_candidates:
         engine = StoredSamples(Path(cand.reuse_candidates), sampling_settings(model_cfg, cfg, cand, seed))
-    else:
+    if scorer is None:
+        scorer = load_scorer(model_cfg, cfg)
+    if engine is None:
         options = EngineOptions(dtype=model_cfg.dtype, batch_size=cand.sampler_batch_size,
                                 tensor_parallel_size=cand.sampler_tensor_parallel,
                                 gpu_memory_utilization=cand.sampler_gpu_memory_utilization)
