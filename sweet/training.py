@@ -105,9 +105,13 @@ def load_tokenizer(spec: str):
 
 
 def load_model(cfg: ModelConfig, *, trainable: bool = True, adapter: str | None = None):
-    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen."""
+    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen.
+    Loading a trainable model also sets this process to flush denormal floats on CPU
+    (`flush_denormals`)."""
     from transformers import AutoModelForCausalLM
 
+    if trainable:
+        flush_denormals()
     path = resolve_model_path(cfg.model)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.dtype))
@@ -137,6 +141,17 @@ def load_model(cfg: ModelConfig, *, trainable: bool = True, adapter: str | None 
     if not trainable:
         model.eval().requires_grad_(False)
     return model
+
+
+def flush_denormals() -> None:
+    """Treat denormal floats as zero on CPU. A saturated loss drives gradients and Adam's
+    moments into the denormal range, where x86 arithmetic is many times slower: the
+    test bed's sum-critic (`--length_normalize false`, Bradley-Terry margins near 50) took
+    3-5 s per step instead of 0.8 for a dozen steps, the same run 166 s instead of 120,
+    with bitwise-identical final weights once flushed. No effect on GPUs."""
+    import torch
+
+    torch.set_flush_denormal(True)  # False (and no effect) where the CPU cannot
 
 
 def set_seed(seed: int) -> None:
