@@ -76,7 +76,7 @@ def copy_check_dialogues(n: int = 48, seed: int = 0):
     """`n` held-out copy-check cases: the always-asking explorer's three questions and the
     human's replies on the test bed's test tasks, as (task, turns, told) with told = (A or
     None, B or None), the constants the replies stated."""
-    from colbench.envs.testbed import make_tasks
+    from colbench.envs.testbed import make_tasks, told_constants
 
     tasks = make_tasks("test")
     rng = random.Random(f"copy-check-{seed}")
@@ -84,9 +84,9 @@ def copy_check_dialogues(n: int = 48, seed: int = 0):
     for i in range(n):
         task = tasks[i % len(tasks)]
         turns = [Turn(role, text) for role, text in _dialogue(task, rng, 1.0)[:-1]]  # not the explorer's answer
-        replies = " ".join(t.content for t in turns if t.role == "human")
-        cases.append((task, turns, (task.meta["a"] if "x * " in replies else None,
-                                    task.meta["b"] if "x + " in replies else None)))
+        a, b = task.meta["a"], task.meta["b"]
+        know_a, know_b = told_constants([t.content for t in turns if t.role == "human"], a, b)
+        cases.append((task, turns, (a if know_a else None, b if know_b else None)))
     return cases
 
 

@@ -155,6 +155,13 @@ def _answer_reward(text: str, a: int, b: int) -> float:
     return 0.5 * (got_a == a) + 0.5 * (got_b == b)
 
 
+def told_constants(replies: Sequence[str], a: int, b: int) -> tuple[bool, bool]:
+    """Whether the human's replies so far stated A (`x * A`) and B (`x + B`) of a task
+    with constants (a, b): what the agent has been told."""
+    return (any(re.search(rf"x \* {a}\b", r) for r in replies),
+            any(re.search(rf"x \+ {b}\b", r) for r in replies))
+
+
 def _optimal_value(know_a: bool, know_b: bool, turns_left: int) -> float:
     """V*: the best expected reward from here. Answering writes the known constants (a
     default guess never matches); a question reveals A, B, both or nothing, and on the
@@ -184,8 +191,7 @@ def optimal_advantage(history: Sequence[str], action: str, a: int, b: int, turns
     constant counts as right, though V* never relies on guessing."""
     if turns_left < 1:
         raise ValueError(f"turns_left must be >= 1, got {turns_left}")
-    know_a = any(re.search(rf"x \* {a}\b", h) for h in history)
-    know_b = any(re.search(rf"x \+ {b}\b", h) for h in history)
+    know_a, know_b = told_constants(history, a, b)
     if ANSWER_MARKER in action or turns_left == 1:
         q = _answer_reward(action, a, b)
     else:

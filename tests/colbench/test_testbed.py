@@ -4,7 +4,7 @@ import pytest
 
 from colbench.envs import make_env
 from colbench.envs.testbed import (A_VALUES, B_VALUES, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, answer_text,
-                                   make_tasks)
+                                   make_tasks, told_constants)
 from colbench.tasks import load_tasks
 from colbench.types import Turn
 from simulators import load_simulator
@@ -56,6 +56,14 @@ def test_scripted_human_answers_only_what_is_asked():
     assert reply_for(QUESTION_NEG, 3, 7) == "For negative numbers it is x + 7."
     assert reply_for(QUESTION_VAGUE, 3, 7) == DONT_KNOW
     assert "3" in reply_for("positive and negative?", 3, 7) and "7" in reply_for("positive and negative?", 3, 7)
+
+
+def test_told_constants_reads_only_the_tasks_stated_values():
+    a, b = 3, 20
+    assert told_constants([reply_for(QUESTION_POS, a, b)], a, b) == (True, False)
+    assert told_constants([reply_for(QUESTION_VAGUE, a, b), reply_for(QUESTION_NEG, a, b)], a, b) == (False, True)
+    assert told_constants(["For positive numbers it is x * 2."], a, b) == (False, False)  # another task's A
+    assert told_constants(["x * 30 and x + 200"], a, b) == (False, False)  # not A or B, though they start alike
 
 
 def test_simulator_through_the_registry(env):
