@@ -45,22 +45,29 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# policy -> (training algorithm, extra train_critic flags for SWEET variants;
-#            ORACLE: no critic is trained, stage 2 ranks with --critic oracle)
-ORACLE = None
-POLICIES: dict[str, tuple[str, tuple[str, ...] | None]] = {
-    "rft": ("rft", ()),
-    "mtdpo": ("mtdpo", ()),
-    "sweet": ("sweet", ()),
-    "loop": ("loop", ()),
-    "sweet_no_info": ("sweet", ("--training_info", "false")),
-    "sweet_value_head": ("sweet", ("--head", "value")),
-    "sweet_sum": ("sweet", ("--length_normalize", "false")),
-    "sweet_oracle": ("sweet", ORACLE),
+
+class Policy(NamedTuple):
+    """How a benchmarked policy is trained."""
+
+    algorithm: str
+    critic_flags: tuple[str, ...] = ()  # a SWEET variant's extra train_critic flags
+    oracle: bool = False  # no critic is trained: stage 2 ranks with --critic oracle
+
+
+POLICIES: dict[str, Policy] = {
+    "rft": Policy("rft"),
+    "mtdpo": Policy("mtdpo"),
+    "sweet": Policy("sweet"),
+    "loop": Policy("loop"),
+    "sweet_no_info": Policy("sweet", ("--training_info", "false")),
+    "sweet_value_head": Policy("sweet", ("--head", "value")),
+    "sweet_sum": Policy("sweet", ("--length_normalize", "false")),
+    "sweet_oracle": Policy("sweet", oracle=True),
 }
 DIAGNOSTICS = ("sweet_oracle",)  # run only when --policies names them
 CURVE_KEY = {"rft": "loss/nll", "mtdpo": "loss/dpo", "sweet": "loss/dpo", "loop": "env/reward"}
@@ -93,14 +100,15 @@ def train_one(seed: int, name: str, warm: Path, out: Path, setup) -> dict:
 
     sd = out / f"seed{seed}"
     episodes = sd / "episodes.jsonl"
-    algo, critic_flags = POLICIES[name]
+    policy = POLICIES[name]
+    algo = policy.algorithm
     t0, trained_before = time.perf_counter(), (sd / name / "final").exists()
     note = ""
     try:
         critic = None
         if algo == "sweet":
-            critic = "oracle" if critic_flags is ORACLE else train_critic(
-                episodes, str(warm), setup, sd / f"critic_{name}", seed=seed, extra=critic_flags)
+            critic = "oracle" if policy.oracle else train_critic(
+                episodes, str(warm), setup, sd / f"critic_{name}", seed=seed, extra=policy.critic_flags)
         model = str(train_policy(algo, episodes, str(warm), setup, sd / name, critic=critic, seed=seed,
                                  extra=shared_candidates(sd, name)))
     except (ValueError, SystemExit) as e:  # RFT with no successful episode, LOOP with no reward variance:
@@ -116,12 +124,12 @@ def shared_candidates(sd: Path, name: str) -> list[str]:
     its seed sampled (same warm start, states, K and seed: `--reuse_candidates`), so the
     ablations differ only in how they rank the same candidates, and the samples are drawn
     once (each variant still counts them). None finished (e.g. `--jobs 2`): it samples."""
-    if POLICIES[name][0] != "sweet":
+    if POLICIES[name].algorithm != "sweet":
         return []
     for other in POLICIES:
         if other == name:
             break
-        if POLICIES[other][0] == "sweet" and (sd / other / "final" / "config.json").exists():
+        if POLICIES[other].algorithm == "sweet" and (sd / other / "final" / "config.json").exists():
             return ["--reuse_candidates", str(sd / other / "candidates.jsonl")]
     return []
 
@@ -167,7 +175,7 @@ def run_all(seeds: list[int], policies: list[str], warm: Path, out: Path, setup,
     results: dict[int, dict[str, dict]] = {
         s: {"warm_start": {"model": str(warm), "samples": {"episodes": 0, "candidates": 0}, "train_wall_s": 0.0}}
         for s in seeds}
-    order = sorted(((s, n) for s in seeds for n in policies), key=lambda sn: (-COST[POLICIES[sn[1]][0]], sn[0]))
+    order = sorted(((s, n) for s in seeds for n in policies), key=lambda sn: (-COST[POLICIES[sn[1]].algorithm], sn[0]))
     pool = None
     if jobs > 1:
         threads = max(1, (os.cpu_count() or jobs) // jobs)
@@ -256,7 +264,7 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup) ->
 
     checks = {}
     for name in policies:
-        if POLICIES[name][0] != "sweet":
+        if POLICIES[name].algorithm != "sweet":
             continue
         agree = pairs = top = top_n = last = last_n = q_agree = q_pairs = 0.0
         for seed in seeds:
@@ -379,7 +387,7 @@ def plot_curves(out: Path, policies: list[str], seeds: list[int]) -> None:
 
     fig, axes = plt.subplots(1, len(policies), figsize=(4 * len(policies), 3), squeeze=False)
     for ax, name in zip(axes[0], policies):
-        key = CURVE_KEY[POLICIES[name][0]]
+        key = CURVE_KEY[POLICIES[name].algorithm]
         for s in seeds:
             path = out / f"seed{s}" / name / "metrics.jsonl"
             if not path.exists():
