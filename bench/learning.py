@@ -312,6 +312,9 @@ def checks_table(checks: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from sweet.training import flush_denormals
+
+    flush_denormals()  # before any torch op starts the thread pool (its threads inherit the flag)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (S)")
     p.add_argument("--seed-start", "--seed_start", type=int, default=0, help="first seed (K): seeds K..K+S-1")

@@ -71,9 +71,11 @@ def parse_configs(types: Sequence[type], argv: list[str] | None = None, descript
     from colbench.cli import parse_configs as parse
 
     try:
-        return parse(types, argv, description=description)
+        configs = parse(types, argv, description=description)
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
+    flush_denormals()  # every entry point parses first, before a torch op starts the CPU thread pool
+    return configs
 
 
 def resolve_model_path(spec: str) -> str:
@@ -105,13 +107,9 @@ def load_tokenizer(spec: str):
 
 
 def load_model(cfg: ModelConfig, *, trainable: bool = True, adapter: str | None = None):
-    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen.
-    Loading a trainable model also sets this process to flush denormal floats on CPU
-    (`flush_denormals`)."""
+    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen."""
     from transformers import AutoModelForCausalLM
 
-    if trainable:
-        flush_denormals()
     path = resolve_model_path(cfg.model)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.dtype))
@@ -148,7 +146,10 @@ def flush_denormals() -> None:
     moments into the denormal range, where x86 arithmetic is many times slower: the
     test bed's sum-critic (`--length_normalize false`, Bradley-Terry margins near 50) took
     3-5 s per step instead of 0.8 for a dozen steps, the same run 166 s instead of 120,
-    with bitwise-identical final weights once flushed. No effect on GPUs."""
+    with bitwise-identical final weights once flushed. x86 keeps the flag per thread and a
+    new thread inherits its creator's, so a process sets it before its first torch op
+    starts the CPU thread pool: `parse_configs` (every sweet entry point's first step)
+    and bench/learning.py do. No effect on GPUs."""
     import torch
 
     torch.set_flush_denormal(True)  # False (and no effect) where the CPU cannot

@@ -237,17 +237,30 @@ def test_a_step_larger_than_batch_size_takes_more_accumulation_rounds(tmp_path, 
     _assert_same(_sgd_delta(tmp_path, 1, 2, loss_fn, count_fn, 5, tiny_tokenizer), want)
 
 
-def test_loading_a_trainable_model_flushes_denormal_floats():
-    # A saturated loss drives gradients into the denormal range, many times slower on
-    # x86 (the sum critic: 3-5 s steps instead of 0.8). Training must run with them flushed.
-    if not torch.set_flush_denormal(False):
+FLUSH_CHECK = """
+import sys, numpy, torch
+from sweet.training import ModelConfig, parse_configs
+x = torch.from_numpy(numpy.full(1 << 22, 1e-40, dtype=numpy.float32))  # denormals; no torch op yet
+if sys.argv[1] == "late":
+    (x * 1.0).sum()  # a torch op first: it starts the CPU thread pool
+parse_configs([ModelConfig], [])
+print(int((x * 1.0).count_nonzero()), torch.get_num_threads())
+"""
+
+
+@pytest.mark.parametrize("when", ["first", "late"])
+def test_entry_points_flush_denormal_floats_on_every_thread(when):
+    # A saturated loss drives gradients into the denormal range, many times slower on x86
+    # (the sum critic: 3-5 s steps instead of 0.8). The flag is per thread and inherited by
+    # new threads, so the entry points set it while parsing, before the pool starts.
+    import subprocess
+    import sys
+
+    if not torch.set_flush_denormal(True):
         pytest.skip("this CPU cannot flush denormal floats")
-    tiny = torch.tensor([1e-40], dtype=torch.float32)  # a denormal float32
-    try:
-        assert (tiny * 1.0).item() != 0.0
-        load_model(MODEL, trainable=False)
-        assert (tiny * 1.0).item() != 0.0  # a frozen model (evaluation) leaves the process as it was
-        load_model(MODEL)
-        assert (tiny * 1.0).item() == 0.0
-    finally:
-        torch.set_flush_denormal(True)
+    run = subprocess.run([sys.executable, "-c", FLUSH_CHECK, when], capture_output=True, text=True, check=True)
+    nonzero, threads = map(int, run.stdout.split())
+    if when == "first":
+        assert nonzero == 0
+    elif threads > 1:  # why it must come first: set later, the pool's other threads keep denormals
+        assert nonzero > 0
