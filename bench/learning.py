@@ -312,9 +312,6 @@ def checks_table(checks: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from sweet.training import flush_denormals
-
-    flush_denormals()  # before any torch op starts the thread pool (its threads inherit the flag)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (S)")
     p.add_argument("--seed-start", "--seed_start", type=int, default=0, help="first seed (K): seeds K..K+S-1")
@@ -340,6 +337,9 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(f"unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}")
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
+    from sweet.training import flush_denormals
+
+    flush_denormals()  # before any torch op starts the thread pool (its threads inherit the flag)
 
     from sweet.pipeline import TestbedSetup, warm_start
 
