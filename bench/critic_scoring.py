@@ -15,7 +15,7 @@ import time
 
 
 def make_state_and_actions(tokenizer, turns: int, candidates: int, action_tokens: int, seed: int):
-    from sweet.data import State
+    from sweet.core.records import State
 
     rng = random.Random(seed)
     words = "the function returns a list of numbers sorted by value unless empty then none".split()
@@ -33,8 +33,9 @@ def make_state_and_actions(tokenizer, turns: int, candidates: int, action_tokens
 def make_scorer(args):
     import torch
 
-    from sweet.critic import CriticScorer, CriticSpec
-    from sweet.training import ModelConfig, load_model, load_tokenizer
+    from sweet.core.config import ModelConfig
+    from sweet.core.models import load_model, load_tokenizer
+    from sweet.critic.model import CriticScorer, CriticSpec
 
     if args.critic_dir:
         return CriticScorer.load(args.critic_dir, device=args.device, batch_size=args.candidates)
@@ -83,8 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     scorer.advantages(state, actions[:2])  # warm-up
     t_batched, batched = timed(lambda: scorer.advantages(state, actions), args.repeats)
     t_single, single = timed(lambda: [scorer.advantages(state, [a])[0] for a in actions], args.repeats)
-    from sweet.critic import CriticTurn
-    from sweet.tokens import action_ids
+    from sweet.core.tokens import action_ids
+    from sweet.critic.model import CriticTurn
 
     examples = [CriticTurn(state, action_ids(a, scorer.spec.eos_token_id, None)) for a in actions]
     t_padded, padded = timed(lambda: scorer._padded_advantages(examples), args.repeats)

@@ -11,8 +11,8 @@ freeing the GPU in between:
   generation      engines.hf.HFEngine: tokens/s batched vs one conversation at a time
   critic_step     LoRA + gradient checkpointing, two 8k-token turns, one optimiser step on
                   sweet.critic's per-turn advantage and Bradley-Terry loss
-  dpo_step        SWEET stage 2: per-turn chosen/rejected segments (sweet.tokens.segment_logps)
-                  and sweet.dpo.dpo_loss, one optimiser step
+  dpo_step        SWEET stage 2: per-turn chosen/rejected segments (sweet.core.tokens.segment_logps)
+                  and sweet.algorithms.losses.dpo_loss, one optimiser step
   loop_iteration  `sweet.train_policy --algorithm loop` on the test bed, one iteration
 
 Each stage records its seconds and peak GPU memory (torch.cuda.max_memory_allocated, GiB)
@@ -113,8 +113,9 @@ def _random_ids(n: int, low: int, high: int, seed: int) -> list[int]:
 
 
 def _load(path: Path, device: str, **model_cfg):
-    """The project's loader (sweet.training.load_model), then onto the device."""
-    from sweet.training import ModelConfig, load_model
+    """The project's loader (sweet.core.config.load_model), then onto the device."""
+    from sweet.core.config import ModelConfig
+    from sweet.core.models import load_model
 
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
     return load_model(ModelConfig(model=str(path), dtype=dtype, **model_cfg), trainable=bool(model_cfg)).to(device)
@@ -219,8 +220,8 @@ def critic_step(scale: Scale, path: Path, device: str) -> dict:
     """One stage-1 step: chosen and rejected trajectories of one turn of `critic_len` tokens."""
     import torch
 
-    from sweet.critic import action_logprob_sums, bradley_terry_loss, per_turn_advantage, trajectory_scores
-    from sweet.tokens import make_batch
+    from sweet.core.tokens import make_batch
+    from sweet.critic.model import action_logprob_sums, bradley_terry_loss, per_turn_advantage, trajectory_scores
 
     model = _load(path, device, lora=True, lora_r=scale.lora_r, gradient_checkpointing=True,
                   max_length=scale.critic_len)
@@ -248,8 +249,8 @@ def dpo_step(scale: Scale, path: Path, device: str) -> dict:
     """One stage-2 step: `dpo_pairs` per-turn pairs (shared context, chosen vs rejected action)."""
     import torch
 
-    from sweet.dpo import dpo_loss
-    from sweet.tokens import Segment, segment_logps
+    from sweet.algorithms.losses import dpo_loss
+    from sweet.core.tokens import Segment, segment_logps
 
     max_length = scale.dpo_context + scale.action_len + 8
     model = _load(path, device, lora=True, lora_r=scale.lora_r, gradient_checkpointing=True, max_length=max_length)

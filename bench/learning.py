@@ -4,7 +4,7 @@
     python bench/learning.py --seeds 3 --seed-start 10         # seeds 10, 11, 12
     python bench/learning.py --seeds 1 --policies sweet,mtdpo --out runs/learning-quick
 
-All policies start from the same warm-started tiny model (sweet/warm_start.py, built
+All policies start from the same warm-started tiny model (sweet/workflows/warm_start.py, built
 once into OUT/warm_start) on the CPU test bed (colbench/envs/testbed.py). Per seed,
 one set of K episodes per train task is collected with the warm start and every
 offline algorithm learns from it; LOOP collects the same number of episodes online.
@@ -55,7 +55,7 @@ class Policy(NamedTuple):
     """How a benchmarked policy is trained."""
 
     algorithm: str
-    critic_flags: tuple[str, ...] = ()  # a SWEET variant's extra train_critic flags
+    critic_settings: tuple[tuple[str, object], ...] = ()  # a SWEET variant's critic settings (CriticConfig fields)
     oracle: bool = False  # no critic is trained: stage 2 ranks with --critic oracle
 
 
@@ -64,9 +64,9 @@ POLICIES: dict[str, Policy] = {
     "mtdpo": Policy("mtdpo"),
     "sweet": Policy("sweet"),
     "loop": Policy("loop"),
-    "sweet_no_info": Policy("sweet", ("--training_info", "false")),
-    "sweet_value_head": Policy("sweet", ("--head", "value")),
-    "sweet_sum": Policy("sweet", ("--length_normalize", "false")),
+    "sweet_no_info": Policy("sweet", (("training_info", False),)),
+    "sweet_value_head": Policy("sweet", (("head", "value"),)),
+    "sweet_sum": Policy("sweet", (("length_normalize", False),)),
     "sweet_oracle": Policy("sweet", oracle=True),
 }
 DIAGNOSTICS = ("sweet_oracle",)  # run only when --policies names them
@@ -96,19 +96,20 @@ COST = {"sweet": 4, "loop": 2, "mtdpo": 1, "rft": 0}
 def train_one(seed: int, name: str, warm: Path, out: Path, setup) -> dict:
     """Train one policy of one seed from its collected episodes (a SWEET variant trains
     its critic first): its model path, samples, training wall time and a note."""
-    from sweet.pipeline import count_samples, train_critic, train_policy
+    from sweet.core.trainer import finished
+    from sweet.workflows.pipeline import count_samples, train_critic, train_policy
 
     sd = out / f"seed{seed}"
     episodes = sd / "episodes.jsonl"
     policy = POLICIES[name]
     algo = policy.algorithm
-    t0, trained_before = time.perf_counter(), (sd / name / "final").exists()
+    t0, trained_before = time.perf_counter(), finished(sd / name) is not None
     note = ""
     try:
         critic = None
         if algo == "sweet":
             critic = "oracle" if policy.oracle else train_critic(
-                episodes, str(warm), setup, sd / f"critic_{name}", seed=seed, extra=policy.critic_flags)
+                episodes, str(warm), setup, sd / f"critic_{name}", seed=seed, extra=dict(policy.critic_settings))
         model = str(train_policy(algo, episodes, str(warm), setup, sd / name, critic=critic, seed=seed,
                                  extra=shared_candidates(sd, name)))
     except (ValueError, SystemExit) as e:  # RFT with no successful episode, LOOP with no reward variance:
@@ -119,19 +120,21 @@ def train_one(seed: int, name: str, warm: Path, out: Path, setup) -> dict:
             "train_wall_s": _train_wall(sd / name, t0, trained_before), "note": note}
 
 
-def shared_candidates(sd: Path, name: str) -> list[str]:
+def shared_candidates(sd: Path, name: str) -> dict[str, str]:
     """A SWEET variant scores the stage-2 candidates that an earlier, finished variant of
     its seed sampled (same warm start, states, K and seed: `--reuse_candidates`), so the
     ablations differ only in how they rank the same candidates, and the samples are drawn
     once (each variant still counts them). None finished (e.g. `--jobs 2`): it samples."""
+    from sweet.core.trainer import finished
+
     if POLICIES[name].algorithm != "sweet":
-        return []
+        return {}
     for other in POLICIES:
         if other == name:
             break
-        if POLICIES[other].algorithm == "sweet" and (sd / other / "final" / "config.json").exists():
-            return ["--reuse_candidates", str(sd / other / "candidates.jsonl")]
-    return []
+        if POLICIES[other].algorithm == "sweet" and finished(sd / other) is not None:
+            return {"reuse_candidates": str(sd / other / "candidates.jsonl")}
+    return {}
 
 
 def evaluate_seed(seed: int, models: dict[str, str], out: Path, setup) -> dict[str, Path]:
@@ -139,7 +142,7 @@ def evaluate_seed(seed: int, models: dict[str, str], out: Path, setup) -> dict[s
     seed samples its own evaluation episodes (round `seed` of colbench.rollout's episode
     seeds), so the warm start, the same model in every seed, is evaluated independently
     S times rather than once counted S times."""
-    from sweet.pipeline import evaluate
+    from sweet.workflows.pipeline import evaluate
 
     sd = out / f"seed{seed}"
     rows = evaluate(models, setup, sd / "eval", seed_round=seed)
@@ -167,7 +170,7 @@ def run_all(seeds: list[int], policies: list[str], warm: Path, out: Path, setup,
     import concurrent.futures as cf
     import multiprocessing
 
-    from sweet.pipeline import collect_episodes, timed
+    from sweet.workflows.pipeline import collect_episodes, timed
 
     for seed in seeds:
         with timed(setup, f"seed{seed}/collect"):
@@ -206,7 +209,7 @@ def cluster_metrics(per_seed: dict[int, Path]) -> dict[str, dict]:
     """success_rate and tests_passed over all evaluation episodes of all seeds, with
     bootstrap intervals over (seed, task) clusters."""
     from colbench.stats import bootstrap_ci
-    from sweet.data import load_episodes
+    from sweet.core.records import load_episodes
 
     success: dict[tuple[int, str], list[float]] = {}
     reward: dict[tuple[int, str], list[float]] = {}
@@ -259,8 +262,8 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup) ->
              the critic reads the dialogue rather than the question's wording."""
     from colbench.envs.testbed import MAX_TURNS
     from colbench.protocols import ANSWER_MARKER
-    from sweet.oracle_critic import exact_advantages
-    from sweet.sweet_dpo import SweetConfig, load_states, read_candidates, state_key
+    from sweet.algorithms.sweet_rl import SweetConfig, load_states, read_candidates, state_key
+    from sweet.critic.oracle import exact_advantages
 
     checks = {}
     for name in policies:
@@ -276,9 +279,9 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup) ->
                 episodes=str(sd / "episodes.jsonl"), tasks=setup.train_tasks, env=setup.env))}
             for key, row in rows.items():
                 state = states[key]
-                texts = [c["text"] for c in row["candidates"]]
+                texts = [c.text for c in row.candidates]
                 exact = exact_advantages(state, texts)
-                critic = [c["advantage"] for c in row["candidates"]]
+                critic = [c.advantage for c in row.candidates]
                 asks = state.turn_index == MAX_TURNS - 2
                 for i in range(len(exact)):
                     for j in range(i + 1, len(exact)):
@@ -319,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help=f"comma list from {', '.join(POLICIES)} (warm_start is always evaluated; default: all but "
                         f"the diagnostics {', '.join(DIAGNOSTICS)})")
     p.add_argument("--episodes-per-task", "--episodes_per_task", type=int, default=None,
-                   help="K episodes per train task (default: the test bed's, sweet/pipeline.py)")
+                   help="K episodes per train task (default: the test bed's, sweet/workflows/pipeline.py)")
     p.add_argument("--train-limit", "--train_limit", type=int, default=None,
                    help="collect on the first N train tasks only (quick checks)")
     p.add_argument("--test-limit", "--test_limit", type=int, default=None, help="evaluate on the first N test tasks")
@@ -328,7 +331,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "threads (default 1: one after the other in this process; on 2 cores, 2 was slower)")
     p.add_argument("--warm-start", "--warm_start", type=Path, default=None,
                    help="a warm-started model folder every policy starts from (default: build it, checked, in "
-                        "OUT/warm_start with sweet.pipeline.warm_start)")
+                        "OUT/warm_start with sweet.workflows.pipeline.warm_start)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "learning")
     args = p.parse_args(argv)
     policies = [a for a in args.policies.split(",") if a and a != "warm_start"]
@@ -337,11 +340,11 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(f"unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}")
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
-    from sweet.training import flush_denormals
+    from sweet.core.config import flush_denormals
 
     flush_denormals()  # before any torch op starts the thread pool (its threads inherit the flag)
 
-    from sweet.pipeline import TestbedSetup, warm_start
+    from sweet.workflows.pipeline import TestbedSetup, warm_start
 
     setup = TestbedSetup()
     if args.episodes_per_task:

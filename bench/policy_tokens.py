@@ -4,7 +4,7 @@
     python bench/policy_tokens.py --model hf:Qwen/Qwen2.5-0.5B-Instruct --device cuda --max-new-tokens 128
 
 Samples completions with the hf engine, then builds each training example two ways:
-- recorded (sweet.tokens): context = the prompt ids the engine sampled from,
+- recorded (sweet.core.tokens): context = the prompt ids the engine sampled from,
   action = the generated ids + eos;
 - naive: apply the chat template to prompt + the completion text as an assistant
   message, tokenise, take the tokens after the prompt as the action.
@@ -46,8 +46,7 @@ def main(argv=None) -> None:
     import torch
 
     from engines import EngineOptions, SamplingParams, load_engine
-    from sweet.tokens import action_ids
-    from sweet.tokens import make_batch, token_logprobs
+    from sweet.core.tokens import action_ids, make_batch, token_logprobs
 
     args = make_parser().parse_args(argv)
     torch.set_num_threads(args.threads)

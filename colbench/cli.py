@@ -81,6 +81,20 @@ def parse_configs(types: Sequence[type], argv: Sequence[str] | None = None, *, d
     return outputs
 
 
+def make_configs(types: Sequence[type], values: dict[str, Any] | None = None) -> list[Any]:
+    """The programmatic twin of `parse_configs`: one instance per type, each taking the
+    `values` whose keys are its field names (a name several types share sets them all, as
+    one flag does). A key no type has is an error naming it, before any work starts."""
+    values = dict(values or {})
+    known = {f.name for tp in types for f in dataclasses.fields(tp) if f.init}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        names = ", ".join(tp.__name__ for tp in types)
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)} for {names}")
+    return [tp(**{k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(tp) if f.init}})
+            for tp in types]
+
+
 def read_config_file(path: Path, types: Sequence[type]) -> dict[str, Any]:
     """A YAML mapping of field names (either spelling) to values, checked against `types`."""
     import yaml

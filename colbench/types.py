@@ -7,7 +7,7 @@ Episode   one trajectory: the dialogue, the final answer, its score, why it stop
 
 These are wire records: plain dataclasses that round-trip through JSON (`to_json` /
 `from_json`), with no behaviour. Training-side records (Candidate, Pair) live in
-`sweet/data.py` and are built from these.
+`sweet/core/records.py` and are built from these.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Turn:
     finish_reason:    why generation stopped (engines.base.Sample): "stop" = the model
                       emitted its end-of-turn token, "stop_string" / "length" = cut
                       (no end-of-turn token); None in files written before the field.
-                      Trainers append end-of-turn exactly on "stop" (sweet/tokens.py).
+                      Trainers append end-of-turn exactly on "stop" (sweet/core/tokens.py).
 
     Human turns may carry:
     failed / error:   the simulator failed for good; `content` is then empty.

@@ -78,7 +78,7 @@ class Sample:
     finish_reason:    "stop": the model emitted its end-of-turn token; "stop_string":
                       cut before one of `SamplingParams.stop`; "length": cut at
                       max_new_tokens. Only "stop" means the model chose to end its
-                      turn (trainers append end-of-turn exactly then: sweet/tokens.py).
+                      turn (trainers append end-of-turn exactly then: sweet/core/tokens.py).
     prompt_token_ids: the ids of the templated prompt the model saw, when known.
     """
 

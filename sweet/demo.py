@@ -1,95 +1,20 @@
 """The README's main job: SWEET-RL end to end on the CPU test bed, offline.
 
-    python -m sweet.demo                       # ~10 minutes on 2 CPU cores
+    python -m sweet.demo                       # ~7 minutes on 2 CPU cores
     python -m sweet.demo --output_dir runs/demo2 --episodes_per_task 8
+    python -m sweet.demo --help
 
-Steps (each skipped when its output exists, so an interrupted run resumes):
-  1. warm start: the tiny model fine-tuned on a scripted explorer's dialogues;
-  2. collect K episodes per train task with the warm-started policy;
-  3. SWEET-RL stage 1: train the critic with the training-time information;
-  4. SWEET-RL stage 2: sample candidates per state, rank them with the critic, DPO;
-  5. evaluate warm start vs SWEET-RL on held-out tasks: leaderboard + report;
-  6. the per-turn credit inspector (sweet/inspect_critic.py): an HTML page with the
-     critic's advantage on every agent turn and the ranked stage-2 candidates.
-
-The test bed is not ColBench: see colbench/envs/testbed.py and the README.
+The steps are sweet/workflows/demo.py.
 """
 
-from __future__ import annotations
-
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
+from sweet.core.config import parse_configs
+from sweet.workflows.demo import DemoConfig, main
 
 
-@dataclass
-class DemoConfig:
-    output_dir: str = field(default="runs/demo", metadata={"help": "everything goes here"})
-    episodes_per_task: int = field(default=8, metadata={"help": "episodes per train task to learn from"})
-    seed: int = field(default=0, metadata={"help": "random seed"})
-    smoke: bool = field(default=False, metadata={
-        "help": "a 1-2 minute run of every step at toy sizes (tests); trains on the scripted dialogues"})
-
-
-def main(argv: list[str] | None = None) -> Path:
-    import torch
-
-    from sweet import inspect_critic
-    from sweet.pipeline import (TestbedSetup, collect_episodes, compare, evaluate, timed, train_critic, train_policy,
-                                warm_start)
-    from sweet.training import parse_configs
-
+def cli(argv: list[str] | None = None):
     (cfg,) = parse_configs([DemoConfig], argv, description=__doc__.split("\n\n")[0])
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    out = Path(cfg.output_dir)
-    setup = TestbedSetup(episodes_per_task=cfg.episodes_per_task)
-    if cfg.smoke:
-        setup = TestbedSetup(episodes_per_task=2, train_limit=8, test_limit=4, eval_seeds=1, candidates=2,
-                             max_new_tokens=48, stage2_episodes=16)
-    steps = ["warm start", "collect episodes", "train critic", "train policy (SWEET-RL)", "evaluate",
-             "per-turn credit inspector"]
-    say = lambda i: print(f"\n=== [{i + 1}/{len(steps)}] {steps[i]} ===", flush=True)  # noqa: E731
-
-    say(0)
-    with timed(setup, "warm_start"):
-        warm = warm_start(out / "warm_start", seed=cfg.seed, smoke=cfg.smoke)
-    say(1)
-    with timed(setup, "collect"):
-        episodes = collect_episodes(str(warm), setup, out / "episodes" / "train.jsonl", seed=cfg.seed)
-    if cfg.smoke:
-        # a one-epoch warm start rarely succeeds, so the toy run learns from the scripted
-        # explorer's dialogues (successes and failures of every task) instead
-        episodes = Path(warm).parent / "scripted_episodes.jsonl"
-    say(2)
-    with timed(setup, "critic"):
-        critic = train_critic(episodes, str(warm), setup, out / "critic", seed=cfg.seed)
-    say(3)
-    with timed(setup, "policy"):
-        policy = train_policy("sweet", episodes, str(warm), setup, out / "sweet", critic=critic, seed=cfg.seed)
-    say(4)
-    with timed(setup, "evaluate"):
-        rows = evaluate({"warm_start": str(warm), "sweet_rl": str(policy)}, setup, out / "leaderboard")
-    say(5)
-    with timed(setup, "inspect"):
-        page = inspect_critic.main(["--critic", str(critic), "--episodes", str(episodes), "--output", str(out / "inspect"),
-                                    "--candidates", str(out / "sweet" / "candidates.jsonl"),
-                                    "--tasks", setup.train_tasks, "--max_episodes", "40"])
-
-    print("\n=== results (held-out test-bed tasks) ===")
-    for row in rows:
-        m = row["metrics"]
-        print(f"{row['agent']:>12}: success {m['success_rate']['value']:.3f} "
-              f"[{m['success_rate']['ci95'][0]:.3f}, {m['success_rate']['ci95'][1]:.3f}]  "
-              f"tests passed {m['tests_passed']['value']:.3f}")
-    print(compare(rows, "warm_start", "sweet_rl"))
-    (out / "timings.json").write_text(json.dumps(setup.timings, indent=2))
-    print("\nwall time per step (s): " + ", ".join(f"{k} {v:.0f}" for k, v in setup.timings.items()))
-    print(f"leaderboard: {out / 'leaderboard' / 'leaderboard.md'}")
-    print(f"report with plots: {out / 'leaderboard' / 'report.html'}")
-    print(f"per-turn credit inspector: {page}")
-    print(f"critic metrics: {out / 'critic' / 'metrics.jsonl'}; policy metrics: {out / 'sweet' / 'metrics.jsonl'}")
-    return out
+    return main(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -19,7 +19,7 @@ format: `--agent hf:<output_dir>/final` in `python -m colbench.evaluate`).
     python -m sweet.train_policy --algorithm sweet --episodes eps.jsonl --tasks tasks.jsonl \\
         --critic runs/critic-tiny --model tiny --num_candidates 4 --max_new_tokens 32 --output_dir runs/sweet-tiny
 
-    # 8B on 8 GPUs: vLLM sampling (one process), then LoRA DPO (see sweet/sweet_dpo.py)
+    # 8B on 8 GPUs: vLLM sampling (one process), then LoRA DPO (see sweet/algorithms/sweet_rl.py)
     python -m sweet.train_policy --algorithm sweet --stage sample --sampler vllm:meta-llama/Llama-3.1-8B-Instruct \\
         --sampler_tensor_parallel 8 --model hf:meta-llama/Llama-3.1-8B-Instruct --episodes eps.jsonl \\
         --tasks tasks.jsonl --critic runs/critic-8b --output_dir runs/sweet-8b
@@ -34,20 +34,11 @@ import argparse
 import importlib
 import sys
 
-# --algorithm -> module with CONFIGS and main(*configs)
-ALGORITHMS = {
-    "sweet": "sweet.sweet_dpo",
-    "rft": "sweet.rft",
-    "mtdpo": "sweet.mtdpo",
-    "loop": "sweet.loop",
-}
-# one line each for the plain --help (kept here: --help must not import torch)
-SUMMARIES = {
-    "sweet": "SWEET-RL stage 2: per-turn DPO on candidate actions ranked by the stage-1 critic (default)",
-    "rft": "rejection fine-tuning: supervised training on the agent turns of successful episodes",
-    "mtdpo": "multi-turn DPO: DPO on whole trajectories of the same task (sum of per-turn log-probs)",
-    "loop": "LOOP: online leave-one-out PPO with rollouts against the simulated human",
-}
+from sweet.algorithms import ALGORITHMS, SUMMARIES, load_algorithm
+
+# algorithms a workflow can repeat: its module adds a config (RoundsConfig: --rounds) and
+# its main(*configs) runs the algorithm's main once per round
+WORKFLOWS = {"sweet": "sweet.workflows.rounds"}
 
 
 def overview() -> str:
@@ -69,18 +60,8 @@ def split_algorithm(argv: list[str]) -> tuple[str, list[str]]:
     return known.algorithm, rest
 
 
-def load_algorithm(name: str):
-    """The algorithm's module (CONFIGS, main)."""
-    try:
-        return importlib.import_module(ALGORITHMS[name])
-    except ModuleNotFoundError as e:
-        if e.name == ALGORITHMS[name]:
-            raise SystemExit(f"--algorithm {name}: module {ALGORITHMS[name]} is not available in this install") from None
-        raise
-
-
 def main(argv: list[str] | None = None):
-    from sweet.training import parse_configs
+    from sweet.core.config import parse_configs
 
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv) and not any(a.split("=")[0] == "--algorithm" for a in argv):
@@ -88,11 +69,15 @@ def main(argv: list[str] | None = None):
         raise SystemExit(0)
     name, rest = split_algorithm(argv)
     module = load_algorithm(name)
+    types, run = module.CONFIGS, module.main
+    if name in WORKFLOWS:
+        workflow = importlib.import_module(WORKFLOWS[name])
+        types, run = (*types, workflow.RoundsConfig), workflow.main
     try:
-        configs = parse_configs(module.CONFIGS, rest, description=f"--algorithm {name}: " + " ".join(module.__doc__.split("\n\n")[0].split()))
+        configs = parse_configs(types, rest, description=f"--algorithm {name}: " + " ".join(module.__doc__.split("\n\n")[0].split()))
     except ValueError as e:  # a config's __post_init__ names the bad field
         raise SystemExit(f"error: {e}") from None
-    return module.main(*configs)
+    return run(*configs)
 
 
 if __name__ == "__main__":

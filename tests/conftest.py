@@ -27,7 +27,7 @@ def scripted_testbed_episode(tmp_path_factory) -> ScriptedTestbedEpisode:
     from colbench.rollout import rollout
     from engines.base import Sample
     from simulators.testbed import TestbedSimulator
-    from sweet.data import episode_states
+    from sweet.core.records import episode_states
 
     script = (QUESTION_VAGUE, QUESTION_VAGUE, QUESTION_POS)
 

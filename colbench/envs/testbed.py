@@ -26,7 +26,7 @@ question and answering now, and writes a never-right default (x * 1, x + 0) for 
 constant it was not told: success comes only from asking both useful questions.
 
 `optimal_advantage` is SWEET-RL's per-turn advantage computed exactly from the hidden
-constants: the oracle critic (sweet/oracle_critic.py, `--critic oracle`), a diagnostic.
+constants: the oracle critic (sweet/critic/oracle.py, `--critic oracle`), a diagnostic.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class TestbedEnv(BackendEnv):
 #
 # SWEET-RL's critic estimates a per-turn advantage A(o_t, a_t, c) from the training-time
 # information c. On the test bed that advantage can be computed exactly, so ranking
-# candidates with it (sweet/oracle_critic.py, `--critic oracle`) tells a wrong critic from
+# candidates with it (sweet/critic/oracle.py, `--critic oracle`) tells a wrong critic from
 # a stage 2 that cannot use a right ranking.
 
 _STATED_A = re.compile(r"\bx\s*\*\s*(-?\d+)")

@@ -1,5 +1,5 @@
 """Tailwind without the network: the vendored stylesheets and scripts in
-`colbench/assets/tailwind/`, and the purge that keeps a page's stylesheet small.
+`colbench/vendor/tailwind/`, and the purge that keeps a page's stylesheet small.
 
 - `<link>`s to jsDelivr/unpkg get npm's prebuilt `tailwindcss@2.2.19` stylesheet,
   purged per page to the classes the page's text contains (`tailwind_css_for`), as
@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "tailwind"
+ASSETS = Path(__file__).resolve().parent.parent / "vendor" / "tailwind"
 TAILWIND_CSS = ASSETS / "tailwind-2.2.19.min.css"
 TAILWIND_BROWSER_JS = ASSETS / "tailwindcss-browser-4.3.4.js"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from colbench.envs.testbed import DEFAULT_B, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, answer_text
-from sweet.pipeline import TestbedSetup
+from sweet.workflows.pipeline import TestbedSetup
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
@@ -60,13 +60,16 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
 
 def test_sweet_variants_rank_the_candidates_the_first_finished_variant_sampled(tmp_path):
     sd = tmp_path / "seed0"
-    assert learning.shared_candidates(sd, "sweet_no_info") == []  # nothing finished yet: it samples
+    from sweet.core.trainer import mark_finished
+
+    assert learning.shared_candidates(sd, "sweet_no_info") == {}  # nothing finished yet: it samples
     (sd / "sweet_no_info" / "final").mkdir(parents=True)
     (sd / "sweet_no_info" / "final" / "config.json").write_text("{}")
-    assert learning.shared_candidates(sd, "sweet") == []  # only earlier variants (the run order) are sources
-    assert learning.shared_candidates(sd, "sweet_sum") == ["--reuse_candidates",
-                                                           str(sd / "sweet_no_info" / "candidates.jsonl")]
-    assert learning.shared_candidates(sd, "rft") == [] and learning.shared_candidates(sd, "loop") == []
+    assert learning.shared_candidates(sd, "sweet_sum") == {}  # a final/ without the finished marker: unfinished
+    mark_finished(sd / "sweet_no_info", final="final")
+    assert learning.shared_candidates(sd, "sweet") == {}  # only earlier variants (the run order) are sources
+    assert learning.shared_candidates(sd, "sweet_sum") == {"reuse_candidates": str(sd / "sweet_no_info" / "candidates.jsonl")}
+    assert learning.shared_candidates(sd, "rft") == {} and learning.shared_candidates(sd, "loop") == {}
 
 
 @pytest.mark.slow
@@ -81,8 +84,8 @@ def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from sweet.warm_start import WarmStartConfig
-    from sweet.warm_start import main as imitate
+    from sweet.workflows.warm_start import WarmStartConfig
+    from sweet.workflows.warm_start import main as imitate
 
     # the tiny model after a short imitation of the always-asking explorer: it writes code
     # that passes some tests, so LOOP's groups have reward variance to learn from

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from colbench.envs import make_env
-from colbench.protocols import Environment
 from colbench.envs.frontend import FrontendEnv, extract_html, has_html
+from colbench.protocols import Environment
 from colbench.scoring.render import DEFAULT_CHROMIUM
 from colbench.types import Task, Turn
 

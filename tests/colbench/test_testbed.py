@@ -3,8 +3,16 @@ import random
 import pytest
 
 from colbench.envs import make_env
-from colbench.envs.testbed import (A_VALUES, B_VALUES, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, answer_text,
-                                   make_tasks, told_constants)
+from colbench.envs.testbed import (
+    A_VALUES,
+    B_VALUES,
+    QUESTION_NEG,
+    QUESTION_POS,
+    QUESTION_VAGUE,
+    answer_text,
+    make_tasks,
+    told_constants,
+)
 from colbench.tasks import load_tasks
 from colbench.types import Turn
 from simulators import load_simulator

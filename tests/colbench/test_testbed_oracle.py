@@ -5,8 +5,18 @@ rule and the sandboxed scorer it stands in for."""
 import pytest
 
 from colbench.envs import make_env
-from colbench.envs.testbed import (DEFAULT_A, DEFAULT_B, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, REFERENCE,
-                                   answer_text, constants_from_reference, make_tasks, optimal_advantage)
+from colbench.envs.testbed import (
+    DEFAULT_A,
+    DEFAULT_B,
+    QUESTION_NEG,
+    QUESTION_POS,
+    QUESTION_VAGUE,
+    REFERENCE,
+    answer_text,
+    constants_from_reference,
+    make_tasks,
+    optimal_advantage,
+)
 from colbench.protocols import ANSWER_MARKER
 from simulators.testbed import reply_for
 

@@ -16,12 +16,7 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed: run scripts/check_vllm.sh")
 
 from engines import EngineOptions, SamplingParams  # noqa: E402
-from engines.vllm_engine import (  # noqa: E402
-    COLOCATED_GPU_MEMORY_UTILIZATION,
-    LORA_RANKS,
-    engine_kwargs,
-    to_vllm_sampling,
-)
+from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION, LORA_RANKS, engine_kwargs, to_vllm_sampling  # noqa: E402
 from engines.vllm_worker import LOAD_METHOD, WORKER_EXTENSION, WeightSync  # noqa: E402
 
 

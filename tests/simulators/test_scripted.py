@@ -7,10 +7,10 @@ import pytest
 from colbench.envs.testbed import make_tasks
 from colbench.stats import DONT_KNOW
 from colbench.types import Task, Turn
+from engines.base import SpecError
 from simulators import load_simulator, register_simulator, simulator_names
 from simulators.base import SimRequest
 from simulators.scripted import DontKnowSimulator, FlakySimulator, ScriptedBackendSimulator, describe_function
-from engines.base import SpecError
 
 SOURCE = '''import math
 

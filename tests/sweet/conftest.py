@@ -28,7 +28,7 @@ DESCRIPTION = "I need a function f that returns a word."
 
 
 def _agent_turn(tokenizer, prompt: list[dict], text: str) -> Turn:
-    from sweet.tokens import template_ids
+    from sweet.core.tokens import template_ids
 
     return Turn(role="agent", content=text, prompt=[dict(m) for m in prompt],
                 prompt_token_ids=template_ids(tokenizer, prompt),
@@ -74,7 +74,7 @@ def write_jsonl(path: Path, records) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from sweet.training import load_tokenizer
+    from sweet.core.models import load_tokenizer
 
     return load_tokenizer("tiny")
 
@@ -202,7 +202,7 @@ def dist_config(name: str) -> DistConfig:
     kind = cfg["distributed_type"]
     if cfg.get("use_cpu"):
         # the CPU configs launch through MULTI_GPU's torchrun (ddp_cpu_2proc.yaml explains why):
-        # DDP then runs as MULTI_CPU; FSDP stays FSDP (sweet.trainer.make_accelerator)
+        # DDP then runs as MULTI_CPU; FSDP stays FSDP (sweet.core.trainer.make_accelerator)
         kind = "FSDP" if kind == "FSDP" else "MULTI_CPU"
     else:
         import torch

@@ -5,11 +5,16 @@ import math
 import pytest
 import torch
 
-from sweet.critic import (CriticScorer, CriticSpec, bradley_terry_loss, pair_accuracy_and_margin, per_turn_advantage,
-                          trajectory_scores)
-from sweet.data import State
-from sweet.tokens import action_ids, with_training_info
-
+from sweet.core.records import State
+from sweet.core.tokens import action_ids, with_training_info
+from sweet.critic.model import (
+    CriticScorer,
+    CriticSpec,
+    bradley_terry_loss,
+    pair_accuracy_and_margin,
+    per_turn_advantage,
+    trajectory_scores,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,7 +53,8 @@ def test_pair_accuracy_counts_ties_as_wrong():
 @pytest.fixture(scope="module")
 def two_models(tiny_tokenizer):
     """π_ref = the tiny model; θ = the tiny model with seeded noise on every weight."""
-    from sweet.training import ModelConfig, load_model
+    from sweet.core.config import ModelConfig
+    from sweet.core.models import load_model
 
     ref = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
     theta = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
@@ -118,8 +124,9 @@ def test_scorer_matches_manual_forward(tiny_tokenizer, two_models, length_normal
 def test_value_head_scorer_by_hand(tiny_tokenizer, length_normalize):
     """head='value': A = β · mean (or Σ) over a_t's positions of w·h_i + b, h_i the
     decoder's last hidden state; no π_ref."""
-    from sweet.training import ModelConfig, load_model
-    from sweet.value_head import ValueHeadModel
+    from sweet.core.config import ModelConfig
+    from sweet.core.models import load_model
+    from sweet.core.value_head import ValueHeadModel
 
     tok = tiny_tokenizer
     model = ValueHeadModel(load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False))
@@ -157,7 +164,7 @@ def test_scorer_load_needs_a_critic_dir(tmp_path):
 def test_scorer_truncates_long_contexts_like_training(tiny_tokenizer, two_models):
     """A context too long for max_length is cut in the middle as make_batch does in
     training (the padded path), and the action is never cut."""
-    from sweet.critic import CriticTurn, action_logprob_sums, critic_batch
+    from sweet.critic.model import CriticTurn, action_logprob_sums, critic_batch
 
     theta, ref = two_models
     tok = tiny_tokenizer
@@ -176,7 +183,7 @@ def test_scorer_truncates_long_contexts_like_training(tiny_tokenizer, two_models
 
 
 def test_scorer_appends_end_of_turn_by_the_finish_reason(tiny_tokenizer, two_models):
-    """The one turn->tokens rule (sweet.tokens.action_ids): eos after a turn the model
+    """The one turn->tokens rule (sweet.core.tokens.action_ids): eos after a turn the model
     ended ("stop", or an old record: None), not after a cut one ("length")."""
     theta, ref = two_models
     tok = tiny_tokenizer

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from sweet.dpo import dpo_loss, sft_loss
+from sweet.algorithms.losses import dpo_loss, sft_loss
 
 
 def _t(*xs):
@@ -78,8 +78,8 @@ def test_dpo_loss_matches_trl_dpo_trainer(tmp_path):
     from trl import DPOConfig, DPOTrainer
 
     from engines.tiny import tiny_model_path
-    from sweet.tokens import Segment, segment_logps
-    from sweet.training import load_tokenizer
+    from sweet.core.models import load_tokenizer
+    from sweet.core.tokens import Segment, segment_logps
 
     torch.manual_seed(0)
     tok = load_tokenizer("tiny")

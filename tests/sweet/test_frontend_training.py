@@ -45,9 +45,9 @@ def test_each_environment_supplies_its_defaults():
 
 
 def test_critic_and_mtdpo_pair_clip_rewards_with_the_frontend_defaults():
-    from sweet.data import make_trajectory_pairs
-    from sweet.mtdpo import MTDPOConfig, trajectory_pairs
-    from sweet.train_critic import CriticConfig
+    from sweet.algorithms.mtdpo import MTDPOConfig, trajectory_pairs
+    from sweet.core.records import make_trajectory_pairs
+    from sweet.critic.train import CriticConfig
 
     critic = CriticConfig(env="frontend")
     assert (critic.success_threshold, critic.min_reward_gap) == (0.0, 0.005)
@@ -65,7 +65,7 @@ def test_critic_and_mtdpo_pair_clip_rewards_with_the_frontend_defaults():
 
 
 def test_rft_keeps_the_best_fraction_on_frontend(tiny_tokenizer):
-    from sweet.rft import RFTConfig, rft_segments
+    from sweet.algorithms.rft import RFTConfig, rft_segments
 
     cfg = RFTConfig(episodes="e.jsonl", env="frontend")
     assert (cfg.success_threshold, cfg.top_fraction) == (0.0, 0.25)
@@ -170,11 +170,11 @@ def test_critic_stage2_evaluate_on_frontend_with_the_defaults(tmp_path):
          str(tasks), "--critic", str(critic), "--output_dir", str(policy), "--model", "tiny", "--dtype", "float32",
          "--report_to", "none", "--max_length", "1024", "--keep_head", "128", "--num_candidates", "4",
          "--max_new_tokens", "8", "--learning_rate", "1e-3", "--micro_batch_size", "4")
-    from sweet.sweet_dpo import CANDIDATES_FILE, read_candidates
+    from sweet.algorithms.sweet_rl import CANDIDATES_FILE, read_candidates
 
     rows = read_candidates(policy / CANDIDATES_FILE)
     assert len(rows) == sum(len(e.agent_turns) for e in eps)
-    assert any(len({c["advantage"] for c in r["candidates"]}) > 1 for r in rows.values())
+    assert any(len({c.advantage for c in r.candidates}) > 1 for r in rows.values())
     assert (policy / "final" / "config.json").exists()
 
     # evaluate: the trained policy plays the frontend tasks against the text simulator, scored by CLIP

@@ -1,4 +1,4 @@
-"""`python -m sweet.inspect_critic`: a trained tiny critic's per-turn advantages on an
+"""`python -m sweet.critic.inspect`: a trained tiny critic's per-turn advantages on an
 HTML page, with stage-2 candidates ranked, and untrusted dialogue text escaped."""
 
 import json
@@ -17,7 +17,7 @@ HOSTILE = "<script>alert('x')</script><img src=http://evil/x.png>"
 def critic_dir(tmp_path_factory, synthetic_files):
     from accelerate.state import AcceleratorState, GradientState
 
-    from sweet.train_critic import cli
+    from sweet.critic.train import cli
 
     episodes, tasks = synthetic_files
     out = tmp_path_factory.mktemp("inspect") / "critic"
@@ -31,10 +31,18 @@ def critic_dir(tmp_path_factory, synthetic_files):
     return out
 
 
+def _row(episode, scored):
+    """A candidates.jsonl row (the stage-2 writer's record) for the episode's first state."""
+    from sweet.core.records import CandidatesRow, SampledAction
+
+    return CandidatesRow(f"{episode.episode_id}#0", episode.task_id, episode.episode_id, 0, None,
+                         tuple(SampledAction(text, (1, 2), None, "stop", adv) for text, adv in scored)).to_json()
+
+
 def test_page_shows_each_turns_advantage_ranked_candidates_and_escapes_text(critic_dir, synthetic_files, tmp_path):
-    from sweet import inspect_critic
-    from sweet.critic import CriticScorer, load_training_info
-    from sweet.data import episode_states, load_episodes
+    from sweet.core.records import episode_states, load_episodes
+    from sweet.critic import inspect as inspect_critic
+    from sweet.critic.model import CriticScorer, load_training_info
 
     episodes_path, tasks = synthetic_files
     episodes = load_episodes(episodes_path, env="backend")[:4]
@@ -46,11 +54,10 @@ def test_page_shows_each_turns_advantage_ranked_candidates_and_escapes_text(crit
     ep_file.write_text("".join(json.dumps(e.to_json()) + "\n" for e in episodes))
     # a stage-2 row for the second episode's first state, scores deliberately unsorted
     cand_file = tmp_path / "candidates.jsonl"
-    cand_file.write_text(json.dumps({"episode_id": episodes[1].episode_id, "turn_index": 0, "candidates": [
-        {"text": "middle candidate", "advantage": 0.1}, {"text": "best candidate", "advantage": 0.7},
-        {"text": "worst <b>candidate</b>", "advantage": -0.4}]}) + "\n")
+    cand_file.write_text(json.dumps(_row(episodes[1], [("middle candidate", 0.1), ("best candidate", 0.7),
+                                                       ("worst <b>candidate</b>", -0.4)])) + "\n")
 
-    page = inspect_critic.main(["--critic", str(critic_dir), "--episodes", str(ep_file), "--output",
+    page = inspect_critic.cli(["--critic", str(critic_dir), "--episodes", str(ep_file), "--output",
                                 str(tmp_path / "out"), "--candidates", str(cand_file), "--tasks", str(tasks)])
     html = page.read_text()
 
@@ -76,13 +83,15 @@ def test_page_shows_each_turns_advantage_ranked_candidates_and_escapes_text(crit
 
 
 def test_bad_candidates_file_names_the_line(critic_dir, synthetic_files, tmp_path):
-    from sweet import inspect_critic
+    from sweet.core.records import load_episodes
+    from sweet.critic import inspect as inspect_critic
 
     episodes_path, tasks = synthetic_files
     bad = tmp_path / "candidates.jsonl"
-    bad.write_text(json.dumps({"episode_id": "x", "turn_index": 0, "candidates": []}) + "\n{not json\n")
+    episode = load_episodes(episodes_path, env="backend")[0]
+    bad.write_text(json.dumps(_row(episode, [])) + "\n{not json\n")
     with pytest.raises(ValueError, match=r"candidates.jsonl:2: not a candidates row"):
-        inspect_critic.main(["--critic", str(critic_dir), "--episodes", str(episodes_path), "--output",
+        inspect_critic.cli(["--critic", str(critic_dir), "--episodes", str(episodes_path), "--output",
                              str(tmp_path / "o"), "--candidates", str(bad), "--tasks", str(tasks)])
     with pytest.raises(ValueError, match="--critic is required"):
-        inspect_critic.main(["--episodes", str(episodes_path), "--output", str(tmp_path / "o")])
+        inspect_critic.cli(["--episodes", str(episodes_path), "--output", str(tmp_path / "o")])

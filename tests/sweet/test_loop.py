@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweet.loop import clipped_policy_loss, grpo_advantages, leave_one_out_advantages, turn_gae
+from sweet.algorithms.loop import clipped_policy_loss, grpo_advantages, leave_one_out_advantages, turn_gae
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,7 +117,7 @@ def test_kl_term_by_hand():
 
 
 def test_loop_config_validates():
-    from sweet.loop import LoopConfig
+    from sweet.algorithms.loop import LoopConfig
 
     with pytest.raises(ValueError, match="k must be >= 2"):
         LoopConfig(k=1)
@@ -128,7 +128,7 @@ def test_loop_config_validates():
 
 
 def test_defaults_follow_the_environment_and_the_paper(capsys):
-    from sweet.loop import LoopConfig, LoopTrainConfig, load_env_and_tasks
+    from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, load_env_and_tasks
     from sweet.train_policy import main
 
     env, _ = load_env_and_tasks(LoopConfig(env="backend", tasks="builtin:train", simulator=None))
@@ -154,7 +154,7 @@ REWARDS = {"a": [1.0, 0.0, 0.5], "b": [0.2, 0.2, 0.9]}  # two tasks, K = 3
 def fixed_episodes(tok):
     """Multi-turn episodes with recorded ids (turns of 1 to 3 agent turns), rewards REWARDS."""
     from colbench.types import Episode, Score, Turn
-    from sweet.tokens import template_ids
+    from sweet.core.tokens import template_ids
 
     texts = ["What happens to positive numbers?", "Can you tell me more?", "I WANT TO ANSWER: def f(x): return x",
              "What happens to negative numbers?"]
@@ -180,9 +180,11 @@ def run_update(tmp_path, name, *, micro=16, batch=8, lora=False, sgd=True, **loo
     metrics). `sgd`: the inner optimiser is plain SGD, so the update IS the gradient (Adam's
     first step would hide a gradient's scale)."""
     from engines.tiny import tiny_model_path
-    from sweet.loop import LoopConfig, LoopTrainConfig, PolicyWithValue, train_on_episodes
-    from sweet.trainer import Trainer
-    from sweet.training import ModelConfig, load_model, load_tokenizer
+    from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, train_on_episodes
+    from sweet.core.value_head import ValueHeadModel
+    from sweet.core.config import ModelConfig
+    from sweet.core.models import load_model, load_tokenizer
+    from sweet.core.trainer import Trainer
 
     cfg = LoopConfig(ppo_epochs=loop_kwargs.pop("ppo_epochs", 1), **loop_kwargs)
     model_cfg = ModelConfig(model=str(tiny_model_path()), max_length=256, keep_head=32, lora=lora, lora_r=4)
@@ -192,7 +194,7 @@ def run_update(tmp_path, name, *, micro=16, batch=8, lora=False, sgd=True, **loo
     torch.manual_seed(0)
     model = load_model(model_cfg)
     if cfg.advantage == "ppo":
-        model = PolicyWithValue(model)
+        model = ValueHeadModel(model, policy=True)
     trainer = Trainer(model_cfg, train, tok, model=model)
     sgd_opt = torch.optim.SGD([p for p in trainer.model.parameters() if p.requires_grad], lr=1e-1) if sgd else None
     trainer.prepare(100, optimizer=sgd_opt)

@@ -1,4 +1,4 @@
-"""The oracle critic (sweet/oracle_critic.py, `--critic oracle`): the test bed's exact
+"""The oracle critic (sweet/critic/oracle.py, `--critic oracle`): the test bed's exact
 advantage scored on States of a real test-bed episode, and wired into stage 2."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from colbench.envs.testbed import DEFAULT_B, QUESTION_NEG, QUESTION_VAGUE, answer_text, optimal_advantage
-from sweet.oracle_critic import OracleScorer
+from sweet.critic.oracle import OracleScorer
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +60,8 @@ def test_oracle_decodes_without_special_tokens_and_scores_cut_answers(episode, t
 
 
 def test_oracle_is_for_the_test_bed_only(tiny_tokenizer):
-    from sweet.sweet_dpo import SweetConfig, load_scorer
-    from sweet.training import ModelConfig
+    from sweet.algorithms.sweet_rl import SweetConfig, load_scorer
+    from sweet.core.config import ModelConfig
 
     with pytest.raises(ValueError, match="'testbed' environment only.*'backend'"):
         OracleScorer(tiny_tokenizer, "backend")
@@ -77,10 +77,18 @@ def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):
     record the spec, every candidate carries the oracle's score of its text."""
     from dataclasses import replace
 
-    from sweet.sweet_dpo import (CANDIDATES_FILE, SAMPLING_FILE, CandidateConfig, SweetConfig, SweetTrainConfig, main,
-                                 read_candidates)
-    from sweet.sweet_rounds import RoundsConfig
-    from sweet.training import ModelConfig
+    from sweet.algorithms.sweet_rl import (
+        CANDIDATES_FILE,
+        SAMPLING_FILE,
+        CandidateConfig,
+        SweetConfig,
+        SweetTrainConfig,
+        main,
+        read_candidates,
+    )
+    from sweet.core.config import ModelConfig
+    from sweet.workflows.rounds import RoundsConfig
+    from sweet.workflows.rounds import main as sweet_rounds
 
     task, states, ep = episode
     episodes, tasks = tmp_path / "episodes.jsonl", tmp_path / "tasks.jsonl"
@@ -98,8 +106,8 @@ def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):
     a, b = task.meta["a"], task.meta["b"]
     for s in states:
         replies = [m["content"] for m in s.prompt[2:] if m["role"] == "user"]
-        for c in rows[f"{s.episode_id}#{s.turn_index}"]["candidates"]:
-            assert c["advantage"] == optimal_advantage(replies, c["text"], a, b, 4 - s.turn_index)
+        for c in rows[f"{s.episode_id}#{s.turn_index}"].candidates:
+            assert c.advantage == optimal_advantage(replies, c.text, a, b, 4 - s.turn_index)
     # rounds retrain the critic from its dir: refused up front, not after a round
     with pytest.raises(ValueError, match="--critic oracle runs one round"):
-        main(model, train, replace(cfg, stage="all"), cand, RoundsConfig(rounds=2, simulator="scripted:testbed"))
+        sweet_rounds(model, train, replace(cfg, stage="all"), cand, RoundsConfig(rounds=2, simulator="scripted:testbed"))

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from policy_fixtures import FAST, cached_tiny_episodes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,8 +84,8 @@ def test_mtdpo_update_does_not_depend_on_micro_batch(data, tmp_path):
 @pytest.fixture(scope="module")
 def candidates(data, tmp_path_factory):
     """candidates.jsonl for the first 2 episodes (4 states x 4 candidates), sampled once."""
-    from sweet.sweet_dpo import CANDIDATES_FILE, CandidateConfig, SweetConfig, SweetTrainConfig, main
-    from sweet.training import ModelConfig
+    from sweet.algorithms.sweet_rl import CANDIDATES_FILE, CandidateConfig, SweetConfig, SweetTrainConfig, main
+    from sweet.core.config import ModelConfig
 
     episodes, tasks, _ = data
     out = tmp_path_factory.mktemp("sweet-sample")
@@ -112,7 +111,7 @@ def test_sweet_stage2_update_does_not_depend_on_micro_batch(data, candidates, tm
 
 
 def test_warm_start_update_does_not_depend_on_micro_batch(tmp_path):
-    from sweet.warm_start import WarmStartConfig, main
+    from sweet.workflows.warm_start import WarmStartConfig, main
 
     finals = []
     for m in (1, 6):

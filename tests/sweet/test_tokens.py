@@ -1,4 +1,4 @@
-"""One rule from a recorded turn to training ids (sweet/tokens.py), and the batching.
+"""One rule from a recorded turn to training ids (sweet/core/tokens.py), and the batching.
 
 The episodes come from real runs: the tiny model as the agent (HF engine) against the
 scripted test-bed human, through colbench.episodes.run_episodes.
@@ -12,13 +12,22 @@ from dataclasses import replace
 
 import pytest
 import torch
+from policy_fixtures import cached_tiny_episodes
 
 from colbench.types import Episode
-from policy_fixtures import cached_tiny_episodes
-from sweet.policy_trainer import sequence_logps
-from sweet.tokens import (Segment, action_ids, action_logprob_sum_and_mean, episode_segments, make_batch,
-                          token_logprobs, truncate_context, turn_segment)
-from sweet.training import ModelConfig, load_model, load_tokenizer
+from sweet.algorithms.policy_trainer import sequence_logps
+from sweet.core.config import ModelConfig
+from sweet.core.models import load_model, load_tokenizer
+from sweet.core.tokens import (
+    Segment,
+    action_ids,
+    action_logprob_sum_and_mean,
+    episode_segments,
+    make_batch,
+    token_logprobs,
+    truncate_context,
+    turn_segment,
+)
 
 MAX_NEW = 10
 
@@ -113,9 +122,9 @@ def test_finish_reason_round_trips_and_old_files_still_load(ended_and_cut, tok, 
 def test_stage2_scores_and_trains_a_cut_off_candidate_with_the_same_ids(tok, model):
     """The critic scores a candidate on exactly the ids stage 2 trains on: a cut-off
     candidate without eos in both, one the model ended with eos in both."""
-    from sweet.critic import CriticScorer, CriticSpec, critic_context_ids
-    from sweet.data import Candidate, Pair, State
-    from sweet.sweet_dpo import token_pair
+    from sweet.algorithms.sweet_rl import token_pair
+    from sweet.core.records import Candidate, Pair, State
+    from sweet.critic.model import CriticScorer, CriticSpec, critic_context_ids
 
     ref = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
     with torch.no_grad():
@@ -191,11 +200,11 @@ def test_trainer_logprobs_match_sampler_logprobs(episodes, tok, model):
 
 
 def test_fallback_to_chat_template_equals_recorded_ids(episodes, tok, caplog):
-    import sweet.tokens as tokens
+    import sweet.core.tokens as tokens
 
     turn = _generated(episodes)[0].agent_turns[1]
     tokens._warned_fallback = False
-    with caplog.at_level(logging.WARNING, logger="sweet.tokens"):
+    with caplog.at_level(logging.WARNING, logger="sweet.core.tokens"):
         seg = turn_segment(tok, replace(turn, prompt_token_ids=None))
         turn_segment(tok, replace(turn, prompt_token_ids=None))
     assert list(seg.context) == list(turn.prompt_token_ids)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweet.train_critic import CriticConfig, CriticTrainConfig, build_data, cli
-from sweet.training import ModelConfig
+from sweet.core.config import ModelConfig
+from sweet.critic.train import CriticConfig, CriticTrainConfig, build_data, cli
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -76,7 +76,7 @@ def test_resume_matches_uninterrupted_run(trained, tmp_path, synthetic_files, fr
     shutil.copytree(out, resumed)
     # as if killed during epoch 2: the epoch-1 checkpoint (step 3) is the last one
     assert sorted(p.name for p in resumed.glob("checkpoint-*")) == ["checkpoint-3"]
-    for name in ("final", "final_metrics.json", "critic_config.json"):
+    for name in ("final", "final_metrics.json", "critic_config.json", "finished.json"):
         path = resumed / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     rows = _metrics(resumed)
@@ -108,8 +108,8 @@ def test_two_cpu_processes_match_one(trained, tmp_path, synthetic_files):
 def test_scorer_reproduces_training_conditioning(trained, synthetic_files, tiny_tokenizer):
     """CriticScorer.load(out).advantages == A computed the training way (final θ and
     the cached π_ref sums of training) for held-out turns."""
-    from sweet.critic import CriticScorer, action_logprob_sums, critic_batch, per_turn_advantage
-    from sweet.training import load_model
+    from sweet.core.models import load_model
+    from sweet.critic.model import CriticScorer, action_logprob_sums, critic_batch, per_turn_advantage
 
     out, _ = trained
     episodes, tasks = synthetic_files
@@ -138,8 +138,8 @@ def test_lora_critic_trains_and_scores(tmp_path, synthetic_files, fresh_accelera
               "--learning_rate", "1e-2"))
     spec = json.loads((out / "critic_config.json").read_text())
     assert spec["lora"] is True and (out / spec["adapter_dir"]).exists()
-    from sweet.critic import CriticScorer
-    from sweet.data import episode_states, load_episodes
+    from sweet.core.records import episode_states, load_episodes
+    from sweet.critic.model import CriticScorer
 
     scorer = CriticScorer.load(out, device="cpu")
     assert scorer.ref_model is None  # π_ref = the base with adapters disabled, one model in memory
@@ -208,7 +208,7 @@ def test_help_is_fast_and_yaml_config_works(tmp_path):
     assert "--training_info" in proc.stdout and "--head" in proc.stdout and "sweet_value_head" in proc.stdout
     probe = "import sys, sweet.train_critic, sweet.critic; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True).stdout.strip() == "False"
-    from sweet.training import parse_configs
+    from sweet.core.config import parse_configs
 
     (tmp_path / "run.yaml").write_text("beta: 0.5\nnum_epochs: 3\nlora: true\n")
     ccfg, mcfg, tcfg = parse_configs([CriticConfig, ModelConfig, CriticTrainConfig],
@@ -241,9 +241,9 @@ def test_pair_terms_by_hand(tmp_path, tiny_tokenizer, make_synthetic, fresh_acce
     v(x_≤i) = w·h_i + b from the last hidden state instead of log-probs for the value head)."""
     from accelerate import Accelerator
 
-    from sweet.train_critic import pair_terms, sharded_action_sums
-    from sweet.training import load_model
-    from sweet.value_head import ValueHeadModel
+    from sweet.core.models import load_model
+    from sweet.core.value_head import ValueHeadModel
+    from sweet.critic.train import pair_terms, sharded_action_sums
 
     switches = VARIANTS[variant]
     tok = tiny_tokenizer
@@ -313,7 +313,7 @@ def test_ablation_critic_trains_and_scores_as_trained(tmp_path, synthetic_files,
     switch in critic_config.json, and CriticScorer.load scores the held-out pairs with
     the same head, reduction and context: its margins reproduce training's
     `critic/margin` metric. (LoRA value head: the adapter and the head in final/.)"""
-    from sweet.critic import CriticScorer
+    from sweet.critic.model import CriticScorer
 
     lora = variant.endswith("_lora")
     variant = variant.removesuffix("_lora")
@@ -401,7 +401,7 @@ def test_two_processes_killed_and_resumed_match_uninterrupted(tmp_path, syntheti
     the weights of 1; a 2-process run SIGKILLed after its first checkpoint and relaunched
     gives the uninterrupted run's final weights and metrics. FSDP really shards (each process
     writes its own shard of the checkpoint), not accelerate's silent DDP fallback on CPU
-    (sweet.trainer.make_accelerator)."""
+    (sweet.core.trainer.make_accelerator)."""
     import time
 
     flags = ["--head", head, "--save_steps", "1"]
@@ -452,13 +452,13 @@ def test_training_actions_follow_the_finish_reason(tmp_path, tiny_tokenizer, mak
 
 @pytest.mark.parametrize("variant", ["sweet", "sweet_value_head"])
 def test_loss_hook_is_a_sum_over_pairs(tmp_path, tiny_tokenizer, make_synthetic, variant):
-    """The skeleton divides the hook's loss by the step's pair count (sweet/trainer.py), so
+    """The skeleton divides the hook's loss by the step's pair count (sweet/core/trainer.py), so
     the hook must return a plain sum over its pairs: the gradient of one call on 3 pairs
     equals the sum of 3 one-pair calls (what makes any micro-batch split the same step;
     Adam would hide a wrong overall scale in the weight tests)."""
-    from sweet.train_critic import critic_loss_fn
-    from sweet.training import load_model
-    from sweet.value_head import ValueHeadModel
+    from sweet.core.models import load_model
+    from sweet.core.value_head import ValueHeadModel
+    from sweet.critic.train import critic_loss_fn
 
     tok = tiny_tokenizer
     tasks, episodes = make_synthetic(tok, 3, secrets=("apple", "river"))

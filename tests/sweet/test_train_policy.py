@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from policy_fixtures import FAST, cached_tiny_episodes, read_metrics
-from sweet.data import Candidate, State
+
+from sweet.core.records import Candidate, State
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ def _cands(state, advs):
 
 
 def test_pairs_are_top_half_vs_bottom_half_and_ties_are_skipped():
-    from sweet.sweet_dpo import make_action_pairs
+    from sweet.algorithms.sweet_rl import make_action_pairs
 
     s0, s1, s2 = _state(0), _state(1), _state(2)
     scored = [(s0, _cands(s0, [0.9, 0.1, 0.5, 0.3, 0.7])),  # odd K: median 0.5 in neither half
@@ -106,10 +106,11 @@ def test_rft_trains_and_resumes_with_identical_metrics(data, tmp_path, capsys):
     _assert_trained(out / "final", out, "loss/nll")
     first = read_metrics(out)
     assert json.loads((out / "config.json").read_text())["rft"]["episodes"] == str(episodes)
-    # interrupt after step 1: drop the final model; the rerun resumes from checkpoint-1
+    # interrupt after step 1: drop the final model and the finished marker; the rerun resumes from checkpoint-1
     import shutil
 
     shutil.rmtree(out / "final")
+    (out / "finished.json").unlink()
     main(args)
     assert "resuming from" in capsys.readouterr().out
     again = read_metrics(out)
@@ -158,8 +159,15 @@ class LowIdsWin:
 
 
 def test_sweet_pairs_by_score_and_resumes_candidates(data, tmp_path):
-    from sweet.sweet_dpo import CANDIDATES_FILE, CandidateConfig, SweetConfig, SweetTrainConfig, main, read_candidates
-    from sweet.training import ModelConfig
+    from sweet.algorithms.sweet_rl import (
+        CANDIDATES_FILE,
+        CandidateConfig,
+        SweetConfig,
+        SweetTrainConfig,
+        main,
+        read_candidates,
+    )
+    from sweet.core.config import ModelConfig
 
     episodes, tasks, eps = data
     out = tmp_path / "sweet"
@@ -175,9 +183,9 @@ def test_sweet_pairs_by_score_and_resumes_candidates(data, tmp_path):
     n_states = sum(len(ep.agent_turns) for ep in eps[:2])
     assert len(rows) == n_states and scorer.calls >= 1
     for row in rows.values():
-        assert len(row["candidates"]) == 4
-        assert all(c["advantage"] == pytest.approx(low_ids_score(c["token_ids"])) for c in row["candidates"])
-        assert row["prompt_token_ids"]  # the sampler reported the prompt it sampled from
+        assert len(row.candidates) == 4
+        assert all(c.advantage == pytest.approx(low_ids_score(c.token_ids)) for c in row.candidates)
+        assert row.prompt_token_ids  # the sampler reported the prompt it sampled from
     text = (out / CANDIDATES_FILE).read_text()
 
     # a rerun finds every state sampled: no sampling, no scoring, same file
@@ -193,8 +201,15 @@ def test_sweet_pairs_by_score_and_resumes_candidates(data, tmp_path):
 
 def test_sweet_candidate_file_is_resumed_after_interruption(data, tmp_path):
     """A candidates file cut mid-line (crash) keeps its whole rows; only missing states are sampled."""
-    from sweet.sweet_dpo import CANDIDATES_FILE, CandidateConfig, SweetConfig, SweetTrainConfig, main, read_candidates
-    from sweet.training import ModelConfig
+    from sweet.algorithms.sweet_rl import (
+        CANDIDATES_FILE,
+        CandidateConfig,
+        SweetConfig,
+        SweetTrainConfig,
+        main,
+        read_candidates,
+    )
+    from sweet.core.config import ModelConfig
 
     episodes, tasks, _ = data
     out = tmp_path / "sweet-resume"
@@ -237,8 +252,15 @@ def test_sweet_reuses_another_runs_candidates_and_scores_them_with_its_own_criti
     missing a state, is refused with the file named."""
     from dataclasses import replace
 
-    from sweet.sweet_dpo import CANDIDATES_FILE, CandidateConfig, SweetConfig, SweetTrainConfig, main, read_candidates
-    from sweet.training import ModelConfig
+    from sweet.algorithms.sweet_rl import (
+        CANDIDATES_FILE,
+        CandidateConfig,
+        SweetConfig,
+        SweetTrainConfig,
+        main,
+        read_candidates,
+    )
+    from sweet.core.config import ModelConfig
 
     episodes, tasks, _ = data
     model = ModelConfig(model="tiny", dtype="float32")
@@ -258,10 +280,10 @@ def test_sweet_reuses_another_runs_candidates_and_scores_them_with_its_own_criti
     ours = read_candidates(out / CANDIDATES_FILE)
     assert ours.keys() == theirs.keys()
     for key, row in ours.items():
-        assert row["prompt_token_ids"] == theirs[key]["prompt_token_ids"]
-        for c, t in zip(row["candidates"], theirs[key]["candidates"], strict=True):
-            assert (c["text"], c["token_ids"], c["finish_reason"]) == (t["text"], t["token_ids"], t["finish_reason"])
-            assert c["advantage"] == pytest.approx(-t["advantage"])  # this run's critic, not theirs
+        assert row.prompt_token_ids == theirs[key].prompt_token_ids
+        for c, t in zip(row.candidates, theirs[key].candidates, strict=True):
+            assert (c.text, c.token_ids, c.finish_reason) == (t.text, t.token_ids, t.finish_reason)
+            assert c.advantage == pytest.approx(-t.advantage)  # this run's critic, not theirs
     assert len(scorer.seen) == len(ours)
     with pytest.raises(ValueError, match=r"source.candidates.jsonl was sampled with other settings.*seed"):
         main(model, SweetTrainConfig(output_dir=str(tmp_path / "b"), report_to="none", seed=4), cfg, reuse,
@@ -296,12 +318,12 @@ def test_sweet_end_to_end_with_the_real_critic(data, critic, tmp_path):
     _cli("--algorithm", "sweet", "--episodes", str(episodes), "--tasks", str(tasks), "--env", "testbed",
          "--critic", str(critic), "--output_dir", str(out), *FAST, "--num_candidates", "4", "--max_new_tokens", "8",
          "--max_episodes", "2", "--learning_rate", "1e-3", "--micro_batch_size", "4")
-    from sweet.sweet_dpo import CANDIDATES_FILE, read_candidates
+    from sweet.algorithms.sweet_rl import CANDIDATES_FILE, read_candidates
 
     rows = read_candidates(out / CANDIDATES_FILE)
     assert len(rows) == sum(len(ep.agent_turns) for ep in eps[:2])
     # the critic's scores are real: they vary between candidates of a state
-    assert any(len({c["advantage"] for c in r["candidates"]}) > 1 for r in rows.values())
+    assert any(len({c.advantage for c in r.candidates}) > 1 for r in rows.values())
     _assert_trained(out / "final", out, "loss/dpo")
 
     # the checkpoint plays through the evaluation CLI beside the reference agent

@@ -1,4 +1,4 @@
-"""The training skeleton (sweet/trainer.py): one optimiser step is the gradient of the
+"""The training skeleton (sweet/core/trainer.py): one optimiser step is the gradient of the
 loss averaged over the WHOLE step, whatever the micro-batch size; hand-computed DPO on
 trajectories whose log-prob is the sum of their turns' log-probs.
 
@@ -13,10 +13,11 @@ import random
 import pytest
 import torch
 
-from sweet.data import Pair
-from sweet.tokens import Segment, segment_logps
-from sweet.trainer import Trainer, deal, epoch_order
-from sweet.training import ModelConfig, TrainConfig, load_model
+from sweet.core.config import ModelConfig, TrainConfig
+from sweet.core.models import load_model
+from sweet.core.records import Pair
+from sweet.core.tokens import Segment, segment_logps
+from sweet.core.trainer import Trainer, deal, epoch_order
 
 MODEL = ModelConfig(model="tiny", dtype="float32", max_length=128, keep_head=16)
 
@@ -98,7 +99,7 @@ def test_deal_gives_every_item_once_and_pads_with_weight_zero():
 def _token_mean_case(segs, tokenizer):
     """SFT's loss hook and count over `segs`, and the hand-computed gradient of
     L = −Σ_i log π(a_i|c_i) / Σ_i |a_i| over all of them."""
-    from sweet.policy_trainer import sft_loss_fn
+    from sweet.algorithms.policy_trainer import sft_loss_fn
 
     pad = int(tokenizer.pad_token_id)
     n_tokens = sum(len(s.action) for s in segs)
@@ -120,7 +121,7 @@ def test_token_mean_step_is_the_same_for_any_micro_batch(tmp_path, tiny_tokenize
 
 
 def test_multi_turn_dpo_step_by_hand(tmp_path, tiny_tokenizer):
-    from sweet.policy_trainer import dpo_loss_fn, sequence_logps
+    from sweet.algorithms.policy_trainer import dpo_loss_fn, sequence_logps
 
     segs = _segments(7, seed=1)
     # pair 0: 2-turn chosen vs 1-turn rejected; pair 1: 1 turn vs 3 turns
@@ -162,7 +163,7 @@ def test_checkpoint_resume_restores_model_optimiser_scheduler(tmp_path, tiny_tok
     (LoRA: the adapters, and the merged final model)."""
     from dataclasses import replace
 
-    from sweet.policy_trainer import sft_loss_fn
+    from sweet.algorithms.policy_trainer import sft_loss_fn
 
     segs = _segments(6, seed=2)
     pad = int(tiny_tokenizer.pad_token_id)
@@ -203,7 +204,7 @@ def test_reference_cache_is_keyed_by_the_pairs_content(tmp_path, tiny_tokenizer)
     """Same count, other pairs: recomputed. Same pairs: read back from the cache."""
     import json
 
-    from sweet.policy_trainer import REF_CACHE, reference_logps, sequence_logps
+    from sweet.algorithms.policy_trainer import REF_CACHE, reference_logps, sequence_logps
 
     segs = _segments(8, seed=3)
     first = [Pair((segs[0],), (segs[1],), "a"), Pair((segs[2], segs[3]), (segs[4],), "b")]
@@ -239,7 +240,7 @@ def test_a_step_larger_than_batch_size_takes_more_accumulation_rounds(tmp_path, 
 
 FLUSH_CHECK = """
 import sys, numpy, torch
-from sweet.training import ModelConfig, parse_configs
+from sweet.core.config import ModelConfig, parse_configs
 x = torch.from_numpy(numpy.full(1 << 22, 1e-40, dtype=numpy.float32))  # denormals; no torch op yet
 if sys.argv[1] == "late":
     (x * 1.0).sum()  # a torch op first: it starts the CPU thread pool

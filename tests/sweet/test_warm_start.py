@@ -1,12 +1,12 @@
-"""The warm start's copy check (sweet/warm_start.py): the held-out cases and their scoring."""
+"""The warm start's copy check (sweet/workflows/warm_start.py): the held-out cases and their scoring."""
 
 import json
 
 import pytest
 
 from colbench.envs.testbed import DEFAULT_A, DEFAULT_B, MAX_TURNS, answer_text
-from sweet import pipeline
-from sweet.warm_start import copy_check_dialogues, copy_score
+from sweet.workflows import pipeline
+from sweet.workflows.warm_start import copy_check_dialogues, copy_score
 
 
 def test_copy_check_cases_are_held_out_three_question_dialogues_with_what_was_told():
@@ -51,8 +51,8 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
         measured.append(model)
         return accuracy[model.split("/")[-2]]
 
-    monkeypatch.setattr("sweet.warm_start.main", fake_run)
-    monkeypatch.setattr("sweet.warm_start.copy_accuracy", fake_accuracy)
+    monkeypatch.setattr("sweet.workflows.warm_start.main", fake_run)
+    monkeypatch.setattr("sweet.workflows.warm_start.copy_accuracy", fake_accuracy)
     model = pipeline.warm_start(tmp_path / "ws", seed=0)
     assert model == tmp_path / "ws" / "behave-2" / "final"
     assert [c.output_dir.rsplit("/", 1)[1] for c in trained] == ["copy", "copy-2", "behave", "behave-2"]

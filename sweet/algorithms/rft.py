@@ -5,7 +5,7 @@ backend reward 1.0 = all tests pass, frontend the best quarter by CLIP similarit
 
 Each agent turn is one example: context = the turn's recorded prompt ids, loss on the
 generated action ids + eos only (token-mean NLL); simulator turns only ever appear
-inside later contexts, masked out. See sweet/tokens.py.
+inside later contexts, masked out. See sweet/core/tokens.py.
 
     # CPU, tiny model (episodes from `python -m colbench.evaluate ... --out eps.jsonl`)
     python -m sweet.train_policy --algorithm rft --episodes eps.jsonl --model tiny \\
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from colbench.envs import defaults_help, training_defaults
-from sweet.policy_trainer import PolicyTrainConfig
-from sweet.training import ModelConfig
+from colbench.envs import defaults_help
+from sweet.algorithms.policy_trainer import PolicyTrainConfig
+from sweet.core.config import ModelConfig, fill_env_defaults
 
 
 @dataclass
@@ -38,11 +38,7 @@ class RFTConfig:
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns without token_ids (published data)"})
 
     def __post_init__(self) -> None:
-        defaults = training_defaults(self.env)  # frontend: CLIP rewards have no success
-        if self.success_threshold is None:
-            self.success_threshold = defaults.success_threshold
-        if self.top_fraction is None:
-            self.top_fraction = defaults.rft_top_fraction
+        fill_env_defaults(self, success_threshold="success_threshold", top_fraction="rft_top_fraction")
         if not self.episodes:
             raise ValueError("RFTConfig.episodes is required: give --episodes <file.jsonl>")
         if not 0.0 < self.top_fraction <= 1.0:
@@ -67,7 +63,7 @@ def rft_segments(episodes, tokenizer, success_threshold: float, tokenize_missing
     of all N episodes (ties at that reward are kept)."""
     import math
 
-    from sweet.tokens import episode_segments
+    from sweet.core.tokens import episode_segments
 
     ranked = sorted((ep.reward for ep in episodes), reverse=True)
     cutoff = ranked[max(1, math.ceil(top_fraction * len(ranked))) - 1] if ranked else 0.0
@@ -78,10 +74,13 @@ def rft_segments(episodes, tokenizer, success_threshold: float, tokenize_missing
 def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
     """Fine-tune on successful episodes; returns output_dir/final."""
     from colbench.episodes import load_episodes
-    from sweet.policy_trainer import train_sft
-    from sweet.training import load_tokenizer, save_resolved_config
+    from sweet.algorithms.policy_trainer import finished_run, train_sft
+    from sweet.core.config import save_resolved_config
+    from sweet.core.models import load_tokenizer
 
-    save_resolved_config(train.output_dir, model=model_cfg, train=train, rft=cfg)
+    if (done := finished_run(train)) is not None:
+        return done
+    run_config = save_resolved_config(train.output_dir, algorithm="rft", model=model_cfg, train=train, rft=cfg)
     episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]
     tokenizer = load_tokenizer(model_cfg.model)
     kept, segments = rft_segments(episodes, tokenizer, cfg.success_threshold, cfg.tokenize_missing_actions,
@@ -92,4 +91,4 @@ def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
         raise ValueError(f"{cfg.episodes}: no episode reaches reward >= {cfg.success_threshold}; "
                          "lower --success_threshold or collect more episodes")
     stats = {"data/episodes": len(episodes), "data/kept_episodes": len(kept), "data/turns": len(segments)}
-    return train_sft(segments, model_cfg, train, tokenizer, run_config={"algorithm": "rft"}, first_metrics=stats)
+    return train_sft(segments, model_cfg, train, tokenizer, run_config=run_config, first_metrics=stats)

@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING, Sequence
 
 from colbench.types import Episode, Turn
 from engines.base import Message
 from engines.templating import prompt_ids
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 _warned_fallback = False
@@ -96,6 +96,12 @@ def context_ids(tokenizer, prompt_token_ids: Sequence[int] | None, prompt) -> tu
     return tuple(prompt_ids(tokenizer, list(prompt)))
 
 
+def text_ids(tokenizer, text: str) -> tuple[int, ...]:
+    """Ids of text that no engine generated (scripted demonstrations, published offline
+    turns): tokenised once, without special tokens (the end of turn is `action_ids`')."""
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def turn_action_ids(tokenizer, turn: Turn, tokenize_missing: bool = False) -> tuple[int, ...]:
     """The action ids of one recorded agent turn (`action_ids` of its generated ids).
 
@@ -109,7 +115,7 @@ def turn_action_ids(tokenizer, turn: Turn, tokenize_missing: bool = False) -> tu
         if not tokenize_missing:
             raise ValueError("agent turn has no generated token_ids (offline or scripted record): cannot train on it "
                              "exactly; pass --tokenize_missing_actions true to tokenise its text")
-        ids = tokenizer(turn.content, add_special_tokens=False)["input_ids"]
+        ids = text_ids(tokenizer, turn.content)
     return action_ids(ids, eos_id(tokenizer), turn.finish_reason)
 
 
@@ -171,6 +177,8 @@ def make_batch(
     keep_head: int = 256,
 ) -> TokenBatch:
     """Pack (context_ids, action_ids) pairs; contexts are truncated, actions never."""
+    import torch
+
     seqs, masks = [], []
     for context, action in examples:
         action = list(action)
@@ -198,6 +206,9 @@ def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
 
     Position 0 has no prediction; logits at i-1 score token i.
     """
+    import torch
+    import torch.nn.functional as F
+
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
     logp = torch.gather(F.log_softmax(logits[:, :-1], dim=-1), 2, batch.input_ids[:, 1:, None]).squeeze(-1)
     return F.pad(logp, (1, 0))
@@ -216,6 +227,8 @@ def segment_logps(model, segments: Sequence[Segment], *, pad_id: int, max_length
 
     Segments are packed `chunk_size` at a time (None: all at once); gradients flow.
     """
+    import torch
+
     device = next(model.parameters()).device
     sums, counts = [], []
     step = chunk_size or max(1, len(segments))

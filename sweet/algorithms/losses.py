@@ -18,7 +18,7 @@ Why not TRL's DPOTrainer (trl 1.16, checked in its source):
 - one prompt + one completion per example: a multi-turn trajectory whose log-prob is
   the sum of per-turn log-probs, each turn in its own context, is not expressible;
 - its only truncation mode, `keep_start`, cuts the end of the sequence (the action);
-  we cut contexts in the middle and never the action (sweet.tokens.truncate_context).
+  we cut contexts in the middle and never the action (sweet.core.tokens.truncate_context).
 Its `loss_type=["sigmoid", "sft"]` computes the same two terms as this function, and
 serves as the oracle of `dpo_loss` (tests/sweet/test_dpo_loss.py runs TRL's DPOTrainer
 on the tiny model and compares the losses).

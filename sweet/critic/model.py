@@ -27,7 +27,7 @@ Conventions (recorded in critic_config.json so scoring reproduces training):
   generation prompt;
 - action = the turn's generated `token_ids` + the end-of-turn id (`eos_token_id`)
   exactly when the model emitted it (finish reason "stop"; old records without a
-  finish reason: appended): the one rule of every trainer, `sweet.tokens.action_ids`.
+  finish reason: appended): the one rule of every trainer, `sweet.core.tokens.action_ids`.
   Ending the turn is part of the action the critic judges. Never re-tokenised text.
 - β: the paper does not state the critic's β; default 1.0 (with the mean it only
   rescales the BT logits, i.e. acts like a learning-rate/temperature knob).
@@ -40,7 +40,7 @@ stage 2 ranks with exactly what was trained:
   and in scoring (paper: 31.2%).
 - `head="value"` (`sweet_value_head`): a regression head instead of the LM head,
   A(o_t, a_t) = β · mean_{i ∈ a_t} v(x_≤i) with v a scalar head on the decoder's last
-  hidden state (`sweet.value_head`), no π_ref; same Bradley-Terry loss over Σ_t A
+  hidden state (`sweet.core.value_head`), no π_ref; same Bradley-Terry loss over Σ_t A
   (paper: 36.2%).
 Stage 2 uses `CriticScorer.load(critic_dir).advantages(state, actions)`.
 """
@@ -56,12 +56,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from colbench.types import Episode
-from sweet.data import State, episode_states
+from sweet.core.records import State, episode_states
 
 if TYPE_CHECKING:  # torch stays out of `--help`
     import torch
 
-    from sweet.tokens import TokenBatch
+    from sweet.core.tokens import TokenBatch
 
 DEFAULT_HEADER = "Training-time information"
 CRITIC_CONFIG_FILE = "critic_config.json"
@@ -130,7 +130,7 @@ HEADS = ("lm", "value")
 def critic_context_ids(tokenizer, state: State, header: str = DEFAULT_HEADER, training_info: bool = True) -> list[int]:
     """(o_t, c) as ids: the policy's messages with c added, chat-templated (without c
     when `training_info` is False: the ablation)."""
-    from sweet.tokens import template_ids, with_training_info
+    from sweet.core.tokens import template_ids, with_training_info
 
     messages = with_training_info(state.prompt, state.training_info, header) if training_info else list(state.prompt)
     return template_ids(tokenizer, messages)
@@ -139,10 +139,10 @@ def critic_context_ids(tokenizer, state: State, header: str = DEFAULT_HEADER, tr
 def episode_turn_examples(episode: Episode, training_info: str, tokenizer, tokenize_missing: bool = False
                           ) -> list[CriticTurn]:
     """One CriticTurn per agent turn; the action ids by the one rule of every trainer
-    (`sweet.tokens.turn_action_ids`: generated ids, + end-of-turn exactly when the model
+    (`sweet.core.tokens.turn_action_ids`: generated ids, + end-of-turn exactly when the model
     emitted it). Turns without `token_ids` (published offline data, scripted agents) are
     an error unless `tokenize_missing`: their text is then tokenised once."""
-    from sweet.tokens import turn_action_ids
+    from sweet.core.tokens import turn_action_ids
 
     examples = []
     for state, turn in zip(episode_states(episode, training_info), episode.agent_turns):
@@ -156,7 +156,7 @@ def episode_turn_examples(episode: Episode, training_info: str, tokenizer, token
 def critic_batch(tokenizer, examples: Sequence[CriticTurn], header: str, max_length: int | None,
                  keep_head: int, training_info: bool = True) -> "TokenBatch":
     """Pack turn examples into one right-padded batch (contexts cut in the middle)."""
-    from sweet.tokens import make_batch
+    from sweet.core.tokens import make_batch
 
     pairs = [(critic_context_ids(tokenizer, ex.state, header, training_info), ex.action_ids) for ex in examples]
     return make_batch(pairs, tokenizer.pad_token_id, max_length=max_length, keep_head=keep_head)
@@ -164,7 +164,7 @@ def critic_batch(tokenizer, examples: Sequence[CriticTurn], header: str, max_len
 
 def action_logprob_sums(model, batch: "TokenBatch") -> "torch.Tensor":
     """Σ_{y ∈ a} log π(y | context, y_<) per sequence, [B] (float32)."""
-    from sweet.tokens import action_logprob_sum_and_mean, token_logprobs
+    from sweet.core.tokens import action_logprob_sum_and_mean, token_logprobs
 
     total, _ = action_logprob_sum_and_mean(token_logprobs(model, batch), batch.action_mask)
     return total
@@ -172,9 +172,9 @@ def action_logprob_sums(model, batch: "TokenBatch") -> "torch.Tensor":
 
 def action_sums(model, batch: "TokenBatch", head: str = "lm") -> "torch.Tensor":
     """What A reduces over a_t, summed per sequence [B]: log π_θ(y | ...) for the LM
-    head, v(x_≤i) for the value head (`sweet.value_head.ValueHeadModel`)."""
+    head, v(x_≤i) for the value head (`sweet.core.value_head.ValueHeadModel`)."""
     if head == "value":
-        from sweet.value_head import action_value_sums
+        from sweet.core.value_head import action_value_sums
 
         return action_value_sums(model, batch)
     return action_logprob_sums(model, batch)
@@ -288,7 +288,8 @@ class CriticScorer:
         the trained critic and π_ref, frozen, on `device` (default: cuda if available)."""
         import torch
 
-        from sweet.training import ModelConfig, load_model, load_tokenizer
+        from sweet.core.config import ModelConfig
+        from sweet.core.models import load_model, load_tokenizer
 
         critic_dir = Path(critic_dir)
         spec = CriticSpec.load(critic_dir)
@@ -297,7 +298,7 @@ class CriticScorer:
         if spec.head not in HEADS:
             raise ValueError(f"{critic_dir / CRITIC_CONFIG_FILE}: head must be one of {HEADS}, got {spec.head!r}")
         if spec.head == "value":  # the LM (LoRA: base + adapter) and the head in model_dir; no π_ref
-            from sweet.value_head import ValueHeadModel
+            from sweet.core.value_head import ValueHeadModel
 
             if spec.lora:
                 lm = load_model(ref_cfg, trainable=False, adapter=str(critic_dir / (spec.adapter_dir or spec.model_dir)))
@@ -328,7 +329,7 @@ class CriticScorer:
         pass of context + action per candidate, at a fraction of the cost); contexts
         that need truncation take the padded path so they are cut exactly as in training.
         items: (state, actions) or (state, actions, finish_reasons)."""
-        from sweet.tokens import action_ids
+        from sweet.core.tokens import action_ids
 
         out = []
         for state, actions, *finish in items:  # finish: optionally, one finish reason per action

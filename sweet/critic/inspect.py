@@ -1,6 +1,6 @@
 """Per-turn credit inspector: does the critic reward the right turns?
 
-    python -m sweet.inspect_critic --critic runs/demo/critic --episodes runs/demo/episodes/train.jsonl \
+    python -m sweet.critic.inspect --critic runs/demo/critic --episodes runs/demo/episodes/train.jsonl \
         --output runs/demo/inspect [--candidates runs/demo/sweet/candidates.jsonl]
 
 Writes OUTPUT/index.html, one self-contained page: every dialogue turn by turn,
@@ -14,10 +14,15 @@ loads nothing from anywhere.
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
+
+from colbench.episodes import load_episodes
+from sweet.core.config import parse_configs
+from sweet.core.records import episode_states, read_candidates
+from sweet.core.tokens import text_ids
+from sweet.critic.model import CriticScorer, CriticSpec, load_training_info
 
 
 @dataclass
@@ -58,15 +63,11 @@ class EpisodeView:
 def score_episodes(scorer, episodes, info_of: dict[str, str]) -> list[list[float]]:
     """The critic's A(o_t, a_t, c) for every agent turn of every episode, through the
     scorer's public API (turns without recorded ids are tokenised once)."""
-    from sweet.data import episode_states
-
     items, shape = [], []
     for ep in episodes:
         states = episode_states(ep, info_of[ep.task_id])
         for state, turn in zip(states, ep.agent_turns):
-            ids = turn.token_ids
-            if ids is None:
-                ids = scorer.tokenizer(turn.content, add_special_tokens=False)["input_ids"]
+            ids = turn.token_ids if turn.token_ids is not None else text_ids(scorer.tokenizer, turn.content)
             items.append((state, [list(ids)], [getattr(turn, "finish_reason", None)]))
         shape.append(len(states))
     flat = [scores[0] for scores in scorer.score_states(items)]
@@ -79,19 +80,10 @@ def score_episodes(scorer, episodes, info_of: dict[str, str]) -> list[list[float
 
 def read_candidate_rows(path: str) -> dict[tuple[str, int], list[tuple[float, str]]]:
     """(episode_id, turn_index) -> [(score, text)] best first, from stage 2's candidates.jsonl."""
-    out: dict[tuple[str, int], list[tuple[float, str]]] = {}
     if not path:
-        return out
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            cands = [(float(c["advantage"]), str(c["text"])) for c in row["candidates"]]
-            out[(str(row["episode_id"]), int(row["turn_index"]))] = sorted(cands, key=lambda c: -c[0])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}:{lineno}: not a candidates row ({e})") from None
-    return out
+        return {}
+    return {(row.episode_id, row.turn_index): sorted(((c.advantage, c.text) for c in row.candidates), key=lambda c: -c[0])
+            for row in read_candidates(path).values()}
 
 
 def build_views(episodes, advantages: Sequence[Sequence[float]],
@@ -161,12 +153,8 @@ def pick_episodes(episodes, candidates, limit: int):
     return ordered[:limit]
 
 
-def main(argv: list[str] | None = None) -> Path:
-    from sweet.critic import CriticScorer, CriticSpec, load_training_info
-    from sweet.data import load_episodes
-    from sweet.training import parse_configs
-
-    (cfg,) = parse_configs([InspectConfig], argv, description=__doc__.split("\n\n")[0])
+def main(cfg: InspectConfig) -> Path:
+    """Score the episodes with the critic and write the page; returns its path."""
     spec = CriticSpec.load(cfg.critic)
     candidates = read_candidate_rows(cfg.candidates)
     episodes = pick_episodes(load_episodes(cfg.episodes, env=spec.env), candidates, cfg.max_episodes)
@@ -186,5 +174,11 @@ def main(argv: list[str] | None = None) -> Path:
     return page
 
 
+def cli(argv: list[str] | None = None) -> Path:
+    """`python -m sweet.critic.inspect`: parse the command line, then `main(cfg)`."""
+    (cfg,) = parse_configs([InspectConfig], argv, description=__doc__.split("\n\n")[0])
+    return main(cfg)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -6,7 +6,7 @@ exploratory agent (colbench/envs/testbed.py), which asks the right questions onl
 some of the time. The warm-started policy therefore has a modest, non-zero success
 rate, and there is something for RL to improve.
 
-    python -m sweet.warm_start --output_dir runs/warm_start          # ~3-4 min on 2 CPU cores
+    python -m sweet.workflows.warm_start --output_dir runs/warm_start          # ~3-4 min on 2 CPU cores
 
 The scripted dialogues are written as Episodes (agent turns carry prompt ids and
 action ids from the tokenizer, since no engine generated them), so this is plain
@@ -20,7 +20,10 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colbench.types import STOP_ANSWERED, Episode, Score, Turn
+from colbench.types import STOP_ANSWERED, Episode, Turn
+from sweet.algorithms import rft
+from sweet.core.config import ModelConfig, parse_configs
+from sweet.core.trainer import finished
 
 
 @dataclass
@@ -40,7 +43,7 @@ class WarmStartConfig:
 def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int) -> list[Episode]:
     """`n` scripted explorer episodes on the test bed's train tasks, tokenised."""
     from colbench.envs.testbed import TestbedEnv, make_tasks
-    from sweet.tokens import template_ids
+    from sweet.core.tokens import template_ids, text_ids
 
     env = TestbedEnv()
     tasks = make_tasks("train")
@@ -52,8 +55,8 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int) -> list[Episod
         for role, text in _dialogue(task, rng, p_ask):
             if role == "agent":
                 prompt = env.agent_messages(task, turns)
-                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-                turns.append(Turn("agent", text, prompt=prompt, prompt_token_ids=template_ids(tokenizer, prompt), token_ids=ids,
+                turns.append(Turn("agent", text, prompt=prompt, prompt_token_ids=template_ids(tokenizer, prompt),
+                                  token_ids=list(text_ids(tokenizer, text)),
                                   finish_reason="stop"))  # a demonstration ends its turn
             else:
                 turns.append(Turn("human", text))
@@ -131,15 +134,12 @@ def write_episodes(episodes: list[Episode], path: Path) -> None:
             f.write(json.dumps(ep.to_json()) + "\n")
 
 
-def main(cfg: WarmStartConfig | None = None, argv: list[str] | None = None) -> Path:
+def main(cfg: WarmStartConfig) -> Path:
     """Write scripted episodes, then fine-tune on all of them (RFT with no filter)."""
-    from sweet import rft
-    from sweet.training import ModelConfig, load_tokenizer, parse_configs
+    from sweet.core.models import load_tokenizer
 
-    if cfg is None:
-        (cfg,) = parse_configs([WarmStartConfig], argv, description=__doc__.split("\n\n")[0])
     out = Path(cfg.output_dir)
-    if (out / "final" / "config.json").exists():
+    if finished(out) is not None:
         print(f"warm start: {out / 'final'} exists, reusing it")
         return out / "final"
     episodes_path = out / "scripted_episodes.jsonl"
@@ -156,5 +156,11 @@ def main(cfg: WarmStartConfig | None = None, argv: list[str] | None = None) -> P
     return rft.main(model_cfg, train, rft.RFTConfig(episodes=str(episodes_path), env="testbed", success_threshold=0.0))
 
 
+def cli(argv: list[str] | None = None) -> Path:
+    """`python -m sweet.workflows.warm_start`: parse the command line, then `main(cfg)`."""
+    (cfg,) = parse_configs([WarmStartConfig], argv, description=__doc__.split("\n\n")[0])
+    return main(cfg)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -1,4 +1,4 @@
-"""The policy losses on the trainer skeleton (sweet/trainer.py), shared by SWEET-RL
+"""The policy losses on the trainer skeleton (sweet/core/trainer.py), shared by SWEET-RL
 stage 2, multi-turn DPO, rejection fine-tuning and the warm start.
 
 - DPO (`train_dpo`): each example is a `Pair` of segment tuples (one segment for a
@@ -15,7 +15,7 @@ normalises over the whole step). Checkpoints every `save_steps` optimiser steps.
 Why not TRL's SFTTrainer/DPOTrainer (trl 1.16): both truncate only with `keep_start`,
 which cuts the action, where we cut a context in the middle and keep the action whole;
 DPOTrainer re-tokenises text, and neither scores a trajectory as a sum of turns each in
-its own context (see sweet/dpo.py). TRL's DPO loss is the test oracle of ours instead
+its own context (see sweet/algorithms/losses.py). TRL's DPO loss is the test oracle of ours instead
 (tests/sweet/test_dpo_loss.py).
 """
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from sweet.data import Pair
-from sweet.tokens import Segment, segment_logps
-from sweet.training import ModelConfig, TrainConfig
+from sweet.core.config import ModelConfig, TrainConfig
+from sweet.core.records import Pair
+from sweet.core.tokens import Segment, segment_logps
 
 REF_CACHE = "ref_logps.json"
 
@@ -61,9 +61,9 @@ def sequence_logps(model, model_cfg: ModelConfig, pad_id: int, groups: Sequence[
 
 def dpo_loss_fn(pairs: Sequence[Pair], ref_logps, model_cfg: ModelConfig, pad_id: int, beta: float, nll_coef: float):
     """The skeleton's loss hook over pair indices: Σ over the micro-batch's pairs of
-    L_DPO + α·L_NLL (sweet/dpo.py), chosen and rejected in one forward pass.
+    L_DPO + α·L_NLL (sweet/algorithms/losses.py), chosen and rejected in one forward pass.
     `ref_logps`: [P, 2] tensor (chosen, rejected) of the reference model."""
-    from sweet.dpo import dpo_loss
+    from sweet.algorithms.losses import dpo_loss
 
     def loss_fn(model, idx: Sequence[int]):
         n = len(idx)
@@ -136,16 +136,19 @@ def reference_logps(trainer, pairs: Sequence[Pair], path: Path):
     return out
 
 
-def _finished(train: TrainConfig) -> Path | None:
+def finished_run(train: TrainConfig) -> Path | None:
+    """output_dir/final when this output_dir holds a finished run (and `train.resume`)."""
+    from sweet.core.trainer import finished
+
     final = Path(train.output_dir) / "final"
-    if train.resume and (final / "config.json").exists():
+    if train.resume and finished(train.output_dir) is not None:
         print(f"{final} exists: training already finished (use a new output_dir or --resume false)")
         return final
     return None
 
 
 def _trainer(model_cfg: ModelConfig, train: PolicyTrainConfig, tokenizer, n_items: int, run_config):
-    from sweet.trainer import Trainer
+    from sweet.core.trainer import Trainer
 
     if not n_items:
         raise ValueError(f"no training examples for {train.output_dir}: check the episodes and filters (see the log above)")
@@ -158,20 +161,28 @@ def train_dpo(pairs: Sequence[Pair], model_cfg: ModelConfig, train: PolicyTrainC
               nll_coef: float, run_config: dict[str, Any] | None = None, first_metrics: dict[str, float] | None = None
               ) -> Path:
     """DPO on `pairs` (each side a tuple of Segments); returns output_dir/final."""
-    if (done := _finished(train)) is not None:
-        return done
     trainer = _trainer(model_cfg, train, tokenizer, len(pairs), run_config)
     ref = reference_logps(trainer, pairs, Path(train.output_dir) / REF_CACHE)
     loss_fn = dpo_loss_fn(pairs, ref, model_cfg, int(tokenizer.pad_token_id), beta, nll_coef)
-    return trainer.fit(list(range(len(pairs))), loss_fn, save_steps=train.save_steps, first_metrics=first_metrics)
+    final = trainer.fit(list(range(len(pairs))), loss_fn, save_steps=train.save_steps, first_metrics=first_metrics)
+    return _mark(trainer, final)
 
 
 def train_sft(segments: Sequence[Segment], model_cfg: ModelConfig, train: PolicyTrainConfig, tokenizer, *,
               run_config: dict[str, Any] | None = None, first_metrics: dict[str, float] | None = None) -> Path:
     """Token-mean NLL on the action tokens of `segments`; returns output_dir/final."""
-    if (done := _finished(train)) is not None:
-        return done
     trainer = _trainer(model_cfg, train, tokenizer, len(segments), run_config)
     loss_fn = sft_loss_fn(segments, model_cfg, int(tokenizer.pad_token_id))
-    return trainer.fit(list(range(len(segments))), loss_fn, lambda i: len(segments[i].action),
-                       save_steps=train.save_steps, first_metrics=first_metrics)
+    final = trainer.fit(list(range(len(segments))), loss_fn, lambda i: len(segments[i].action),
+                        save_steps=train.save_steps, first_metrics=first_metrics)
+    return _mark(trainer, final)
+
+
+def _mark(trainer, final: Path) -> Path:
+    """The run is finished: write the marker (main process), after every output."""
+    from sweet.core.trainer import mark_finished
+
+    if trainer.is_main:
+        mark_finished(trainer.out, final=final.name, step=trainer.step)
+    trainer.accelerator.wait_for_everyone()
+    return final

@@ -4,10 +4,10 @@
 
 each turn scored in its own recorded context o_t (its prompt ids), so simulator tokens
 are never in the loss and generated ids are never re-tokenised. The DPO loss
-(sweet/dpo.py) is applied to the trajectory-level log-ratio; the NLL term is the
+(sweet/algorithms/losses.py) is applied to the trajectory-level log-ratio; the NLL term is the
 chosen trajectory's per-token NLL over its action tokens.
 
-Pairs (`--pairing`): `paper` (sweet.data.make_trajectory_pairs: tasks whose best
+Pairs (`--pairing`): `paper` (sweet.core.records.make_trajectory_pairs: tasks whose best
 episode reaches `success_threshold`; chosen = best, rejected = each episode worse by
 more than `min_reward_gap`) or `best_vs_worst` (one pair per task: best vs worst, when
 their rewards differ by more than `min_reward_gap`). Both default to the environment's
@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from colbench.envs import defaults_help, training_defaults
-from sweet.policy_trainer import PolicyTrainConfig
-from sweet.training import ModelConfig
+from colbench.envs import defaults_help
+from sweet.algorithms.policy_trainer import PolicyTrainConfig
+from sweet.core.config import ModelConfig, fill_env_defaults
 
 PAIRINGS = ("paper", "best_vs_worst")
 
@@ -49,11 +49,7 @@ class MTDPOConfig:
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns without token_ids (published data)"})
 
     def __post_init__(self) -> None:
-        defaults = training_defaults(self.env)  # frontend: CLIP rewards have no success
-        if self.success_threshold is None:
-            self.success_threshold = defaults.success_threshold
-        if self.min_reward_gap is None:
-            self.min_reward_gap = defaults.min_reward_gap
+        fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
         if not self.episodes:
             raise ValueError("MTDPOConfig.episodes is required: give --episodes <file.jsonl>")
         if self.pairing not in PAIRINGS:
@@ -75,7 +71,7 @@ CONFIGS = (ModelConfig, MTDPOTrainConfig, MTDPOConfig)
 
 def trajectory_pairs(episodes, cfg: MTDPOConfig):
     """Pairs of episodes by reward (see --pairing)."""
-    from sweet.data import Pair, group_by_task, make_trajectory_pairs
+    from sweet.core.records import Pair, group_by_task, make_trajectory_pairs
 
     usable = [ep for ep in episodes if ep.agent_turns]
     if cfg.pairing == "paper":
@@ -91,12 +87,15 @@ def trajectory_pairs(episodes, cfg: MTDPOConfig):
 def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     """Train with trajectory-level DPO; returns output_dir/final."""
     from colbench.episodes import load_episodes
-    from sweet.data import Pair
-    from sweet.policy_trainer import train_dpo
-    from sweet.tokens import episode_segments
-    from sweet.training import load_tokenizer, save_resolved_config
+    from sweet.algorithms.policy_trainer import finished_run, train_dpo
+    from sweet.core.config import save_resolved_config
+    from sweet.core.models import load_tokenizer
+    from sweet.core.records import Pair
+    from sweet.core.tokens import episode_segments
 
-    save_resolved_config(train.output_dir, model=model_cfg, train=train, mtdpo=cfg)
+    if (done := finished_run(train)) is not None:
+        return done
+    run_config = save_resolved_config(train.output_dir, algorithm="mtdpo", model=model_cfg, train=train, mtdpo=cfg)
     episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]
     tokenizer = load_tokenizer(model_cfg.model)
     pairs = trajectory_pairs(episodes, cfg)
@@ -108,4 +107,4 @@ def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     token_pairs = [Pair(segments(p.chosen), segments(p.rejected), p.task_id) for p in pairs]
     stats = {"data/episodes": len(episodes), "data/pairs": len(pairs)}
     return train_dpo(token_pairs, model_cfg, train, tokenizer, beta=cfg.beta, nll_coef=cfg.nll_coef,
-                     run_config={"algorithm": "mtdpo"}, first_metrics=stats)
+                     run_config=run_config, first_metrics=stats)

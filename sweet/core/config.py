@@ -1,16 +1,13 @@
-"""What every trainer here shares besides the loop: configs, model loading (full or
-LoRA), the optimiser and its schedule, and metric logging.
+"""The configs every trainer shares (model, optimisation), the one parser entry for
+sweet's CLIs, and the resolved config written beside every output.
 
-The loop itself (accelerate, micro-batches, checkpoints, resume, the final save) is
-sweet/trainer.py; each algorithm module (critic, sweet_dpo, rft, mtdpo, loop) is a loss
-hook and its data on top of it.
+Model loading, the optimiser and seeding are sweet/core/models.py; the loop itself
+(accelerate, micro-batches, checkpoints, resume, the final save) is sweet/core/trainer.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
 import sys
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
@@ -78,67 +75,16 @@ def parse_configs(types: Sequence[type], argv: list[str] | None = None, descript
     return configs
 
 
-def resolve_model_path(spec: str) -> str:
-    """'tiny' / 'hf:<x>' / bare path or hub id -> what from_pretrained takes (engines.model_path)."""
-    from engines import model_path
+def fill_env_defaults(cfg: Any, **fields: str) -> None:
+    """Fill each of `cfg`'s `fields` left None with its environment's training default
+    (`colbench.envs.training_defaults(cfg.env)`): `field="defaults_attribute"`. The one
+    place every algorithm resolves them (frontend: CLIP rewards have no success)."""
+    from colbench.envs import training_defaults
 
-    return model_path(spec)
-
-
-def torch_dtype(name: str):
-    import torch
-
-    if name == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-    return getattr(torch, name)
-
-
-def load_tokenizer(spec: str):
-    from transformers import AutoTokenizer
-
-    path = resolve_model_path(spec)
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-    except OSError as e:
-        raise ValueError(f"cannot load tokenizer for model {spec!r} ({path}): {str(e).splitlines()[0]}") from None
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def load_model(cfg: ModelConfig, *, trainable: bool = True, adapter: str | None = None):
-    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen."""
-    from transformers import AutoModelForCausalLM
-
-    path = resolve_model_path(cfg.model)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.dtype))
-    except OSError as e:
-        raise ValueError(f"cannot load model {cfg.model!r} ({path}): {str(e).splitlines()[0]}") from None
-    if adapter is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
-    elif trainable and cfg.lora:
-        from peft import LoraConfig, get_peft_model
-
-        targets = cfg.lora_target_modules
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=cfg.lora_r,
-                lora_alpha=cfg.lora_alpha,
-                lora_dropout=cfg.lora_dropout,
-                target_modules=targets if targets == "all-linear" else targets.split(","),
-                task_type="CAUSAL_LM",
-            ),
-        )
-    if trainable and cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
-    if not trainable:
-        model.eval().requires_grad_(False)
-    return model
+    defaults = training_defaults(cfg.env)
+    for name, attribute in fields.items():
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, getattr(defaults, attribute))
 
 
 def flush_denormals() -> None:
@@ -155,29 +101,6 @@ def flush_denormals() -> None:
     torch.set_flush_denormal(True)  # False (and no effect) where the CPU cannot
 
 
-def set_seed(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def make_optimizer(model, train: TrainConfig, total_steps: int, optimizer=None):
-    """AdamW over the trainable parameters (or the given `optimizer`) and a linear
-    warm-up/decay schedule over `total_steps`."""
-    import torch
-    from transformers import get_linear_schedule_with_warmup
-
-    opt = optimizer
-    if opt is None:
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=train.learning_rate, weight_decay=train.weight_decay)
-    warmup = int(train.warmup_ratio * total_steps)
-    return opt, get_linear_schedule_with_warmup(opt, warmup, max(total_steps, 1))
-
-
 def to_jsonable(obj: Any) -> Any:
     if is_dataclass(obj):
         return {k: to_jsonable(v) for k, v in asdict(obj).items()}
@@ -190,51 +113,11 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-def save_resolved_config(output_dir: str | Path, **configs: Any) -> None:
-    """Write every config beside the outputs, with the command line."""
+def save_resolved_config(output_dir: str | Path, **configs: Any) -> dict[str, Any]:
+    """Write every config beside the outputs (config.json, with the command line) and
+    return them as plain data: the run config every trainer hands its trackers."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = {name: to_jsonable(c) for name, c in configs.items()}
-    data["argv"] = sys.argv
-    (out / "config.json").write_text(json.dumps(data, indent=2))
-
-
-class MetricsLogger:
-    """Namespaced metrics to metrics.jsonl, TensorBoard and (optionally) W&B; main process only."""
-
-    def __init__(self, output_dir: str | Path, report_to: str = "tensorboard", is_main: bool = True, run_config: dict | None = None):
-        self.is_main = is_main
-        self.path = Path(output_dir) / "metrics.jsonl"
-        self._tb = None
-        self._wandb = None
-        if not is_main:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        targets = {t.strip() for t in report_to.split(",") if t.strip()}
-        if "tensorboard" in targets:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))
-        if "wandb" in targets:
-            import wandb
-
-            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "sweet-colbench"), config=run_config or {})
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        if not self.is_main:
-            return
-        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        if self._tb is not None:
-            for k, v in metrics.items():
-                self._tb.add_scalar(k, float(v), step)
-            self._tb.flush()
-        if self._wandb is not None:
-            self._wandb.log(metrics, step=step)
-
-    def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+    (out / "config.json").write_text(json.dumps({**data, "argv": sys.argv}, indent=2))
+    return data

@@ -31,8 +31,8 @@ adds the per-token KL to the initial model (k3 estimator exp(r) − r − 1, r =
 log π_θ), with π_ref's log-probs computed once per iteration (LoRA: the adapters
 disabled; full weights: a frozen copy of the initial model).
 
-Exactness: each agent turn is one item of `sweet.trainer` (its recorded prompt ids + its
-generated ids, + end of turn only when the model emitted it: `sweet.tokens.turn_segment`),
+Exactness: each agent turn is one item of `sweet.core.trainer` (its recorded prompt ids + its
+generated ids, + end of turn only when the model emitted it: `sweet.core.tokens.turn_segment`),
 so simulator tokens never enter the loss and nothing is re-tokenised. A turn's tokens
 carry the weight 1/N_τ (N_τ: its trajectory's action tokens) and the trainer divides by
 the step's trajectory count, so the update is the same for any `micro_batch_size` and
@@ -53,25 +53,26 @@ Departures from the paper / its public code, stated:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Sequence
 
 from colbench.types import Episode
 from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION
-from sweet.training import ModelConfig, TrainConfig
+from sweet.core.config import ModelConfig, TrainConfig
+
+if TYPE_CHECKING:
+    import torch
 
 ADVANTAGES = ("loo", "grpo", "ppo")
 NO_VARIANCE_HINT = ("no reward variance: every group of K episodes got the same reward, so no episode has an "
                     "advantage and nothing was learned; start from a warm start, e.g. --model runs/warm_start/final "
-                    "(python -m sweet.warm_start), or raise --k / --temperature")
+                    "(python -m sweet.workflows.warm_start), or raise --k / --temperature")
 
 
 @dataclass
@@ -140,7 +141,7 @@ class LoopTrainConfig(TrainConfig):
                                                                "change the update)"})
 
 
-CONFIGS = (LoopConfig, ModelConfig, LoopTrainConfig)
+CONFIGS = (ModelConfig, LoopTrainConfig, LoopConfig)
 
 
 # ---- the maths ---------------------------------------------------------------------
@@ -192,6 +193,8 @@ def clipped_policy_loss(
     log ratio at the current weights (computed beforehand, detached), with the gradient of
     that mean flowing through each of its tokens (the rows of a trajectory may sit in
     different micro-batches)."""
+    import torch
+
     on = (weight > 0).to(logp.dtype)
     log_ratio = (logp - old_logp) * on
     if ratio_level == "token":
@@ -257,7 +260,7 @@ class LoopTurn:
 
 def turn_items(episodes: Sequence[Episode], advantages: Sequence[float], tokenizer) -> list[LoopTurn]:
     """Every agent turn with generated ids, as items (the one turn->tokens rule)."""
-    from sweet.tokens import turn_segment
+    from sweet.core.tokens import turn_segment
 
     out: list[LoopTurn] = []
     for g, (ep, adv) in enumerate(zip(episodes, advantages)):
@@ -270,16 +273,17 @@ def turn_items(episodes: Sequence[Episode], advantages: Sequence[float], tokeniz
 
 
 def _batch(items: Sequence[LoopTurn], pad_id: int, model_cfg: ModelConfig):
-    from sweet.tokens import make_batch
+    from sweet.core.tokens import make_batch
 
     return make_batch([(it.context, it.action) for it in items], pad_id, model_cfg.max_length, model_cfg.keep_head)
 
 
 def _forward(model, batch, with_value: bool):
     """Per-token log π [B, L], and V(s_t) [B] at each row's last context token (value head)."""
+    import torch
     import torch.nn.functional as F
 
-    from sweet.tokens import token_logprobs
+    from sweet.core.tokens import token_logprobs
 
     if not with_value:
         return token_logprobs(model, batch), None
@@ -293,34 +297,15 @@ def _action_rows(logp: torch.Tensor, batch) -> list[torch.Tensor]:
     return [logp[i, batch.action_mask[i].bool()] for i in range(logp.shape[0])]
 
 
-class PolicyWithValue(nn.Module):
-    """The policy LM + a scalar value head (float32, zero-initialised) on its last hidden
-    state, in one module so that DDP/FSDP see one forward. Saved as the LM alone (the final
-    model is a policy); checkpoints (accelerate save_state) keep the head."""
+def _no_grad(fn):
+    """torch.no_grad() as a decorator without importing torch with the module (--help)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import torch
 
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-        self.v_head = nn.Linear(lm.config.hidden_size, 1, dtype=torch.float32)
-        nn.init.zeros_(self.v_head.weight)
-        nn.init.zeros_(self.v_head.bias)
-
-    @property
-    def config(self):
-        return self.lm.config
-
-    @property
-    def peft_config(self):
-        return self.lm.peft_config  # AttributeError (so hasattr is False) for full weights
-
-    def forward(self, input_ids, attention_mask):
-        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
-        return out.logits, self.v_head(out.hidden_states[-1].float()).squeeze(-1)
-
-    def save_pretrained(self, path, state_dict=None, **kwargs):
-        state_dict = self.state_dict() if state_dict is None else state_dict
-        self.lm.save_pretrained(path, state_dict={k[3:]: v for k, v in state_dict.items() if k.startswith("lm.")},
-                                **kwargs)
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 # ---- the update ----------------------------------------------------------------------
@@ -332,14 +317,14 @@ def _sharded(acc, n: int, micro: int) -> tuple[list[int], int]:
     return mine, max(1, math.ceil(math.ceil(n / acc.num_processes) / micro))
 
 
-@torch.no_grad()
+@_no_grad
 def score_items(model, items: Sequence[LoopTurn], acc, pad_id: int, model_cfg: ModelConfig, micro: int,
                 with_value: bool = False, ref=None) -> list[tuple[torch.Tensor, torch.Tensor | None, float | None]]:
     """(log π [A], log π_ref [A] or None, V(s_t) or None) per item, the items dealt across
     processes and gathered; every process runs the same number of forwards (FSDP)."""
     from accelerate.utils import gather_object
 
-    from sweet.tokens import token_logprobs
+    from sweet.core.tokens import token_logprobs
 
     was_training = model.training
     model.eval()
@@ -372,6 +357,8 @@ def score_items(model, items: Sequence[LoopTurn], acc, pad_id: int, model_cfg: M
 
 def prepare_items(items: list[LoopTurn], scored, cfg: LoopConfig) -> float:
     """Fill old/ref log-probs and the gap guard; returns the mean |sampler − trainer| gap."""
+    import torch
+
     gap_sum, n_gap = 0.0, 0
     for it, (lp, rf, _) in zip(items, scored):
         old = lp.clone()
@@ -396,6 +383,8 @@ def prepare_items(items: list[LoopTurn], scored, cfg: LoopConfig) -> float:
 def make_loss_fn(cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int, with_value: bool):
     """The trainer's loss hook: Σ over the micro-batch's turns of their trajectories' share
     of the step's loss (token weights 1/N_τ; the trainer divides by the trajectory count)."""
+
+    import torch
 
     def loss_fn(model, items: Sequence[LoopTurn]):
         device = next(model.parameters()).device
@@ -466,6 +455,8 @@ def iteration_update(trainer, items: list[LoopTurn], cfg: LoopConfig, model_cfg:
 
 def group_advantages(episodes: Sequence[Episode], cfg: LoopConfig) -> tuple[list[Episode], list[float], dict]:
     """loo/grpo advantages per task group; returns the kept episodes, their A and metrics."""
+    import torch
+
     by_task: dict[str, list[Episode]] = {}
     for ep in episodes:
         by_task.setdefault(ep.task_id, []).append(ep)
@@ -491,6 +482,8 @@ def group_advantages(episodes: Sequence[Episode], cfg: LoopConfig) -> tuple[list
 def train_on_episodes(trainer, episodes: Sequence[Episode], cfg: LoopConfig, model_cfg: ModelConfig, tokenizer,
                       seed: int, ref=None) -> dict[str, float]:
     """Advantages, pre-pass (π_old, π_ref, V) and the update for one iteration's episodes."""
+    import torch
+
     with_value = cfg.advantage == "ppo"
     rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float64)
     metrics = {
@@ -595,26 +588,31 @@ def collect(sampler: Sampler, env, simulator, tasks, cfg: LoopConfig, seed: int,
     return rollout(env, tasks, agent, simulator, seeds=episode_seeds(seed, cfg.k), out_path=out_path)
 
 
-def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -> Path:
+def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -> Path:
     """Run LOOP; returns the path of the final model (HF format)."""
     import copy
 
     from accelerate.utils import DistributedType, broadcast_object_list
 
     from simulators import load_simulator
-    from sweet.trainer import Trainer
-    from sweet.training import load_model, load_tokenizer, resolve_model_path, save_resolved_config, set_seed
+    from sweet.core.config import save_resolved_config, to_jsonable
+    from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
+    from sweet.core.trainer import Trainer, finished, mark_finished
+    from sweet.core.value_head import ValueHeadModel
 
     out = Path(train_cfg.output_dir)
+    if train_cfg.resume and finished(out) is not None:
+        print(f"{out / 'final'} exists: training already finished (use a new output_dir or --resume false)")
+        return out / "final"
     env, tasks = load_env_and_tasks(loop_cfg)
     tokenizer = load_tokenizer(model_cfg.model)
     set_seed(train_cfg.seed)
     model = load_model(model_cfg)
     if loop_cfg.advantage == "ppo":
-        model = PolicyWithValue(model)
+        model = ValueHeadModel(model, policy=True)
     configs = {"loop": loop_cfg, "model": model_cfg, "train": train_cfg}
     trainer = Trainer(model_cfg, train_cfg, tokenizer, model=model, name="loop",
-                      run_config={k: vars(v) for k, v in configs.items()})
+                      run_config=to_jsonable(configs))
     acc = trainer.accelerator
     # FSDP and ZeRO-3 shard the trained weights: a forward on the main process alone would wait
     # for the others' shards. The transformers sampler then plays with an unsharded copy there,
@@ -645,7 +643,7 @@ def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -
         rng.sample(tasks, min(loop_cfg.tasks_per_iteration, len(tasks)))
     refresh_sampling_copy()  # a resumed run's weights
     unwrapped = sampling_copy if mirrored else acc.unwrap_model(trainer.model)
-    policy = unwrapped.lm if isinstance(unwrapped, PolicyWithValue) else unwrapped
+    policy = unwrapped.lm if isinstance(unwrapped, ValueHeadModel) else unwrapped
     sampler = simulator = None
     if acc.is_main_process:  # rollouts on one process (one engine), broadcast to the others
         simulator = load_simulator(loop_cfg.simulator, env)
@@ -678,6 +676,9 @@ def main(loop_cfg: LoopConfig, model_cfg: ModelConfig, train_cfg: TrainConfig) -
             sampler.sync()
     env.close()
     final = trainer.save_final()
+    if acc.is_main_process:
+        mark_finished(out, final=final.name, step=trainer.step, updated_iterations=updated)
+    acc.wait_for_everyone()
     if ran and not updated:
         raise SystemExit(f"LOOP: {ran} iteration(s) ran and none had a reward signal to learn from "
                          f"({NO_VARIANCE_HINT}). "

@@ -52,6 +52,7 @@ step (a fresh start empties it). The final model goes to output_dir/final in HF 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -59,11 +60,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from sweet.training import MetricsLogger, ModelConfig, TrainConfig, load_model, make_optimizer, set_seed
+from sweet.core.config import ModelConfig, TrainConfig
+from sweet.core.metrics import MetricsLogger
+from sweet.core.models import load_model, make_optimizer, set_seed
 
 LossFn = Callable[[Any, Sequence[Any]], tuple[Any, dict[str, float]]]
 CountFn = Callable[[Any], float]
 STATE_FILE = "state.json"
+FINISHED_FILE = "finished.json"  # the one "this stage is done" marker, written last
 
 
 def accumulation_steps(batch_size: int, micro_batch_size: int, world: int) -> int:
@@ -95,7 +99,7 @@ def make_accelerator(train: TrainConfig):
     launched = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     if world == 1 and launched > 1:  # PartialState is a process-wide singleton: the first one created wins
         raise RuntimeError(f"{launched} processes were launched but accelerate sees {world}: a PartialState() was "
-                           "created before the trainer without cpu=True; use sweet.trainer.process_state()")
+                           "created before the trainer without cpu=True; use sweet.core.trainer.process_state()")
     accum = accumulation_steps(train.batch_size, train.micro_batch_size, world)
     if not (cpu and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"):
         return Accelerator(gradient_accumulation_steps=accum, cpu=cpu)
@@ -338,7 +342,9 @@ class Trainer:
 
     def save_final(self, name: str = "final") -> Path:
         """The trained model in HF format (`hf:<path>`, `vllm:<path>`); for LoRA the adapter
-        in <name>-adapter/ and a merged copy in <name>/. Every process must call it."""
+        in <name>-adapter/ and a merged copy in <name>/. Every process must call it. Each
+        folder is written beside its place (`<name>.tmp`) and renamed into it, so a kill
+        mid-save never leaves a half-written model where a finished one is expected."""
         acc = self.accelerator
         out = self.out / name
         state_dict = acc.get_state_dict(self.model)  # a collective under FSDP / ZeRO-3
@@ -346,18 +352,52 @@ class Trainer:
         if self.is_main:
             if hasattr(unwrapped, "peft_config"):
                 adapter = out.with_name(name + "-adapter")
-                unwrapped.save_pretrained(adapter, state_dict=state_dict)
-                self.tokenizer.save_pretrained(adapter)
+                with _written_in_place(adapter) as tmp:
+                    unwrapped.save_pretrained(tmp, state_dict=state_dict)
+                    self.tokenizer.save_pretrained(tmp)
                 merged = load_model(replace(self.model_cfg, lora=False, gradient_checkpointing=False),
                                     trainable=False, adapter=str(adapter)).merge_and_unload()
-                merged.save_pretrained(out)
+                with _written_in_place(out) as tmp:
+                    merged.save_pretrained(tmp)
+                    self.tokenizer.save_pretrained(tmp)
             else:
-                unwrapped.save_pretrained(out, state_dict=state_dict)
-            self.tokenizer.save_pretrained(out)
+                with _written_in_place(out) as tmp:
+                    unwrapped.save_pretrained(tmp, state_dict=state_dict)
+                    self.tokenizer.save_pretrained(tmp)
         acc.wait_for_everyone()
         self.logger.close()
         acc.print(f"saved {out} (use it as hf:{out})")
         return out
+
+
+@contextlib.contextmanager
+def _written_in_place(path: Path):
+    """Yield `path.tmp` to write into, then swap it in for `path`."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    yield tmp
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+
+
+def finished(output_dir: str | Path) -> dict[str, Any] | None:
+    """What a finished stage recorded in `output_dir` (its FINISHED_FILE), or None.
+    Every stage (critic, policy algorithms, LOOP, warm start) writes it last, after
+    all its outputs, so its presence means the outputs are complete."""
+    path = Path(output_dir) / FINISHED_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def mark_finished(output_dir: str | Path, **info: Any) -> None:
+    """Write the finished marker (atomically: a torn marker would read as unfinished)."""
+    path = Path(output_dir) / FINISHED_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(info, indent=2))
+    tmp.replace(path)
 
 
 def _keep_trainable(models, weights, output_dir) -> None:

@@ -5,12 +5,12 @@ For every agent turn of the input episodes (a State: the recorded prompt o_t):
    (`--sampler`, default the policy's initial model) at temperature 1;
 2. score each with the critic, A(o_t, a, c) (sweet.critic.CriticScorer, conditioned
    exactly as in critic training); `--critic oracle` (test bed only) is a diagnostic:
-   the test bed's exact advantage (sweet/oracle_critic.py), to tell a wrong critic from
+   the test bed's exact advantage (sweet/critic/oracle.py), to tell a wrong critic from
    a stage 2 that cannot use a right one;
 3. pair a random candidate of the top half with a random one of the bottom half,
    `pairs_per_state` times (states whose candidates all tie are skipped and counted;
    a drawn pair with equal scores is dropped);
-4. train with DPO (sweet/dpo.py) on the action tokens only, NLL on the chosen action
+4. train with DPO (sweet/algorithms/losses.py) on the action tokens only, NLL on the chosen action
    (per token), reference log-probs precomputed with the initial policy.
 Paper defaults: lr 2e-7, β 0.1, NLL coefficient 0.01, batch 8, 1 epoch.
 
@@ -25,7 +25,7 @@ candidates.settings.json) instead of drawing them again: the critic ablations of
 bench/learning.py then rank the very same candidates, and each still counts them.
 
 `--rounds R` (R > 1) repeats stage 2 with new episodes and a retrained critic:
-sweet/sweet_rounds.py. The paper trains one round.
+sweet/workflows/rounds.py. The paper trains one round.
 
     # CPU, tiny model (critic from `python -m sweet.train_critic ... --output_dir runs/critic-tiny`)
     python -m sweet.train_policy --algorithm sweet --episodes eps.jsonl --tasks tasks.jsonl \\
@@ -50,13 +50,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence
 
-from sweet.data import Candidate, Pair, State
-from sweet.policy_trainer import PolicyTrainConfig
-from sweet.sweet_rounds import RoundsConfig
-from sweet.training import ModelConfig
+from colbench.jsonl import Appender
+from sweet.algorithms.policy_trainer import PolicyTrainConfig
+from sweet.core.config import ModelConfig
+from sweet.core.records import Candidate, CandidatesRow, Pair, SampledAction, State, read_candidates, state_key
 
 STAGES = ("all", "sample", "train")
-ORACLE_CRITIC = "oracle"  # --critic oracle: sweet/oracle_critic.py instead of a critic dir
+ORACLE_CRITIC = "oracle"  # --critic oracle: sweet/critic/oracle.py instead of a critic dir
 CANDIDATES_FILE = "candidates.jsonl"
 SAMPLING_FILE = "candidates.settings.json"  # what candidates.jsonl was sampled and scored with
 
@@ -122,7 +122,7 @@ class SweetTrainConfig(PolicyTrainConfig):
     learning_rate: float = field(default=2e-7, metadata={"help": "peak learning rate (AdamW; paper 2e-7)"})
 
 
-CONFIGS = (ModelConfig, SweetTrainConfig, SweetConfig, CandidateConfig, RoundsConfig)
+CONFIGS = (ModelConfig, SweetTrainConfig, SweetConfig, CandidateConfig)
 
 
 class Scorer(Protocol):
@@ -133,35 +133,7 @@ class Scorer(Protocol):
         """Per (state, candidate action ids, their finish reasons): one advantage per candidate."""
 
 
-def state_key(state: State) -> str:
-    return f"{state.episode_id}#{state.turn_index}"
-
-
 # ---- candidates ------------------------------------------------------------------------
-
-
-def read_candidates(path: Path) -> dict[str, dict]:
-    """key -> row of candidates.jsonl; a truncated last line (interrupted write) is ignored."""
-    rows: dict[str, dict] = {}
-    if not path.exists():
-        return rows
-    lines = path.read_text().splitlines()
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if lineno == len(lines):
-                break
-            raise ValueError(f"{path}:{lineno}: not a JSON candidates row") from None
-        rows[row["key"]] = row
-    return rows
-
-
-def row_candidates(state: State, row: dict) -> list[Candidate]:
-    return [Candidate(state, c["text"], tuple(c["token_ids"]), tuple(c["logprobs"]) if c.get("logprobs") else None,
-                      c["advantage"], c.get("finish_reason")) for c in row["candidates"]]
 
 
 def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cand: CandidateConfig, path: Path, seed: int) -> None:
@@ -170,10 +142,9 @@ def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cand: Cand
 
     from engines.base import SamplingParams
 
-    done = read_candidates(path)
-    _cut_torn_line(path)
+    done = read_candidates(path, repair=True)
     todo = [(i, s) for i, s in enumerate(states) if state_key(s) not in done]
-    with path.open("a") as f, tqdm(total=len(states), initial=len(states) - len(todo), desc="candidates") as bar:
+    with Appender(path) as out, tqdm(total=len(states), initial=len(states) - len(todo), desc="candidates") as bar:
         for start in range(0, len(todo), cand.sample_batch_size):
             chunk = todo[start : start + cand.sample_batch_size]
             params = SamplingParams(n=cand.num_candidates, temperature=cand.temperature, top_p=cand.top_p,
@@ -184,9 +155,7 @@ def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cand: Cand
                 results = engine.generate([list(s.prompt) for _, s in chunk], params)
             scores = scorer.score_states([(s, [smp.token_ids for smp in samples], [smp.finish_reason for smp in samples])
                                           for (_, s), samples in zip(chunk, results)])
-            for (_, s), samples, advs in zip(chunk, results, scores):
-                f.write(json.dumps(_row(s, samples, advs)) + "\n")
-            f.flush()
+            out.write(candidates_row(s, samples, advs).to_json() for (_, s), samples, advs in zip(chunk, results, scores))
             bar.update(len(chunk))
 
 
@@ -239,35 +208,23 @@ class StoredSamples:
         row = self.rows.get(state_key(state))
         if row is None:
             raise ValueError(f"--reuse_candidates {self.path}: no candidates for state {state_key(state)}")
-        prompt = tuple(row["prompt_token_ids"]) if row.get("prompt_token_ids") is not None else None
-        return [Sample(c["text"], tuple(c["token_ids"]), tuple(c["logprobs"]) if c.get("logprobs") else None,
-                       c.get("finish_reason") or "stop", prompt) for c in row["candidates"]]
+        return [Sample(c.text, c.token_ids, c.logprobs, c.finish_reason or "stop", row.prompt_token_ids)
+                for c in row.candidates]
 
     def close(self) -> None:  # the engine interface's; nothing to free
         pass
 
 
-def _cut_torn_line(path: Path) -> None:
-    """Drop a last line left unfinished by an interrupted write, so appends start on a fresh line."""
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with path.open("r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
-
-
-def _row(state: State, samples, advantages: Sequence[float]) -> dict:
+def candidates_row(state: State, samples, advantages: Sequence[float]) -> CandidatesRow:
+    """The candidates.jsonl record of `state`'s sampled actions and their critic scores."""
     if len(samples) != len(advantages):
         raise RuntimeError(f"critic returned {len(advantages)} scores for {len(samples)} candidates")
     prompt_ids = next((smp.prompt_token_ids for smp in samples if smp.prompt_token_ids is not None), None)
-    return {
-        "key": state_key(state), "task_id": state.task_id, "episode_id": state.episode_id, "turn_index": state.turn_index,
-        "prompt_token_ids": list(prompt_ids) if prompt_ids is not None else None,
-        "candidates": [{"text": smp.text, "token_ids": list(smp.token_ids),
-                        "logprobs": list(smp.logprobs) if smp.logprobs is not None else None,
-                        "finish_reason": smp.finish_reason, "advantage": float(a)} for smp, a in zip(samples, advantages)],
-    }
+    return CandidatesRow(
+        state_key(state), state.task_id, state.episode_id, state.turn_index,
+        tuple(prompt_ids) if prompt_ids is not None else None,
+        tuple(SampledAction(smp.text, tuple(smp.token_ids), tuple(smp.logprobs) if smp.logprobs is not None else None,
+                            smp.finish_reason, float(a)) for smp, a in zip(samples, advantages)))
 
 
 # ---- ranking and pairing ---------------------------------------------------------------
@@ -311,7 +268,7 @@ def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs
 
 def token_pair(tokenizer, pair: Pair[Candidate], prompt_token_ids: Sequence[int] | None) -> Pair:
     """The DPO example of an action pair: both actions in the context they were sampled from."""
-    from sweet.tokens import Segment, action_ids, context_ids, eos_id
+    from sweet.core.tokens import Segment, action_ids, context_ids, eos_id
 
     ctx = context_ids(tokenizer, prompt_token_ids if prompt_token_ids is not None else pair.state.prompt_token_ids,
                       pair.state.prompt)
@@ -326,8 +283,8 @@ def token_pair(tokenizer, pair: Pair[Candidate], prompt_token_ids: Sequence[int]
 def load_states(cfg: SweetConfig) -> list[State]:
     """One State per agent turn of the episodes, with the task's training-time information."""
     from colbench.episodes import load_episodes
-    from sweet.critic import load_training_info
-    from sweet.data import episode_states
+    from sweet.core.records import episode_states
+    from sweet.critic.model import load_training_info
 
     episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]
     info = load_training_info(cfg.tasks, env=cfg.env)
@@ -338,7 +295,7 @@ def load_states(cfg: SweetConfig) -> list[State]:
 
 
 def default_sampler(model_cfg: ModelConfig) -> str:
-    from sweet.training import resolve_model_path
+    from sweet.core.models import resolve_model_path
 
     return "hf:" + resolve_model_path(model_cfg.model)
 
@@ -352,11 +309,11 @@ def load_scorer(model_cfg: ModelConfig, cfg: SweetConfig) -> Scorer:
         if cfg.env != "testbed":
             raise ValueError(f"--critic {ORACLE_CRITIC} is the test bed's exact advantage: it needs --env testbed, "
                              f"got --env {cfg.env}")
-        from sweet.oracle_critic import OracleScorer
-        from sweet.training import load_tokenizer
+        from sweet.core.models import load_tokenizer
+        from sweet.critic.oracle import OracleScorer
 
         return OracleScorer(load_tokenizer(model_cfg.model), cfg.env)
-    from sweet.critic import CriticScorer
+    from sweet.critic.model import CriticScorer
 
     return CriticScorer.load(cfg.critic)
 
@@ -398,30 +355,21 @@ def _empty_cuda_cache() -> None:
 
 
 def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand: CandidateConfig | None = None,
-         rounds: RoundsConfig | None = None, scorer: Scorer | None = None):
-    """Stage 2 (`rounds.rounds` times: sweet/sweet_rounds.py); returns output_dir/final
-    (None for --stage sample). `scorer` replaces the critic loaded from `cfg.critic`
-    (API use and tests; first round only)."""
+         scorer: Scorer | None = None):
+    """Stage 2: candidates + critic scores per state, top-vs-bottom pairs, DPO. Returns
+    output_dir/final (None for --stage sample). `scorer` replaces the critic loaded from
+    `cfg.critic` (API use and tests). Several rounds: sweet/workflows/rounds.py."""
+    from sweet.algorithms.policy_trainer import finished_run, train_dpo
+    from sweet.core.config import save_resolved_config
+    from sweet.core.models import load_tokenizer
+    from sweet.core.trainer import process_state
+
     cand = cand or CandidateConfig()
-    if rounds is not None and rounds.rounds > 1:
-        if cfg.critic == ORACLE_CRITIC:  # rounds retrain the critic from its dir's config.json
-            raise ValueError(f"--critic {ORACLE_CRITIC} runs one round: there is no critic to retrain")
-        from sweet.sweet_rounds import run_rounds
-
-        return run_rounds(model_cfg, train, cfg, cand, rounds, scorer)
-    return run_round(model_cfg, train, cfg, cand, scorer)
-
-
-def run_round(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand: CandidateConfig,
-              scorer: Scorer | None = None):
-    """One round of stage 2: candidates + scores, pairs, DPO. Returns output_dir/final."""
-    from sweet.policy_trainer import train_dpo
-    from sweet.trainer import process_state
-    from sweet.training import load_tokenizer, save_resolved_config
-
     out = Path(train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_resolved_config(out, model=model_cfg, train=train, sweet=cfg, candidates=cand)
+    if (done := finished_run(train)) is not None:
+        return done
+    run_config = save_resolved_config(out, algorithm="sweet", model=model_cfg, train=train, sweet=cfg, candidates=cand)
     states = load_states(cfg)
     path = out / CANDIDATES_FILE
     proc = process_state()  # on CPU, PartialState() alone would leave each process on its own
@@ -439,12 +387,12 @@ def run_round(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig,
     missing = [state_key(s) for s in states if state_key(s) not in rows]
     if missing:
         raise ValueError(f"{path}: no candidates for {len(missing)} states (e.g. {missing[0]}); run --stage sample first")
-    scored = [(s, row_candidates(s, rows[state_key(s)])) for s in states]
+    scored = [(s, rows[state_key(s)].for_state(s)) for s in states]
     pairs, metrics = make_action_pairs(scored, cfg.pairs_per_state, random.Random(train.seed))
     print(f"sweet: {metrics['sweet/states']} states, {metrics['sweet/tied_states']} all-tied, {len(pairs)} pairs")
     if not pairs:
         raise ValueError(f"no preference pairs: the critic scored every state's candidates equal ({path})")
     tokenizer = load_tokenizer(model_cfg.model)
-    token_pairs = [token_pair(tokenizer, p, rows[state_key(p.state)]["prompt_token_ids"]) for p in pairs]
+    token_pairs = [token_pair(tokenizer, p, rows[state_key(p.state)].prompt_token_ids) for p in pairs]
     return train_dpo(token_pairs, model_cfg, train, tokenizer, beta=cfg.beta, nll_coef=cfg.nll_coef,
-                     run_config={"algorithm": "sweet"}, first_metrics=metrics)
+                     run_config=run_config, first_metrics=metrics)

@@ -4,7 +4,9 @@ State      a dialogue prefix at which the agent acts (one per agent turn).
 Candidate  one sampled action for a State, with its critic advantage.
 Pair       a preference, chosen over rejected, within one task: of Episodes (critic
            training, multi-turn DPO), of Candidates of one State (SWEET-RL stage 2), or
-           of the token Segments a DPO trainer sees (sweet.policy_trainer).
+           of the token Segments a DPO trainer sees (sweet.algorithms.policy_trainer).
+CandidatesRow  the wire record of stage 2's candidates.jsonl: one State's K sampled
+           actions with their critic scores (`read_candidates` is its one reader).
 
 Episodes come from our runner's JSONL or from the published offline trajectories;
 `colbench.episodes.load_episodes` (re-exported here) reads both.
@@ -14,9 +16,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Generic, Iterable, Sequence, TypeVar
+from pathlib import Path
+from typing import Any, Generic, Iterable, Sequence, TypeVar
 
 from colbench.episodes import load_episodes  # noqa: F401  (the one episode reader, re-exported)
+from colbench.jsonl import read_rows
 from colbench.types import Episode
 from engines.base import Message
 
@@ -47,7 +51,72 @@ class Candidate:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] | None = None
     advantage: float | None = None  # critic score A(o_t, a_t, c)
-    finish_reason: str | None = "stop"  # engines.Sample.finish_reason; eos appended only on "stop" (sweet.tokens)
+    finish_reason: str | None = "stop"  # engines.Sample.finish_reason; eos appended only on "stop" (sweet.core.tokens)
+
+
+def state_key(state: State) -> str:
+    """A State's key in candidates.jsonl: `<episode_id>#<turn_index>`."""
+    return f"{state.episode_id}#{state.turn_index}"
+
+
+@dataclass(frozen=True)
+class SampledAction:
+    """One candidate as stored: the sampler's text, ids, log-probs and finish reason, and
+    the critic's advantage A(o_t, a_t, c)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    finish_reason: str | None
+    advantage: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"text": self.text, "token_ids": list(self.token_ids),
+                "logprobs": list(self.logprobs) if self.logprobs is not None else None,
+                "finish_reason": self.finish_reason, "advantage": self.advantage}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "SampledAction":
+        return cls(str(d["text"]), tuple(int(i) for i in d["token_ids"]),
+                   tuple(float(x) for x in d["logprobs"]) if d.get("logprobs") else None,
+                   d.get("finish_reason"), float(d["advantage"]))
+
+
+@dataclass(frozen=True)
+class CandidatesRow:
+    """One line of candidates.jsonl: the K actions sampled at one State, scored."""
+
+    key: str  # state_key(state)
+    task_id: str
+    episode_id: str
+    turn_index: int
+    prompt_token_ids: tuple[int, ...] | None  # the sampler's templated context, when it reported it
+    candidates: tuple[SampledAction, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "task_id": self.task_id, "episode_id": self.episode_id,
+                "turn_index": self.turn_index,
+                "prompt_token_ids": list(self.prompt_token_ids) if self.prompt_token_ids is not None else None,
+                "candidates": [c.to_json() for c in self.candidates]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "CandidatesRow":
+        ids = d.get("prompt_token_ids")
+        return cls(str(d["key"]), str(d["task_id"]), str(d["episode_id"]), int(d["turn_index"]),
+                   tuple(int(i) for i in ids) if ids is not None else None,
+                   tuple(SampledAction.from_json(c) for c in d["candidates"]))
+
+    def for_state(self, state: State) -> list["Candidate"]:
+        """The row's candidates as Candidates of `state` (the State it was sampled at)."""
+        return [Candidate(state, c.text, c.token_ids, c.logprobs, c.advantage, c.finish_reason)
+                for c in self.candidates]
+
+
+def read_candidates(path: str | Path, *, repair: bool = False) -> dict[str, CandidatesRow]:
+    """key -> row of a candidates.jsonl (a torn last line from an interrupted write is
+    skipped, and cut when `repair`); a bad row elsewhere names file:line."""
+    rows = read_rows(path, CandidatesRow.from_json, what="candidates row", repair=repair)
+    return {row.key: row for row in rows}
 
 
 T = TypeVar("T")

@@ -1,16 +1,19 @@
-"""A causal LM's decoder with a scalar regression head: v(x_≤i) at every position.
+"""The one value head: a causal LM with a scalar regression head v(x_≤i) at every position.
 
-Used by the SWEET-RL critic's `--head value` ablation (the paper's "regression head
-instead of the LM head", 36.2% success vs 40.4%), and reusable by any trainer that
-needs a learned value (PPO-style baselines).
+Two uses, one module:
+- the SWEET-RL critic's `--head value` ablation (the paper's "regression head instead of
+  the LM head", 36.2% success vs 40.4%): `ValueHeadModel(lm)`. The LM head never runs (no
+  [B, L, vocab] logits) and is frozen; saved as the LM in HF format (full weights, or a
+  LoRA adapter) plus `value_head.safetensors` beside it.
+- LOOP's `--advantage ppo` baseline, a policy with a learned value in one module so that
+  DDP/FSDP see one forward: `ValueHeadModel(lm, policy=True)` returns (logits, values);
+  saved as the LM alone (the final model is a policy); checkpoints (accelerate
+  save_state) keep the head.
 
 The head reads the decoder's last hidden state (after its final norm) in float32; it
-starts at zero, so an untrained critic scores every action 0 (as the LM-head critic
-with θ = π_ref does). The LM head itself is never run: no [B, L, vocab] logits.
-
-Saved as the LM in HF format (full weights, or a LoRA adapter) plus
-`value_head.safetensors` beside it. The module quacks like a HF model where our
-checkpoint helpers need it (`save_pretrained`, and `merge_and_unload` for LoRA).
+starts at zero, so an untrained critic scores every action 0 (as the LM-head critic with
+θ = π_ref does). The module quacks like a HF model where our checkpoint helpers need it
+(`save_pretrained`, and `merge_and_unload` for LoRA).
 """
 
 from __future__ import annotations
@@ -24,13 +27,15 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 
 
 class ValueHeadModel(nn.Module):
-    """lm (a causal LM, possibly PEFT-wrapped) + v_head: Linear(hidden, 1), float32."""
+    """lm (a causal LM, possibly PEFT-wrapped) + v_head: Linear(hidden, 1), float32.
+    `policy`: the LM head runs too (forward returns logits and values)."""
 
-    def __init__(self, lm):
+    def __init__(self, lm, policy: bool = False):
         super().__init__()
         self.lm = lm
+        self.policy = policy
         out, inp = lm.get_output_embeddings(), lm.get_input_embeddings()
-        if out is not None and out.weight is not inp.weight:
+        if not policy and out is not None and out.weight is not inp.weight:
             # the LM head never runs: frozen, so DDP does not wait for its gradient
             # (tied weights stay trainable: they are the input embeddings too)
             out.requires_grad_(False)
@@ -44,8 +49,19 @@ class ValueHeadModel(nn.Module):
     def config(self):
         return self.lm.config
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """v at every position, [B, L] float32."""
+    @property
+    def peft_config(self):
+        # a LoRA policy is saved as adapter + merged copy by the trainer; the critic saves its
+        # adapter itself (save_pretrained). AttributeError (hasattr False) otherwise.
+        if not self.policy:
+            raise AttributeError("peft_config")
+        return self.lm.peft_config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """v at every position, [B, L] float32; with `policy`, (logits [B, L, V], v)."""
+        if self.policy:
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+            return out.logits, self.v_head(out.hidden_states[-1].float()).squeeze(-1)
         hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         return self.v_head(hidden.float()).squeeze(-1)
 
@@ -58,6 +74,9 @@ class ValueHeadModel(nn.Module):
         path = Path(path)
         state_dict = state_dict if state_dict is not None else self.state_dict()
         lm_state = {k[len("lm."):]: v for k, v in state_dict.items() if k.startswith("lm.")}
+        if self.policy:  # the final model is the policy alone
+            self.lm.save_pretrained(path, state_dict=lm_state, **kwargs)
+            return
         if hasattr(self.lm, "peft_config"):  # PEFT extracts the adapter itself
             self.lm.save_pretrained(path, **kwargs)
         else:
@@ -68,7 +87,7 @@ class ValueHeadModel(nn.Module):
 
     def merge_and_unload(self) -> "ValueHeadModel":
         """LoRA merged into the LM; the same head."""
-        merged = ValueHeadModel(self.lm.merge_and_unload())
+        merged = ValueHeadModel(self.lm.merge_and_unload(), policy=self.policy)
         merged.v_head.load_state_dict(self.v_head.state_dict())
         return merged
 

@@ -1,6 +1,6 @@
 """An oracle critic for the CPU test bed: the exact per-turn advantage, as a Scorer.
 
-A diagnostic, not part of SWEET-RL: stage 2 (sweet/sweet_dpo.py, `--critic oracle`)
+A diagnostic, not part of SWEET-RL: stage 2 (sweet/algorithms/sweet_rl.py, `--critic oracle`)
 ranks candidates with the advantage the stage-1 critic is meant to learn, computed
 exactly from the training-time information c (colbench.envs.testbed.optimal_advantage).
 If stage 2 learns with it but not with the trained critic, the critic is wrong; if it
@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from colbench.envs.testbed import MAX_TURNS, constants_from_reference, optimal_advantage
-from sweet.data import State
+from sweet.core.records import State
 
 
 class OracleScorer:
-    """The Scorer protocol (sweet.sweet_dpo.Scorer) with the test bed's exact advantage.
+    """The Scorer protocol (sweet.algorithms.sweet_rl.Scorer) with the test bed's exact advantage.
 
     tokenizer: the policy's (candidates are its token ids; decoded without special tokens).
     env:       the environment name; only "testbed" has an exact advantage.

@@ -1,8 +1,9 @@
 """The whole pipeline as plain function calls: warm start → collect → train → evaluate.
 
-Each step calls an entry point's own `main` with the flags a user would type, so the
-demo (`python -m sweet.demo`) and the learning benchmark (`bench/learning.py`) run
-exactly the code paths of the README's commands. Every step writes into its own
+Each step builds the typed configs of an entry point and calls its `main(*configs)`, so
+the demo (`python -m sweet.demo`) and the learning benchmark (`bench/learning.py`) run
+exactly the code paths of the README's commands; a misspelt setting fails before any
+step runs work (`colbench.cli.make_configs`). Every step writes into its own
 folder and is skipped when its output exists, so a crashed run resumes.
 """
 
@@ -12,7 +13,13 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
+
+from colbench.cli import make_configs
+from sweet.algorithms import load_algorithm
+from sweet.core.records import read_candidates
+from sweet.core.trainer import finished
+from sweet.critic import train as critic_train
 
 
 @dataclass
@@ -43,7 +50,7 @@ class TestbedSetup:
 
 
 def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
-    """The shared warm start (sweet/warm_start.py), in two phases on the scripted
+    """The shared warm start (sweet/workflows/warm_start.py), in two phases on the scripted
     explorer's dialogues (simulators/testbed.py):
 
     1. copy:   an explorer that always asks three questions (p_ask 1.0), so most
@@ -55,8 +62,8 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
     Each phase is checked on held-out dialogues and trained on until it answers with
     what it was told (`checked_phase`). The behaviour phase's last pass is the policy
     every algorithm starts from (OUT/behave/final, or OUT/behave-2/final, ...)."""
-    from sweet.warm_start import WarmStartConfig
-    from sweet.warm_start import main as run
+    from sweet.workflows.warm_start import WarmStartConfig
+    from sweet.workflows.warm_start import main as run
 
     if smoke:  # toy sizes: one short phase
         return run(WarmStartConfig(output_dir=str(out / "behave"), seed=seed, n_dialogues=160, epochs=1))
@@ -67,7 +74,7 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
 
 
 # The phases' bars: the held-out share of told constants written right when answering on
-# the last turn after three questions (sweet.warm_start.copy_accuracy). Phase 1 only has
+# the last turn after three questions (sweet.workflows.warm_start.copy_accuracy). Phase 1 only has
 # to have learnt to copy; the warm start itself must also answer there, and copy nearly
 # always. Builds of the same code differ by float noise alone: on the turns-left test bed
 # of 142564f, one build's unchecked behaviour phase copied at 0.82 (SWEET-RL then fell
@@ -82,7 +89,7 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
                   **explorer) -> Path:
     """One warm-start phase, checked: imitate the explorer (`explorer`: WarmStartConfig
     fields such as p_ask, n_dialogues), measure held-out copy accuracy
-    (sweet.warm_start.copy_accuracy: greedy answers after three questions on the test
+    (sweet.workflows.warm_start.copy_accuracy: greedy answers after three questions on the test
     tasks) and, below `bar`, train another pass from the last one on fresh dialogues
     (pass k at learning_rates[k], the last rate repeating): copying emerges abruptly,
     after a number of steps that varies with the seed, the prompt's wording and, on the
@@ -91,8 +98,8 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
     own folder (copy, copy-2, ...) with its accuracy in OUT/<phase>_check.json, so a
     rerun resumes. Raises if no pass of PHASE_ROUNDS passes: every algorithm would start
     from a policy that cannot use what the human said."""
-    from sweet.warm_start import WarmStartConfig, copy_accuracy
-    from sweet.warm_start import main as run
+    from sweet.workflows.warm_start import WarmStartConfig, copy_accuracy
+    from sweet.workflows.warm_start import main as run
 
     record = out / f"{phase}_check.json"
     checks = json.loads(record.read_text()) if record.exists() else []
@@ -168,16 +175,15 @@ def sort_episodes(path: Path) -> None:
 
 
 def train_critic(episodes: Path, base_model: str, setup: TestbedSetup, out: Path, seed: int = 0,
-                 extra: Sequence[str] = ()) -> Path:
-    """SWEET-RL stage 1 on `episodes`; `extra` adds train_critic flags (the ablations)."""
-    from sweet import train_critic
-
-    if not (out / "final").exists():
-        train_critic.main([
-            "--episodes", str(episodes), "--tasks", setup.train_tasks, "--env", setup.env, "--model", base_model,
-            "--output_dir", str(out), "--num_epochs", "4", "--learning_rate", "1e-3", "--batch_size", "8",
-            "--micro_batch_size", "4", "--success_threshold", "0.5", "--report_to", "none", "--seed", str(seed),
-            "--max_length", "512", "--keep_head", "64", *extra])
+                 extra: dict[str, Any] | None = None) -> Path:
+    """SWEET-RL stage 1 on `episodes`; `extra` overrides critic settings (the ablations)."""
+    if finished(out) is None:
+        configs = make_configs(critic_train.CONFIGS, {
+            "episodes": str(episodes), "tasks": setup.train_tasks, "env": setup.env, "model": base_model,
+            "output_dir": str(out), "num_epochs": 4, "learning_rate": 1e-3, "batch_size": 8,
+            "micro_batch_size": 4, "success_threshold": 0.5, "report_to": "none", "seed": seed,
+            "max_length": 512, "keep_head": 64, **(extra or {})})
+        critic_train.main(*configs)
     return out
 
 
@@ -191,49 +197,46 @@ def count_samples(algorithm: str, episodes: Path, out: Path) -> dict[str, int]:
     if algorithm == "loop":
         return {"episodes": sum(lines(p) for p in sorted((out / "episodes").glob("*.jsonl"))), "candidates": 0}
     candidates = 0
-    if algorithm == "sweet" and (out / "candidates.jsonl").exists():
-        for line in (out / "candidates.jsonl").read_text().splitlines():
-            if line.strip():
-                candidates += len(json.loads(line)["candidates"])
+    if algorithm == "sweet":
+        candidates = sum(len(row.candidates) for row in read_candidates(out / "candidates.jsonl").values())
     return {"episodes": lines(episodes), "candidates": candidates}
 
 
 def train_policy(algorithm: str, episodes: Path, base_model: str, setup: TestbedSetup, out: Path,
-                 critic: Path | None = None, seed: int = 0, extra: Sequence[str] = ()) -> Path:
+                 critic: Path | None = None, seed: int = 0, extra: dict[str, Any] | None = None) -> Path:
     """One of sweet / rft / mtdpo (offline, from `episodes`) or loop (online).
 
     The DPO runs use a larger NLL weight than the paper (0.1 vs 0.01) and a small
     learning rate: on the 2M-parameter model, the paper's NLL weight let DPO push the
     chosen actions' log-probs down until the policy produced garbage (measured: test-bed
     success 4.7% -> 0%, chosen log-prob per token -0.95 -> -3.6 over 70 steps)."""
-    from sweet import train_policy as tp
-
-    if (out / "final" / "config.json").exists():
+    if finished(out) is not None:
         return out / "final"
-    common = ["--model", base_model, "--output_dir", str(out), "--report_to", "none", "--seed", str(seed),
-              "--max_length", "512", "--keep_head", "64"]
+    common = {"model": base_model, "output_dir": str(out), "report_to": "none", "seed": seed,
+              "max_length": 512, "keep_head": 64}
     if algorithm == "rft":
-        args = ["--episodes", str(episodes), "--success_threshold", "1.0", "--learning_rate", "3e-4",
-                "--num_epochs", "2", "--batch_size", "16", "--micro_batch_size", "16"]
+        args = {"episodes": str(episodes), "success_threshold": 1.0, "learning_rate": 3e-4,
+                "num_epochs": 2, "batch_size": 16, "micro_batch_size": 16}
     elif algorithm == "mtdpo":
-        args = ["--episodes", str(episodes), "--learning_rate", "3e-5", "--beta", "0.1", "--nll_coef", "0.1",
-                "--num_epochs", "2", "--batch_size", "8", "--micro_batch_size", "8", "--success_threshold", "1.0"]
+        args = {"episodes": str(episodes), "learning_rate": 3e-5, "beta": 0.1, "nll_coef": 0.1,
+                "num_epochs": 2, "batch_size": 8, "micro_batch_size": 8, "success_threshold": 1.0}
     elif algorithm == "sweet":
-        args = ["--episodes", str(episodes), "--tasks", setup.train_tasks, "--env", setup.env, "--critic", str(critic),
-                "--num_candidates", str(setup.candidates), "--max_new_tokens", str(setup.max_new_tokens),
-                "--learning_rate", "3e-5", "--beta", "0.1", "--nll_coef", "0.1", "--num_epochs", "1",
-                "--batch_size", "16", "--micro_batch_size", "16", "--pairs_per_state", "4",
-                "--max_episodes", str(setup.stage2_episodes)]
+        args = {"episodes": str(episodes), "tasks": setup.train_tasks, "env": setup.env, "critic": str(critic),
+                "num_candidates": setup.candidates, "max_new_tokens": setup.max_new_tokens,
+                "learning_rate": 3e-5, "beta": 0.1, "nll_coef": 0.1, "num_epochs": 1,
+                "batch_size": 16, "micro_batch_size": 16, "pairs_per_state": 4,
+                "max_episodes": setup.stage2_episodes}
     elif algorithm == "loop":
         n_tasks = 8
         budget = (setup.train_limit or 56) * setup.episodes_per_task  # as many episodes as the offline algorithms
-        args = ["--env", setup.env, "--simulator", setup.simulator, "--tasks", setup.train_tasks,
-                "--iterations", str(max(1, budget // (n_tasks * 6))), "--tasks_per_iteration", str(n_tasks),
-                "--k", "6", "--max_turns", str(setup.max_turns), "--max_new_tokens", str(setup.max_new_tokens),
-                "--learning_rate", "1e-4", "--micro_batch_size", "16"]
+        args = {"env": setup.env, "simulator": setup.simulator, "tasks": setup.train_tasks,
+                "iterations": max(1, budget // (n_tasks * 6)), "tasks_per_iteration": n_tasks,
+                "k": 6, "max_turns": setup.max_turns, "max_new_tokens": setup.max_new_tokens,
+                "learning_rate": 1e-4, "micro_batch_size": 16}
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}")
-    tp.main(["--algorithm", algorithm, *common, *args, *extra])
+    module = load_algorithm(algorithm)
+    module.main(*make_configs(module.CONFIGS, {**common, **args, **(extra or {})}))
     return out / "final"
 
 

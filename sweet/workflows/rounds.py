@@ -1,6 +1,7 @@
-"""SWEET-RL over several rounds (`--rounds R`, R > 1; the paper trains one round).
+"""SWEET-RL over several rounds (`--rounds R`, R > 1; the paper trains one round): a
+workflow above stage 2, dispatched by sweet/train_policy.py for `--algorithm sweet`.
 
-After each round of stage 2 (sweet/sweet_dpo.py) the trained policy plays
+After each round of stage 2 (sweet/algorithms/sweet_rl.py) the trained policy plays
 `rollouts_per_task` new episodes per task against `--simulator` (resumable JSONL in
 output_dir/round-r/episodes.jsonl), the critic is retrained with the settings of
 `--critic` (its config.json) on all episodes so far, and stage 2 runs again from the
@@ -17,6 +18,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+
+from sweet.algorithms.sweet_rl import ORACLE_CRITIC
+from sweet.algorithms.sweet_rl import main as run_round
 
 
 @dataclass
@@ -37,10 +41,18 @@ class RoundsConfig:
             raise ValueError(f"RoundsConfig.rollouts_per_task must be >= 1, got {self.rollouts_per_task}")
 
 
+def main(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
+    """`--algorithm sweet`: one round of stage 2, or `rounds.rounds` rounds."""
+    if rounds.rounds == 1:
+        return run_round(model_cfg, train, cfg, cand, scorer)
+    if cfg.critic == ORACLE_CRITIC:  # rounds retrain the critic from its dir's config.json
+        raise ValueError(f"--critic {ORACLE_CRITIC} runs one round: there is no critic to retrain")
+    return run_rounds(model_cfg, train, cfg, cand, rounds, scorer)
+
+
 def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
     """`rounds.rounds` rounds of stage 2; returns the last round's final model."""
-    from sweet.sweet_dpo import run_round
-    from sweet.trainer import process_state
+    from sweet.core.trainer import process_state
 
     if process_state().num_processes > 1 or cfg.stage != "all":
         raise ValueError("RoundsConfig.rounds > 1 runs in one process with --stage all (it collects episodes "
@@ -89,13 +101,13 @@ def collect_episodes(policy: Path, cfg, cand, rounds: RoundsConfig, path: Path, 
 
 def retrain_critic(critic_dir: str, episodes: str, out: Path) -> Path:
     """Retrain the critic with the settings of `critic_dir` (its config.json) on `episodes`."""
-    from sweet.train_critic import CriticConfig, CriticTrainConfig
-    from sweet.train_critic import main as train_critic
-    from sweet.training import ModelConfig
+    from sweet.core.config import ModelConfig
+    from sweet.critic.train import CriticConfig, CriticTrainConfig
+    from sweet.critic.train import main as train_critic
 
     saved = json.loads((Path(critic_dir) / "config.json").read_text())
     build = lambda cls, d: cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # noqa: E731
     ccfg = replace(build(CriticConfig, saved["critic"]), episodes=episodes, eval_episodes="")
     tcfg = replace(build(CriticTrainConfig, saved["train"]), output_dir=str(out))
-    train_critic(ccfg, build(ModelConfig, saved["model"]), tcfg)
+    train_critic(build(ModelConfig, saved["model"]), tcfg, ccfg)
     return out

@@ -1,0 +1,94 @@
+"""Model and tokenizer loading (full weights or LoRA), the optimiser and its schedule,
+seeding, and CPU float settings: what a trainer needs before its loop starts."""
+
+from __future__ import annotations
+
+import random
+
+from sweet.core.config import ModelConfig, TrainConfig
+
+
+def resolve_model_path(spec: str) -> str:
+    """'tiny' / 'hf:<x>' / bare path or hub id -> what from_pretrained takes (engines.model_path)."""
+    from engines import model_path
+
+    return model_path(spec)
+
+
+def torch_dtype(name: str):
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+    return getattr(torch, name)
+
+
+def load_tokenizer(spec: str):
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(spec)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        raise ValueError(f"cannot load tokenizer for model {spec!r} ({path}): {str(e).splitlines()[0]}") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(cfg: ModelConfig, *, trainable: bool = True, adapter: str | None = None):
+    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(cfg.model)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.dtype))
+    except OSError as e:
+        raise ValueError(f"cannot load model {cfg.model!r} ({path}): {str(e).splitlines()[0]}") from None
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
+    elif trainable and cfg.lora:
+        from peft import LoraConfig, get_peft_model
+
+        targets = cfg.lora_target_modules
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=cfg.lora_r,
+                lora_alpha=cfg.lora_alpha,
+                lora_dropout=cfg.lora_dropout,
+                target_modules=targets if targets == "all-linear" else targets.split(","),
+                task_type="CAUSAL_LM",
+            ),
+        )
+    if trainable and cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if not trainable:
+        model.eval().requires_grad_(False)
+    return model
+
+
+def set_seed(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def make_optimizer(model, train: TrainConfig, total_steps: int, optimizer=None):
+    """AdamW over the trainable parameters (or the given `optimizer`) and a linear
+    warm-up/decay schedule over `total_steps`."""
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    opt = optimizer
+    if opt is None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=train.learning_rate, weight_decay=train.weight_decay)
+    warmup = int(train.warmup_ratio * total_steps)
+    return opt, get_linear_schedule_with_warmup(opt, warmup, max(total_steps, 1))

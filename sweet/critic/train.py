@@ -1,0 +1,417 @@
+"""SWEET-RL stage 1: train the per-turn advantage critic with training-time information.
+
+    A(o_t, a_t, c) = β · mean_{y ∈ a_t} [log π_θ(y | o_t, c) − log π_ref(y | o_t, c)]
+    L = −log σ(Σ_t A(chosen_t) − Σ_t A(rejected_t))  [+ nll_coef · NLL(chosen actions)]
+
+(maths and conventions: sweet/critic/model.py). π_ref log-probs are computed once, before
+training, by the initial model (LoRA: adapters disabled) and cached in
+`output_dir/ref_logprobs.pt`; only θ is in memory while training.
+
+Tiny CPU run (seconds; episodes from `python -m colbench.evaluate ...`):
+
+    python -m sweet.train_critic --model tiny --episodes runs/rollouts/episodes.jsonl \\
+        --tasks tasks/backend/train.jsonl --output_dir runs/critic-tiny \\
+        --num_epochs 2 --learning_rate 1e-3 --max_length 1024
+
+Same on 2 CPU processes (gloo):
+
+    accelerate launch --config_file sweet/configs/ddp_cpu_2proc.yaml -m sweet.train_critic \\
+        --model tiny --episodes runs/rollouts/episodes.jsonl --tasks tasks/backend/train.jsonl \\
+        --output_dir runs/critic-tiny-ddp
+
+Llama-3.1-8B-Instruct critic with LoRA on 8 GPUs (paper: 4 epochs, batch 8):
+
+    accelerate launch --config_file sweet/configs/deepspeed_zero2.yaml -m sweet.train_critic \\
+        --model hf:meta-llama/Llama-3.1-8B-Instruct --lora true --gradient_checkpointing true \\
+        --episodes data/backend_offline.jsonl --tokenize_missing_actions true --tasks builtin:train \\
+        --env backend --output_dir runs/critic-8b --num_epochs 4 --batch_size 8 --micro_batch_size 1 \\
+        --learning_rate 2e-5 --max_length 8192
+
+The paper's critic ablations (Sec. 6) are flags of the same trainer; the scorer of
+stage 2 reads them back from `critic_config.json`, so ranking uses the same head,
+reduction and context as training:
+
+    --training_info false   # sweet_no_info: c is not in the critic's context (--tasks optional)
+    --head value            # sweet_value_head: scalar regression head, mean over a_t of v, no π_ref
+    --length_normalize false  # sweet_sum: sum over a_t's tokens instead of the mean
+
+Or everything from a YAML file (`--config run.yaml`; flags override it). Outputs:
+`final/` (HF weights; LoRA: merged weights + `final-adapter/`), `critic_config.json`
+(what `sweet.critic.model.CriticScorer.load` needs), `metrics.jsonl` (`loss/bt`, `loss/nll`,
+`critic/pair_accuracy`, `critic/margin`), `config.json`, `checkpoint-<step>/` each
+epoch (and every `--save_steps`): accelerate's full training state, so rerunning the
+command after a crash resumes from the last checkpoint with the same result as an
+uninterrupted run, on any number of processes and backends (the training loop is the
+shared skeleton, sweet/core/trainer.py). A value-head critic's `final/` also holds
+`value_head.safetensors` (LoRA: `final/` is the adapter plus the head).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from colbench.envs import defaults_help
+from sweet.core.config import ModelConfig, TrainConfig, fill_env_defaults, parse_configs
+from sweet.critic.model import DEFAULT_HEADER, HEADS, CriticSpec, CriticTurn
+
+
+@dataclass
+class CriticConfig:
+    """The critic's data and objective."""
+
+    episodes: str = field(default="", metadata={"help": "comma list of episode JSONL files (our runner's or published offline rows)"})
+    tasks: str = field(default="", metadata={"help": "tasks the episodes ran on (path or builtin:<split>): source of the training-time information; may be empty when every episode carries meta['task'] (published trajectories)"})
+    env: str = field(default="backend", metadata={"help": "environment name: its training_info(task) is c"})
+    eval_episodes: str = field(default="", metadata={"help": "comma list of held-out episode files; empty: hold out eval_fraction of the tasks"})
+    eval_fraction: float = field(default=0.1, metadata={"help": "share of tasks (not pairs) held out for pairwise accuracy"})
+    beta: float = field(default=1.0, metadata={"help": "β in A = β·mean(log π_θ − log π_ref); not stated in the paper"})
+    length_normalize: bool = field(default=True, metadata={"help": "mean over the action's tokens (paper); false: sum (ablation sweet_sum; paper: 3.6%% success)"})
+    training_info: bool = field(default=True, metadata={"help": "add the hidden reference c to the critic's context (paper); false: without it, in training and in scoring (ablation sweet_no_info; paper: 31.2%%); --tasks is then not needed"})
+    head: str = field(default="lm", metadata={"help": "lm: A = β·mean(log π_θ − log π_ref) read through the LM head (paper); value: a scalar regression head on the last hidden state, A = β·mean over the action's tokens of v (ablation sweet_value_head; paper: 36.2%%), no π_ref"})
+    nll_coef: float = field(default=0.0, metadata={"help": "weight of an NLL term on the chosen trajectories' actions"})
+    success_threshold: float | None = field(default=None, metadata={"help": f"a task yields pairs when its best reward reaches this (default: the --env's: {defaults_help('success_threshold')}; backend 1.0 = all tests pass)"})
+    min_reward_gap: float | None = field(default=None, metadata={"help": f"rejected episodes must be worse than the best by more than this (default: the --env's: {defaults_help('min_reward_gap')})"})
+    max_pairs: int = field(default=0, metadata={"help": "cap on training pairs (0: all)"})
+    header: str = field(default=DEFAULT_HEADER, metadata={"help": "header around c in the critic's prompt"})
+    tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns that carry no token_ids (published data)"})
+    eval_batch_size: int = field(default=8, metadata={"help": "turns per forward pass when computing π_ref and held-out scores"})
+
+    def __post_init__(self) -> None:
+        fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"CriticConfig.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.beta <= 0:
+            raise ValueError(f"CriticConfig.beta must be > 0, got {self.beta}")
+        if self.nll_coef < 0:
+            raise ValueError(f"CriticConfig.nll_coef must be >= 0, got {self.nll_coef}")
+        if self.max_pairs < 0 or self.eval_batch_size < 1:
+            raise ValueError("CriticConfig.max_pairs must be >= 0 and eval_batch_size >= 1")
+        if self.head not in HEADS:
+            raise ValueError(f"CriticConfig.head must be one of {HEADS}, got {self.head!r}")
+        if self.head == "value" and self.nll_coef > 0:
+            raise ValueError("CriticConfig.nll_coef needs head='lm' (a value head has no token log-probs)")
+
+
+@dataclass
+class CriticTrainConfig(TrainConfig):
+    """TrainConfig with the paper's critic defaults (4 epochs, batch 8 pairs)."""
+
+    output_dir: str = field(default="runs/critic", metadata={"help": "checkpoints, metrics, final/ and critic_config.json"})
+    num_epochs: int = field(default=4, metadata={"help": "passes over the training pairs (paper: 4)"})
+    batch_size: int = field(default=8, metadata={"help": "trajectory pairs per optimiser step across processes (paper: 8)"})
+    micro_batch_size: int = field(default=1, metadata={"help": "pairs per forward pass per process (all their turns in one batch)"})
+    save_steps: int = field(default=0, metadata={"help": "also checkpoint every N optimiser steps (0: at each epoch end only)"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.save_steps < 0:
+            raise ValueError(f"CriticTrainConfig.save_steps must be >= 0, got {self.save_steps}")
+
+
+# ---- data --------------------------------------------------------------------------------
+
+
+@dataclass
+class CriticData:
+    """Every turn once, indexed. Episodes are numbered 0..E-1.
+
+    turns:         every agent turn of every paired episode.
+    episode_turns: episode -> indices into `turns`, in turn order.
+    train_pairs / eval_pairs: (chosen episode, rejected episode).
+    """
+
+    turns: list[CriticTurn]
+    episode_turns: list[list[int]]
+    train_pairs: list[tuple[int, int]]
+    eval_pairs: list[tuple[int, int]]
+
+
+def _load_all(paths: str, env: str) -> list:
+    from colbench.episodes import load_episodes
+
+    episodes = []
+    for p in [p.strip() for p in paths.split(",") if p.strip()]:
+        episodes.extend(load_episodes(p, env=env))
+    return episodes
+
+
+def _pairs(cfg: CriticConfig, episodes: list, source: str) -> list:
+    from sweet.core.records import group_by_task, make_trajectory_pairs
+
+    pairs = make_trajectory_pairs(episodes, cfg.success_threshold, cfg.min_reward_gap)
+    if not pairs:
+        groups = group_by_task(episodes)
+        good = sum(max(e.reward for e in g) >= cfg.success_threshold for g in groups.values())
+        raise ValueError(
+            f"{source}: no trajectory pairs from {len(episodes)} episodes over {len(groups)} tasks "
+            f"({good} tasks reach success_threshold={cfg.success_threshold}; a pair also needs a strictly worse "
+            "episode of the same task)"
+        )
+    return pairs
+
+
+def build_data(cfg: CriticConfig, tokenizer, seed: int) -> CriticData:
+    """Episodes -> pairs -> train/held-out split (by task) -> indexed turn examples."""
+    from colbench.types import Task
+    from sweet.critic.model import episode_turn_examples, load_training_info, training_info_fn
+
+    if not cfg.episodes:
+        raise ValueError("--episodes is required (episode JSONL file(s))")
+    pairs = _pairs(cfg, _load_all(cfg.episodes, cfg.env), cfg.episodes)
+    if cfg.eval_episodes:
+        eval_pairs = _pairs(cfg, _load_all(cfg.eval_episodes, cfg.env), cfg.eval_episodes)
+    else:
+        tasks = sorted({p.task_id for p in pairs})
+        random.Random(seed).shuffle(tasks)
+        n_eval = min(len(tasks) - 1, math.ceil(cfg.eval_fraction * len(tasks))) if cfg.eval_fraction > 0 else 0
+        held = set(tasks[:n_eval])
+        eval_pairs = [p for p in pairs if p.task_id in held]
+        pairs = [p for p in pairs if p.task_id not in held]
+    if cfg.max_pairs and len(pairs) > cfg.max_pairs:
+        pairs = random.Random(seed).sample(pairs, cfg.max_pairs)
+    info = load_training_info(cfg.tasks, cfg.env) if cfg.tasks and cfg.training_info else {}
+    info_of = training_info_fn(cfg.env) if cfg.training_info else None
+    index: dict[int, int] = {}  # id(episode) -> episode number
+    turns: list[CriticTurn] = []
+    episode_turns: list[list[int]] = []
+
+    def number(ep) -> int:
+        if id(ep) not in index:
+            if not cfg.training_info:  # the ablation: the critic never sees c
+                info[ep.task_id] = ""
+            if ep.task_id not in info and "task" in ep.meta:  # published trajectories carry their task
+                info[ep.task_id] = info_of(Task.from_json(ep.meta["task"]))
+            if ep.task_id not in info and not cfg.tasks:
+                raise ValueError(f"--tasks is required: episode {ep.episode_id} does not carry its task "
+                                 "(give the task file the episodes ran on: the source of training-time information)")
+            if ep.task_id not in info:
+                raise ValueError(f"task {ep.task_id!r} (episode {ep.episode_id}) is not in --tasks {cfg.tasks}")
+            examples = episode_turn_examples(ep, info[ep.task_id], tokenizer, cfg.tokenize_missing_actions)
+            if not examples:
+                raise ValueError(f"episode {ep.episode_id} has no agent turns")
+            index[id(ep)] = len(episode_turns)
+            episode_turns.append(list(range(len(turns), len(turns) + len(examples))))
+            turns.extend(examples)
+        return index[id(ep)]
+
+    train = [(number(p.chosen), number(p.rejected)) for p in pairs]
+    held_out = [(number(p.chosen), number(p.rejected)) for p in eval_pairs]
+    return CriticData(turns, episode_turns, train, held_out)
+
+
+# ---- forward passes ------------------------------------------------------------------------
+
+
+def sharded_action_sums(accelerator, model, tokenizer, turns: list[CriticTurn], indices: list[int],
+                        mcfg: ModelConfig, ccfg: CriticConfig, desc: str = "") -> Any:
+    """Σ_{y ∈ a_t} log π(y | o_t, c) (value head: Σ v) for turns[indices], no grad,
+    split over processes; every process gets all values, float64 [len(indices)]. Every
+    process makes the same number of forward calls (DDP buffer syncs / ZeRO-3 gathers need it)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from sweet.critic.model import action_sums, critic_batch
+
+    batch_size = ccfg.eval_batch_size
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    out = torch.zeros(len(indices), dtype=torch.float64, device=accelerator.device)
+    # contexts of similar length together: less padding
+    positions = sorted(range(len(indices)), key=lambda p: _length_key(turns[indices[p]]))[rank::world]
+    n_calls = math.ceil(math.ceil(len(indices) / world) / batch_size) if indices else 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for c in tqdm(range(n_calls), desc=desc, disable=not accelerator.is_main_process or not desc):
+            chunk = positions[c * batch_size : (c + 1) * batch_size]
+            examples = [turns[indices[p]] for p in chunk] or [turns[indices[0]]]  # dummy call keeps ranks in step
+            batch = critic_batch(tokenizer, examples, ccfg.header, mcfg.max_length, mcfg.keep_head,
+                                 ccfg.training_info).to(accelerator.device)
+            sums = action_sums(model, batch, ccfg.head)
+            if chunk:
+                out[torch.tensor(chunk, device=out.device)] = sums.double()
+    model.train(was_training)
+    return accelerator.reduce(out, "sum") if world > 1 else out
+
+
+def _length_key(ex: CriticTurn) -> int:
+    return sum(len(str(m.get("content", ""))) for m in ex.state.prompt) + len(ex.action_ids)
+
+
+def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig,
+                       output_dir: Path) -> Any:
+    """π_ref sums per turn, from `ref_logprobs.pt` when it matches these turns, else
+    computed once with the initial model (LoRA: adapters disabled) and cached. The
+    value head has no π_ref: zeros."""
+    import contextlib
+    import hashlib
+
+    import torch
+
+    if ccfg.head == "value":
+        return torch.zeros(len(data.turns), dtype=torch.float64, device=accelerator.device)
+    path = output_dir / "ref_logprobs.pt"
+    digest = hashlib.sha256("".join(t.fingerprint() for t in data.turns).encode()).hexdigest()
+    key = {"model": mcfg.model, "dtype": mcfg.dtype, "max_length": mcfg.max_length, "keep_head": mcfg.keep_head,
+           "header": ccfg.header, "training_info": ccfg.training_info, "turns": digest}
+    if path.exists():
+        blob = torch.load(path, weights_only=False)
+        if blob["key"] == key:
+            return blob["sums"].to(accelerator.device)
+        if accelerator.is_main_process:
+            print(f"{path} was computed for other turns or settings; recomputing")
+    unwrapped = accelerator.unwrap_model(model)
+    ctx = unwrapped.disable_adapter() if hasattr(unwrapped, "disable_adapter") else contextlib.nullcontext()
+    with ctx:
+        sums = sharded_action_sums(accelerator, model, tokenizer, data.turns, list(range(len(data.turns))), mcfg,
+                                   ccfg, desc="π_ref log-probs")
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": key, "sums": sums.cpu()}, path)
+    accelerator.wait_for_everyone()
+    return sums
+
+
+def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[int, int]], ccfg: CriticConfig,
+               mcfg: ModelConfig, device) -> tuple[Any, Any, Any]:
+    """One forward over every turn of the pairs' episodes. Returns per pair [P]:
+    L_BT, NLL of the chosen trajectory's actions (token mean; 0 for the value head),
+    and the margin."""
+    import torch
+
+    from sweet.critic.model import action_sums, bradley_terry_loss, critic_batch, per_turn_advantage, trajectory_scores
+
+    episodes = sorted({e for pair in pairs for e in pair})
+    slot = {e: k for k, e in enumerate(episodes)}
+    turn_idx = [t for e in episodes for t in data.episode_turns[e]]
+    traj = torch.tensor([slot[e] for e in episodes for _ in data.episode_turns[e]], device=device)
+    batch = critic_batch(tokenizer, [data.turns[t] for t in turn_idx], ccfg.header, mcfg.max_length, mcfg.keep_head,
+                         ccfg.training_info)
+    logp = action_sums(model, batch.to(device), ccfg.head)  # Σ over a_t of log π_θ (value head: of v)
+    n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in turn_idx], device=device, dtype=logp.dtype)
+    advantages = per_turn_advantage(logp, ref_sums[turn_idx], n_tokens, ccfg.beta, ccfg.length_normalize)
+    scores = trajectory_scores(advantages, traj, len(episodes))
+    chosen = torch.tensor([slot[c] for c, _ in pairs], device=device)
+    rejected = torch.tensor([slot[r] for _, r in pairs], device=device)
+    bt, _ = bradley_terry_loss(scores[chosen], scores[rejected])
+    if ccfg.head == "value":
+        nll = torch.zeros(len(episodes), device=device)
+    else:
+        nll = -trajectory_scores(logp, traj, len(episodes)) / trajectory_scores(n_tokens, traj, len(episodes))
+    return bt, nll[chosen], (scores[chosen] - scores[rejected]).detach()
+
+
+def evaluate(accelerator, model, tokenizer, data: CriticData, ref_sums, ccfg: CriticConfig,
+             mcfg: ModelConfig) -> dict[str, float]:
+    """Held-out pairwise accuracy and mean margin."""
+    import torch
+
+    from sweet.critic.model import pair_accuracy_and_margin, per_turn_advantage, trajectory_scores
+
+    if not data.eval_pairs:
+        return {}
+    episodes = sorted({e for pair in data.eval_pairs for e in pair})
+    turn_idx = [t for e in episodes for t in data.episode_turns[e]]
+    logp = sharded_action_sums(accelerator, model, tokenizer, data.turns, turn_idx, mcfg, ccfg)
+    n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in turn_idx], device=logp.device, dtype=logp.dtype)
+    adv = per_turn_advantage(logp, ref_sums[turn_idx], n_tokens, ccfg.beta, ccfg.length_normalize)
+    slot = {e: k for k, e in enumerate(episodes)}
+    traj = torch.tensor([slot[e] for e in episodes for _ in data.episode_turns[e]], device=logp.device)
+    scores = trajectory_scores(adv, traj, len(episodes))
+    acc, margin = pair_accuracy_and_margin(scores[[slot[c] for c, _ in data.eval_pairs]],
+                                           scores[[slot[r] for _, r in data.eval_pairs]])
+    return {"critic/pair_accuracy": acc, "critic/margin": margin}
+
+
+# ---- the loop -------------------------------------------------------------------------------
+
+
+def critic_loss_fn(data: CriticData, ref_sums, ccfg: CriticConfig, mcfg: ModelConfig, tokenizer, device):
+    """The trainer's loss hook: Σ over the micro-batch's pairs of L_BT + nll_coef·NLL,
+    and metric sums (the skeleton divides both by the step's pair count)."""
+
+    def loss_fn(model, idx):
+        pairs = [data.train_pairs[i] for i in idx]
+        bt, nll, margin = pair_terms(model, tokenizer, data, ref_sums, pairs, ccfg, mcfg, device)
+        metrics = {"loss/bt": bt.detach().sum().item(), "loss/nll": nll.detach().sum().item(),
+                   "critic/train_accuracy": (margin > 0).sum().item()}
+        return (bt + ccfg.nll_coef * nll).sum(), metrics
+
+    return loss_fn
+
+
+def _value_model(mcfg: ModelConfig):
+    """θ for head='value': the initial LM (LoRA-wrapped when asked) + a zero value head."""
+    from sweet.core.models import load_model
+    from sweet.core.value_head import ValueHeadModel
+
+    return ValueHeadModel(load_model(mcfg, trainable=True))
+
+
+def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict[str, float]:
+    """Train the critic on the trainer skeleton (sweet/core/trainer.py); returns the last
+    held-out metrics. Rerunning resumes from the last checkpoint (accelerate state)."""
+    from sweet.core.config import save_resolved_config, to_jsonable
+    from sweet.core.models import load_tokenizer, set_seed
+    from sweet.core.trainer import Trainer, finished, mark_finished
+
+    out = Path(tcfg.output_dir)
+    if tcfg.resume and finished(out) is not None:
+        print(f"{out} holds a finished critic: not retraining (use a new output_dir or --resume false)")
+        return json.loads((out / "final_metrics.json").read_text())
+    tokenizer = load_tokenizer(mcfg.model)
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"model {mcfg.model!r}: tokenizer has no eos token (needed to end every action)")
+    data = build_data(ccfg, tokenizer, tcfg.seed)
+    set_seed(tcfg.seed)  # the initial model (LoRA adapters) is rebuilt identically on a resume
+    trainer = Trainer(mcfg, tcfg, tokenizer, model=_value_model(mcfg) if ccfg.head == "value" else None,
+                      run_config=to_jsonable({"critic": ccfg, "model": mcfg, "train": tcfg}), name="critic")
+    trainer.prepare(trainer.steps_per_epoch(len(data.train_pairs)) * tcfg.num_epochs)
+    acc = trainer.accelerator
+    # π_ref from the initial model, before `fit` restores a checkpoint
+    ref_sums = reference_logprobs(acc, trainer.model, tokenizer, data, ccfg, mcfg, out)
+    if acc.is_main_process:
+        save_resolved_config(out, critic=ccfg, model=mcfg, train=tcfg)
+        print(f"critic: {len(data.train_pairs)} training pairs, {len(data.eval_pairs)} held-out pairs, "
+              f"{len(data.turns)} turns; {trainer.steps_per_epoch(len(data.train_pairs))} steps/epoch x "
+              f"{tcfg.num_epochs} epochs; {trainer.world} process(es) ({acc.distributed_type.value}) x {trainer.accum} "
+              "accumulation step(s)")
+    metrics: dict[str, float] = {}
+
+    def on_epoch_end(epoch: int) -> dict[str, float]:
+        metrics.clear()
+        metrics.update(evaluate(acc, trainer.model, tokenizer, data, ref_sums, ccfg, mcfg))
+        if metrics:
+            acc.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        return dict(metrics)
+
+    loss_fn = critic_loss_fn(data, ref_sums, ccfg, mcfg, tokenizer, acc.device)
+    trainer.fit(list(range(len(data.train_pairs))), loss_fn, save_steps=tcfg.save_steps, save_every_epoch=True,
+                on_epoch_end=on_epoch_end)
+    if not metrics:
+        metrics.update(evaluate(acc, trainer.model, tokenizer, data, ref_sums, ccfg, mcfg))
+    if acc.is_main_process:
+        value_lora = ccfg.head == "value" and mcfg.lora  # the adapter and the head both in final/
+        CriticSpec(beta=ccfg.beta, length_normalize=ccfg.length_normalize, header=ccfg.header,
+                   reference_model=mcfg.model, eos_token_id=tokenizer.eos_token_id, lora=mcfg.lora,
+                   adapter_dir=("final" if value_lora else "final-adapter") if mcfg.lora else None, dtype=mcfg.dtype,
+                   max_length=mcfg.max_length, keep_head=mcfg.keep_head, env=ccfg.env, head=ccfg.head,
+                   training_info=ccfg.training_info).save(out)
+        (out / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
+        mark_finished(out, final="final", step=trainer.step)  # last: critic_config.json and metrics exist
+    acc.wait_for_everyone()
+    return dict(metrics)
+
+
+CONFIGS = (ModelConfig, CriticTrainConfig, CriticConfig)
+
+
+def cli(argv: list[str] | None = None) -> dict[str, float]:
+    """`python -m sweet.train_critic`: parse the command line, then `main(*configs)`."""
+    configs = parse_configs(CONFIGS, argv, description="SWEET-RL stage 1: per-turn advantage critic (Bradley-Terry)")
+    return main(*configs)
