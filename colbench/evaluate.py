@@ -43,10 +43,10 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from colbench.agents import ModelAgent, _split_name, check_agent_spec, file_slug, load_agent, needs_simulator
-from engines.base import SpecError
+from colbench.cli import Interrupted, UserError, run_main
 
 PROG = "python -m colbench.evaluate"
 
@@ -55,13 +55,16 @@ _EPISODE_FIELDS = ("env", "tasks", "simulator", "single_turn", "temperature", "m
                    "max_reply_chars", "clip_model", "simulator_max_new_tokens")
 
 
-class UsageError(ValueError):
+class UsageError(UserError):
     """Bad input: reported as one line, exit code 2."""
 
 
 @dataclass
 class EvalConfig:
     """Everything an evaluation run depends on (saved as DIR/config.json)."""
+
+    # fields that take model specs: the CLI also gets --request_timeout etc. (colbench.cli)
+    engine_spec_fields: ClassVar[tuple[str, ...]] = ("agent", "simulator", "baseline_agent")
 
     output: str = field(default="", metadata={"help": "output directory (required)"})
     env: str = field(default="backend", metadata={"help": "environment: backend or frontend"})
@@ -288,6 +291,8 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
 
 
 def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
+    from engines.base import server_defaults
+
     resolved = {
         "config": dataclasses.asdict(config),
         "agents": {name: spec for name, spec in plan.agents},
@@ -295,6 +300,7 @@ def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
         "episode": dataclasses.asdict(episode_config),
         "seeds": plan.seeds,
         "n_tasks": len(plan.tasks),
+        "server": dataclasses.asdict(server_defaults()),  # openai: engines' timeout, retries, reply cap
         "python": sys.version.split()[0],
     }
     (plan.out_dir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
@@ -312,25 +318,39 @@ def _thumbnails(tasks: Sequence[Any], episodes: dict[str, list[Any]]) -> str | N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        config = parse_config(argv)
-        plan = prepare(config)
-    except (UsageError, SpecError, ValueError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+    """The CLI: bad input is one line and exit code 2, Ctrl-C one line and 130 (colbench.cli.run_main)."""
+    return run_main(_main, argv, prog=PROG)
+
+
+def _main(argv: Sequence[str]) -> int:
+    from colbench.outdir import OutputLock
+
+    config = parse_config(argv)
+    plan = prepare(config)
     if config.seeds > 1 and config.temperature == 0:
         print(f"warning: --seeds {config.seeds} at temperature 0 repeats the same greedy episodes", file=sys.stderr)
-    try:
-        rows = run(config, plan)
-    except KeyboardInterrupt:
-        print(f"interrupted: finished episodes are saved in {plan.out_dir}/episodes; rerun to resume",
-              file=sys.stderr)
-        return 130
+    with OutputLock(plan.out_dir, command=f"{PROG} --output {config.output}"):
+        try:
+            rows = run(config, plan)
+        except KeyboardInterrupt:
+            raise Interrupted(f"{_kept(plan)} finished episodes are kept in {plan.out_dir / 'episodes'}; "
+                              "rerun the same command to resume") from None
     from colbench.report import leaderboard_markdown
 
     print(leaderboard_markdown(rows))
     print(f"report: {plan.out_dir / 'report.html'}", file=sys.stderr)
     return 0
+
+
+def _kept(plan: Plan) -> int:
+    """Episodes on disk for this run's agents (what an interrupted run keeps)."""
+    import warnings
+
+    from colbench.episodes import read_episodes
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return sum(len(read_episodes(plan.out_dir / "episodes" / f"{file_slug(n)}.jsonl")) for n, _ in plan.agents)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -604,6 +604,11 @@ class SandboxPool:
     def run_many(self, jobs: Sequence[tuple[str, Sequence[str]]]) -> list[list[CallOutcome]]:
         """Run each (source, calls) job in its own sandbox; results in job order."""
         return list(self._executor.map(self._run_safe, jobs))
+
+    def submit(self, job: tuple[str, Sequence[str]]) -> Future:
+        """Run one (source, calls) job in its own sandbox; a Future of its CallOutcomes
+        (jobs start in submission order; the future never raises for the code's doing)."""
+        return self._executor.submit(self._run_safe, job)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
