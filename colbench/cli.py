@@ -13,10 +13,10 @@
 - Values are type-checked at parse time, from flags (argparse) and YAML alike: a YAML
   `batch_size: 2.5` for an int field is a ConfigError naming the file and the field.
 - A field's own checks (`__post_init__`) raise ValueError naming the field; parse_configs
-  re-raises them as ConfigError. ConfigError is a UserError. Unknown flags and values
+  re-raises them as FieldError. ConfigError and FieldError are UserErrors. Unknown flags and values
   argparse cannot convert exit with one error line (code 2).
-- A config whose fields take model specs names them in a class attribute
-  `engine_spec_fields: ClassVar[tuple[str, ...]]`; the CLI then also gets the flags of
+- A config whose fields take model specs names them in a class attribute (not a field)
+  `engine_spec_fields = ("simulator",)`; the CLI then also gets the flags of
   engines.base.ServerOptions (`--request_timeout`, `--max_retries`, `--max_reply_mb`,
   defaults in --help), which become the process's engine defaults.
 
@@ -34,6 +34,7 @@ import os
 import sys
 import traceback
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -51,6 +52,10 @@ class ConfigError(UserError):
     """A flag or --config value that cannot be used: names the file or field and the problem."""
 
 
+class FieldError(UserError):
+    """A config's own check (`__post_init__`) refused a value: names the field."""
+
+
 class Interrupted(Exception):
     """Ctrl-C, with what was kept and how to resume (one line, exit code 130)."""
 
@@ -63,6 +68,9 @@ def run_main(main: Callable[[Sequence[str]], Any], argv: Sequence[str] | None = 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("SWEET_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
+    formatwarning = warnings.formatwarning
+    if not debug:  # warnings as one line each, like the errors
+        warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {one_line(message)}\n"
     try:
         result = main(argv)
     except (UserError, SpecError) as e:
@@ -80,6 +88,8 @@ def run_main(main: Callable[[Sequence[str]], Any], argv: Sequence[str] | None = 
             traceback.print_exc()
         print(f"{prog}: interrupted before any output was written; rerun the command to start", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        warnings.formatwarning = formatwarning
     return result if isinstance(result, int) else 0
 
 
@@ -132,8 +142,9 @@ def make_parser(types: Sequence[type], *, description: str | None = None, prog: 
 def parse_configs(types: Sequence[type], argv: Sequence[str] | None = None, *, description: str | None = None,
                   prog: str | None = None) -> list[Any]:
     """Parse dataclass configs from `argv` (default sys.argv[1:]); one instance per type."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, prog=prog)
     pre.add_argument("--config", type=Path, default=None)
+    pre.error = lambda message: pre.exit(EXIT_USER_ERROR, f"{pre.prog}: error: {message} (see --help)\n")
     known, _ = pre.parse_known_args(argv)
     server = takes_engine_spec(types)
     all_types = [*types, ServerOptions] if server else list(types)
@@ -148,8 +159,8 @@ def parse_configs(types: Sequence[type], argv: Sequence[str] | None = None, *, d
             outputs.append(tp(**{k: v for k, v in vars(ns).items() if k in names}))
         except UserError:
             raise
-        except (ValueError, TypeError) as e:  # the config's own checks name the field
-            raise ConfigError(one_line(e)) from None
+        except ValueError as e:  # the config's own checks name the field
+            raise FieldError(one_line(e)) from e
     if server:
         set_server_defaults(outputs.pop())
     return outputs

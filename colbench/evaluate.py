@@ -43,7 +43,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, Sequence
 
 from colbench.agents import ModelAgent, _split_name, check_agent_spec, file_slug, load_agent, needs_simulator
 from colbench.cli import Interrupted, UserError, run_main
@@ -63,8 +63,9 @@ class UsageError(UserError):
 class EvalConfig:
     """Everything an evaluation run depends on (saved as DIR/config.json)."""
 
-    # fields that take model specs: the CLI also gets --request_timeout etc. (colbench.cli)
-    engine_spec_fields: ClassVar[tuple[str, ...]] = ("agent", "simulator", "baseline_agent")
+    # a class attribute, not a flag: fields taking model specs, so the CLI also gets
+    # --request_timeout, --max_retries, --max_reply_mb (colbench.cli)
+    engine_spec_fields = ("agent", "simulator", "baseline_agent")
 
     output: str = field(default="", metadata={"help": "output directory (required)"})
     env: str = field(default="backend", metadata={"help": "environment: backend or frontend"})

@@ -154,12 +154,12 @@ class ServerOptions:
     takes an `openai:` spec (colbench.cli adds them; see `set_server_defaults`)."""
 
     request_timeout: float = field(default=120.0, metadata={
-        "help": "openai: engines: seconds per request, connect + the whole reply (a trickling server times out too)"})
+        "help": "openai engines: seconds per request, connect + the whole reply (a trickling server times out too)"})
     max_retries: int = field(default=5, metadata={
-        "help": "openai: engines: retry rounds on 429, 5xx, timeouts and refused connections "
+        "help": "openai engines: retry rounds on 429, 5xx, timeouts and refused connections "
                 "(exponential backoff with jitter; a round tries every replica)"})
     max_reply_mb: float = field(default=32.0, metadata={
-        "help": "openai: engines: largest reply accepted, in MB (a bigger one fails its request, unread)"})
+        "help": "openai engines: largest reply accepted, in MB (a bigger one fails its request, unread)"})
 
     def __post_init__(self) -> None:
         import math
