@@ -218,8 +218,6 @@ def new_scratch_dir() -> str:
 def sweep_stale_scratch(base: str | None = None) -> list[str]:
     """Remove the scratch dirs a killed run left (SIGKILL skips every cleanup): ours
     (same uid) whose owner pid is gone. Live owners' dirs and others' stay."""
-    from colbench.outdir import pid_alive
-
     base = base or SCRATCH_BASE or tempfile.gettempdir()
     removed = []
     try:
@@ -234,12 +232,23 @@ def sweep_stale_scratch(base: str | None = None) -> list[str]:
         except OSError:
             continue
         pid = int(match.group(1))
-        if pid != os.getpid() and not pid_alive(pid):
+        if pid != os.getpid() and not _pid_alive(pid):
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.path)
     if removed:
         logger.info("removed %d sandbox scratch dirs left by dead runs in %s", len(removed), base)
     return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    # as colbench.outdir.pid_alive; this module imports nothing from the project (stdlib only)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _child_config(limits: SandboxLimits, scratch: str) -> dict:
