@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,18 +104,20 @@ class EvalConfig:
             raise UsageError("--output DIR is required")
         if not self.agent:
             raise UsageError("give at least one --agent SPEC")
-        checks = [("seeds", 1 <= self.seeds <= 1000), ("seed_round", self.seed_round >= 0),
-                  ("temperature", self.temperature >= 0),
-                  ("max_new_tokens", self.max_new_tokens >= 1),
-                  ("simulator_max_new_tokens", self.simulator_max_new_tokens >= 1),
-                  ("max_reply_chars", self.max_reply_chars >= 1),
-                  ("limit", self.limit is None or self.limit >= 1),
-                  ("max_turns", self.max_turns is None or self.max_turns >= 1),
-                  ("max_concurrent", self.max_concurrent is None or self.max_concurrent >= 1),
-                  ("batch_size", self.batch_size >= 1)]
-        for name, ok in checks:
+        checks = [("seeds", 1 <= self.seeds <= 1000, "an integer in 1..1000"),
+                  ("seed_round", self.seed_round >= 0, "an integer >= 0"),
+                  ("temperature", self.temperature >= 0 and math.isfinite(self.temperature), "a number >= 0"),
+                  ("max_new_tokens", self.max_new_tokens >= 1, "an integer >= 1"),
+                  ("simulator_max_new_tokens", self.simulator_max_new_tokens >= 1, "an integer >= 1"),
+                  ("max_reply_chars", self.max_reply_chars >= 1, "an integer >= 1"),
+                  ("limit", self.limit is None or self.limit >= 1, "an integer >= 1"),
+                  ("max_turns", self.max_turns is None or self.max_turns >= 1, "an integer >= 1"),
+                  ("max_concurrent", self.max_concurrent is None or self.max_concurrent >= 1, "an integer >= 1"),
+                  ("batch_size", self.batch_size >= 1, "an integer >= 1")]
+        for name, ok, expected in checks:
             if not ok:
-                raise UsageError(f"--{name.replace('_', '-')}: invalid value {getattr(self, name)!r}")
+                raise UsageError(f"--{name.replace('_', '-')}: invalid value {getattr(self, name)!r} "
+                                 f"(expected {expected})")
 
 
 def parse_config(argv: Sequence[str] | None = None) -> EvalConfig:

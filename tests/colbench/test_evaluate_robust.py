@@ -239,3 +239,30 @@ def test_after_sigkill_the_next_run_takes_the_lock_over_and_removes_dead_scratch
     assert live.is_dir()
     ids = [episode_id(json.loads(line)) for line in lines(out / "episodes" / "slow.jsonl")]
     assert len(ids) == len(set(ids)) == 4
+
+
+@pytest.mark.parametrize("yaml_text, args, message", [
+    ("batch_size: 2.5\n", ["--agent", "reference"], "{cfg}: batch_size: expected an integer, got 2.5 (float)"),
+    ("agent: [reference, [x]]\n", [], "{cfg}: agent[1]: expected a string, got ['x'] (list)"),
+    (None, ["--agent", "reference", "--batch_size", "2.5"],
+     "argument --batch_size/--batch-size: invalid int value: '2.5' (see --help)"),
+    (None, ["--agent", "reference", "--no-such-flag", "1"], "unrecognized arguments: --no-such-flag 1 (see --help)"),
+    (None, ["--agent", "reference", "--temperature", "nan"], "--temperature: invalid value nan (expected a number >= 0)"),
+    (None, ["--agent", "reference", "--request_timeout", "0"], "--request_timeout: must be a finite number > 0, got 0.0"),
+    (None, ["--agent", "reference", "--max_retries", "-1"], "--max_retries: must be an integer >= 0, got -1"),
+])
+def test_bad_input_is_one_line_exit_2_no_traceback(tmp_path, yaml_text, args, message):
+    cfg = tmp_path / "run.yaml"
+    if yaml_text is not None:
+        cfg.write_text(yaml_text)
+        args = ["--config", str(cfg), *args]
+    r = evaluate(*args, "--output", str(tmp_path / "out"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == [f"{PROG}: error: {message.format(cfg=cfg)}"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    r = evaluate("--agent", "reference", "--seeds", "0", "--output", str(tmp_path / "out"), "--debug")
+    assert r.returncode == 2 and "Traceback" in r.stderr
+    assert r.stderr.splitlines()[-1] == f"{PROG}: error: --seeds: invalid value 0 (expected an integer in 1..1000)"
