@@ -326,6 +326,8 @@ class OpenAIEngine:
                                    "(--request_timeout)") from e
         except httpx.TransportError as e:
             raise _Retryable(None, self._redact(f"connection error: {type(e).__name__}: {e}")) from e
+        except httpx.HTTPError as e:  # an undecodable body, too many redirects, ...: this reply's problem
+            raise ReplyError(self._redact(f"{url}: could not read the reply: {type(e).__name__}: {e}")) from e
         except CancelledError:
             raise EngineError(f"{url}: request cancelled (the engine was closed)") from None
         finally:
@@ -338,7 +340,7 @@ class OpenAIEngine:
                                  f"{cap_mb:g} MB cap (--max_reply_mb); it was not read further", 200)
             try:
                 return json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):
                 text = self._redact(data[:400].decode("utf-8", "replace"))
                 raise ReplyError(f"{url} returned invalid JSON: {_preview(text)!r}", 200) from None
         message = self._redact(_server_message(data))[:2000]
@@ -391,7 +393,8 @@ class OpenAIEngine:
             if rounds >= self.options.max_retries:
                 where = f"HTTP {e.status}" if e.status is not None else "no response"
                 servers = f"all {len(self.base_urls)} servers, last {url}" if len(self.base_urls) > 1 else url
-                raise ServerUnavailable(f"{servers}/chat/completions failed after {attempts} attempts ({where}): "
+                tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+                raise ServerUnavailable(f"{servers}/chat/completions failed after {tries} ({where}): "
                                         f"{e.message}", e.status, e.message) from None
             delay = min(MAX_BACKOFF_S, self.retry_backoff * 2**rounds) * random.uniform(0.5, 1.5)
             if e.retry_after is not None:
