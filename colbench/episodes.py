@@ -3,7 +3,7 @@
 Each step, every episode waiting for its agent goes to `agent.act` in ONE batch, then
 every episode waiting for the simulated human goes to `simulator.reply` in ONE batch;
 finished episodes of the step are scored in one batch and each is appended to the
-output JSONL (flushed, fsynced) as soon as it is scored (`env.score_iter` when the
+output JSONL (flushed; fsynced once per step) as soon as it is scored (`env.score_iter` when the
 environment has it, else after `env.score`), so a crash or Ctrl-C loses nothing scored
 and a rerun with the same `out_path` skips the episode ids already there.
 `load_episodes` is the one reader of episode files (ours and the published offline
@@ -143,7 +143,8 @@ class _Live:
 
 
 class _Writer:
-    """Appends finished episodes to a JSONL file, flushed after every batch."""
+    """Appends finished episodes to a JSONL file: each write is flushed to the OS (a killed
+    process loses nothing written), `sync` (once per step) also fsyncs it to disk."""
 
     def __init__(self, path: Path | None):
         self.f = None
@@ -156,10 +157,14 @@ class _Writer:
             return
         self.f.write("".join(ep.dumps() + "\n" for ep in episodes))
         self.f.flush()
-        os.fsync(self.f.fileno())
+
+    def sync(self) -> None:
+        if self.f is not None:
+            os.fsync(self.f.fileno())
 
     def close(self) -> None:
         if self.f is not None:
+            self.sync()
             self.f.close()
 
 
@@ -203,6 +208,7 @@ def run_episodes(
             active, todo = active + todo[: limit - len(active)], todo[limit - len(active):]
             finished = _step(env, agent, simulator, active, config)
             _score(env, finished, save)
+            writer.sync()
             active = [lv for lv in active if lv not in finished]
     finally:
         writer.close()

@@ -30,10 +30,18 @@ otherwise the seeds repeat one another); confidence intervals bootstrap over tas
 with a fixed seed, so they are deterministic too.
 
 Outputs in --output DIR: leaderboard.json, leaderboard.md, report.html, config.json
-and episodes/<agent>.jsonl (written as episodes finish; rerun the same command to
-resume after a crash or Ctrl-C). Bad input (unknown spec, missing task file,
-malformed replay rows, unknown task ids) ends with one error line, exit code 2,
-before any model loads.
+and episodes/<agent>.jsonl (each episode written once scored; rerun the same command to
+resume after a crash, a kill or Ctrl-C, which says how many episodes were kept, exit
+code 130). DIR is locked while a run writes it (colbench.outdir): a second run on it
+stops at once naming the first (pid, host, start time); a killed run's lock is taken
+over with a warning. Bad input (unknown spec, missing task file, malformed replay rows,
+unknown task ids, a value of the wrong type in flags or --config YAML) ends with one
+error line, exit code 2, before any model loads; docs/bad-input.md lists every case.
+
+OpenAI-compatible agents and simulators are bounded by --request_timeout (one deadline
+per request, body included), --max_retries and --max_reply_mb; a reply that cannot be
+used fails its own episode, and the leaderboard counts engine errors with the first
+reason.
 """
 
 from __future__ import annotations
