@@ -266,3 +266,22 @@ def test_debug_shows_the_traceback(tmp_path):
     r = evaluate("--agent", "reference", "--seeds", "0", "--output", str(tmp_path / "out"), "--debug")
     assert r.returncode == 2 and "Traceback" in r.stderr
     assert r.stderr.splitlines()[-1] == f"{PROG}: error: --seeds: invalid value 0 (expected an integer in 1..1000)"
+
+
+def test_ctrl_c_while_waiting_for_a_server_stops_at_once(tmp_path):
+    """The requests in flight are cancelled: no waiting for the server's 30 s reply."""
+    server = Server(lambda body, auth: (200, answer("pass"), 30))
+    try:
+        run = start(["--agent", f"m=openai:m@{server.url}", "--single-turn", "--limit", "2", "--output",
+                     str(tmp_path / "out")])
+        wait_for(lambda: len(server.auth) >= 2, what="the requests")
+        sent = time.monotonic()
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+        waited = time.monotonic() - sent
+    finally:
+        server.close()
+    assert run.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == (f"{PROG}: interrupted: 0 finished episodes are kept in "
+                                            f"{tmp_path / 'out' / 'episodes'}; rerun the same command to resume")
+    assert waited < 10, waited
