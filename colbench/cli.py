@@ -62,9 +62,9 @@ class Interrupted(Exception):
 
 def run_main(main: Callable[[Sequence[str]], Any], argv: Sequence[str] | None = None, *, prog: str) -> int:
     """Run an entry point's `main(argv)`, mapping user errors to one line + exit code 2 and
-    Ctrl-C to one line + 130. `--debug` (taken out of argv) or SWEET_DEBUG=1 re-raises, so
-    the traceback shows. Anything else (a bug) raises as usual. Returns main's int result
-    (0 when it returns something else)."""
+    Ctrl-C to one line + 130. With `--debug` (taken out of argv) or SWEET_DEBUG=1 the
+    traceback is printed before that line. Anything else (a bug) raises as usual. Returns
+    main's int result (0 when it returns something else)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("SWEET_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
@@ -124,6 +124,7 @@ def make_parser(types: Sequence[type], *, description: str | None = None, prog: 
                 bools.add(f.name)
             elif typing.get_origin(_bare(hints[f.name])) is list:
                 lists.add(f.name)
+
     def one_line_error(message: str) -> None:  # argparse prints the whole usage block first
         parser.exit(EXIT_USER_ERROR, f"{parser.prog}: error: {one_line(ValueError(message))} (see --help)\n")
 

@@ -3,9 +3,10 @@
 Each step, every episode waiting for its agent goes to `agent.act` in ONE batch, then
 every episode waiting for the simulated human goes to `simulator.reply` in ONE batch;
 finished episodes of the step are scored in one batch and each is appended to the
-output JSONL (flushed; fsynced once per step) as soon as it is scored (`env.score_iter` when the
-environment has it, else after `env.score`), so a crash or Ctrl-C loses nothing scored
-and a rerun with the same `out_path` skips the episode ids already there.
+output JSONL (flushed; fsynced once per step) as soon as it is scored (with
+`env.score_iter` when the environment has it, else after `env.score`), so a crash or
+Ctrl-C loses nothing scored and a rerun with the same `out_path` skips the episode ids
+already there.
 `load_episodes` is the one reader of episode files (ours and the published offline
 trajectories); an episode id found twice (two runs wrote into one file) is read once,
 the first record kept, with a warning.
@@ -194,16 +195,17 @@ def run_episodes(
             if f"{t.task_id}/{agent.name}/{s}" not in done]
     bar = _progress_bar(len(order), len(order) - len(todo), agent.name, progress)
     writer = _Writer(out_path)
+
+    def save(scored: Sequence[_Live]) -> None:  # each episode as soon as it is scored
+        writer.write([lv.episode for lv in scored])
+        for lv in scored:
+            done[lv.episode.episode_id] = lv.episode
+        if bar is not None:
+            bar.update(len(scored))
+
     try:
         limit = config.max_concurrent or len(todo) or 1
         active: list[_Live] = []
-        def save(scored: Sequence[_Live]) -> None:  # each episode as soon as it is scored
-            writer.write([lv.episode for lv in scored])
-            for lv in scored:
-                done[lv.episode.episode_id] = lv.episode
-            if bar is not None:
-                bar.update(len(scored))
-
         while todo or active:
             active, todo = active + todo[: limit - len(active)], todo[limit - len(active):]
             finished = _step(env, agent, simulator, active, config)

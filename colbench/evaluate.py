@@ -36,7 +36,8 @@ code 130). DIR is locked while a run writes it (colbench.outdir): a second run o
 stops at once naming the first (pid, host, start time); a killed run's lock is taken
 over with a warning. Bad input (unknown spec, missing task file, malformed replay rows,
 unknown task ids, a value of the wrong type in flags or --config YAML) ends with one
-error line, exit code 2, before any model loads; docs/bad-input.md lists every case.
+error line, exit code 2, before any model loads (`--debug` adds the traceback);
+docs/bad-input.md lists every case.
 
 OpenAI-compatible agents and simulators are bounded by --request_timeout (one deadline
 per request, body included), --max_retries and --max_reply_mb; a reply that cannot be
