@@ -103,7 +103,7 @@ def redact(text: str, secrets: Sequence[str]) -> str:
     return text
 
 
-def _server_message(data: bytes) -> str:
+def _server_message(data: bytes | bytearray) -> str:
     """The error text of an OpenAI-style error body ({"error": {"message": ...}}), else the raw body."""
     text = data.decode("utf-8", "replace")
     try:
@@ -290,7 +290,7 @@ class OpenAIEngine:
     def _redact(self, text: str) -> str:
         return redact(text, self._secrets)
 
-    async def _fetch(self, url: str, body: dict[str, Any]) -> tuple[int, Any, bytes, int | None]:
+    async def _fetch(self, url: str, body: dict[str, Any]) -> tuple[int, Any, bytes | bytearray, int | None]:
         """One POST within the total deadline: (status, headers, body, size) with the body read
         up to the cap; `size` is set (the bytes seen so far) when the reply passed the cap."""
         async with asyncio.timeout(self.options.request_timeout):
@@ -300,14 +300,15 @@ class OpenAIEngine:
                 length = response.headers.get("content-length", "")
                 if status == 200 and length.isdigit() and int(length) > cap:
                     return status, response.headers, b"", int(length)  # refused unread
-                chunks, size = [], 0
+                data = bytearray()  # grown in place: no second copy of a large reply
                 async for chunk in response.aiter_bytes():
-                    size += len(chunk)
-                    if size > cap:
-                        chunks.append(chunk[: len(chunk) - (size - cap)])
-                        return status, response.headers, b"".join(chunks), (size if status == 200 else None)
-                    chunks.append(chunk)
-                return status, response.headers, b"".join(chunks), None
+                    if len(data) + len(chunk) > cap:
+                        if status == 200:  # an oversized reply is dropped, not parsed
+                            return status, response.headers, b"", len(data) + len(chunk)
+                        data += chunk[: cap - len(data)]  # an error body: its beginning is enough
+                        break
+                    data += chunk
+                return status, response.headers, data, None
 
     def _post_once(self, base_url: str, body: dict[str, Any]) -> dict[str, Any]:
         """One HTTP attempt: the JSON body, `_Retryable`, or ServerError for a final answer."""
