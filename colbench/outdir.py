@@ -94,10 +94,17 @@ class OutputLock:
         self._fd: int | None = None
 
     def acquire(self) -> "OutputLock":
-        """Take the lock, or raise FolderLocked naming the live holder."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        """Take the lock, or raise FolderLocked naming the live holder (UserError when the
+        folder cannot be created or written)."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"output folder {self.folder}: cannot create it ({e.strerror or e})") from None
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise UserError(f"output folder {self.folder}: cannot write in it ({e.strerror or e})") from None
             try:
                 locked = self._flock(fd)
                 if not self._same_file(fd):

@@ -97,3 +97,11 @@ def test_duplicated_episode_ids_are_read_once_with_a_warning(tmp_path):
                                          r"line 1\); keeping the first record of each"):
         loaded = load_episodes(path)
     assert [e.episode_id for e in loaded] == ["t0/a/0", "t1/a/0", "t2/a/0"]
+
+
+def test_an_output_that_is_a_file_is_a_user_error(tmp_path):
+    from colbench.cli import UserError
+
+    (tmp_path / "out").write_text("not a folder")
+    with pytest.raises(UserError, match=r"output folder .*out: cannot create it \(File exists\)"):
+        OutputLock(tmp_path / "out").acquire()
