@@ -16,6 +16,7 @@ computes, so sampler/trainer gaps measure numerics only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -159,11 +160,10 @@ class ServerOptions:
         "help": "openai engines: retry rounds on 429, 5xx, timeouts and refused connections "
                 "(exponential backoff with jitter; a round tries every replica)"})
     max_reply_mb: float = field(default=32.0, metadata={
-        "help": "openai engines: largest reply accepted, in MB (a bigger one fails its request, unread)"})
+        "help": "openai engines: largest reply accepted, in MB (a bigger one fails its own request; "
+                "reading stops at the cap)"})
 
     def __post_init__(self) -> None:
-        import math
-
         for name in ("request_timeout", "max_reply_mb"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
