@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from colbench.protocols import Agent, AgentRequest
-from engines.base import Sample, SamplingParams, SpecError
+from engines.base import BatchError, EngineError, Sample, SamplingParams, SpecError
 
 if TYPE_CHECKING:
     from colbench.protocols import Environment
@@ -83,14 +83,19 @@ class ModelAgent:
         groups: dict[int, list[int]] = {}
         for i, r in enumerate(requests):  # greedy decoding ignores the seed: one group
             groups.setdefault(base if self.sampling.temperature == 0 else base + r.seed, []).append(i)
-        out: list[Sample | None] = [None] * len(requests)
+        out: list[Sample | EngineError | None] = [None] * len(requests)
         for seed, idx in groups.items():
             params = replace(self.sampling, seed=seed)
-            results = self.engine.generate([requests[i].messages for i in idx], params)
+            try:
+                results = self.engine.generate([requests[i].messages for i in idx], params)
+            except BatchError as e:  # some conversations failed on their own: keep the others
+                results = e.results
             if len(results) != len(idx):
                 raise RuntimeError(f"engine {self.engine.spec} returned {len(results)} results for {len(idx)} prompts")
             for i, samples in zip(idx, results):
-                out[i] = samples[0]
+                out[i] = samples if isinstance(samples, EngineError) else samples[0]
+        if any(isinstance(s, EngineError) for s in out):
+            raise BatchError(out)  # the runner fails only those episodes
         return out  # type: ignore[return-value]
 
     def close(self) -> None:

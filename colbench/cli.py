@@ -10,21 +10,92 @@
   (`--agent a b`); the flags replace the default or YAML list, they do not add to it.
 - `--config run.yaml` supplies defaults that flags override (TRL style); its keys are
   field names in either spelling, and an unknown key is an error naming the file.
-- A field's own checks (`__post_init__`) raise ValueError naming the field; a bad
-  config file raises ConfigError (a ValueError). Unknown flags exit with usage (code 2).
+- Values are type-checked at parse time, from flags (argparse) and YAML alike: a YAML
+  `batch_size: 2.5` for an int field is a ConfigError naming the file and the field.
+- A field's own checks (`__post_init__`) raise ValueError naming the field; parse_configs
+  re-raises them as FieldError. ConfigError and FieldError are UserErrors. Unknown flags and values
+  argparse cannot convert exit with one error line (code 2).
+- A config whose fields take model specs names them in a class attribute (not a field)
+  `engine_spec_fields = ("simulator",)`; the CLI then also gets the flags of
+  engines.base.ServerOptions (`--request_timeout`, `--max_retries`, `--max_reply_mb`,
+  defaults in --help), which become the process's engine defaults.
+
+Entry points run through `run_main(main, argv, prog=...)`: a UserError (or a model
+SpecError) is one line on stderr and exit code 2, without a traceback (`--debug` or
+SWEET_DEBUG=1 shows it); Ctrl-C is one line saying what was kept, exit code 130
+(raise `Interrupted("what was kept; how to resume")` from the KeyboardInterrupt).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
+import traceback
 import typing
+import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+from engines.base import ServerOptions, SpecError, set_server_defaults
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
 
 
-class ConfigError(ValueError):
-    """A --config file that cannot be used: names the file and the problem."""
+class UserError(ValueError):
+    """Bad input the user can fix (a flag, a file, a folder): one line, exit code 2."""
+
+
+class ConfigError(UserError):
+    """A flag or --config value that cannot be used: names the file or field and the problem."""
+
+
+class FieldError(UserError):
+    """A config's own check (`__post_init__`) refused a value: names the field."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C, with what was kept and how to resume (one line, exit code 130)."""
+
+
+def run_main(main: Callable[[Sequence[str]], Any], argv: Sequence[str] | None = None, *, prog: str) -> int:
+    """Run an entry point's `main(argv)`, mapping user errors to one line + exit code 2 and
+    Ctrl-C to one line + 130. With `--debug` (taken out of argv) or SWEET_DEBUG=1 the
+    traceback is printed before that line. Anything else (a bug) raises as usual. Returns
+    main's int result (0 when it returns something else)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("SWEET_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    formatwarning = warnings.formatwarning
+    if not debug:  # warnings as one line each, like the errors
+        warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {one_line(message)}\n"
+    try:
+        result = main(argv)
+    except (UserError, SpecError) as e:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except Interrupted as e:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: interrupted: {one_line(e)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: interrupted before any output was written; rerun the command to start", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        warnings.formatwarning = formatwarning
+    return result if isinstance(result, int) else 0
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line."""
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 class _ExtendList(argparse.Action):
@@ -53,6 +124,11 @@ def make_parser(types: Sequence[type], *, description: str | None = None, prog: 
                 bools.add(f.name)
             elif typing.get_origin(_bare(hints[f.name])) is list:
                 lists.add(f.name)
+
+    def one_line_error(message: str) -> None:  # argparse prints the whole usage block first
+        parser.exit(EXIT_USER_ERROR, f"{parser.prog}: error: {one_line(ValueError(message))} (see --help)\n")
+
+    parser.error = one_line_error  # type: ignore[method-assign]
     has_flag = {s for a in parser._actions for s in a.option_strings}
     for action in parser._actions:
         if action.dest in lists:
@@ -67,17 +143,27 @@ def make_parser(types: Sequence[type], *, description: str | None = None, prog: 
 def parse_configs(types: Sequence[type], argv: Sequence[str] | None = None, *, description: str | None = None,
                   prog: str | None = None) -> list[Any]:
     """Parse dataclass configs from `argv` (default sys.argv[1:]); one instance per type."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, prog=prog)
     pre.add_argument("--config", type=Path, default=None)
+    pre.error = lambda message: pre.exit(EXIT_USER_ERROR, f"{pre.prog}: error: {message} (see --help)\n")
     known, _ = pre.parse_known_args(argv)
-    parser = make_parser(types, description=description, prog=prog)
+    server = takes_engine_spec(types)
+    all_types = [*types, ServerOptions] if server else list(types)
+    parser = make_parser(all_types, description=description, prog=prog)
     if known.config is not None:
-        parser.set_defaults(**read_config_file(known.config, types))
+        parser.set_defaults(**read_config_file(known.config, all_types))
     ns = parser.parse_args(argv)
     outputs = []
-    for tp in types:
+    for tp in all_types:
         names = {f.name for f in dataclasses.fields(tp) if f.init}
-        outputs.append(tp(**{k: v for k, v in vars(ns).items() if k in names}))
+        try:
+            outputs.append(tp(**{k: v for k, v in vars(ns).items() if k in names}))
+        except UserError:
+            raise
+        except ValueError as e:  # the config's own checks name the field
+            raise FieldError(one_line(e)) from e
+    if server:
+        set_server_defaults(outputs.pop())
     return outputs
 
 
@@ -93,6 +179,11 @@ def make_configs(types: Sequence[type], values: dict[str, Any] | None = None) ->
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)} for {names}")
     return [tp(**{k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(tp) if f.init}})
             for tp in types]
+
+
+def takes_engine_spec(types: Sequence[type]) -> bool:
+    """Whether a field of `types` takes a model spec (named in `engine_spec_fields`)."""
+    return any(getattr(tp, "engine_spec_fields", ()) for tp in types)
 
 
 def read_config_file(path: Path, types: Sequence[type]) -> dict[str, Any]:
@@ -116,8 +207,60 @@ def read_config_file(path: Path, types: Sequence[type]) -> dict[str, Any]:
             raise ConfigError(f"{path}: unknown setting {key!r}")
         if typing.get_origin(_bare(hints[name])) is list and not isinstance(value, list):
             value = [value]  # `agent: reference` means a list of one
-        values[name] = value
+        values[name] = check_value(hints[name], value, f"{path}: {key}")
     return values
+
+
+def check_value(tp: Any, value: Any, where: str) -> Any:
+    """`value` (from YAML) as a `tp` field takes it, as a flag's string would be converted:
+    ints stay ints (2.5 is refused, "3" is 3), floats take ints and numeric strings
+    (YAML reads 1e-5 as a string), strings take numbers, lists check each element.
+    ConfigError naming `where` otherwise."""
+    if value is None:
+        if type(None) in typing.get_args(tp):
+            return None
+        raise ConfigError(f"{where}: no value (null) given; expected {_type_name(tp)}")
+    bare = _bare(tp)
+    if typing.get_origin(bare) is list:
+        (item,) = typing.get_args(bare) or (str,)
+        return [check_value(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if bare is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+    elif bare is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif bare is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif bare is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    else:
+        return value  # a type this dialect does not check
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def _type_name(tp: Any) -> str:
+    bare = _bare(tp)
+    if typing.get_origin(bare) is list:
+        return f"a list of {_type_name(typing.get_args(bare)[0])}s"
+    name = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(bare, str(bare))
+    return name + (" or null" if type(None) in typing.get_args(tp) else "")
 
 
 def _bare(tp: Any) -> Any:

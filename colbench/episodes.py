@@ -2,10 +2,14 @@
 
 Each step, every episode waiting for its agent goes to `agent.act` in ONE batch, then
 every episode waiting for the simulated human goes to `simulator.reply` in ONE batch;
-finished episodes of the step are scored in one `env.score` batch and appended to
-the output JSONL at once (flushed), so a crash or Ctrl-C loses nothing and a rerun
-with the same `out_path` skips the episode ids already there. `load_episodes` is the
-one reader of episode files (ours and the published offline trajectories).
+finished episodes of the step are scored in one batch and each is appended to the
+output JSONL (flushed; fsynced once per step) as soon as it is scored (with
+`env.score_iter` when the environment has it, else after `env.score`), so a crash or
+Ctrl-C loses nothing scored and a rerun with the same `out_path` skips the episode ids
+already there.
+`load_episodes` is the one reader of episode files (ours and the published offline
+trajectories); an episode id found twice (two runs wrote into one file) is read once,
+the first record kept, with a warning.
 
 Episode rules (ColBench): the agent sees `env.agent_messages(task, turns)`; a turn
 holding the env's answer marker ends the dialogue (stop "answered"); otherwise the
@@ -18,7 +22,9 @@ Failures end only their own episode, recorded on it, never replaced silently:
   answer is the last agent message, as at the turn limit, so the score reflects the
   agent's work so far; reports count these episodes separately.
 - engine failure for an agent batch: the episodes of that batch stop
-  ("engine_error") with score 0 and the error in `Score.error` and `meta["error"]`.
+  ("engine_error") with score 0 and the error in `Score.error` and `meta["error"]`;
+  when the agent raises `BatchError` (one unusable reply), only the episodes whose
+  request failed stop so, the others go on.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from colbench.types import (
     Task,
     Turn,
 )
-from engines.base import EngineError
+from engines.base import BatchError, EngineError
 
 
 @dataclass
@@ -72,13 +78,20 @@ def read_episodes(path: Path, *, repair: bool = False) -> list[Episode]:
     data = path.read_bytes()
     lines = data.split(b"\n")
     episodes: list[Episode] = []
+    seen: dict[str, int] = {}  # episode id -> line of its first record
+    duplicates: list[tuple[str, int]] = []
     offset = 0
     for lineno, raw in enumerate(lines, 1):
         start, offset = offset, offset + len(raw) + 1
         if not raw.strip():
             continue
         try:
-            episodes.append(Episode.from_json(json.loads(raw)))
+            episode = Episode.from_json(json.loads(raw))
+            if episode.episode_id in seen:
+                duplicates.append((episode.episode_id, lineno))
+            else:
+                seen[episode.episode_id] = lineno
+                episodes.append(episode)
         except (json.JSONDecodeError, TypeError, KeyError, UnicodeDecodeError) as e:
             is_last = all(not rest.strip() for rest in lines[lineno:])
             if not is_last:
@@ -87,6 +100,11 @@ def read_episodes(path: Path, *, repair: bool = False) -> list[Episode]:
             if repair:
                 with path.open("r+b") as f:
                     f.truncate(start)
+    if duplicates:
+        eid, lineno = duplicates[0]
+        warnings.warn(f"{path}: {len(duplicates)} duplicated episode ids (first {eid!r} at line {lineno}, "
+                      f"also at line {seen[eid]}); keeping the first record of each (did two runs write here?)",
+                      stacklevel=2)
     return episodes
 
 
@@ -126,7 +144,8 @@ class _Live:
 
 
 class _Writer:
-    """Appends finished episodes to a JSONL file, flushed after every batch."""
+    """Appends finished episodes to a JSONL file: each write is flushed to the OS (a killed
+    process loses nothing written), `sync` (once per step) also fsyncs it to disk."""
 
     def __init__(self, path: Path | None):
         self.f = None
@@ -139,10 +158,14 @@ class _Writer:
             return
         self.f.write("".join(ep.dumps() + "\n" for ep in episodes))
         self.f.flush()
-        os.fsync(self.f.fileno())
+
+    def sync(self) -> None:
+        if self.f is not None:
+            os.fsync(self.f.fileno())
 
     def close(self) -> None:
         if self.f is not None:
+            self.sync()
             self.f.close()
 
 
@@ -172,19 +195,23 @@ def run_episodes(
             if f"{t.task_id}/{agent.name}/{s}" not in done]
     bar = _progress_bar(len(order), len(order) - len(todo), agent.name, progress)
     writer = _Writer(out_path)
+
+    def save(scored: Sequence[_Live]) -> None:  # each episode as soon as it is scored
+        writer.write([lv.episode for lv in scored])
+        for lv in scored:
+            done[lv.episode.episode_id] = lv.episode
+        if bar is not None:
+            bar.update(len(scored))
+
     try:
         limit = config.max_concurrent or len(todo) or 1
         active: list[_Live] = []
         while todo or active:
             active, todo = active + todo[: limit - len(active)], todo[limit - len(active):]
             finished = _step(env, agent, simulator, active, config)
-            _score(env, finished)
-            writer.write([lv.episode for lv in finished])
-            for lv in finished:
-                done[lv.episode.episode_id] = lv.episode
+            _score(env, finished, save)
+            writer.sync()
             active = [lv for lv in active if lv not in finished]
-            if bar is not None:
-                bar.update(len(finished))
     finally:
         writer.close()
         if bar is not None:
@@ -220,17 +247,21 @@ def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: l
                              lv.episode.seed) for lv in active]
     try:
         samples = agent.act(requests)
+    except BatchError as e:  # some requests failed on their own: only their episodes end
+        samples = e.results
     except EngineError as e:
         for lv in active:
-            _end(lv, STOP_ENGINE_ERROR, answer="")
-            lv.episode.meta["error"] = f"{type(e).__name__}: {e}"
-            lv.episode.score = Score(0.0, False, error=lv.episode.meta["error"])
+            _engine_failed(lv, e)
         return list(active)
     if len(samples) != len(requests):
         raise RuntimeError(f"agent {agent.name} returned {len(samples)} samples for {len(requests)} requests")
     finished: list[_Live] = []
     asking: list[_Live] = []
     for lv, req, s in zip(active, requests, samples):
+        if isinstance(s, EngineError):
+            _engine_failed(lv, s)
+            finished.append(lv)
+            continue
         from_engine = bool(s.token_ids) or s.logprobs is not None or s.prompt_token_ids is not None
         lv.episode.turns.append(Turn(
             role="agent", content=s.text, prompt=req.messages,
@@ -278,21 +309,54 @@ def _human_turns(env: Environment, simulator: Simulator | None, asking: list[_Li
     return ended
 
 
+def _engine_failed(lv: _Live, error: EngineError) -> None:
+    """The agent's engine failed for good on this episode: it ends, scored 0, with the reason."""
+    _end(lv, STOP_ENGINE_ERROR, answer="")
+    lv.episode.meta["error"] = f"{type(error).__name__}: {error}"
+    lv.episode.score = Score(0.0, False, error=lv.episode.meta["error"])
+
+
 def _end(lv: _Live, reason: str, answer: str) -> None:
     lv.episode.stop_reason = reason
     lv.episode.answer = answer
 
 
-def _score(env: Environment, finished: Sequence[_Live]) -> None:
-    """Score the step's finished episodes in one batch (engine errors are already scored 0)."""
+def _score(env: Environment, finished: Sequence[_Live], save) -> None:
+    """Score the step's finished episodes in one batch and `save` each once it is scored
+    (engine errors are already scored 0: saved first).
+
+    With `env.score_iter`, episodes are saved in the step's order as soon as they and
+    those before them are scored (the file's order stays the same from run to run); an
+    interruption (Ctrl-C) saves every episode already scored before it propagates."""
+    save([lv for lv in finished if lv.episode.score is not None])
     todo = [lv for lv in finished if lv.episode.score is None]
     if not todo:
         return
-    scores = env.score([lv.task for lv in todo], [lv.episode.answer for lv in todo])
-    if len(scores) != len(todo):
-        raise RuntimeError(f"env {env.name} returned {len(scores)} scores for {len(todo)} answers")
-    for lv, sc in zip(todo, scores):
-        lv.episode.score = sc
+    tasks, answers = [lv.task for lv in todo], [lv.episode.answer for lv in todo]
+    score_iter = getattr(env, "score_iter", None)
+    if score_iter is None:
+        scores = env.score(tasks, answers)
+        if len(scores) != len(todo):
+            raise RuntimeError(f"env {env.name} returned {len(scores)} scores for {len(todo)} answers")
+        for lv, sc in zip(todo, scores):
+            lv.episode.score = sc
+        save(todo)
+        return
+    waiting: dict[int, _Live] = {}  # scored, behind one still being scored
+    next_i = 0
+    try:
+        for i, sc in score_iter(tasks, answers):
+            todo[i].episode.score = sc
+            waiting[i] = todo[i]
+            while next_i in waiting:
+                save([waiting.pop(next_i)])
+                next_i += 1
+    finally:
+        if waiting:  # interrupted: keep every scored episode
+            save([waiting[i] for i in sorted(waiting)])
+    unscored = [lv.episode.episode_id for lv in todo if lv.episode.score is None]
+    if unscored:
+        raise RuntimeError(f"env {env.name} did not score {len(unscored)} answers (first {unscored[0]!r})")
 
 
 def _progress_bar(total: int, initial: int, name: str, enabled: bool):

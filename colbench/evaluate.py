@@ -30,23 +30,33 @@ otherwise the seeds repeat one another); confidence intervals bootstrap over tas
 with a fixed seed, so they are deterministic too.
 
 Outputs in --output DIR: leaderboard.json, leaderboard.md, report.html, config.json
-and episodes/<agent>.jsonl (written as episodes finish; rerun the same command to
-resume after a crash or Ctrl-C). Bad input (unknown spec, missing task file,
-malformed replay rows, unknown task ids) ends with one error line, exit code 2,
-before any model loads.
+and episodes/<agent>.jsonl (each episode written once scored; rerun the same command to
+resume after a crash, a kill or Ctrl-C, which says how many episodes were kept, exit
+code 130). DIR is locked while a run writes it (colbench.outdir): a second run on it
+stops at once naming the first (pid, host, start time); a killed run's lock is taken
+over with a warning. Bad input (unknown spec, missing task file, malformed replay rows,
+unknown task ids, a value of the wrong type in flags or --config YAML) ends with one
+error line, exit code 2, before any model loads (`--debug` adds the traceback);
+docs/bad-input.md lists every case.
+
+OpenAI-compatible agents and simulators are bounded by --request_timeout (one deadline
+per request, body included), --max_retries and --max_reply_mb; a reply that cannot be
+used fails its own episode, and the leaderboard counts engine errors with the first
+reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from colbench.agents import ModelAgent, _split_name, check_agent_spec, file_slug, load_agent, needs_simulator
-from engines.base import SpecError
+from colbench.cli import Interrupted, UserError, run_main
 
 PROG = "python -m colbench.evaluate"
 
@@ -55,13 +65,17 @@ _EPISODE_FIELDS = ("env", "tasks", "simulator", "single_turn", "temperature", "m
                    "max_reply_chars", "clip_model", "simulator_max_new_tokens")
 
 
-class UsageError(ValueError):
+class UsageError(UserError):
     """Bad input: reported as one line, exit code 2."""
 
 
 @dataclass
 class EvalConfig:
     """Everything an evaluation run depends on (saved as DIR/config.json)."""
+
+    # a class attribute, not a flag: fields taking model specs, so the CLI also gets
+    # --request_timeout, --max_retries, --max_reply_mb (colbench.cli)
+    engine_spec_fields = ("agent", "simulator", "baseline_agent")
 
     output: str = field(default="", metadata={"help": "output directory (required)"})
     env: str = field(default="backend", metadata={"help": "environment: backend or frontend"})
@@ -99,18 +113,20 @@ class EvalConfig:
             raise UsageError("--output DIR is required")
         if not self.agent:
             raise UsageError("give at least one --agent SPEC")
-        checks = [("seeds", 1 <= self.seeds <= 1000), ("seed_round", self.seed_round >= 0),
-                  ("temperature", self.temperature >= 0),
-                  ("max_new_tokens", self.max_new_tokens >= 1),
-                  ("simulator_max_new_tokens", self.simulator_max_new_tokens >= 1),
-                  ("max_reply_chars", self.max_reply_chars >= 1),
-                  ("limit", self.limit is None or self.limit >= 1),
-                  ("max_turns", self.max_turns is None or self.max_turns >= 1),
-                  ("max_concurrent", self.max_concurrent is None or self.max_concurrent >= 1),
-                  ("batch_size", self.batch_size >= 1)]
-        for name, ok in checks:
+        checks = [("seeds", 1 <= self.seeds <= 1000, "an integer in 1..1000"),
+                  ("seed_round", self.seed_round >= 0, "an integer >= 0"),
+                  ("temperature", self.temperature >= 0 and math.isfinite(self.temperature), "a number >= 0"),
+                  ("max_new_tokens", self.max_new_tokens >= 1, "an integer >= 1"),
+                  ("simulator_max_new_tokens", self.simulator_max_new_tokens >= 1, "an integer >= 1"),
+                  ("max_reply_chars", self.max_reply_chars >= 1, "an integer >= 1"),
+                  ("limit", self.limit is None or self.limit >= 1, "an integer >= 1"),
+                  ("max_turns", self.max_turns is None or self.max_turns >= 1, "an integer >= 1"),
+                  ("max_concurrent", self.max_concurrent is None or self.max_concurrent >= 1, "an integer >= 1"),
+                  ("batch_size", self.batch_size >= 1, "an integer >= 1")]
+        for name, ok, expected in checks:
             if not ok:
-                raise UsageError(f"--{name.replace('_', '-')}: invalid value {getattr(self, name)!r}")
+                raise UsageError(f"--{name.replace('_', '-')}: invalid value {getattr(self, name)!r} "
+                                 f"(expected {expected})")
 
 
 def parse_config(argv: Sequence[str] | None = None) -> EvalConfig:
@@ -288,6 +304,8 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
 
 
 def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
+    from engines.base import server_defaults
+
     resolved = {
         "config": dataclasses.asdict(config),
         "agents": {name: spec for name, spec in plan.agents},
@@ -295,6 +313,7 @@ def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
         "episode": dataclasses.asdict(episode_config),
         "seeds": plan.seeds,
         "n_tasks": len(plan.tasks),
+        "server": dataclasses.asdict(server_defaults()),  # openai: engines' timeout, retries, reply cap
         "python": sys.version.split()[0],
     }
     (plan.out_dir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
@@ -312,25 +331,39 @@ def _thumbnails(tasks: Sequence[Any], episodes: dict[str, list[Any]]) -> str | N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        config = parse_config(argv)
-        plan = prepare(config)
-    except (UsageError, SpecError, ValueError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+    """The CLI: bad input is one line and exit code 2, Ctrl-C one line and 130 (colbench.cli.run_main)."""
+    return run_main(_main, argv, prog=PROG)
+
+
+def _main(argv: Sequence[str]) -> int:
+    from colbench.outdir import OutputLock
+
+    config = parse_config(argv)
+    plan = prepare(config)
     if config.seeds > 1 and config.temperature == 0:
         print(f"warning: --seeds {config.seeds} at temperature 0 repeats the same greedy episodes", file=sys.stderr)
-    try:
-        rows = run(config, plan)
-    except KeyboardInterrupt:
-        print(f"interrupted: finished episodes are saved in {plan.out_dir}/episodes; rerun to resume",
-              file=sys.stderr)
-        return 130
+    with OutputLock(plan.out_dir, command=f"{PROG} --output {config.output}"):
+        try:
+            rows = run(config, plan)
+        except KeyboardInterrupt:
+            raise Interrupted(f"{_kept(plan)} finished episodes are kept in {plan.out_dir / 'episodes'}; "
+                              "rerun the same command to resume") from None
     from colbench.report import leaderboard_markdown
 
     print(leaderboard_markdown(rows))
     print(f"report: {plan.out_dir / 'report.html'}", file=sys.stderr)
     return 0
+
+
+def _kept(plan: Plan) -> int:
+    """Episodes on disk for this run's agents (what an interrupted run keeps)."""
+    import warnings
+
+    from colbench.episodes import read_episodes
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return sum(len(read_episodes(plan.out_dir / "episodes" / f"{file_slug(n)}.jsonl")) for n, _ in plan.agents)
 
 
 if __name__ == "__main__":

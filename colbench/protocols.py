@@ -50,7 +50,9 @@ class Agent(Protocol):
     name: str  # used in episode ids and report rows; never contains "/"
 
     def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
-        """One sample per request, in order. May raise engines.EngineError for the batch."""
+        """One sample per request, in order. May raise engines.EngineError for the whole
+        batch, or engines.base.BatchError whose `results[i]` is request i's Sample or the
+        EngineError that failed it (only those episodes end)."""
         ...
 
 
@@ -83,7 +85,11 @@ class Environment(Protocol):
 
     def score(self, tasks: Sequence[Task], answers: Sequence[str]) -> list[Score]:
         """Score answers against their tasks' hidden information. A crash, hang or
-        timeout scores 0 for that answer (recorded in Score.error), never raises."""
+        timeout scores 0 for that answer (recorded in Score.error), never raises.
+
+        An environment may also offer `score_iter(tasks, answers)`, yielding
+        `(index, Score)` as each answer is scored (any order); the runner then writes
+        each episode as soon as it is scored, so Ctrl-C during a long batch keeps them."""
         ...
 
     def training_info(self, task: Task) -> str:

@@ -32,7 +32,9 @@ BEHAVIOUR_LABELS = {
     "mean_agent_reply_chars": "reply chars",
     "simulator_dont_know_rate": "sim. don't know",
     "simulator_failures": "sim. failures",
+    "engine_errors": "engine errors",
 }
+FIRST_ERROR_CHARS = 300  # the first engine error, as the leaderboard's note quotes it
 
 
 @dataclass
@@ -100,7 +102,17 @@ def leaderboard_markdown(rows: Sequence[LeaderboardRow]) -> str:
         cells += [_behaviour_cell(k, r.behaviour.get(k)) for k in BEHAVIOUR_LABELS]
         lines.append("| " + " | ".join(cells) + " |")
     note = "Metrics: value [95% bootstrap CI over tasks], percent except CLIP similarity (cosine)."
-    return "\n".join(lines) + "\n\n" + note + "\n"
+    errors = [_engine_errors_line(r) for r in rows if r.behaviour.get("engine_errors")]
+    return "\n".join(lines) + "\n\n" + note + "\n" + "".join(f"\n{e}\n" for e in errors)
+
+
+def _engine_errors_line(row: LeaderboardRow) -> str:
+    """`Engine errors: agent: 3 of 8 episodes failed (scored 0); first: <reason>`."""
+    first = " ".join(str(row.behaviour.get("first_engine_error") or "").split())
+    if len(first) > FIRST_ERROR_CHARS:
+        first = first[: FIRST_ERROR_CHARS - 3] + "..."
+    return (f"Engine errors: {row.agent}: {row.behaviour['engine_errors']} of {row.n_episodes} episodes failed "
+            f"(scored 0); first: {first}")
 
 
 def _png(fig: Any) -> str:
@@ -243,6 +255,8 @@ def report_html(rows: Sequence[LeaderboardRow], episodes_by_agent: dict[str, Seq
         imgs.append(("Final renders next to targets", thumbs))
     body = [f"<h1>ColBench {html.escape(env)} evaluation</h1>", _table_html(leaderboard_markdown(rows)),
             "<p>Metrics: value [95% bootstrap CI over tasks]; percent except CLIP similarity.</p>"]
+    body += [f"<p class='error'>{html.escape(_engine_errors_line(r))}</p>" for r in rows
+             if r.behaviour.get("engine_errors")]
     for title, b64 in imgs:
         body.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
                     f"src='data:image/png;base64,{b64}'>")

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from colbench.types import Episode
+from colbench.types import STOP_ENGINE_ERROR, Episode
 
 N_BOOTSTRAP = 2000
 BOOTSTRAP_SEED = 0
@@ -112,6 +112,7 @@ def behaviour_stats(episodes: Sequence[Episode]) -> dict[str, float | int | dict
     agent_turns = [t for ep in episodes for t in ep.agent_turns]
     replies = [t for ep in episodes for t in ep.turns if t.role == "human" and not t.failed]
     dont_know = sum(1 for t in replies if DONT_KNOW.search(t.content))
+    engine_failed = [ep for ep in episodes if ep.stop_reason == STOP_ENGINE_ERROR]
     n = len(episodes)
     return {
         "mean_turns": float(np.mean([len(ep.agent_turns) for ep in episodes])),
@@ -122,6 +123,14 @@ def behaviour_stats(episodes: Sequence[Episode]) -> dict[str, float | int | dict
         "simulator_replies": len(replies),
         "simulator_dont_know_rate": dont_know / len(replies) if replies else 0.0,
         "simulator_failures": sum(ep.n_simulator_failures for ep in episodes),
-        "scoring_errors": sum(1 for ep in episodes if ep.score is not None and ep.score.error),
+        "scoring_errors": sum(1 for ep in episodes if ep.score is not None and ep.score.error
+                              and ep.stop_reason != STOP_ENGINE_ERROR),
+        "engine_errors": len(engine_failed),
+        "first_engine_error": _engine_error(engine_failed[0]) if engine_failed else None,
         "stop_reasons": dict(sorted(Counter(ep.stop_reason for ep in episodes).items())),
     }
+
+
+def _engine_error(ep: Episode) -> str:
+    """Why the agent's engine failed on this episode (as the runner recorded it)."""
+    return str(ep.meta.get("error") or (ep.score.error if ep.score else None) or "unknown error")

@@ -13,6 +13,7 @@ Model spec strings (used by every CLI; parsed in `engines.specs`):
 from __future__ import annotations
 
 from engines.base import (
+    BatchError,
     Conversation,
     Engine,
     EngineError,
@@ -20,11 +21,13 @@ from engines.base import (
     Message,
     Sample,
     SamplingParams,
+    ServerOptions,
     SpecError,
 )
 from engines.specs import SPEC_HELP, ModelSpec, check_spec, model_path, parse_spec
 
 __all__ = [
+    "BatchError",
     "Conversation",
     "Engine",
     "EngineError",
@@ -34,6 +37,7 @@ __all__ = [
     "SPEC_HELP",
     "Sample",
     "SamplingParams",
+    "ServerOptions",
     "SpecError",
     "check_spec",
     "load_engine",

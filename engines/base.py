@@ -16,6 +16,7 @@ computes, so sampler/trainer gaps measure numerics only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -31,6 +32,20 @@ class EngineError(RuntimeError):
 
 class SpecError(ValueError):
     """A model spec string is malformed or names a model that does not exist."""
+
+
+class BatchError(EngineError):
+    """Some items of a batch failed for good, the others did not.
+
+    `results[i]` is what the call returns for item i (an engine's `list[Sample]`, an
+    agent's `Sample`) or the `EngineError` that failed it; callers keep the good items
+    and fail only the others (one bad reply ends its own episode, never the run)."""
+
+    def __init__(self, results: list[Any]) -> None:
+        self.results = list(results)
+        errors = [r for r in self.results if isinstance(r, EngineError)]
+        first = str(errors[0]) if errors else "no error"
+        super().__init__(f"{len(errors)} of {len(self.results)} requests failed; first: {first}")
 
 
 @dataclass(frozen=True)
@@ -123,8 +138,51 @@ class EngineOptions:
     enable_lora: bool = False  # vllm
     max_lora_rank: int | None = None  # vllm: the largest LoRA rank to load (vLLM's default is 16)
     lora_path: str | None = None  # vllm / hf: adapter applied to the base model
-    request_timeout: float = 120.0  # openai: seconds per request
+    # openai: the CLI's --request_timeout / --max_retries / --max_reply_mb (ServerOptions) when
+    # it parsed them, else ServerOptions' defaults
+    request_timeout: float = field(default_factory=lambda: _server_defaults.request_timeout)  # connect + whole reply
     max_concurrency: int = 16  # openai: requests in flight
-    max_retries: int = 5  # openai: retry rounds on 429 / 5xx / connection errors (a round tries every replica)
+    max_retries: int = field(default_factory=lambda: _server_defaults.max_retries)  # rounds on 429/5xx/no reply
+    max_reply_bytes: int = field(default_factory=lambda: int(_server_defaults.max_reply_mb * 2**20))  # openai
     api_key: str | None = None  # openai: defaults to $OPENAI_API_KEY or "EMPTY"
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How long to wait for an OpenAI-compatible server and how often to retry: the
+    `--request_timeout`, `--max_retries` and `--max_reply_mb` flags of every CLI that
+    takes an `openai:` spec (colbench.cli adds them; see `set_server_defaults`)."""
+
+    request_timeout: float = field(default=120.0, metadata={
+        "help": "openai engines: seconds per request, connect + the whole reply (a trickling server times out too)"})
+    max_retries: int = field(default=5, metadata={
+        "help": "openai engines: retry rounds on 429, 5xx, timeouts and refused connections "
+                "(exponential backoff with jitter; a round tries every replica)"})
+    max_reply_mb: float = field(default=32.0, metadata={
+        "help": "openai engines: largest reply accepted, in MB (a bigger one fails its own request; "
+                "reading stops at the cap)"})
+
+    def __post_init__(self) -> None:
+        for name in ("request_timeout", "max_reply_mb"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"--{name}: must be a finite number > 0, got {value!r}")
+        if not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise ValueError(f"--max_retries: must be an integer >= 0, got {self.max_retries!r}")
+
+
+_server_defaults = ServerOptions()
+
+
+def set_server_defaults(options: ServerOptions) -> None:
+    """Make `options` the defaults of every EngineOptions built from now on in this process
+    (what a CLI does once it parsed its flags, so that engines built deep inside a trainer
+    or a simulator honour them). An EngineOptions field given explicitly still wins."""
+    global _server_defaults
+    _server_defaults = options
+
+
+def server_defaults() -> ServerOptions:
+    """The ServerOptions in force (the CLI's flags once parsed, else the defaults)."""
+    return _server_defaults

@@ -8,11 +8,24 @@ One chat-completions request per conversation (n choices each), at most
 request goes to the replica with the fewest requests in flight (ties in turn), skipping
 replicas that failed in the last REPLICA_COOLDOWN_S seconds.
 
-Failures on 429, 5xx, connection errors and timeouts are retried: first at once on each
-other replica, then, once every replica failed in a round, after an exponential backoff
-with jitter (honouring Retry-After); `options.max_retries` counts those rounds. Other 4xx
-are not retried. A failure that survives its retries raises `ServerError` (an
-`EngineError`) carrying the server's status and message.
+Bounded, whatever the server does (the `--request_timeout`, `--max_retries` and
+`--max_reply_mb` flags, engines.base.ServerOptions):
+- each attempt has one total deadline, `options.request_timeout` seconds for connect,
+  send, headers and the whole body (an asyncio deadline on a private event loop, so a
+  server trickling one byte every few seconds times out like a silent one);
+- a reply is streamed and dropped once it passes `options.max_reply_bytes` (a
+  Content-Length above the cap is refused unread), so memory stays bounded;
+- 429, 5xx, connection errors and timeouts are retried: first at once on each other
+  replica, then, once every replica failed in a round, after an exponential backoff with
+  jitter (honouring Retry-After); `options.max_retries` counts those rounds.
+
+Failures are `ServerError`s (`EngineError`s) carrying the server's status and message,
+with the API key cut out of every message (servers that echo the Authorization header
+cannot leak it into episodes or logs):
+- `ServerUnavailable`: retries exhausted; the batch stops (every request would fail alike);
+- `ReplyError`: a reply that cannot be used (too large, not JSON, wrong shape such as
+  `"message": "oops"`), and other 4xx (not retried): only that conversation fails, the
+  others of the batch complete and `generate` raises `BatchError` holding both.
 
 Built on httpx rather than the `openai` package: replica fail-over needs to own the retry
 loop (the client retries one server before another could answer), and the vLLM fields
@@ -33,21 +46,25 @@ Message contents (including image content parts as data URLs) are sent untouched
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Sequence
 
-from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams
+from engines.base import BatchError, Conversation, EngineError, EngineOptions, Sample, SamplingParams
 from engines.templating import cut_completion, end_token_ids
 
 RETRY_STATUSES = frozenset({429}) | frozenset(range(500, 600))
 MAX_BACKOFF_S = 30.0
 REPLICA_COOLDOWN_S = 5.0  # a replica that failed is tried last for this long
 VLLM_EXTRAS = ("return_tokens_as_token_ids", "return_token_ids")
+ERROR_BODY_BYTES = 64 * 1024  # an error reply is read this far, never further
+REDACTED = "[api key redacted]"
 
 
 class ServerError(EngineError):
@@ -59,37 +76,84 @@ class ServerError(EngineError):
         self.server_message = server_message
 
 
+class ServerUnavailable(ServerError):
+    """Retries exhausted (timeouts, refused connections, 429/5xx): the whole batch stops."""
+
+
+class ReplyError(ServerError):
+    """This conversation's request failed (an unusable reply, or a 4xx): only it fails."""
+
+
 class _Retryable(Exception):
     def __init__(self, status: int | None, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.retry_after = status, message, retry_after
 
 
-def _server_message(response: Any) -> str:
+def redact(text: str, secrets: Sequence[str]) -> str:
+    """`text` without any of `secrets` (API keys), also when cut short at the end."""
+    for secret in secrets:
+        if len(secret) < 4:
+            continue  # "EMPTY"-style placeholders are long enough; 1-3 chars would redact noise
+        text = text.replace(secret, REDACTED)
+        for k in range(len(secret) - 1, 3, -1):  # a prefix of the key where the text was cut
+            if text.endswith(secret[:k]):
+                text = text[:-k] + REDACTED
+                break
+    return text
+
+
+def _server_message(data: bytes | bytearray) -> str:
     """The error text of an OpenAI-style error body ({"error": {"message": ...}}), else the raw body."""
+    text = data.decode("utf-8", "replace")
     try:
-        body = response.json()
+        body = json.loads(text)
     except ValueError:
-        return response.text.strip()[:2000]
+        return text.strip()
     if isinstance(body, dict):
         err = body.get("error", body)
         if isinstance(err, dict):
-            return str(err.get("message") or err.get("detail") or err)[:2000]
-        return str(err)[:2000]
-    return str(body)[:2000]
+            return str(err.get("message") or err.get("detail") or err)
+        return str(err)
+    return str(body)
 
 
-def _parse_choice(choice: dict[str, Any]) -> Sample:
-    """One chat-completions choice -> Sample (token ids and log-probs when the server gave them)."""
-    message = choice.get("message") or {}
-    text = message.get("content") or ""
-    content = (choice.get("logprobs") or {}).get("content") or []
-    logprobs = tuple(float(t["logprob"]) for t in content) if content else None
-    token_ids: tuple[int, ...] = ()
-    if choice.get("token_ids"):  # vLLM return_token_ids
-        token_ids = tuple(int(t) for t in choice["token_ids"])
-    elif content and all(str(t.get("token", "")).startswith("token_id:") for t in content):
-        token_ids = tuple(int(str(t["token"]).split(":", 1)[1]) for t in content)
+def _preview(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _parse_choice(choice: Any, index: int = 0) -> Sample:
+    """One chat-completions choice -> Sample (token ids and log-probs when the server gave them).
+    A choice of the wrong shape raises ValueError naming the field."""
+    if not isinstance(choice, dict):
+        raise ValueError(f"choice {index} is a {type(choice).__name__}, expected an object")
+    message = choice.get("message")
+    if message is None:
+        message = {}
+    if not isinstance(message, dict):
+        raise ValueError(f"choice {index}: 'message' is a {type(message).__name__} ({_preview(message, 80)}), "
+                         "expected an object with 'content'")
+    text = message.get("content")
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise ValueError(f"choice {index}: 'message.content' is a {type(text).__name__}, expected a string")
+    logprobs_field = choice.get("logprobs") or {}
+    if not isinstance(logprobs_field, dict):
+        raise ValueError(f"choice {index}: 'logprobs' is a {type(logprobs_field).__name__}, expected an object")
+    content = logprobs_field.get("content") or []
+    if not isinstance(content, list) or not all(isinstance(t, dict) for t in content):
+        raise ValueError(f"choice {index}: 'logprobs.content' is not a list of objects")
+    try:
+        logprobs = tuple(float(t["logprob"]) for t in content) if content else None
+        token_ids: tuple[int, ...] = ()
+        if choice.get("token_ids"):  # vLLM return_token_ids
+            token_ids = tuple(int(t) for t in choice["token_ids"])
+        elif content and all(str(t.get("token", "")).startswith("token_id:") for t in content):
+            token_ids = tuple(int(str(t["token"]).split(":", 1)[1]) for t in content)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"choice {index}: unreadable token ids or log-probs ({type(e).__name__}: {e})") from None
     if logprobs is not None and token_ids and len(token_ids) != len(logprobs):
         token_ids = token_ids[: len(logprobs)] if len(token_ids) > len(logprobs) else ()
     reason = choice.get("finish_reason") or "stop"
@@ -101,6 +165,24 @@ def _parse_choice(choice: dict[str, Any]) -> Sample:
         logprobs=logprobs,
         finish_reason=reason,
     )
+
+
+def _parse_reply(data: Any) -> tuple[list[Sample], tuple[int, ...] | None]:
+    """A chat-completions reply -> its samples (in index order) and the prompt ids, if any.
+    ValueError (the reason) for a reply of the wrong shape."""
+    if not isinstance(data, dict):
+        raise ValueError(f"the reply is a JSON {type(data).__name__} ({_preview(data, 80)}), "
+                         "expected an object with 'choices'")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise ValueError(f"the reply has no 'choices' list: {_preview(data)}")
+    if not all(isinstance(c, dict) for c in choices):
+        raise ValueError("'choices' holds something other than objects")
+    ordered = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c.get("index", 0), int) else 0)
+    samples = [_parse_choice(c, i) for i, c in enumerate(ordered)]
+    prompt_ids = data.get("prompt_token_ids")
+    ok_ids = isinstance(prompt_ids, list) and prompt_ids and all(isinstance(t, int) for t in prompt_ids)
+    return samples, tuple(prompt_ids) if ok_ids else None
 
 
 class OpenAIEngine:
@@ -138,11 +220,20 @@ class OpenAIEngine:
         self.spec = spec or f"openai:{model}@{','.join(urls)}"
         self.retry_backoff, self.replica_cooldown = retry_backoff, replica_cooldown
         api_key = self.options.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-        self._client = httpx.Client(
+        self._secrets = [api_key] if api_key != "EMPTY" else []
+        # Every HTTP attempt runs on one private event loop: asyncio.timeout gives the total
+        # deadline (httpx's own timeouts restart on every byte read). The worker threads
+        # below keep the retry loop and block on their attempt's future.
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="openai-io", daemon=True)
+        self._loop_thread.start()
+        self._client = httpx.AsyncClient(
             headers={"Authorization": f"Bearer {api_key}"},
-            timeout=self.options.request_timeout,
+            timeout=httpx.Timeout(self.options.request_timeout),
             limits=httpx.Limits(max_connections=max(1, self.options.max_concurrency)),
         )
+        self._attempts: set[Future] = set()  # attempts in flight, cancelled by close()
+        self._closed = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.max_concurrency), thread_name_prefix="openai")
         # Optional features, switched off for good the first time the server refuses one.
         self._features = {
@@ -196,33 +287,72 @@ class OpenAIEngine:
             self._features[refused] = False
         return True
 
+    def _redact(self, text: str) -> str:
+        return redact(text, self._secrets)
+
+    async def _fetch(self, url: str, body: dict[str, Any]) -> tuple[int, Any, bytes | bytearray, int | None]:
+        """One POST within the total deadline: (status, headers, body, size) with the body read
+        up to the cap; `size` is set (the bytes seen so far) when the reply passed the cap."""
+        async with asyncio.timeout(self.options.request_timeout):
+            async with self._client.stream("POST", url, json=body) as response:
+                status = response.status_code
+                cap = self.options.max_reply_bytes if status == 200 else ERROR_BODY_BYTES
+                length = response.headers.get("content-length", "")
+                if status == 200 and length.isdigit() and int(length) > cap:
+                    return status, response.headers, b"", int(length)  # refused unread
+                data = bytearray()  # grown in place: no second copy of a large reply
+                async for chunk in response.aiter_bytes():
+                    if len(data) + len(chunk) > cap:
+                        if status == 200:  # an oversized reply is dropped, not parsed
+                            return status, response.headers, b"", len(data) + len(chunk)
+                        data += chunk[: cap - len(data)]  # an error body: its beginning is enough
+                        break
+                    data += chunk
+                return status, response.headers, data, None
+
     def _post_once(self, base_url: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One HTTP attempt: the JSON body, `_Retryable`, or ServerError for a final 4xx."""
+        """One HTTP attempt: the JSON body, `_Retryable`, or ServerError for a final answer."""
         import httpx
 
         url = f"{base_url}/chat/completions"
+        if self._closed.is_set():
+            raise EngineError(f"{url}: the engine was closed")
+        future = asyncio.run_coroutine_threadsafe(self._fetch(url, body), self._loop)
+        with self._lock:
+            self._attempts.add(future)
         try:
-            response = self._client.post(url, json=body)
-        except httpx.TimeoutException as e:
-            raise _Retryable(None, f"timed out after {self.options.request_timeout:g}s ({type(e).__name__})") from e
+            status, headers, data, too_big = future.result()
+        except (TimeoutError, httpx.TimeoutException) as e:  # the total deadline, or httpx's (never longer)
+            raise _Retryable(None, f"no complete reply within {self.options.request_timeout:g}s "
+                                   "(--request_timeout)") from e
         except httpx.TransportError as e:
-            raise _Retryable(None, f"connection error: {type(e).__name__}: {e}") from e
-        if response.status_code == 200:
+            raise _Retryable(None, self._redact(f"connection error: {type(e).__name__}: {e}")) from e
+        except httpx.HTTPError as e:  # an undecodable body, too many redirects, ...: this reply's problem
+            raise ReplyError(self._redact(f"{url}: could not read the reply: {type(e).__name__}: {e}")) from e
+        except CancelledError:
+            raise EngineError(f"{url}: request cancelled (the engine was closed)") from None
+        finally:
+            with self._lock:
+                self._attempts.discard(future)
+        if status == 200:
+            if too_big is not None:
+                cap_mb = self.options.max_reply_bytes / 2**20
+                raise ReplyError(f"{url} sent a reply of {too_big / 2**20:.1f} MB or more, over the "
+                                 f"{cap_mb:g} MB cap (--max_reply_mb); it was not read further", 200)
             try:
-                return response.json()
-            except ValueError as e:
-                raise _Retryable(200, f"invalid JSON in response: {response.text[:200]!r}") from e
-        message = _server_message(response)
-        if response.status_code in RETRY_STATUSES:
-            retry_after = response.headers.get("retry-after")
+                return json.loads(data)
+            except (ValueError, RecursionError):
+                text = self._redact(data[:400].decode("utf-8", "replace"))
+                raise ReplyError(f"{url} returned invalid JSON: {_preview(text)!r}", 200) from None
+        message = self._redact(_server_message(data))[:2000]
+        if status in RETRY_STATUSES:
+            retry_after = headers.get("retry-after")
             try:
                 delay = float(retry_after) if retry_after is not None else None
             except ValueError:
                 delay = None
-            raise _Retryable(response.status_code, message, delay)
-        raise ServerError(
-            f"{url} returned HTTP {response.status_code} (not retried): {message}", response.status_code, message
-        )
+            raise _Retryable(status, message, delay)
+        raise ReplyError(f"{url} returned HTTP {status} (not retried): {message}", status, message)
 
     def _pick(self, exclude: set[str]) -> str:
         """The replica for the next attempt: not recently failed, fewest in flight, then in turn."""
@@ -264,36 +394,38 @@ class OpenAIEngine:
             if rounds >= self.options.max_retries:
                 where = f"HTTP {e.status}" if e.status is not None else "no response"
                 servers = f"all {len(self.base_urls)} servers, last {url}" if len(self.base_urls) > 1 else url
-                raise ServerError(f"{servers}/chat/completions failed after {attempts} attempts ({where}): {e.message}",
-                                  e.status, e.message) from None
+                tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+                raise ServerUnavailable(f"{servers}/chat/completions failed after {tries} ({where}): "
+                                        f"{e.message}", e.status, e.message) from None
             delay = min(MAX_BACKOFF_S, self.retry_backoff * 2**rounds) * random.uniform(0.5, 1.5)
             if e.retry_after is not None:
                 delay = min(MAX_BACKOFF_S, max(delay, e.retry_after))
-            time.sleep(delay)
+            if self._closed.wait(delay):
+                raise EngineError(f"{url}: the engine was closed while waiting to retry")
             rounds += 1
 
     def _complete(self, conversation: Conversation, params: SamplingParams) -> list[Sample]:
         """`params.n` samples for one conversation (one request, or more if the server ignores n)."""
         wanted = params.distinct  # greedy: one completion, repeated (servers refuse n > 1 greedy)
         n_first = wanted if self._features["n"] else 1
-        data = self._post(conversation, params, n_first, params.seed)
-        prompt_ids = data.get("prompt_token_ids")
-        samples = [_parse_choice(c) for c in sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))]
+        samples, prompt_ids = self._parse(self._post(conversation, params, n_first, params.seed))
         if len(samples) < wanted and n_first > 1:
             with self._lock:
                 self._features["n"] = False  # the server ignores n: one request per sample from now on
         while len(samples) < wanted:
             seed = None if params.seed is None else params.seed + len(samples)
-            extra = self._post(conversation, params, 1, seed)
-            choices = extra.get("choices") or []
-            if not choices:
-                raise ServerError(f"{self.base_url}/chat/completions returned no choices: {str(extra)[:300]}")
-            samples.append(_parse_choice(choices[0]))
+            samples.append(self._parse(self._post(conversation, params, 1, seed))[0][0])
         if prompt_ids:
             samples = [replace(s, prompt_token_ids=tuple(prompt_ids)) for s in samples]
         if self.tokenizer is not None:
             samples = [self._cut(s, params) for s in samples[:wanted]]
         return [samples[k % wanted] for k in range(params.n)]
+
+    def _parse(self, data: Any) -> tuple[list[Sample], tuple[int, ...] | None]:
+        try:
+            return _parse_reply(data)
+        except ValueError as e:
+            raise ReplyError(self._redact(f"{self.base_url}/chat/completions: unusable reply: {e}"), 200) from None
 
     def _cut(self, sample: Sample, params: SamplingParams) -> Sample:
         """Cut server token ids (vLLM keeps the eos / stop-string tokens) so decode(ids) == text."""
@@ -309,18 +441,37 @@ class OpenAIEngine:
     def generate(self, conversations: Sequence[Conversation], params: SamplingParams) -> list[list[Sample]]:
         """Return `params.n` samples per conversation, requests running concurrently.
 
-        The first request that fails for good cancels the ones not yet started and its
-        ServerError is raised.
+        A conversation whose request fails on its own (`ReplyError`: an unusable reply, a
+        4xx) does not stop the others: once all are done, `BatchError` carries the samples
+        and the errors. A server that stays unavailable (`ServerUnavailable`) cancels the
+        requests not yet started and is raised.
         """
         futures = [self._pool.submit(self._complete, conv, params) for conv in conversations]
+        results: list[Any] = []
         try:
-            return [f.result() for f in futures]
+            for f in futures:
+                try:
+                    results.append(f.result())
+                except ReplyError as e:
+                    results.append(e)
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
+        if any(isinstance(r, EngineError) for r in results):
+            raise BatchError(results)
+        return results
 
     def close(self) -> None:
-        """Stop the worker threads and close the HTTP connections."""
+        """Cancel the requests in flight, stop the worker threads, close the connections."""
+        self._closed.set()
+        with self._lock:
+            for future in list(self._attempts):
+                future.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self._client.close()
+        if self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result(timeout=10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(timeout=10)
+        if not self._loop.is_running():
+            self._loop.close()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from colbench.types import Task, Turn
-from engines.base import Engine, EngineError, Message, SamplingParams
+from engines.base import BatchError, Engine, EngineError, Message, SamplingParams
 from simulators.base import SimReply, SimRequest, check_requests
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
@@ -80,10 +80,15 @@ class LLMSimulator:
         conversations = [self.conversation(r.task, r.turns) for r in requests]
         try:
             results = self.engine.generate(conversations, self.sampling)
+        except BatchError as e:  # some replies failed on their own: only those
+            results = e.results
         except EngineError as e:  # the engine has already retried
             return [SimReply("", failed=True, error=f"EngineError: {e}") for _ in requests]
         replies = []
         for samples in results:
+            if isinstance(samples, EngineError):
+                replies.append(SimReply("", failed=True, error=f"{type(samples).__name__}: {samples}"))
+                continue
             text = clean_reply(samples[0].text, self.max_reply_chars)
             if text:
                 replies.append(SimReply(text))

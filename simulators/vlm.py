@@ -37,7 +37,7 @@ from PIL import Image
 
 from colbench.envs.frontend import extract_html, has_html
 from colbench.types import Task, Turn
-from engines.base import Engine, Message, SamplingParams
+from engines.base import BatchError, Engine, Message, SamplingParams
 from simulators.base import SimReply, SimRequest, check_requests
 from simulators.llm import clean_reply
 
@@ -121,14 +121,22 @@ def generate_replies(engine: Engine, conversations: list[list[Message]], samplin
         return []
     try:
         results = engine.generate(conversations, sampling)
+    except BatchError as e:  # some replies failed on their own: only those
+        results = e.results
     except Exception as e:  # EngineError after retries, or a backend that cannot take images
-        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
-        return [SimReply("", failed=True, error=error) for _ in conversations]
+        return [SimReply("", failed=True, error=_error_text(e)) for _ in conversations]
     out = []
     for samples in results:
+        if isinstance(samples, Exception):
+            out.append(SimReply("", failed=True, error=_error_text(samples)))
+            continue
         text = clean_reply(samples[0].text, max_reply_chars)
         out.append(SimReply(text) if text else SimReply("", failed=True, error="empty reply after removing code"))
     return out
+
+
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
 
 
 class VLMSimulator:

@@ -15,11 +15,11 @@ separate sandboxes (colbench.scoring.sandbox, colbench.scoring.backend).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from colbench.envs.base import TrainingDefaults, agent_chat, fill_instructions
 from colbench.protocols import ANSWER_MARKER
-from colbench.scoring.backend import ReferenceCache, extract_code, score_backend
+from colbench.scoring.backend import ReferenceCache, extract_code, iter_score_backend, score_backend
 from colbench.scoring.sandbox import SandboxLimits, SandboxPool
 from colbench.types import Score, Task, Turn
 from engines.base import Message
@@ -80,9 +80,16 @@ class BackendEnv:
 
     def score(self, tasks: Sequence[Task], answers: Sequence[str]) -> list[Score]:
         """Sandboxed scoring; a crash, hang or timeout scores 0 (Score.error), never raises."""
+        return score_backend(tasks, answers, self._sandboxes(), cache=self._cache)
+
+    def score_iter(self, tasks: Sequence[Task], answers: Sequence[str]) -> Iterator[tuple[int, Score]]:
+        """`score`, yielding (index, Score) as each answer is scored (the runner saves each at once)."""
+        return iter_score_backend(tasks, answers, self._sandboxes(), cache=self._cache)
+
+    def _sandboxes(self) -> SandboxPool:
         if self._pool is None:
             self._pool = SandboxPool(workers=self.workers, limits=self.limits)
-        return score_backend(tasks, answers, self._pool, cache=self._cache)
+        return self._pool
 
     def training_info(self, task: Task) -> str:
         """The reference solution: SWEET-RL's training-time information for the critic."""

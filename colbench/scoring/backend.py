@@ -24,7 +24,8 @@ import json
 import math
 import re
 import threading
-from typing import Any, Sequence
+from concurrent.futures import as_completed
+from typing import Any, Iterator, Sequence
 
 from colbench.scoring.sandbox import CallOutcome, SandboxPool
 from colbench.types import Score, Task
@@ -224,6 +225,16 @@ def score_backend(
     References (cached) and answers run in parallel, each in its own sandbox. Never
     raises for anything the answer does; Score.detail["tests"] lists per-test results.
     """
+    scores = dict(iter_score_backend(tasks, answers, pool, cache))
+    return [scores[i] for i in range(len(tasks))]
+
+
+def iter_score_backend(
+    tasks: Sequence[Task], answers: Sequence[str], pool: SandboxPool, cache: ReferenceCache | None = None
+) -> Iterator[tuple[int, Score]]:
+    """`score_backend` one answer at a time: yields (index, Score) as each answer's sandbox
+    finishes (any order), so a caller can save each result at once. Closing the iterator
+    early cancels the sandboxes not yet started."""
     if len(tasks) != len(answers):
         raise ValueError(f"score_backend: {len(tasks)} tasks but {len(answers)} answers")
     cache = DEFAULT_REFERENCE_CACHE if cache is None else cache
@@ -234,14 +245,21 @@ def score_backend(
         refs[k] = cache.get(t)
         if refs[k] is None and t.tests:
             missing[k] = t
-    jobs = [(t.hidden, list(t.tests)) for t in missing.values()]
-    jobs += [(answer, list(t.tests)) for t, answer in zip(tasks, answers)]
-    results = pool.run_many(jobs)
-    for (k, t), outcomes in zip(missing.items(), results):
-        refs[k] = outcomes
-        cache.put(t, outcomes)
-    answer_results = results[len(missing):]
-    return [_score_one(t, refs[ReferenceCache.key(t)] or [], outs) for t, outs in zip(tasks, answer_results)]
+    # references first: the pool runs jobs in submission order
+    ref_jobs = {k: pool.submit((t.hidden, list(t.tests))) for k, t in missing.items()}
+    answer_jobs = {pool.submit((answer, list(t.tests))): i for i, (t, answer) in enumerate(zip(tasks, answers))}
+    try:
+        for job in as_completed(answer_jobs):
+            i = answer_jobs[job]
+            task = tasks[i]
+            k = ReferenceCache.key(task)
+            if refs[k] is None and k in ref_jobs:
+                refs[k] = ref_jobs[k].result()
+                cache.put(task, refs[k])
+            yield i, _score_one(task, refs[k] or [], job.result())
+    finally:
+        for job in (*ref_jobs.values(), *answer_jobs):
+            job.cancel()
 
 
 def _score_one(task: Task, ref: list[CallOutcome], got: list[CallOutcome]) -> Score:

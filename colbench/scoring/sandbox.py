@@ -66,6 +66,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -75,7 +76,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -197,6 +198,59 @@ class _Channel:
         os.close(self.fd)
 
 
+SCRATCH_PREFIX = "sweet-sandbox-"
+_OWNED_SCRATCH = re.compile(rf"^{SCRATCH_PREFIX}(\d+)-")
+_swept = False
+_sweep_lock = threading.Lock()
+
+
+def new_scratch_dir() -> str:
+    """A host-side scratch dir named after this process (sweet-sandbox-<pid>-*), so the
+    next run can tell a dead owner's leftovers; the first call sweeps those."""
+    global _swept
+    with _sweep_lock:
+        if not _swept:
+            _swept = True
+            sweep_stale_scratch()
+    return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=SCRATCH_BASE)
+
+
+def sweep_stale_scratch(base: str | None = None) -> list[str]:
+    """Remove the scratch dirs a killed run left (SIGKILL skips every cleanup): ours
+    (same uid) whose owner pid is gone. Live owners' dirs and others' stay."""
+    base = base or SCRATCH_BASE or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _OWNED_SCRATCH.match(entry.name)
+        try:
+            if not match or not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        pid = int(match.group(1))
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    if removed:
+        logger.info("removed %d sandbox scratch dirs left by dead runs in %s", len(removed), base)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    # as colbench.outdir.pid_alive; this module imports nothing from the project (stdlib only)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _child_config(limits: SandboxLimits, scratch: str) -> dict:
     # SWEET_SANDBOX_NO_NAMESPACES=1: skip namespaces (kernels or container runtimes that
     # misbehave with them; also how the tests exercise the fallback).
@@ -268,7 +322,7 @@ def _run_once(source: str, calls: list[str], limits: SandboxLimits, deadline: fl
               spawner) -> tuple[list[CallOutcome], bool]:
     """One sandbox process. Returns the outcomes it could establish (a prefix of `calls`,
     the last one failed if the sandbox died in it) and whether a restart makes sense."""
-    scratch = tempfile.mkdtemp(prefix="sweet-sandbox-", dir=SCRATCH_BASE)  # used only without a private tmpfs
+    scratch = new_scratch_dir()  # used only without a private tmpfs
     cfg = _child_config(limits, scratch)
     start = time.monotonic()
     try:
@@ -411,7 +465,7 @@ def isolation_report() -> dict[str, bool]:
     """Which isolation mechanisms are active on this machine (probed once, by a real sandbox)."""
     global _report
     if _report is None:
-        scratch = tempfile.mkdtemp(prefix="sweet-sandbox-", dir=SCRATCH_BASE)
+        scratch = new_scratch_dir()
         cfg = _child_config(SandboxLimits(), scratch)
         proc = _ExecProc(cfg, json.dumps({"source": "", "calls": []}).encode())
         chan = _Channel(proc.result_fd, 1 << 20)
@@ -604,6 +658,11 @@ class SandboxPool:
     def run_many(self, jobs: Sequence[tuple[str, Sequence[str]]]) -> list[list[CallOutcome]]:
         """Run each (source, calls) job in its own sandbox; results in job order."""
         return list(self._executor.map(self._run_safe, jobs))
+
+    def submit(self, job: tuple[str, Sequence[str]]) -> Future:
+        """Run one (source, calls) job in its own sandbox; a Future of its CallOutcomes
+        (jobs start in submission order; the future never raises for the code's doing)."""
+        return self._executor.submit(self._run_safe, job)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -77,6 +77,7 @@ NO_VARIANCE_HINT = ("no reward variance: every group of K episodes got the same 
 
 @dataclass
 class LoopConfig:
+    engine_spec_fields = ("simulator",)  # a class attribute, not a flag: adds --request_timeout etc. (colbench.cli)
     env: str = field(default="testbed", metadata={"help": "environment: testbed, backend, frontend"})
     tasks: str = field(default="builtin:train", metadata={"help": "task source (file, builtin:train, hf:<id>)"})
     simulator: str | None = field(default="scripted:testbed", metadata={"help": "simulator spec"})

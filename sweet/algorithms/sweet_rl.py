@@ -93,6 +93,8 @@ class SweetConfig:
 class CandidateConfig:
     """How the K candidate actions per state are sampled."""
 
+    engine_spec_fields = ("sampler",)  # a class attribute, not a flag: adds --request_timeout etc. (colbench.cli)
+
     sampler: str = field(default="", metadata={"help": "engine spec for candidates: tiny|hf:..|vllm:..|openai:..; default the policy's initial model"})
     reuse_candidates: str = field(default="", metadata={
         "help": "another stage-2 run's candidates.jsonl, sampled with these same settings: score its samples with "

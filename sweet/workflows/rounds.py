@@ -27,6 +27,8 @@ from sweet.algorithms.sweet_rl import main as run_round
 class RoundsConfig:
     """Repeat stage 2 with new episodes and a retrained critic."""
 
+    engine_spec_fields = ("simulator",)  # a class attribute, not a flag: adds --request_timeout etc. (colbench.cli)
+
     rounds: int = field(default=1, metadata={"help": "rounds: >1 collects new episodes with the trained policy, retrains the critic, repeats"})
     simulator: str = field(default="", metadata={"help": "rounds > 1: simulated human for the new episodes (e.g. scripted:backend, vllm:...)"})
     rollouts_per_task: int = field(default=2, metadata={"help": "rounds > 1: new episodes per task (seeds r*1000 .. r*1000+N-1)"})

@@ -96,3 +96,89 @@ def test_evaluate_keeps_its_flag_names():
     assert (c.output, c.agent, c.baseline_agent, c.single_turn, c.max_turns, c.progress) == (
         "o", ["reference", "b=tiny"], "reference", True, 3, False)
     assert parse_config(["--output", "o", "--agent", "x", "--baseline_agent", "y"]).baseline_agent == "y"
+
+
+# ---- values type-checked at parse time, one-line errors (run_main) ---------------------------
+
+
+@pytest.mark.parametrize("yaml_text, message", [
+    ("max_new_tokens: 2.5\n", r"run.yaml: max_new_tokens: expected an integer, got 2.5 \(float\)"),
+    ("max_new_tokens: true\n", r"run.yaml: max_new_tokens: expected an integer, got True \(bool\)"),
+    ("max_new_tokens: many\n", r"run.yaml: max_new_tokens: expected an integer, got 'many' \(str\)"),
+    ("max_new_tokens: null\n", r"run.yaml: max_new_tokens: no value \(null\) given; expected an integer"),
+    ("temperature: hot\n", r"run.yaml: temperature: expected a number or null, got 'hot' \(str\)"),
+    ("agent: [a, [b]]\n", r"run.yaml: agent\[1\]: expected a string, got \['b'\] \(list\)"),
+    ("lora: maybe\n", r"run.yaml: lora: expected true or false, got 'maybe' \(str\)"),
+])
+def test_yaml_values_of_the_wrong_type_fail_at_parse_naming_file_and_field(tmp_path, yaml_text, message):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=message):
+        parse(["--config", str(cfg)])
+
+
+def test_yaml_values_are_converted_as_flags_would_be(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("max_new_tokens: '7'\ntemperature: 1e-5\noutput_dir: 2024\nlora: 'yes'\n")  # YAML: 1e-5 is a string
+    run, flags = parse(["--config", str(cfg)])
+    assert (run.max_new_tokens, run.temperature, run.output_dir, flags.lora) == (7, 1e-5, "2024", True)
+
+
+def test_field_checks_are_user_errors():
+    from colbench.cli import FieldError, UserError
+
+    with pytest.raises(FieldError, match="FlagConfig.lora needs progress") as info:
+        parse(["--lora", "--no-progress"])
+    assert isinstance(info.value, UserError)
+
+
+@dataclass
+class SpecConfig:
+    engine_spec_fields = ("simulator",)  # a class attribute, not a field
+    simulator: str = ""
+
+
+def test_configs_taking_model_specs_get_the_server_flags_as_engine_defaults(capsys):
+    from engines.base import EngineOptions, ServerOptions, server_defaults, set_server_defaults
+
+    with pytest.raises(SystemExit):
+        parse_configs([SpecConfig], ["--help"])
+    out = capsys.readouterr().out
+    assert "--request_timeout" in out and "(default: 120.0)" in out and "--max_retries" in out
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    assert "--request_timeout" not in capsys.readouterr().out  # no model spec, no server flags
+    try:
+        (cfg,) = parse_configs([SpecConfig], ["--simulator", "openai:m@http://h/v1", "--request-timeout", "9",
+                                              "--max_retries", "0"])
+        assert cfg.simulator == "openai:m@http://h/v1"
+        assert (EngineOptions().request_timeout, EngineOptions().max_retries) == (9.0, 0)
+        with pytest.raises(ValueError, match="--request_timeout: must be a finite number > 0, got 0.0"):
+            parse_configs([SpecConfig], ["--request_timeout", "0"])
+    finally:
+        set_server_defaults(ServerOptions())
+    assert server_defaults() == ServerOptions()
+
+
+def test_run_main_maps_errors_to_one_line_and_exit_codes(capsys, monkeypatch):
+    from colbench.cli import Interrupted, UserError, run_main
+
+    def failing(exc):
+        def main(argv):
+            raise exc
+        return main
+
+    assert run_main(failing(UserError("--x: bad\nvalue")), [], prog="p") == 2
+    assert capsys.readouterr().err == "p: error: --x: bad value\n"
+    assert run_main(failing(Interrupted("3 episodes kept in o; rerun to resume")), [], prog="p") == 130
+    assert capsys.readouterr().err == "p: interrupted: 3 episodes kept in o; rerun to resume\n"
+    assert run_main(failing(KeyboardInterrupt()), [], prog="p") == 130
+    assert "interrupted before any output was written" in capsys.readouterr().err
+    assert run_main(failing(UserError("bad")), ["--debug"], prog="p") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.endswith("p: error: bad\n")
+    monkeypatch.setenv("SWEET_DEBUG", "1")
+    assert run_main(failing(UserError("bad")), [], prog="p") == 2 and "Traceback" in capsys.readouterr().err
+    with pytest.raises(ZeroDivisionError):  # a bug is not a user error: it raises as usual
+        run_main(lambda argv: 1 / 0, [], prog="p")
+    assert run_main(lambda argv: argv, ["a", "--debug"], prog="p") == 0

@@ -237,3 +237,42 @@ def test_rollout_k_episodes_per_task_with_disjoint_round_seeds(env, tasks, tmp_p
     [cut] = rollout(short, tasks[:1], ScriptedAgent(lambda t: 5), sim)
     short.close()
     assert (cut.stop_reason, len(cut.agent_turns)) == (STOP_TURN_LIMIT, 2)
+
+
+class InterruptedScoring:
+    """The real test-bed env whose streamed scoring delivers answers 2 then 0, then is
+    interrupted (Ctrl-C) while the others are still being scored."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def score_iter(self, tasks, answers):
+        scores = self.env.score(tasks, answers)
+        yield 2, scores[2]
+        yield 0, scores[0]
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_during_scoring_keeps_every_scored_episode_in_order(env, tasks, tmp_path):
+    out = tmp_path / "eps.jsonl"
+    agent = ScriptedAgent(lambda t: 0)  # every episode answers at once: one scoring batch of 6
+    with pytest.raises(KeyboardInterrupt):
+        run_episodes(InterruptedScoring(env), tasks, agent, None, out_path=out, progress=False,
+                     config=EpisodeConfig(single_turn=True))
+    kept = read_episodes(out)
+    assert [e.task_id for e in kept] == [tasks[0].task_id, tasks[2].task_id]  # 0 at once, 2 saved on the interrupt
+    assert all(e.score is not None and e.score.reward == 1.0 for e in kept)
+    eps = run_episodes(env, tasks, agent, None, out_path=out, progress=False, config=EpisodeConfig(single_turn=True))
+    assert [e.task_id for e in eps] == [t.task_id for t in tasks]
+    assert len(read_episodes(out)) == 6  # resumed: the kept two were not rerun
+
+
+def test_streamed_scoring_writes_in_the_batch_order(env, tasks, tmp_path):
+    """The file's order does not depend on which sandbox finished first."""
+    out = tmp_path / "eps.jsonl"
+    run_episodes(env, tasks, ScriptedAgent(lambda t: 0), None, out_path=out, progress=False,
+                 config=EpisodeConfig(single_turn=True))
+    assert [e.task_id for e in read_episodes(out)] == [t.task_id for t in tasks]

@@ -581,3 +581,25 @@ def test_non_root_user_gets_full_isolation_through_a_user_namespace():
         assert not (root / "sweet_pwned_nonroot").exists()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_sweep_removes_only_dead_owners_scratch_dirs(tmp_path):
+    """What a SIGKILLed evaluator leaves (sweet-sandbox-<pid>-*) goes at the next start; the
+    dirs of live owners, of this process and of other names stay."""
+    from colbench.scoring.sandbox import sweep_stale_scratch
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid names no process (until reused, which the sweep then respects)
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        names = [f"sweet-sandbox-{dead.pid}-abc", f"sweet-sandbox-{alive.pid}-abc", f"sweet-sandbox-{os.getpid()}-abc",
+                 "sweet-sandbox-old", "other-dir"]
+        for name in names:
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "work").mkdir()
+        removed = sweep_stale_scratch(str(tmp_path))
+    finally:
+        alive.kill()
+        alive.wait()
+    assert removed == [str(tmp_path / names[0])]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])

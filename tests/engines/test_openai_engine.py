@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from engines import EngineError, EngineOptions, SamplingParams
-from engines.openai_engine import OpenAIEngine, ServerError
+from engines.base import BatchError
+from engines.openai_engine import OpenAIEngine, ReplyError, ServerError, ServerUnavailable
 
 CONVS = [
     [{"role": "user", "content": "Write a function that adds two numbers."}],
@@ -223,10 +224,12 @@ def test_persistent_500_raises_with_the_server_message(scripted):
 def test_400_is_not_retried(scripted):
     server = scripted(lambda body, i: (400, {"error": {"message": "maximum context length is 8192 tokens"}}, {}, 0))
     engine = engine_for(server, max_retries=5)
-    with pytest.raises(ServerError, match="HTTP 400 \\(not retried\\): maximum context length is 8192 tokens") as info:
+    with pytest.raises(BatchError) as info:  # this conversation's own failure: the batch's others would go on
         engine.generate(CONVS[:1], SamplingParams())
     engine.close()
-    assert info.value.status == 400 and len(server.requests) == 1
+    [error] = info.value.results
+    assert isinstance(error, ReplyError) and error.status == 400 and len(server.requests) == 1
+    assert "HTTP 400 (not retried): maximum context length is 8192 tokens" in str(error)
 
 
 def test_refused_optional_fields_are_dropped_once(scripted):
@@ -283,7 +286,7 @@ def test_images_and_params_pass_through_untouched(scripted):
 def test_timeouts_are_retried_then_raised(scripted):
     server = scripted(lambda body, i: (200, vllm_like_reply(body), {}, 1.0))
     engine = engine_for(server, max_retries=1, request_timeout=0.2)
-    with pytest.raises(ServerError, match="after 2 attempts \\(no response\\): timed out after 0.2s"):
+    with pytest.raises(ServerError, match="after 2 attempts \\(no response\\): no complete reply within 0.2s"):
         engine.generate(CONVS[:1], SamplingParams())
     engine.close()
     assert len(server.requests) == 2
@@ -401,3 +404,212 @@ def test_finish_reason_tells_end_of_turn_from_stop_string_and_length():
     assert _parse_choice(choice("stop", "\n\n")).finish_reason == "stop_string"
     assert _parse_choice(choice("stop", 128009)).finish_reason == "stop"  # a stop token id ends the turn
     assert _parse_choice(choice("length")).finish_reason == "length"
+
+
+# --------------------------------------------------------------------------- badly behaved servers
+
+
+class RawServer:
+    """A real HTTP server whose handler writes the raw reply: `respond(handler, body, i)`."""
+
+    def __init__(self, respond):
+        self.respond, self.requests, self.sent = respond, [], []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append({"auth": self.headers.get("Authorization"), "body": body})
+                try:
+                    outer.respond(self, body, len(outer.requests) - 1)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client stopped reading: what a bounded client does
+                self.close_connection = True
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def raw():
+    servers = []
+
+    def make(respond):
+        servers.append(RawServer(respond))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def send_json(handler, status, payload):
+    data = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+@pytest.mark.parametrize("interval, deadline", [
+    (0.3, 1.0),
+    pytest.param(5.0, 6.0, marks=pytest.mark.slow),  # the issue's server: one byte every 5 s
+])
+def test_a_trickled_body_times_out_at_the_total_deadline(raw, interval, deadline):
+    """One byte every `interval` s: a per-read timeout of `deadline` s would restart
+    forever; the total deadline (connect + whole body) ends the attempt after `deadline` s."""
+    body = json.dumps(vllm_like_reply({"n": 1})).encode()
+
+    def respond(h, req, i):
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        for k in range(len(body)):
+            h.wfile.write(body[k:k + 1])
+            h.wfile.flush()
+            time.sleep(interval)
+
+    server = raw(respond)
+    engine = engine_for(server, max_retries=0, request_timeout=deadline)
+    start = time.monotonic()
+    with pytest.raises(ServerUnavailable, match=rf"after 1 attempt \(no response\): no complete reply within "
+                                                rf"{deadline:g}s \(--request_timeout\)"):
+        engine.generate(CONVS[:1], SamplingParams())
+    elapsed = time.monotonic() - start
+    engine.close()
+    assert deadline - 0.1 < elapsed < deadline + 1.5, elapsed
+
+
+@pytest.mark.parametrize("with_length", [False, True])
+def test_a_300_mb_reply_stops_at_the_cap_in_bounded_memory(raw, with_length):
+    """The default cap (32 MB): the reply is streamed and dropped at the cap (chunked), or
+    refused unread (Content-Length over the cap); memory stays far below 300 MB."""
+    import tracemalloc
+
+    chunk = b"x" * (1 << 20)
+    total = 300 << 20
+
+    def respond(h, req, i):
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        if with_length:
+            h.send_header("Content-Length", str(total))
+        else:
+            h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        sent = 0
+        try:
+            while sent < total:
+                h.wfile.write(chunk if with_length else b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                sent += len(chunk)
+        finally:
+            server.sent.append(sent)
+
+    server = raw(respond)
+    engine = engine_for(server, max_retries=3)
+    tracemalloc.start()
+    try:
+        with pytest.raises(BatchError) as info:
+            engine.generate(CONVS[:1], SamplingParams())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        engine.close()
+    [error] = info.value.results
+    assert isinstance(error, ReplyError) and "over the 32 MB cap (--max_reply_mb)" in str(error)
+    assert len(server.requests) == 1  # not resent
+    assert peak < 100 << 20, f"peak {peak / 2**20:.0f} MB"
+    deadline = time.monotonic() + 10
+    while not server.sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.sent and server.sent[0] < total  # the client hung up long before the end
+
+
+def test_a_reply_of_the_wrong_shape_fails_only_its_conversation(raw):
+    def respond(h, req, i):
+        if req["messages"][-1]["content"] == "hi":
+            send_json(h, 200, {"choices": [{"message": "oops"}]})
+        else:
+            send_json(h, 200, vllm_like_reply(req))
+
+    server = raw(respond)
+    engine = engine_for(server, max_retries=2)
+    with pytest.raises(BatchError) as info:
+        engine.generate(CONVS, SamplingParams())
+    engine.close()
+    good, bad = info.value.results
+    assert good[0].text == "answer 0"
+    assert isinstance(bad, ReplyError)
+    assert "unusable reply: choice 0: 'message' is a str (oops), expected an object with 'content'" in str(bad)
+    assert len(server.requests) == 2  # an unusable reply is not retried
+
+
+@pytest.mark.parametrize("case", ["400", "500", "200-malformed", "200-not-json"])
+def test_an_api_key_echoed_by_the_server_never_reaches_an_error(raw, case):
+    key = "sk-test-0123456789abcdef"
+
+    def respond(h, req, i):
+        auth = h.headers.get("Authorization")
+        if case == "400":
+            send_json(h, 400, {"error": {"message": f"bad request with header {auth}"}})
+        elif case == "500":
+            send_json(h, 500, {"error": {"message": f"crashed handling {auth}"}})
+        elif case == "200-malformed":
+            send_json(h, 200, {"echo": auth})
+        else:
+            data = f"<html>{auth}</html>".encode()
+            h.send_response(200)
+            h.send_header("Content-Length", str(len(data)))
+            h.end_headers()
+            h.wfile.write(data)
+
+    server = raw(respond)
+    engine = engine_for(server, max_retries=1, api_key=key)
+    with pytest.raises(EngineError) as info:
+        engine.generate(CONVS[:1], SamplingParams())
+    engine.close()
+    assert server.requests[0]["auth"] == f"Bearer {key}"  # the server did see it
+    errors = [info.value] + [r for r in getattr(info.value, "results", []) if isinstance(r, EngineError)]
+    for e in errors:
+        text = str(e) + getattr(e, "server_message", "")
+        assert key not in text and key[:8] not in text, text
+    assert "[api key redacted]" in str(info.value)
+
+
+def test_redact_cuts_keys_also_when_the_text_was_cut_short():
+    from engines.openai_engine import redact
+
+    assert redact("key sk-abcdef123456 and again sk-abcdef123456", ["sk-abcdef123456"]) == (
+        "key [api key redacted] and again [api key redacted]")
+    assert redact("...Bearer sk-abcde", ["sk-abcdef123456"]) == "...Bearer [api key redacted]"
+    assert redact("nothing here", ["sk-abcdef123456"]) == "nothing here"
+
+
+def test_server_flags_become_the_engine_defaults():
+    from engines.base import ServerOptions, server_defaults, set_server_defaults
+
+    before = server_defaults()
+    try:
+        set_server_defaults(ServerOptions(request_timeout=7.5, max_retries=1, max_reply_mb=2))
+        opts = EngineOptions()
+        assert (opts.request_timeout, opts.max_retries, opts.max_reply_bytes) == (7.5, 1, 2 << 20)
+        assert EngineOptions(max_retries=4).max_retries == 4  # an explicit value wins
+    finally:
+        set_server_defaults(before)
+    with pytest.raises(ValueError, match="--request_timeout: must be a finite number > 0, got nan"):
+        ServerOptions(request_timeout=float("nan"))
+    with pytest.raises(ValueError, match="--max_retries: must be an integer >= 0, got -1"):
+        ServerOptions(max_retries=-1)
