@@ -3,6 +3,11 @@
 It reads the agent's latest message for the words "positive" and "negative" and
 answers from the task's hidden constants; anything else gets "I don't know." It
 never writes code. See colbench/envs/testbed.py for the task family.
+
+A task of another spec (`meta["spec"]`, colbench/envs/testbed_spec.py) is answered by
+that spec's rule, `testbed_spec.human_reply`: a deterministic function of the task's
+hidden reference and the question (stated literal, "not sure" for an expression, the
+docstring for the vague question).
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ from typing import Sequence
 
 from colbench.envs.testbed import (DEFAULT_A, DEFAULT_B, MAX_TURNS, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE,
                                    answer_text)
+from colbench.envs import testbed_spec
 from colbench.types import Task
 from simulators.base import SimReply, SimRequest
 
-DONT_KNOW = "I don't know."
+DONT_KNOW = testbed_spec.DONT_KNOW
 
 
 def reply_for(question: str, a: int, b: int) -> str:
@@ -43,6 +49,14 @@ class TestbedSimulator:
     def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
         out = []
         for r in requests:
+            if "spec" in r.task.meta:
+                try:
+                    text = testbed_spec.human_reply(testbed_spec.task_spec(r.task), r.task.hidden, r.turns[-1].content)
+                except ValueError as e:  # an unknown spec or a reference that is not the spec's
+                    out.append(SimReply("", failed=True, error=f"task {r.task.task_id}: {e}"))
+                    continue
+                out.append(SimReply(text[: self.max_reply_chars]))
+                continue
             if "a" not in r.task.meta or "b" not in r.task.meta:
                 out.append(SimReply("", failed=True, error=f"task {r.task.task_id} is not a testbed task"))
                 continue
