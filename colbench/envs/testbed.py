@@ -137,6 +137,15 @@ class TestbedEnv(BackendEnv):
             max_turns = self.spec.turns if self.spec is not None else MAX_TURNS
         super().__init__(answer_marker=answer_marker, max_turns=max_turns, workers=workers, limits=limits)
 
+    @staticmethod
+    def turns_for(tasks: Sequence[Task]) -> int:
+        """The agent-turn limit of a task list's spec (legacy: MAX_TURNS); tasks of specs
+        with different turn counts cannot share one env (ValueError)."""
+        turns = {testbed_spec.task_spec(t).turns for t in tasks} or {MAX_TURNS}
+        if len(turns) > 1:
+            raise ValueError(f"the tasks mix test-bed specs with {sorted(turns)} agent turns: evaluate them apart")
+        return turns.pop()
+
     def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
         if "spec" in task.meta and not single_turn:
             s = testbed_spec.task_spec(task)

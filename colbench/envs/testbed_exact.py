@@ -308,6 +308,36 @@ def _scatter(bed: Bed, g_traj: np.ndarray, logpi: np.ndarray) -> np.ndarray:
     return np.where(bed.legal, g - pi * g.sum(axis=1, keepdims=True), 0.0)
 
 
+def abstract_history(s: TestbedSpec, history: Sequence[str]) -> tuple:
+    """The node of a real dialogue (agent and human messages alternating, agent first):
+    per question the action it is (the first fact it names, else vague) and whether the
+    reply told anything."""
+    h = []
+    for question_text, reply in zip(history[0::2], history[1::2]):
+        named = ts.named_facts(s, question_text)
+        told = ts.told_values(s, [reply])
+        a = named[0] if named else s.facts
+        h.append((a, told[a] is not None if a < s.facts else any(v is not None for v in told)))
+    return tuple(h)
+
+
+@lru_cache(maxsize=8)
+def optimal_policy(spec: TestbedSpec) -> dict[tuple, int]:
+    """The optimal policy's action per history (`optimum`), built once per spec."""
+    return optimum(build(spec))[1]
+
+
+def optimal_message(spec: str | TestbedSpec, history: Sequence[str]) -> str:
+    """The optimal scripted agent's next message after a real dialogue: the question the
+    optimal policy asks, or its answer (what was told, the guess for the rest)."""
+    s = ts.spec(spec)
+    h = abstract_history(s, history)
+    a = optimal_policy(s).get(h, s.facts + 1)
+    if a == s.facts + 1 or len(h) >= s.turns - 1:
+        return ts.answer_text(s, ts.guess_values(s, ts.told_values(s, history[1::2])))
+    return s.questions()[a]
+
+
 # ---- reference points: warm start, optimum, one round of RFT -------------------------------------
 
 
@@ -338,6 +368,30 @@ def optimum(bed: Bed) -> tuple[float, dict[tuple, int]]:
     return value((), [(ci, frozenset()) for ci in range(len(bed.cs))], policy), policy
 
 
+def success_given_c(bed: Bed, logpi: np.ndarray) -> dict[C, float]:
+    """P(success | c) of a tabular policy, per c."""
+    ev = evaluate(bed, logpi)
+    per = np.bincount(bed.c, weights=ev.prob * bed.success, minlength=len(bed.cs))
+    return dict(zip(bed.cs, per.tolist()))
+
+
+def expected_success_on(spec: str | TestbedSpec, tasks: Sequence, policy: str = "explorer") -> float:
+    """The exact mean success of the explorer (π0) or the optimal policy on these tasks
+    (each task's c read from its reference): what rollouts of the real env estimate."""
+    bed = build(spec)
+    if policy == "explorer":
+        logpi = bed.logp0
+    elif policy == "optimal":
+        best = optimal_policy(bed.spec)
+        logpi = np.full(bed.legal.shape, -np.inf)
+        for i, h in enumerate(bed.nodes):
+            logpi[i, best[h]] = 0.0
+    else:
+        raise ValueError(f"policy must be 'explorer' or 'optimal', got {policy!r}")
+    per_c = success_given_c(bed, logpi)
+    return sum(per_c[c_of_reference(bed.spec, t.hidden)] for t in tasks) / len(tasks)
+
+
 def rft_round(bed: Bed, logpi: np.ndarray) -> np.ndarray:
     """One round of RFT in the population limit: π ∝ π_old·Q/V, i.e. π_old conditioned on
     success, fitted per history (histories no success visits keep π_old)."""
@@ -363,7 +417,7 @@ class Point:
 
 
 def flow(bed: Bed, grad, levels: Sequence[float] = KL_LEVELS, max_steps: int = 4000,
-         step: float = 0.05) -> dict[float, Point]:
+         step: float = 0.05, max_dkl: float = 0.02) -> dict[float, Point]:
     """Follow the gradient flow of a loss (`grad(logpi) -> dL/dθ`) from π0 in the tabular
     logits, in normalised steps whose KL increments stay small (the path, not the speed,
     is the flow's), recording success and KL; each level's success is interpolated where
@@ -390,11 +444,11 @@ def flow(bed: Bed, grad, levels: Sequence[float] = KL_LEVELS, max_steps: int = 4
             cand = theta - step * g
             new_logpi = log_policy(bed, cand)
             new = evaluate(bed, new_logpi)
-            if new.kl - last.kl > 0.02 and step > 1e-7:
+            if new.kl - last.kl > max_dkl and step > 1e-7:
                 step /= 2
                 continue
             break
-        if 0 <= new.kl - last.kl < 0.004:
+        if 0 <= new.kl - last.kl < max_dkl / 5:
             step = min(step * 1.25, 10.0)
         while todo and new.kl >= todo[0]:
             f = (todo[0] - last.kl) / (new.kl - last.kl) if new.kl > last.kl else 1.0
