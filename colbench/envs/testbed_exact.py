@@ -460,9 +460,10 @@ def flow(bed: Bed, grad, levels: Sequence[float] = KL_LEVELS, max_steps: int = 4
     return out
 
 
-def sft_grad(bed: Bed):
-    """RFT's loss: −E_{c, τ ~ π0}[success · log π(τ)]; its flow's limit is `rft_round`."""
-    w = bed.pc[bed.c] * evaluate(bed, bed.logp0).prob * bed.success
+def sft_grad(bed: Bed, weights: np.ndarray | None = None):
+    """RFT's loss: −E_{c, τ ~ π0}[success · log π(τ)] (or −Σ weights · log π(τ) over rows,
+    e.g. sampled successes); the population flow's limit is `rft_round`."""
+    w = bed.pc[bed.c] * evaluate(bed, bed.logp0).prob * bed.success if weights is None else weights
     return lambda logpi: _scatter(bed, -w, logpi)
 
 
@@ -592,7 +593,7 @@ def state_visits(bed: Bed) -> dict[tuple[int, int], float]:
 
 def stage2_measure(bed: Bed, score, n_candidates: int = 8) -> np.ndarray:
     """M[h, a, b] = Σ_c d0(h, c)·E[pairs (a, b) | h, c] for a critic `score(node, c_index)
-    -> scores per action` (None for c: a critic that does not see it)."""
+    -> scores per action` (a critic that does not see c ignores c_index)."""
     A = bed.n_actions
     measure = np.zeros((len(bed.nodes), A, A))
     p0 = np.where(bed.legal, np.exp(bed.logp0), 0.0)
@@ -699,6 +700,91 @@ def fit_critic(bed: Bed, pairs: TrajectoryPairs, with_c: bool, steps: int = 400,
     return Critic(adv, key_of, acc, loss)
 
 
+
+# ---- finite samples: the benchmark's budget ---------------------------------------------------
+
+
+def sample_episodes(bed: Bed, n_tasks: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(task c indices [n_tasks], trajectory rows [n_tasks, k]): tasks drawn from the spec,
+    k warm-start episodes each."""
+    prob = evaluate(bed, bed.logp0).prob
+    task_c = rng.choice(len(bed.cs), size=n_tasks, p=bed.pc / bed.pc.sum())
+    rows = np.zeros((n_tasks, k), dtype=np.int64)
+    for i, ci in enumerate(task_c):
+        idx = np.nonzero(bed.c == ci)[0]
+        rows[i] = rng.choice(idx, size=k, p=prob[idx] / prob[idx].sum())
+    return task_c, rows
+
+
+def sampled_pairs(bed: Bed, rows: np.ndarray) -> TrajectoryPairs:
+    """The paper's pairing on sampled episodes (sweet.data.make_trajectory_pairs): per task
+    whose best episode succeeds, chosen = its first success, rejected = every failure."""
+    blocks = []
+    for task_rows in rows:
+        ok = bed.success[task_rows] == 1
+        if ok.any() and not ok.all():
+            lose = task_rows[~ok]
+            blocks.append((task_rows[ok][:1], lose, np.ones((1, len(lose)))))
+    total = sum(w.sum() for _, _, w in blocks) or 1.0
+    return TrajectoryPairs([(a, b, w / total) for a, b, w in blocks])
+
+
+def sampled_stage2(bed: Bed, task_c: np.ndarray, rows: np.ndarray, score, rng: np.random.Generator,
+                   n_candidates: int = 8, pairs_per_state: int = 4) -> np.ndarray:
+    """Stage 2's pairs on sampled episodes: at every non-final state of every episode,
+    `n_candidates` from π0 ranked by the critic (ties in random order), `pairs_per_state`
+    random top-half vs bottom-half pairs, equal scores dropped (sweet_dpo.make_action_pairs)."""
+    A, half = bed.n_actions, n_candidates // 2
+    measure = np.zeros((len(bed.nodes), A, A))
+    p0 = np.where(bed.legal, np.exp(bed.logp0), 0.0)
+    for ci, task_rows in zip(task_c, rows):
+        for m in task_rows:
+            for f in bed.fi[m]:
+                h = int(f) // A
+                if f == bed.sentinel or bed.legal[h].sum() < 2:
+                    continue
+                scores = score(h, int(ci))
+                cands = rng.choice(A, size=n_candidates, p=p0[h])
+                ranked = sorted(rng.permutation(cands).tolist(), key=lambda a: -scores[a])
+                top, bottom = ranked[:half], ranked[-half:]
+                for _ in range(pairs_per_state):
+                    a, b = top[rng.integers(half)], bottom[rng.integers(half)]
+                    if scores[a] > scores[b] + 1e-9:
+                        measure[h, a, b] += 1.0
+    return measure / max(measure.sum(), 1.0)
+
+
+def predict_finite(spec: str | TestbedSpec, reps: int = 30, n_tasks: int = 56, k: int = 8, seed: int = 0,
+                   levels: Sequence[float] = KL_LEVELS, candidates: int = 8, beta: float = 0.1,
+                   critic_steps: int = 400) -> dict[str, dict[float, tuple[float, float, float]]]:
+    """Each method trained on `reps` independent data sets of n_tasks x k warm-start episodes
+    (the benchmark's budget: 56 x 8), evaluated exactly (success and KL on the policy's own
+    distribution): per method and level (mean success, its standard error, the share of
+    repetitions that reached the level)."""
+    bed = build(spec)
+    rng = np.random.default_rng(seed)
+    results: dict[str, dict[float, list[Point]]] = {m: {k_: [] for k_ in levels} for m in METHODS}
+    oracle = oracle_scores(bed)
+    for _ in range(reps):
+        task_c, rows = sample_episodes(bed, n_tasks, k, rng)
+        pairs = sampled_pairs(bed, rows)
+        wins = np.bincount(rows.ravel(), weights=bed.success[rows.ravel()], minlength=len(bed.fi))
+        runs = {"rft": flow(bed, sft_grad(bed, wins / max(wins.sum(), 1.0)), levels),
+                "mtdpo": flow(bed, mtdpo_grad(bed, pairs, beta), levels)}
+        for name, score in (("sweet", fit_critic(bed, pairs, True, critic_steps).score),
+                            ("sweet_no_info", fit_critic(bed, pairs, False, critic_steps).score),
+                            ("sweet_oracle", oracle)):
+            measure = sampled_stage2(bed, task_c, rows, score, rng, candidates)
+            runs[name] = flow(bed, per_turn_grad(bed, measure, beta), levels)
+        for name, points in runs.items():
+            for level, point in points.items():
+                results[name][level].append(point)
+    return {name: {level: (float(np.mean([p.success for p in pts])),
+                           float(np.std([p.success for p in pts], ddof=1) / math.sqrt(len(pts))) if len(pts) > 1 else 0.0,
+                           float(np.mean([p.reached for p in pts])))
+                   for level, pts in by_level.items()} for name, by_level in results.items()}
+
+
 # ---- the prediction: every method at every KL level -------------------------------------------
 
 
@@ -779,14 +865,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--episodes-per-task", type=int, default=8, help="K episodes per task behind the pairs")
     parser.add_argument("--candidates", type=int, default=8, help="stage-2 candidates per state")
     parser.add_argument("--beta", type=float, default=0.1, help="DPO β")
+    parser.add_argument("--finite", type=int, default=0, metavar="REPS",
+                        help="also train on REPS sampled data sets of --tasks x --episodes-per-task (0: population only)")
+    parser.add_argument("--tasks", type=int, default=56, help="train tasks per sampled data set (--finite)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the sampled data sets (--finite)")
     args = parser.parse_args(argv)
     try:
         ts.spec(args.spec)
     except ValueError as e:
         parser.error(str(e))
+    for name, value in (("--finite", args.finite), ("--tasks", args.tasks - 1), ("--episodes-per-task", args.episodes_per_task - 1),
+                        ("--candidates", args.candidates - 2)):
+        if value < 0:
+            parser.error(f"{name}: too small")
     p = predict(args.spec, episodes_per_task=args.episodes_per_task, candidates=args.candidates, beta=args.beta)
-    print(json.dumps(p.to_json()) if args.json else format_table(p))
+    finite = (predict_finite(args.spec, args.finite, args.tasks, args.episodes_per_task, args.seed,
+                             candidates=args.candidates, beta=args.beta) if args.finite else None)
+    if args.json:
+        out = p.to_json()
+        if finite is not None:
+            out["finite"] = {"reps": args.finite, "tasks": args.tasks, "episodes_per_task": args.episodes_per_task,
+                             **{name: {f"{k:.1f}": {"mean": round(m, 4), "se": round(se, 4), "reached": round(r, 3)}
+                                       for k, (m, se, r) in by.items()} for name, by in finite.items()}}
+        print(json.dumps(out))
+    else:
+        print(format_table(p))
+        if finite is not None:
+            print(format_finite(finite, args.finite, args.tasks, args.episodes_per_task))
     return 0
+
+
+def format_finite(finite: dict, reps: int, n_tasks: int, k: int) -> str:
+    levels = list(next(iter(finite.values())))
+    lines = ["", f"finite samples: {reps} data sets of {n_tasks} tasks x {k} episodes, mean ± s.e. "
+             "(* = some repetitions stopped short of that KL)",
+             f"{'method':<15}" + "".join(f"{'KL ' + format(k_, 'g'):>18}" for k_ in levels)]
+    for name, by in finite.items():
+        cells = [f"{m:.3f} ± {se:.3f}" + ("*" if r < 1 else "") for m, se, r in by.values()]
+        lines.append(f"{name:<15}" + "".join(f"{c:>18}" for c in cells))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -138,3 +138,25 @@ def test_population_values_are_the_task_average_in_the_limit():
         h = ts.Hidden(tuple(f.values[0] if lucky else f.values[1] for f, lucky in zip(s.fact_list, c.lucky)),
                       c.stated, c.doc)
         assert te.c_of_reference(s, ts.reference_source(s, h)) == c
+
+
+def test_finite_samples_use_the_papers_pairing_and_the_budget():
+    import numpy as np
+
+    bed = te.build(TINY)
+    win, lose = [int(m) for m in np.nonzero(bed.success == 1)[0][:1]], [int(m) for m in np.nonzero(bed.success == 0)[0][:2]]
+    rows = np.array([[lose[0], win[0], lose[1], win[0]],  # chosen = the first success, rejected = both failures
+                     [win[0]] * 4,  # no failure: no pair
+                     [lose[0]] * 4])  # no success: no pair
+    pairs = te.sampled_pairs(bed, rows)
+    assert len(pairs.blocks) == 1
+    chosen, rejected, w = pairs.blocks[0]
+    assert chosen.tolist() == win and rejected.tolist() == lose and w.tolist() == [[0.5, 0.5]]
+    rng = np.random.default_rng(0)
+    task_c, sampled = te.sample_episodes(bed, 56, 8, rng)
+    assert sampled.shape == (56, 8) and all(bed.c[r] == c for c, rs in zip(task_c, sampled) for r in rs)
+    finite = te.predict_finite(TINY, reps=2, levels=(0.01, 0.5))
+    assert set(finite) == set(te.METHODS)
+    for name, by_level in finite.items():
+        for mean, se, reached in by_level.values():
+            assert 0 <= mean <= Q_ASK + 1e-9 and se >= 0 and 0 <= reached <= 1  # the optimum bounds every policy
