@@ -358,3 +358,18 @@ def explorer_probs(s: TestbedSpec, history: Sequence[str]) -> dict[str, float]:
         probs[answer] = 1.0 - s.p_ask
     return probs
 
+
+
+def sample_explorer(s: TestbedSpec, history: Sequence[str], rng: random.Random) -> str:
+    """One draw from `explorer_probs`: before the last turn one `rng.random()` decides
+    asking (below the questions' total probability), then `rng.choice` picks among the
+    equally likely questions; the last turn answers without a draw. This is the random
+    stream today's scripted dialogues consume, so legacy warm-start data stay identical."""
+    probs = explorer_probs(s, history)
+    questions = [t for t in probs if ANSWER_MARKER not in t]
+    answer = next((t for t in probs if ANSWER_MARKER in t), None)
+    if (len(history) + 1) // 2 >= s.turns - 1:
+        return answer
+    if rng.random() < sum(probs[q] for q in questions):
+        return rng.choice(questions)
+    return answer if answer is not None else rng.choice(questions)

@@ -164,3 +164,18 @@ def test_scripted_agents_run_in_the_real_runner():
     assert [e.turns for e in eps] == [e.turns for e in again]  # seeded per (task, seed, turn)
     assert all(len(e.agent_turns) <= 3 for e in eps + opt)
     assert all(e.agent_turns[0].content == QUESTION_POS for e in opt)  # the optimum asks one side first
+
+
+def test_scripted_dialogues_sample_the_one_explorer_on_any_spec():
+    from collections import Counter
+
+    s = ts.spec("default")
+    task = make_tasks("train", n=1, spec="default")[0]
+    rng = random.Random(0)
+    dialogues = [scripted_dialogue(task, rng, p_ask=s.p_ask) for _ in range(2000)]
+    first = Counter(d[0][1] for d in dialogues)
+    for text, p in ts.explorer_probs(s, []).items():  # 0.25 each: three questions and the answer
+        assert abs(first[text] / len(dialogues) - p) < 0.04
+    for d in dialogues:
+        assert sum(role == "agent" for role, _ in d) <= s.turns and d[-1][0] == "agent"
+        assert all(ts.human_reply(s, task.hidden, q) == r for (_, q), (_, r) in zip(d[0:-1:2], d[1:-1:2]))
