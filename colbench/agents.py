@@ -129,7 +129,7 @@ SCRIPTED_TESTBED = ("explorer", "optimal")
 
 class ScriptedTestbedAgent:
     """The test bed's scripted agents, with no model: `explorer` samples the scripted
-    explorer's next message (testbed_spec.explorer_probs) with a random stream per
+    explorer's next message (testbed_spec.sample_explorer) with a random stream per
     (task, episode seed, turn), so episodes are reproducible; `optimal` plays the exact
     solver's optimal policy (testbed_exact.optimal_message). Each task's spec is read
     from the task (testbed_spec.task_spec)."""
@@ -156,10 +156,8 @@ class ScriptedTestbedAgent:
             if self.kind == "optimal":
                 out.append(Sample(text=testbed_exact.optimal_message(spec, history)))
                 continue
-            probs = testbed_spec.explorer_probs(spec, history)
             rng = random.Random(f"{r.task.task_id}/{r.seed}/{len(history)}")
-            texts = list(probs)
-            out.append(Sample(text=rng.choices(texts, weights=[probs[t] for t in texts])[0]))
+            out.append(Sample(text=testbed_spec.sample_explorer(spec, history, rng)))
         return out
 
 
