@@ -43,8 +43,8 @@ import re
 import warnings
 from typing import Sequence
 
-from colbench.envs.backend import BackendEnv
 from colbench.envs import testbed_spec
+from colbench.envs.backend import BackendEnv
 from colbench.envs.base import agent_chat
 from colbench.envs.testbed_spec import LEGACY_GUESS, PRESETS, SHIPPED_SPEC, SYSTEM, TestbedSpec
 from colbench.protocols import ANSWER_MARKER
@@ -138,12 +138,15 @@ class TestbedEnv(BackendEnv):
         super().__init__(answer_marker=answer_marker, max_turns=max_turns, workers=workers, limits=limits)
 
     @staticmethod
-    def turns_for(tasks: Sequence[Task]) -> int:
-        """The agent-turn limit of a task list's spec (legacy: MAX_TURNS); tasks of specs
-        with different turn counts cannot share one env (ValueError)."""
-        turns = {testbed_spec.task_spec(t).turns for t in tasks} or {MAX_TURNS}
-        if len(turns) > 1:
-            raise ValueError(f"the tasks mix test-bed specs with {sorted(turns)} agent turns: evaluate them apart")
+    def turns_for(tasks: Sequence[Task]) -> int | None:
+        """The agent-turn limit that tasks carrying a spec set (None for legacy tasks, whose
+        limit --max-turns may change); specs with different turn counts, or legacy tasks
+        beside them, cannot share one env (ValueError)."""
+        turns = {testbed_spec.task_spec(t).turns for t in tasks if "spec" in t.meta}
+        if not turns:
+            return None
+        if len(turns) > 1 or any("spec" not in t.meta for t in tasks):
+            raise ValueError("the tasks mix test-bed specs with different turn limits: evaluate them apart")
         return turns.pop()
 
     def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:

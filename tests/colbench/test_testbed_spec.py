@@ -179,3 +179,18 @@ def test_scripted_dialogues_sample_the_one_explorer_on_any_spec():
     for d in dialogues:
         assert sum(role == "agent" for role, _ in d) <= s.turns and d[-1][0] == "agent"
         assert all(ts.human_reply(s, task.hidden, q) == r for (_, q), (_, r) in zip(d[0:-1:2], d[1:-1:2]))
+
+
+def test_evaluate_takes_a_specs_turn_limit_from_its_tasks(tmp_path):
+    from colbench.evaluate import main
+
+    assert TestbedEnv.turns_for(make_tasks("test")) is None  # legacy: --max-turns may change it
+    assert TestbedEnv.turns_for(make_tasks("test", spec="long")) == 5
+    with pytest.raises(ValueError, match="mix test-bed specs"):
+        TestbedEnv.turns_for(make_tasks("test", n=1) + make_tasks("test", n=1, spec="default"))
+    base = ["--env", "testbed", "--tasks", "builtin:default/test", "--limit", "4", "--agent", "explorer",
+            "--simulator", "scripted:testbed", "--no-progress"]
+    assert main(base + ["--output", str(tmp_path / "bad"), "--max-turns", "4"]) == 2  # one error line
+    assert main(base + ["--output", str(tmp_path / "ok")]) == 0
+    config = json.loads((tmp_path / "ok" / "config.json").read_text())
+    assert config["episode"]["max_turns"] == 3
