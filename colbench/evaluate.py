@@ -188,6 +188,7 @@ def prepare(config: EvalConfig) -> Plan:
         raise UsageError(f"--tasks {config.tasks}: " + str(e).replace("\n", "; ")) from None
     if not tasks:
         raise UsageError(f"--tasks {config.tasks}: no tasks")
+    _check_turns(config, tasks)
     for file in replays:
         check_agent_spec(f"replay:{file}", known_ids)
         _check_replay_covers(file, tasks)
@@ -198,6 +199,23 @@ def prepare(config: EvalConfig) -> Plan:
 
     return Plan(tasks=tasks, agents=agents, baseline=baseline, seeds=episode_seeds(config.seed_round, config.seeds),
                 out_dir=out_dir)
+
+
+def _task_turns(config: EvalConfig, tasks: Sequence[Any]) -> int | None:
+    """The turn limit the tasks themselves set (the test bed's specs: `turns_for`), if any."""
+    from colbench.envs import env_class
+
+    turns_for = getattr(env_class(config.env), "turns_for", None)
+    return turns_for(tasks) if turns_for is not None else None
+
+
+def _check_turns(config: EvalConfig, tasks: Sequence[Any]) -> None:
+    try:
+        turns = _task_turns(config, tasks)
+    except ValueError as e:
+        raise UsageError(f"--tasks {config.tasks}: {e}") from None
+    if turns is not None and config.max_turns is not None and config.max_turns != turns:
+        raise UsageError(f"--max-turns {config.max_turns}: the tasks of {config.tasks} have {turns} agent turns")
 
 
 def _check_replay_covers(file: str, tasks: Sequence[Any]) -> None:
@@ -253,6 +271,8 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
     env_kwargs: dict[str, Any] = {"clip_model": config.clip_model} if config.clip_model else {}
     if config.max_turns:  # the env tells the agent its turn budget
         env_kwargs["max_turns"] = config.max_turns
+    elif _task_turns(config, plan.tasks) is not None:  # a test-bed spec sets its own
+        env_kwargs["max_turns"] = _task_turns(config, plan.tasks)
     if config.env == "frontend":  # keep the screenshots beside the episodes (report thumbnails)
         env_kwargs["render_dir"] = str(plan.out_dir / "renders")
     env = make_env(config.env, **env_kwargs)

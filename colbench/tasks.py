@@ -4,6 +4,9 @@ Sources (the `source` argument):
 
     path/to/rows.jsonl | .json | .parquet   a local file in the official row format
     builtin:train | builtin:test            the sets bundled in tasks/<env>/ (see tasks/README.md)
+    builtin:<spec>/train | .../test         env testbed only: a preset of colbench/envs/testbed_spec.py
+                                            (legacy, default, long); builtin:train is the shipped
+                                            spec (testbed_spec.SHIPPED_SPEC, legacy for now)
     hf:facebook/collaborative_agent_bench   the published data (downloads; online users only);
                                             append [train] or [test] to pick the split
 
@@ -101,9 +104,10 @@ def load_tasks(
         raise ValueError(f"limit must be >= 0, got {limit}")
     if env == "testbed" and source.startswith("builtin:"):
         # the CPU test bed's tasks are generated, not stored (colbench/envs/testbed.py)
+        spec, named = _testbed_source(source, split)
         from colbench.envs.testbed import make_tasks
 
-        return make_tasks(split or source.partition(":")[2], n=limit)
+        return make_tasks(named, n=limit, spec=spec)
     rows, split = _task_rows(source, env, split, limit)
     tasks: list[Task] = []
     problems: list[tuple[str, str]] = []
@@ -234,6 +238,24 @@ def validate_references(tasks: Sequence[Task], workers: int | None = None) -> di
 
 
 # ------------------------------------------------------------------------------ sources
+
+
+def _testbed_source(source: str, split: str | None) -> tuple[str, str]:
+    """(spec, split) of a test-bed source: builtin:<split> (the shipped spec) or
+    builtin:<spec>/<split>; a bad spec or split is a one-line error naming the presets."""
+    from colbench.envs.testbed_spec import PRESETS, SHIPPED_SPEC
+
+    body = source.partition(":")[2]
+    spec, _, named = body.rpartition("/")
+    spec, named = spec or SHIPPED_SPEC, named or split or ""
+    usage = f"use builtin:train, builtin:test or builtin:<spec>/<split> with spec one of {', '.join(PRESETS)}"
+    if spec not in PRESETS:
+        raise ValueError(f"testbed source {source!r}: unknown spec {spec!r}; {usage}")
+    if named not in ("train", "test"):
+        raise ValueError(f"testbed source {source!r}: split must be 'train' or 'test', got {named!r}; {usage}")
+    if split is not None and split != named:
+        raise ValueError(f"source {source!r} conflicts with split={split!r}")
+    return spec, named
 
 
 def _task_rows(source: str, env: str, split: str | None, limit: int | None) -> tuple[Iterator[_Row], str | None]:

@@ -3,19 +3,25 @@
 It reads the agent's latest message for the words "positive" and "negative" and
 answers from the task's hidden constants; anything else gets "I don't know." It
 never writes code. See colbench/envs/testbed.py for the task family.
+
+A task of another spec (`meta["spec"]`, colbench/envs/testbed_spec.py) is answered by
+that spec's rule, `testbed_spec.human_reply`: a deterministic function of the task's
+hidden reference and the question (stated literal, "not sure" for an expression, the
+docstring for the vague question).
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Sequence
 
-from colbench.envs.testbed import (DEFAULT_A, DEFAULT_B, MAX_TURNS, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE,
-                                   answer_text)
+from colbench.envs import testbed_spec
+from colbench.protocols import ANSWER_MARKER
 from colbench.types import Task
 from simulators.base import SimReply, SimRequest
 
-DONT_KNOW = "I don't know."
+DONT_KNOW = testbed_spec.DONT_KNOW
 
 
 def reply_for(question: str, a: int, b: int) -> str:
@@ -43,6 +49,14 @@ class TestbedSimulator:
     def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
         out = []
         for r in requests:
+            if "spec" in r.task.meta:
+                try:
+                    text = _reply(r.task, r.turns[-1].content)
+                except ValueError as e:  # an unknown spec or a reference that is not the spec's
+                    out.append(SimReply("", failed=True, error=f"task {r.task.task_id}: {e}"))
+                    continue
+                out.append(SimReply(text[: self.max_reply_chars]))
+                continue
             if "a" not in r.task.meta or "b" not in r.task.meta:
                 out.append(SimReply("", failed=True, error=f"task {r.task.task_id} is not a testbed task"))
                 continue
@@ -66,19 +80,21 @@ def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6) -> lis
     with the constants it was told and a fixed wrong default (x * 1, x + 0) for any
     constant it was not told. So every turn is a choice that matters and success
     (about 0.13 at p_ask = 0.6) needs the right question at each turn, a per-turn
-    credit assignment problem, while copying a stated number stays easy."""
-    a, b = task.meta["a"], task.meta["b"]
-    known_a = known_b = None
-    dialogue: list[tuple[str, str]] = []
-    for _ in range(MAX_TURNS - 1):
-        if rng.random() >= p_ask:
-            break
-        q = rng.choice((QUESTION_POS, QUESTION_NEG, QUESTION_VAGUE))
-        dialogue += [("agent", q), ("human", reply_for(q, a, b))]
-        if q == QUESTION_POS:
-            known_a = a
-        elif q == QUESTION_NEG:
-            known_b = b
-    dialogue.append(("agent", answer_text(DEFAULT_A if known_a is None else known_a,
-                                          DEFAULT_B if known_b is None else known_b)))
-    return dialogue
+    credit assignment problem, while copying a stated number stays easy.
+
+    The explorer is colbench.envs.testbed_spec's (`sample_explorer`, with `p_ask` in
+    place of the spec's); a task of another spec gets that spec's turns, questions,
+    guesses and human."""
+    spec = replace(testbed_spec.task_spec(task), p_ask=p_ask)
+    history: list[str] = []
+    while True:
+        text = testbed_spec.sample_explorer(spec, history, rng)
+        if ANSWER_MARKER in text:
+            return [("agent" if i % 2 == 0 else "human", t) for i, t in enumerate(history + [text])]
+        history += [text, _reply(task, text)]
+
+
+def _reply(task: Task, question: str) -> str:
+    if "spec" in task.meta:
+        return testbed_spec.human_reply(testbed_spec.task_spec(task), task.hidden, question)
+    return reply_for(question, task.meta["a"], task.meta["b"])

@@ -27,6 +27,13 @@ constant it was not told: success comes only from asking both useful questions.
 
 `optimal_advantage` is SWEET-RL's per-turn advantage computed exactly from the hidden
 constants: the oracle critic (sweet/critic/oracle.py, `--critic oracle`), a diagnostic.
+
+This is the `legacy` preset of colbench/envs/testbed_spec.py, which holds the knobs
+(turns, facts, how often the human can state a constant, docstrings, the guess rule,
+the explorer) and the other presets (`default`, `long`). `make_tasks(..., spec=NAME)`
+draws a preset's tasks; each carries `meta["spec"]`, from which the env and the
+scripted human read their rules (a task without one is legacy). The exact solver of
+any spec is colbench/envs/testbed_exact.py.
 """
 
 from __future__ import annotations
@@ -36,18 +43,17 @@ import re
 import warnings
 from typing import Sequence
 
+from colbench.envs import testbed_spec
 from colbench.envs.backend import BackendEnv
 from colbench.envs.base import agent_chat
+from colbench.envs.testbed_spec import LEGACY_GUESS, PRESETS, SHIPPED_SPEC, SYSTEM, TestbedSpec
 from colbench.protocols import ANSWER_MARKER
 from colbench.scoring.backend import extract_code
 from colbench.types import Task, Turn
 from engines.base import Message
 
 DESCRIPTION = "I need a function f(x) for my numbers. It treats positive and negative numbers differently. def f(x)"
-SYSTEM = "Ask the human about f, then write " + ANSWER_MARKER + " and the code."
-QUESTION_POS = "What happens to positive numbers?"
-QUESTION_NEG = "What happens to negative numbers?"
-QUESTION_VAGUE = "Can you tell me more?"
+QUESTION_POS, QUESTION_NEG, QUESTION_VAGUE = PRESETS["legacy"].questions()  # "What happens to positive numbers?", ...
 
 # Two values per constant: the 2M-parameter warm start learned to copy which of 8 stated
 # values it was told only at chance after 400 steps (it learned *that* it was told), so
@@ -55,7 +61,7 @@ QUESTION_VAGUE = "Can you tell me more?"
 A_VALUES = (2, 3)
 B_VALUES = (10, 20)
 N_TRAIN, N_TEST = 56, 16
-DEFAULT_A, DEFAULT_B = 1, 0  # the explorer's guess for a constant it was not told: never right
+DEFAULT_A, DEFAULT_B = LEGACY_GUESS  # the explorer's guess for a constant it was not told: never right
 MAX_TURNS = 4  # agent turns: up to three questions, then the answer
 REFERENCE = "def f(x):\n    if x >= 0:\n        return x * {a}\n    return x + {b}\n"
 
@@ -79,30 +85,76 @@ def make_task(index: int, split: str, a: int, b: int, rng: random.Random) -> Tas
     )
 
 
-def make_tasks(split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-    """Deterministic task sets: 56 train and 16 test tasks cycling through the four (A, B)
-    pairs, each with its own hidden test inputs. The description is the same for every
-    task, so a task's constants are learnable only by asking, never by memorising."""
+def make_tasks(split: str = "train", n: int | None = None, seed: int = 0,
+               spec: str | TestbedSpec = SHIPPED_SPEC) -> list[Task]:
+    """Deterministic task sets. Legacy: 56 train and 16 test tasks cycling through the four
+    (A, B) pairs, each with its own hidden test inputs. The description is the same for
+    every task, so a task's constants are learnable only by asking, never by memorising.
+    Another spec: `spec_tasks`."""
     sizes = {"train": N_TRAIN, "test": N_TEST}
     if split not in sizes:
         raise ValueError(f"testbed split must be 'train' or 'test', got {split!r}")
+    s = testbed_spec.spec(spec)
+    if not s.legacy:
+        return spec_tasks(s, split, n, seed)
     combos = [(a, b) for a in A_VALUES for b in B_VALUES]
     rng = random.Random(f"{split}-{seed}")
     tasks = [make_task(i, split, *combos[i % len(combos)], rng) for i in range(sizes[split])]
     return tasks[:n] if n is not None else tasks
 
 
+def spec_tasks(s: TestbedSpec, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
+    """A non-legacy spec's tasks: each an independent draw of c (testbed_spec.draw_hidden),
+    rendered as its reference, with five hidden test inputs per branch. Train and test
+    use different random streams, so the held-out tasks are fresh draws."""
+    size = {"train": s.n_train, "test": s.n_test}[split]
+    rng = random.Random(f"testbed-{s.name}-{split}-{seed}")
+    tasks = []
+    for i in range(size if n is None else min(n, size)):
+        hidden = testbed_spec.draw_hidden(s, rng)
+        inputs = [x for f in s.fact_list for x in rng.sample(f.inputs, testbed_spec.TESTS_PER_FACT)]
+        tasks.append(Task(task_id=f"testbed-{s.name}-{split}-{i:04d}", env="testbed",
+                          description=testbed_spec.description(s), hidden=testbed_spec.reference_source(s, hidden),
+                          tests=tuple(f"f({x})" for x in inputs), meta={"spec": s.name, "split": split}))
+    return tasks
+
+
 class TestbedEnv(BackendEnv):
     """Backend programming's environment (sandboxed scoring, answer marker) with the
-    test bed's short instructions and a 4-turn limit."""
+    test bed's short instructions and a 4-turn limit (legacy).
+
+    spec: a preset name; the turn limit is then the spec's (`max_turns` overrides it). A
+          task carrying another turn count than the env's limit is refused: its bed would
+          silently change."""
 
     name = "testbed"
     __test__ = False  # not a pytest class
 
-    def __init__(self, max_turns: int = MAX_TURNS, answer_marker: str = ANSWER_MARKER, workers: int = 2, limits=None):
+    def __init__(self, max_turns: int | None = None, answer_marker: str = ANSWER_MARKER, workers: int = 2,
+                 limits=None, spec: str | None = None):
+        self.spec = testbed_spec.spec(spec) if spec is not None else None
+        if max_turns is None:
+            max_turns = self.spec.turns if self.spec is not None else MAX_TURNS
         super().__init__(answer_marker=answer_marker, max_turns=max_turns, workers=workers, limits=limits)
 
+    @staticmethod
+    def turns_for(tasks: Sequence[Task]) -> int | None:
+        """The agent-turn limit that tasks carrying a spec set (None for legacy tasks, whose
+        limit --max-turns may change); specs with different turn counts, or legacy tasks
+        beside them, cannot share one env (ValueError)."""
+        turns = {testbed_spec.task_spec(t).turns for t in tasks if "spec" in t.meta}
+        if not turns:
+            return None
+        if len(turns) > 1 or any("spec" not in t.meta for t in tasks):
+            raise ValueError("the tasks mix test-bed specs with different turn limits: evaluate them apart")
+        return turns.pop()
+
     def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
+        if "spec" in task.meta and not single_turn:
+            s = testbed_spec.task_spec(task)
+            if s.turns != self.max_turns:
+                raise ValueError(f"task {task.task_id} is of test-bed spec {s.name!r} ({s.turns} agent turns) but the "
+                                 f"env allows {self.max_turns}: use TestbedEnv(spec={s.name!r}) or --max-turns {s.turns}")
         system = SYSTEM if not single_turn else f"Write {self.answer_marker} and the code now."
         return agent_chat(system, task.description, turns)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from colbench.envs import testbed_exact, testbed_spec
 from colbench.envs.testbed import MAX_TURNS, constants_from_reference, optimal_advantage
 from sweet.core.records import State
 
@@ -20,26 +21,34 @@ class OracleScorer:
 
     tokenizer: the policy's (candidates are its token ids; decoded without special tokens).
     env:       the environment name; only "testbed" has an exact advantage.
+    spec:      the test-bed spec of the tasks (colbench/envs/testbed_spec.py); legacy keeps
+               today's reward-valued advantage, any other spec the solver's success-valued
+               A* (colbench.envs.testbed_exact.exact_advantage).
     """
 
-    def __init__(self, tokenizer, env: str = "testbed"):
+    def __init__(self, tokenizer, env: str = "testbed", spec: str = "legacy"):
         if env != "testbed":
             raise ValueError(f"OracleScorer knows the exact advantage of the 'testbed' environment only, got {env!r}")
         self.tokenizer = tokenizer
+        self.spec = testbed_spec.spec(spec)
 
     def score_states(self, items: Sequence[tuple[State, Sequence[Sequence[int]], Sequence[str | None]]]
                      ) -> list[list[float]]:
         """Per (state, candidate action ids, finish reasons): A*(o_t, a, c) per candidate.
         A candidate cut at max_new_tokens is scored as the text it is (the runner would too)."""
         return [exact_advantages(state, self.tokenizer.batch_decode([list(ids) for ids in actions],
-                                                                    skip_special_tokens=True))
+                                                                    skip_special_tokens=True), self.spec)
                 for state, actions, _ in items]
 
 
-def exact_advantages(state: State, texts: Sequence[str]) -> list[float]:
+def exact_advantages(state: State, texts: Sequence[str], spec: testbed_spec.TestbedSpec | str = "legacy") -> list[float]:
     """A*(o_t, a, c) of each candidate message `texts` at a test-bed State: its human
     replies so far, its turns left and the constants in its training-time information."""
-    a, b = constants_from_reference(state.training_info)
+    s = testbed_spec.spec(spec)
     replies = [m["content"] for m in state.prompt if m["role"] == "user"][1:]  # the first is the description
+    if not s.legacy:
+        return [testbed_exact.exact_advantage(s, state.training_info, replies, text, s.turns - state.turn_index)
+                for text in texts]
+    a, b = constants_from_reference(state.training_info)
     turns_left = MAX_TURNS - state.turn_index
     return [optimal_advantage(replies, text, a, b, turns_left) for text in texts]

@@ -111,3 +111,25 @@ def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):
     # rounds retrain the critic from its dir: refused up front, not after a round
     with pytest.raises(ValueError, match="--critic oracle runs one round"):
         sweet_rounds(model, train, replace(cfg, stage="all"), cand, RoundsConfig(rounds=2, simulator="scripted:testbed"))
+
+
+def test_oracle_on_another_spec_scores_the_solvers_advantage():
+    """With `spec`, the oracle ranks by colbench.envs.testbed_exact.exact_advantage (success-valued)."""
+    from colbench.envs import testbed_spec as ts
+    from colbench.envs.testbed import TestbedEnv, make_tasks
+    from colbench.types import Turn
+    from sweet.core.records import State
+    from sweet.critic.oracle import exact_advantages
+
+    s = ts.spec("default")
+    reference = ts.reference_source(s, ts.Hidden((3, 20), (False, True), False))  # A an expression, no docstring
+    task = make_tasks("test", n=1, spec="default")[0]
+    turns = [Turn("agent", "What happens to positive numbers?"), Turn("human", ts.human_reply(s, reference,
+                                                                                                "positive?"))]
+    prompt = TestbedEnv(spec="default").agent_messages(task, turns)
+    state = State(task.task_id, "e", 1, tuple(prompt), None, reference)
+    texts = ["What happens to negative numbers?", "Can you tell me more?", ts.answer_text(s, (3, 20)),
+             ts.answer_text(s, (2, 10))]
+    # A unknowable (not stated, no docstring, the guess 2 wrong): V* = 0 from here, except a lucky
+    # answer writing the true constants, which the oracle sees (+1)
+    assert exact_advantages(state, texts, "default") == [0.0, 0.0, 1.0, 0.0]
