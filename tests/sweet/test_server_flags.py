@@ -10,7 +10,7 @@ import pytest
 
 from engines.base import EngineOptions, ServerOptions, set_server_defaults
 from sweet.train_policy import ALGORITHMS
-from sweet.training import parse_configs
+from sweet.core.config import parse_configs
 
 REQUIRED = {"sweet": ["--episodes", "e.jsonl", "--tasks", "t.jsonl"], "loop": []}
 
