@@ -395,10 +395,12 @@ def shared_prefix_logprob_sums(model, context: Sequence[int], actions: Sequence[
     """Σ_{y ∈ a} log π(y | context, y_<) for several actions after ONE context: the
     context runs once, its KV cache is repeated for the actions. [len(actions)]."""
     import torch
-    import torch.nn.functional as F
+
+    from sweet.tokens import head_inputs, hidden_logprobs
 
     ctx = torch.tensor([list(context)], device=device)
-    first = model(input_ids=ctx, use_cache=True)
+    with head_inputs(model) as seen:
+        first = model(input_ids=ctx, use_cache=True)
     cache = first["cache"] if "cache" in first.keys() else first.past_key_values
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"  # transformers >= 5.2x
@@ -410,8 +412,11 @@ def shared_prefix_logprob_sums(model, context: Sequence[int], actions: Sequence[
         ids[i, : len(a)] = torch.tensor(list(a), device=device)
         mask[i, : len(a)] = 1
     attention = torch.cat([torch.ones((n, ctx.shape[1]), dtype=torch.long, device=device), mask], dim=1)
-    rest = model(input_ids=ids, attention_mask=attention, use_cache=True, **{cache_kw: cache})
-    # the context's last logits predict each action's first token; action logits at j predict j + 1
-    logits = torch.cat([first.logits[:, -1:].expand(n, -1, -1), rest.logits[:, :-1]], dim=1).float()
-    logp = torch.gather(F.log_softmax(logits, dim=-1), 2, ids[:, :, None]).squeeze(-1)
-    return (logp * mask).sum(-1)
+    with head_inputs(model) as seen_rest:
+        model(input_ids=ids, attention_mask=attention, use_cache=True, **{cache_kw: cache})
+    (context_hidden, amp), (action_hidden, _) = seen[0], seen_rest[0]
+    # the context's last hidden state predicts each action's first token; action position j predicts j + 1
+    hidden = torch.cat([context_hidden[:, -1:].expand(n, -1, -1), action_hidden[:, :-1]], dim=1)
+    scored = mask.bool()
+    logp = hidden_logprobs(model, hidden[scored], ids[scored], amp)
+    return torch.zeros((n, width), dtype=logp.dtype, device=logp.device).masked_scatter(scored, logp).sum(-1)

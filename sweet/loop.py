@@ -277,16 +277,14 @@ def _batch(items: Sequence[LoopTurn], pad_id: int, model_cfg: ModelConfig):
 
 def _forward(model, batch, with_value: bool):
     """Per-token log π [B, L], and V(s_t) [B] at each row's last context token (value head)."""
-    import torch.nn.functional as F
+    from sweet.tokens import forward_logprobs
 
-    from sweet.tokens import token_logprobs
-
+    logp, output = forward_logprobs(model, batch)
     if not with_value:
-        return token_logprobs(model, batch), None
-    logits, values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    logp = torch.gather(F.log_softmax(logits[:, :-1].float(), dim=-1), 2, batch.input_ids[:, 1:, None]).squeeze(-1)
+        return logp, None
+    values = output[1]
     last_context = batch.action_mask.argmax(-1) - 1
-    return F.pad(logp, (1, 0)), values[torch.arange(len(values)), last_context]
+    return logp, values[torch.arange(len(values)), last_context]
 
 
 def _action_rows(logp: torch.Tensor, batch) -> list[torch.Tensor]:

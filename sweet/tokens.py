@@ -34,11 +34,13 @@ the right and lost the final answer.)
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from colbench.types import Episode, Turn
 from engines.base import Message
@@ -193,14 +195,106 @@ def make_batch(
     return TokenBatch(ids, attn, act)
 
 
-def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
-    """log π(x_i | x_<i) for every position i >= 1, zero elsewhere: [B, L].
+# ---- log-probs at the scored positions only (chunked) -----------------------------------
+#
+# The model body runs once; the LM head runs only on the hidden states that predict an
+# action token, a chunk of positions at a time, in the model's dtype (and autocast, if
+# the forward ran under it), with a float32 log-softmax per chunk. Never [B, L, vocab]
+# logits: at 8k tokens x 128k vocabulary those are 4 GB in float32 per sequence, and
+# their log-softmax as much again. With gradients each chunk is recomputed in backward
+# (torch.utils.checkpoint), so a step keeps [N, hidden] per scored token, not [N, vocab].
+# The full forward still goes through the outermost module (DDP, FSDP, DeepSpeed, PEFT,
+# value-head wrappers), so their hooks run as they would for `model(...).logits`.
 
-    Position 0 has no prediction; logits at i-1 score token i.
-    """
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
-    logp = torch.gather(F.log_softmax(logits[:, :-1], dim=-1), 2, batch.input_ids[:, 1:, None]).squeeze(-1)
-    return F.pad(logp, (1, 0))
+LOGITS_CHUNK_ELEMENTS = 1 << 26  # positions x vocab per chunk: 256 MB of float32 logits
+
+
+def _unwrap(model):
+    """The causal LM inside DDP/FSDP1/DeepSpeed (`.module`) and our value-head wrappers (`.lm`);
+    PEFT models answer `get_output_embeddings` themselves."""
+    while True:
+        inner = next((m for m in (getattr(model, "module", None), getattr(model, "lm", None))
+                      if isinstance(m, torch.nn.Module)), None)
+        if inner is None:
+            return model
+        model = inner
+
+
+def output_head(model) -> torch.nn.Module:
+    """The LM head module (`get_output_embeddings`: tied or not, LoRA-wrapped or not)."""
+    head = _unwrap(model).get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(_unwrap(model)).__name__} has no output embeddings (LM head): cannot score tokens")
+    return head
+
+
+@contextmanager
+def head_inputs(model):
+    """Within the block, the LM head of `model` computes nothing (its input is cut to zero
+    positions) and the hidden states it was given are appended to the yielded list, with
+    the autocast state they were computed under."""
+    seen: list[tuple[torch.Tensor, tuple | None]] = []
+
+    def cut(module, args):
+        hidden = args[0]
+        kind = hidden.device.type
+        amp = (kind, torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else None
+        seen.append((hidden, amp))
+        return (hidden[..., :0, :],) + tuple(args[1:])
+
+    handle = output_head(model).register_forward_pre_hook(cut)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def hidden_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, amp: tuple | None = None) -> torch.Tensor:
+    """log softmax(lm_head(h))[target] per row: hidden [N, H], targets [N] -> [N] float32
+    (float64 for a float64 model).
+
+    `amp`: (device type, dtype) of the autocast the body ran under (`head_inputs`), or None."""
+    head, config = output_head(model), _unwrap(model).config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    softcap = getattr(config, "final_logit_softcapping", None)  # Gemma 2/3 cap their logits
+
+    def chunk_logprobs(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(amp[0], dtype=amp[1]) if amp else nullcontext():
+            logits = head(h)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float64 stays
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits.gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+    recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    step = max(1, LOGITS_CHUNK_ELEMENTS // int(config.vocab_size))
+    out = []
+    for start in range(0, hidden.shape[0], step):
+        h, t = hidden[start : start + step], targets[start : start + step]
+        out.append(checkpoint(chunk_logprobs, h, t, use_reentrant=False) if recompute else chunk_logprobs(h, t))
+    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+
+
+def forward_logprobs(model, batch: TokenBatch, **kwargs):
+    """One forward of `model(input_ids, attention_mask, **kwargs)`: (log π(x_i | x_<i) at
+    the action positions, zero elsewhere [B, L] float32; the model's own output, whose
+    logits are empty). Position 0 has no prediction; the hidden state at i-1 scores token i."""
+    with head_inputs(model) as seen:
+        output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs)
+    if len(seen) != 1 or tuple(seen[0][0].shape[:2]) != tuple(batch.input_ids.shape):
+        raise RuntimeError(f"expected one LM head call on [B, L] = {list(batch.input_ids.shape)} hidden states, got "
+                           f"{[list(h.shape) for h, _ in seen]}")
+    hidden, amp = seen[0]
+    scored = batch.action_mask[:, 1:].bool()
+    logp = hidden_logprobs(model, hidden[:, :-1][scored], batch.input_ids[:, 1:][scored], amp)
+    dense = torch.zeros(scored.shape, dtype=logp.dtype, device=logp.device).masked_scatter(scored, logp)
+    return F.pad(dense, (1, 0)), output
+
+
+def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
+    """log π(x_i | x_<i) at the action positions (action_mask 1, i >= 1), zero elsewhere:
+    [B, L] float32 (`forward_logprobs`)."""
+    return forward_logprobs(model, batch)[0]
 
 
 def action_logprob_sum_and_mean(token_logps: torch.Tensor, action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
