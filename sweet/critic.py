@@ -396,27 +396,25 @@ def shared_prefix_logprob_sums(model, context: Sequence[int], actions: Sequence[
     context runs once, its KV cache is repeated for the actions. [len(actions)]."""
     import torch
 
-    from sweet.tokens import head_inputs, hidden_logprobs
+    from sweet.tokens import scored_head
 
-    ctx = torch.tensor([list(context)], device=device)
-    with head_inputs(model) as seen:
-        first = model(input_ids=ctx, use_cache=True)
-    cache = first["cache"] if "cache" in first.keys() else first.past_key_values
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"  # transformers >= 5.2x
     n, width = len(actions), max(len(a) for a in actions)
-    cache.batch_repeat_interleave(n)
     ids = torch.full((n, width), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((n, width), dtype=torch.long, device=device)
     for i, a in enumerate(actions):
         ids[i, : len(a)] = torch.tensor(list(a), device=device)
         mask[i, : len(a)] = 1
-    attention = torch.cat([torch.ones((n, ctx.shape[1]), dtype=torch.long, device=device), mask], dim=1)
-    with head_inputs(model) as seen_rest:
-        model(input_ids=ids, attention_mask=attention, use_cache=True, **{cache_kw: cache})
-    (context_hidden, amp), (action_hidden, _) = seen[0], seen_rest[0]
+    later = mask[:, 1:].bool()
+    ctx = torch.tensor([list(context)], device=device)
     # the context's last hidden state predicts each action's first token; action position j predicts j + 1
-    hidden = torch.cat([context_hidden[:, -1:].expand(n, -1, -1), action_hidden[:, :-1]], dim=1)
-    scored = mask.bool()
-    logp = hidden_logprobs(model, hidden[scored], ids[scored], amp)
-    return torch.zeros((n, width), dtype=logp.dtype, device=logp.device).masked_scatter(scored, logp).sum(-1)
+    with scored_head(model, lambda h: (h[0, -1:].expand(n, -1), ids[:, 0])) as first_logp:
+        first = model(input_ids=ctx, use_cache=True)
+    cache = first["cache"] if "cache" in first.keys() else first.past_key_values
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"  # transformers >= 5.2x
+    cache.batch_repeat_interleave(n)
+    attention = torch.cat([torch.ones((n, ctx.shape[1]), dtype=torch.long, device=device), mask], dim=1)
+    with scored_head(model, lambda h: (h[:, :-1][later], ids[:, 1:][later])) as rest_logp:
+        model(input_ids=ids, attention_mask=attention, use_cache=True, **{cache_kw: cache})
+    rest = torch.zeros(later.shape, dtype=rest_logp[0].dtype, device=device).masked_scatter(later, rest_logp[0])
+    return first_logp[0] + rest.sum(-1)

@@ -34,7 +34,7 @@ the right and lost the final answer.)
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -197,14 +197,17 @@ def make_batch(
 
 # ---- log-probs at the scored positions only (chunked) -----------------------------------
 #
-# The model body runs once; the LM head runs only on the hidden states that predict an
-# action token, a chunk of positions at a time, in the model's dtype (and autocast, if
-# the forward ran under it), with a float32 log-softmax per chunk. Never [B, L, vocab]
-# logits: at 8k tokens x 128k vocabulary those are 4 GB in float32 per sequence, and
-# their log-softmax as much again. With gradients each chunk is recomputed in backward
-# (torch.utils.checkpoint), so a step keeps [N, hidden] per scored token, not [N, vocab].
-# The full forward still goes through the outermost module (DDP, FSDP, DeepSpeed, PEFT,
-# value-head wrappers), so their hooks run as they would for `model(...).logits`.
+# The model body runs once, through the outermost module (DDP, FSDP, DeepSpeed, PEFT, the
+# value-head wrappers), so every wrapper's hooks run as they would for `model(...).logits`.
+# A pre-hook on the LM head takes over its call: the head runs only on the hidden states
+# that predict a scored token, a chunk of positions at a time, in the model's dtype (under
+# the forward's autocast, if any), with a float32 log-softmax per chunk, and the model's
+# own logits come out empty. Never [B, L, vocab] logits: at 8k tokens x 128k vocabulary
+# those are 4 GB in float32 per sequence, and their log-softmax as much again. The scoring
+# happens inside the head's call, where FSDP and ZeRO-3 hold the head's weights gathered
+# (FSDP2 reshards the root right after a no-grad forward). With gradients each chunk is
+# recomputed in backward (torch.utils.checkpoint), so a step keeps [N, hidden] per scored
+# token, not [N, vocab].
 
 LOGITS_CHUNK_ELEMENTS = 1 << 26  # positions x vocab per chunk: 256 MB of float32 logits
 
@@ -228,65 +231,87 @@ def output_head(model) -> torch.nn.Module:
     return head
 
 
-@contextmanager
-def head_inputs(model):
-    """Within the block, the LM head of `model` computes nothing (its input is cut to zero
-    positions) and the hidden states it was given are appended to the yielded list, with
-    the autocast state they were computed under."""
-    seen: list[tuple[torch.Tensor, tuple | None]] = []
-
-    def cut(module, args):
-        hidden = args[0]
-        kind = hidden.device.type
-        amp = (kind, torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else None
-        seen.append((hidden, amp))
-        return (hidden[..., :0, :],) + tuple(args[1:])
-
-    handle = output_head(model).register_forward_pre_hook(cut)
-    try:
-        yield seen
-    finally:
-        handle.remove()
-
-
-def hidden_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, amp: tuple | None = None) -> torch.Tensor:
-    """log softmax(lm_head(h))[target] per row: hidden [N, H], targets [N] -> [N] float32
-    (float64 for a float64 model).
-
-    `amp`: (device type, dtype) of the autocast the body ran under (`head_inputs`), or None."""
-    head, config = output_head(model), _unwrap(model).config
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    softcap = getattr(config, "final_logit_softcapping", None)  # Gemma 2/3 cap their logits
-
+def _chunked_logprobs(head_call, hidden: torch.Tensor, targets: torch.Tensor, vocab: int, softcap: float | None,
+                      head_trainable: bool) -> torch.Tensor:
+    """log softmax(head_call(h))[target] per row: hidden [N, H], targets [N] -> [N] float32
+    (float64 for a float64 model), `head_call` on a chunk of rows at a time."""
     def chunk_logprobs(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(amp[0], dtype=amp[1]) if amp else nullcontext():
-            logits = head(h)
+        logits = head_call(h)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float64 stays
-        if softcap:
+        if softcap:  # Gemma 2/3 cap their logits
             logits = torch.tanh(logits / softcap) * softcap
         return logits.gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
-    recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
-    step = max(1, LOGITS_CHUNK_ELEMENTS // int(config.vocab_size))
+    recompute = torch.is_grad_enabled() and (hidden.requires_grad or head_trainable)
+    step = max(1, LOGITS_CHUNK_ELEMENTS // vocab)
     out = []
     for start in range(0, hidden.shape[0], step):
         h, t = hidden[start : start + step], targets[start : start + step]
         out.append(checkpoint(chunk_logprobs, h, t, use_reentrant=False) if recompute else chunk_logprobs(h, t))
-    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
+
+
+@contextmanager
+def scored_head(model, select):
+    """Within the block, each call of the LM head of `model` scores instead of computing
+    logits: `select(hidden)` -> (hidden states [N, H], their target ids [N]) picks the rows,
+    and their log-probs ([N] float32) are appended to the yielded list; the head's own
+    output is cut to zero positions."""
+    config = _unwrap(model).config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab, softcap = int(config.vocab_size), getattr(config, "final_logit_softcapping", None)
+    head = output_head(model)
+    trainable = any(p.requires_grad for p in head.parameters())
+    scores: list[torch.Tensor] = []
+    in_call = False
+
+    def head_call(h):
+        # inside the head's call its own hooks already ran (ZeRO-3 gathered its weights):
+        # `forward` directly; a recompute in backward calls the module, hooks and all
+        return head.forward(h) if in_call else head(h)
+
+    def score(module, args):
+        nonlocal in_call
+        hidden = args[0]
+        in_call = True
+        try:
+            scores.append(_chunked_logprobs(head_call, *select(hidden), vocab, softcap, trainable))
+        finally:
+            in_call = False
+        return (hidden[..., :0, :],) + tuple(args[1:])
+
+    def tie(module, args, output):
+        # the scores depend on the head's (empty) output, the model's own output: backward
+        # then reaches it first, and wrappers that act there run before the recompute
+        # (FSDP2 gathers a resharded root module's weights, the head's among them)
+        if output.requires_grad and scores:
+            scores[-1] = scores[-1] + output.sum() * 0
+
+    handles = [head.register_forward_pre_hook(score), head.register_forward_hook(tie)]
+    try:
+        yield scores
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def forward_logprobs(model, batch: TokenBatch, **kwargs):
     """One forward of `model(input_ids, attention_mask, **kwargs)`: (log π(x_i | x_<i) at
     the action positions, zero elsewhere [B, L] float32; the model's own output, whose
     logits are empty). Position 0 has no prediction; the hidden state at i-1 scores token i."""
-    with head_inputs(model) as seen:
-        output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs)
-    if len(seen) != 1 or tuple(seen[0][0].shape[:2]) != tuple(batch.input_ids.shape):
-        raise RuntimeError(f"expected one LM head call on [B, L] = {list(batch.input_ids.shape)} hidden states, got "
-                           f"{[list(h.shape) for h, _ in seen]}")
-    hidden, amp = seen[0]
     scored = batch.action_mask[:, 1:].bool()
-    logp = hidden_logprobs(model, hidden[:, :-1][scored], batch.input_ids[:, 1:][scored], amp)
+
+    def select(hidden):
+        if tuple(hidden.shape[:2]) != tuple(batch.input_ids.shape):
+            raise RuntimeError(f"the LM head got hidden states {list(hidden.shape)}, expected [B, L, H] with "
+                               f"[B, L] = {list(batch.input_ids.shape)}")
+        return hidden[:, :-1][scored], batch.input_ids[:, 1:][scored]
+
+    with scored_head(model, select) as scores:
+        output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs)
+    if len(scores) != 1:
+        raise RuntimeError(f"expected one LM head call per forward, got {len(scores)}")
+    logp = scores[0]
     dense = torch.zeros(scored.shape, dtype=logp.dtype, device=logp.device).masked_scatter(scored, logp)
     return F.pad(dense, (1, 0)), output
 

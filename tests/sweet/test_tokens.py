@@ -322,13 +322,21 @@ def _tiny(kind: str):
     return model
 
 
-def _logit_rows(model):
-    """Rows of every LM head call (a hook): how many positions the head ran on, per call."""
+def _head_calls(model):
+    """Record every run of the LM head's forward (rows, output dtype): wraps `forward` on the
+    instance, which both the module's call and sweet.tokens' chunks go through."""
     from sweet.tokens import output_head
 
-    rows: list[int] = []
-    handle = output_head(model).register_forward_hook(lambda m, i, out: rows.append(out.reshape(-1, out.shape[-1]).shape[0]))
-    return rows, handle
+    head, calls = output_head(model), []
+    inner = head.forward
+
+    def forward(x):
+        out = inner(x)
+        calls.append((out.reshape(-1, out.shape[-1]).shape[0], out.dtype))
+        return out
+
+    head.forward = forward
+    return calls, lambda: delattr(head, "forward")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -360,9 +368,10 @@ def test_chunked_logprobs_equal_full_logits_values_and_gradients(kind, dtype, to
     old_logp, old_grads = run(lambda m, b: _full_logits_logprobs(m.lm if kind == "value" else m, b))
     vocab = tokens._unwrap(model).config.vocab_size
     monkeypatch.setattr(tokens, "LOGITS_CHUNK_ELEMENTS", 3 * vocab)  # chunks of 3 positions
-    rows, handle = _logit_rows(model)
+    calls, restore = _head_calls(model)
     new_logp, new_grads = run(token_logprobs)
-    handle.remove()
+    restore()
+    rows = [r for r, _ in calls]
     scored = batch.action_mask.bool()
     assert (new_logp[scored] - old_logp[scored]).abs().max() <= tol * max(1.0, old_logp.abs().max())
     assert (new_logp[~scored] == 0).all()
@@ -370,9 +379,10 @@ def test_chunked_logprobs_equal_full_logits_values_and_gradients(kind, dtype, to
     for name, old, new in zip(names, old_grads, new_grads):
         assert (new - old).abs().max() <= tol * scale, (name, (new - old).abs().max().item(), scale)
     assert any(g.abs().sum() > 0 for g in new_grads)
-    # forward: 0 rows inside the model, then 20 scored positions in chunks of <= 3; backward recomputes them
+    # forward: the 20 scored positions in chunks of <= 3, then the model's own call on 0
+    # rows; backward recomputes the chunks
     n_scored = int(batch.action_mask.sum())
-    assert rows[0] == 0 and max(rows) == 3 and sum(rows) == 2 * n_scored
+    assert max(rows) == 3 and sum(rows) == 2 * n_scored and rows.count(0) == 1
 
 
 def test_chunked_logprobs_run_the_head_under_the_forwards_autocast(tok):
@@ -380,15 +390,13 @@ def test_chunked_logprobs_run_the_head_under_the_forwards_autocast(tok):
     same autocast dtype as the body did, and give the full-logits values within bf16 noise."""
     model = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
     batch = make_batch([(list(range(10, 60)), list(range(70, 90)))], pad_id=tok.pad_token_id)
-    from sweet.tokens import output_head
-
-    dtypes: list[torch.dtype] = []
-    handle = output_head(model).register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
+    calls, restore = _head_calls(model)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         new = token_logprobs(model, batch)
+    restore()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         old = _full_logits_logprobs(model, batch)
-    handle.remove()
-    assert set(dtypes) == {torch.bfloat16}
+    assert [c for c in calls if c[0]] == [(20, torch.bfloat16)]
     scored = batch.action_mask.bool()
     assert torch.allclose(new[scored], old[scored], atol=0.05)
 
