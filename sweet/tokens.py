@@ -29,6 +29,11 @@ Truncation keeps the action whole: an over-long context loses tokens from the
 *middle*: the first `keep_head` tokens (system prompt, task, training-time
 information) and the most recent turns survive. (The reference code truncated from
 the right and lost the final answer.)
+
+Log-probs (`token_logprobs`, `forward_logprobs`, `scored_head`) are computed only at the
+action tokens: the LM head runs on their hidden states in chunks, in the model's dtype,
+with a float32 log-softmax per chunk, never on [B, L, vocab] logits (the section's
+comment says how; bench/logprob_memory.py measures it).
 """
 
 from __future__ import annotations
