@@ -214,7 +214,7 @@ def make_batch(
 # recomputed in backward (torch.utils.checkpoint), so a step keeps [N, hidden] per scored
 # token, not [N, vocab].
 
-LOGITS_CHUNK_ELEMENTS = 1 << 26  # positions x vocab per chunk: 256 MB of float32 logits
+LOGITS_CHUNK_ELEMENTS = 1 << 24  # positions x vocab per chunk: 64 MB of float32 logits (130 rows at 128k)
 
 
 def _unwrap(model):
