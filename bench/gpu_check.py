@@ -11,8 +11,12 @@ freeing the GPU in between:
   generation      engines.hf.HFEngine: tokens/s batched vs one conversation at a time
   critic_step     LoRA + gradient checkpointing, two 8k-token turns, one optimiser step on
                   sweet.critic's per-turn advantage and Bradley-Terry loss
-  dpo_step        SWEET stage 2: per-turn chosen/rejected segments (sweet.core.tokens.segment_logps)
+  dpo_step        SWEET stage 2: per-turn chosen/rejected segments (sweet.core.logprobs.segment_logps)
                   and sweet.algorithms.losses.dpo_loss, one optimiser step
+  logprobs        action log-probs of one 8k-token sequence, full-vocabulary float32 logits
+                  (bench/logprob_memory.py's naive way) vs sweet.core.logprobs' chunked head: seconds
+                  and the pass's own peak memory, one turn scored or every token, scoring
+                  and forward + backward
   loop_iteration  `sweet.train_policy --algorithm loop` on the test bed, one iteration
 
 Each stage records its seconds and peak GPU memory (torch.cuda.max_memory_allocated, GiB)
@@ -75,7 +79,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", default="", help="folder for the saved model and LOOP run (default: /dev/shm if it "
                                               "has room, else a temporary folder; removed at the end)")
     p.add_argument("--device", default="", help="default: cuda if available, else cpu")
-    p.add_argument("--stages", default="generation,critic_step,dpo_step,loop_iteration")
+    p.add_argument("--stages", default="generation,critic_step,dpo_step,logprobs,loop_iteration")
     p.add_argument("--budget_s", type=float, default=420.0, help="skip stages not started after this many seconds")
     return p
 
@@ -250,7 +254,8 @@ def dpo_step(scale: Scale, path: Path, device: str) -> dict:
     import torch
 
     from sweet.algorithms.losses import dpo_loss
-    from sweet.core.tokens import Segment, segment_logps
+    from sweet.core.logprobs import segment_logps
+    from sweet.core.tokens import Segment
 
     max_length = scale.dpo_context + scale.action_len + 8
     model = _load(path, device, lora=True, lora_r=scale.lora_r, gradient_checkpointing=True, max_length=max_length)
@@ -273,6 +278,62 @@ def dpo_step(scale: Scale, path: Path, device: str) -> dict:
     return {"pairs": n, "lora_b_norm_after": round(moved, 6), "context_tokens": scale.dpo_context, "action_tokens": scale.action_len,
             "trainable_params": trainable, "loss": round(loss.item(), 4), "loss_dpo": round(metrics["loss/dpo"], 4),
             "seconds": round(seconds, 2)}
+
+
+def logprobs(scale: Scale, path: Path, device: str) -> dict:
+    """Full-vocabulary logits vs the chunked head on critic_step's model (LoRA + gradient
+    checkpointing), one `critic_len`-token sequence. Workloads: `turn` (its last
+    `action_len` tokens scored) and `all` (every token after the first); each without
+    gradients (`score`: critic scoring, π_ref) and with a backward of the sum (`backward`).
+    Per path: seconds and peak memory over the loaded model (GiB, GPU only); per case the
+    largest log-prob gap between the paths and the ratios full / chunked."""
+    import torch
+
+    from bench.logprob_memory import full_logits_logprobs
+    from sweet.core.logprobs import token_logprobs
+    from sweet.core.tokens import make_batch
+
+    cuda = device.startswith("cuda")
+    model = _load(path, device, lora=True, lora_r=scale.lora_r, gradient_checkpointing=True, max_length=scale.critic_len)
+    model.train()
+    ids = _random_ids(scale.critic_len, 6, 4000, 7)  # ids inside the tiny tokenizer
+    paths = {"full": full_logits_logprobs, "chunked": token_logprobs}
+
+    def one(fn, batch, backward: bool):
+        model.zero_grad(set_to_none=True)
+        _reset_peak(device)
+        base = torch.cuda.memory_allocated() if cuda else 0
+        _sync(device)
+        start = time.perf_counter()
+        with torch.set_grad_enabled(backward):
+            logp = fn(model, batch)
+            total = (logp * batch.action_mask).sum()
+            if backward:
+                total.backward()
+        _sync(device)
+        seconds = time.perf_counter() - start
+        peak = round((torch.cuda.max_memory_allocated() - base) / GIB, 2) if cuda else None
+        return logp[batch.action_mask.bool()].detach().float(), {"seconds": round(seconds, 3), "peak_gib": peak}
+
+    warm = make_batch([(ids[:32], ids[32:48])], pad_id=0).to(device)
+    for fn in paths.values():  # kernels, allocator
+        one(fn, warm, True)
+    out: dict = {"tokens": scale.critic_len}
+    for workload, n_action in (("turn", scale.action_len), ("all", scale.critic_len - 1)):
+        batch = make_batch([(ids[: scale.critic_len - n_action], ids[scale.critic_len - n_action :])], pad_id=0).to(device)
+        for mode in ("score", "backward"):
+            case: dict = {"scored_tokens": n_action}
+            lps = {}
+            for name, fn in paths.items():
+                lps[name], case[name] = one(fn, batch, mode == "backward")
+            case["max_logp_gap"] = float((lps["full"] - lps["chunked"]).abs().max())
+            case["speedup"] = round(case["full"]["seconds"] / max(case["chunked"]["seconds"], 1e-9), 2)
+            case["memory_ratio"] = (round(case["full"]["peak_gib"] / max(case["chunked"]["peak_gib"], 0.01), 1)
+                                    if cuda else None)
+            out[f"{workload}_{mode}"] = case
+    model.zero_grad(set_to_none=True)
+    del model
+    return out
 
 
 def loop_iteration(scale: Scale, path: Path, device: str, work: Path) -> dict:
@@ -299,7 +360,8 @@ def loop_iteration(scale: Scale, path: Path, device: str, work: Path) -> dict:
             "metrics": {k: v for k, v in last.items() if k.startswith("loop/") or k in ("step", "loss")}}
 
 
-STAGES = {"generation": generation, "critic_step": critic_step, "dpo_step": dpo_step, "loop_iteration": loop_iteration}
+STAGES = {"generation": generation, "critic_step": critic_step, "dpo_step": dpo_step, "logprobs": logprobs,
+          "loop_iteration": loop_iteration}
 
 
 # ---------------------------------------------------------------- driver
@@ -377,6 +439,14 @@ def summary(report: dict) -> str:
             b, o = s["batched"], s["one_at_a_time"]
             lines.append(f"  {name:15s} batched {b['tokens_per_s']} tok/s ({b['conversations']} convs) vs one at a time "
                          f"{o['tokens_per_s']} tok/s: x{s['speedup']}{peak}")
+        elif name == "logprobs":
+            for key in ("turn_score", "turn_backward", "all_score", "all_backward"):
+                c = s[key]
+                mem = (f", peak {c['full']['peak_gib']} vs {c['chunked']['peak_gib']} GiB: x{c['memory_ratio']}"
+                       if c.get("memory_ratio") is not None else "")
+                lines.append(f"  {name:15s} {key:14s} {c['scored_tokens']} of {s['tokens']} tokens scored, full logits "
+                             f"{c['full']['seconds']} s vs chunked {c['chunked']['seconds']} s: x{c['speedup']}{mem}, "
+                             f"max gap {c['max_logp_gap']:.1e}")
         elif name == "build":
             lines.append(f"  {name:15s} {s['params'] / 1e6:,.1f}M params ({s['dtype']}) in {s['seconds']} s{peak}")
         elif name == "loop_iteration":

@@ -46,7 +46,8 @@ def main(argv=None) -> None:
     import torch
 
     from engines import EngineOptions, SamplingParams, load_engine
-    from sweet.core.tokens import action_ids, make_batch, token_logprobs
+    from sweet.core.logprobs import token_logprobs
+    from sweet.core.tokens import action_ids, make_batch
 
     args = make_parser().parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -282,16 +282,15 @@ def _batch(items: Sequence[LoopTurn], pad_id: int, model_cfg: ModelConfig):
 def _forward(model, batch, with_value: bool):
     """Per-token log π [B, L], and V(s_t) [B] at each row's last context token (value head)."""
     import torch
-    import torch.nn.functional as F
 
-    from sweet.core.tokens import token_logprobs
+    from sweet.core.logprobs import forward_logprobs
 
+    logp, output = forward_logprobs(model, batch)
     if not with_value:
-        return token_logprobs(model, batch), None
-    logits, values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    logp = torch.gather(F.log_softmax(logits[:, :-1].float(), dim=-1), 2, batch.input_ids[:, 1:, None]).squeeze(-1)
+        return logp, None
+    values = output[1]
     last_context = batch.action_mask.argmax(-1) - 1
-    return F.pad(logp, (1, 0)), values[torch.arange(len(values)), last_context]
+    return logp, values[torch.arange(len(values)), last_context]
 
 
 def _action_rows(logp: torch.Tensor, batch) -> list[torch.Tensor]:
@@ -325,7 +324,7 @@ def score_items(model, items: Sequence[LoopTurn], acc, pad_id: int, model_cfg: M
     processes and gathered; every process runs the same number of forwards (FSDP)."""
     from accelerate.utils import gather_object
 
-    from sweet.core.tokens import token_logprobs
+    from sweet.core.logprobs import token_logprobs
 
     was_training = model.training
     model.eval()

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from sweet.core.config import ModelConfig, TrainConfig
 from sweet.core.records import Pair
-from sweet.core.tokens import Segment, segment_logps
+from sweet.core.tokens import Segment
 
 REF_CACHE = "ref_logps.json"
 
@@ -50,6 +50,8 @@ def sequence_logps(model, model_cfg: ModelConfig, pad_id: int, groups: Sequence[
     """Σ over each group's segments of the action log-probs, and the token counts: [G], [G].
     (A trajectory is a group: its log-prob is the sum of its turns' log-probs.)"""
     import torch
+
+    from sweet.core.logprobs import segment_logps
 
     flat = [s for g in groups for s in g]
     sums, counts = segment_logps(model, flat, pad_id=pad_id, max_length=model_cfg.max_length, keep_head=model_cfg.keep_head)

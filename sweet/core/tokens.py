@@ -29,6 +29,9 @@ Truncation keeps the action whole: an over-long context loses tokens from the
 *middle*: the first `keep_head` tokens (system prompt, task, training-time
 information) and the most recent turns survive. (The reference code truncated from
 the right and lost the final answer.)
+
+Log-probs of these batches (computed only at the action tokens, never on [B, L, vocab]
+logits) are sweet/core/logprobs.py.
 """
 
 from __future__ import annotations
@@ -199,43 +202,3 @@ def make_batch(
         attn[i, : len(s)] = 1
         act[i, : len(m)] = torch.tensor(m)
     return TokenBatch(ids, attn, act)
-
-
-def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
-    """log π(x_i | x_<i) for every position i >= 1, zero elsewhere: [B, L].
-
-    Position 0 has no prediction; logits at i-1 score token i.
-    """
-    import torch
-    import torch.nn.functional as F
-
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
-    logp = torch.gather(F.log_softmax(logits[:, :-1], dim=-1), 2, batch.input_ids[:, 1:, None]).squeeze(-1)
-    return F.pad(logp, (1, 0))
-
-
-def action_logprob_sum_and_mean(token_logps: torch.Tensor, action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sequence: Σ and mean of log-probs over action tokens ([B] each)."""
-    mask = action_mask.to(token_logps.dtype)
-    total = (token_logps * mask).sum(-1)
-    return total, total / mask.sum(-1).clamp(min=1)
-
-
-def segment_logps(model, segments: Sequence[Segment], *, pad_id: int, max_length: int | None, keep_head: int,
-                  chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Σ log π(action tokens | context) per segment, and the action token counts: [S], [S].
-
-    Segments are packed `chunk_size` at a time (None: all at once); gradients flow.
-    """
-    import torch
-
-    device = next(model.parameters()).device
-    sums, counts = [], []
-    step = chunk_size or max(1, len(segments))
-    for start in range(0, len(segments), step):
-        chunk = segments[start : start + step]
-        batch = make_batch([(s.context, s.action) for s in chunk], pad_id, max_length, keep_head).to(device)
-        total, _ = action_logprob_sum_and_mean(token_logprobs(model, batch), batch.action_mask)
-        sums.append(total)
-        counts.append(batch.action_mask.sum(-1))
-    return torch.cat(sums), torch.cat(counts)

@@ -164,7 +164,7 @@ def critic_batch(tokenizer, examples: Sequence[CriticTurn], header: str, max_len
 
 def action_logprob_sums(model, batch: "TokenBatch") -> "torch.Tensor":
     """Σ_{y ∈ a} log π(y | context, y_<) per sequence, [B] (float32)."""
-    from sweet.core.tokens import action_logprob_sum_and_mean, token_logprobs
+    from sweet.core.logprobs import action_logprob_sum_and_mean, token_logprobs
 
     total, _ = action_logprob_sum_and_mean(token_logprobs(model, batch), batch.action_mask)
     return total
@@ -396,23 +396,26 @@ def shared_prefix_logprob_sums(model, context: Sequence[int], actions: Sequence[
     """Σ_{y ∈ a} log π(y | context, y_<) for several actions after ONE context: the
     context runs once, its KV cache is repeated for the actions. [len(actions)]."""
     import torch
-    import torch.nn.functional as F
 
-    ctx = torch.tensor([list(context)], device=device)
-    first = model(input_ids=ctx, use_cache=True)
-    cache = first["cache"] if "cache" in first.keys() else first.past_key_values
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"  # transformers >= 5.2x
+    from sweet.core.logprobs import scored_head
+
     n, width = len(actions), max(len(a) for a in actions)
-    cache.batch_repeat_interleave(n)
     ids = torch.full((n, width), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((n, width), dtype=torch.long, device=device)
     for i, a in enumerate(actions):
         ids[i, : len(a)] = torch.tensor(list(a), device=device)
         mask[i, : len(a)] = 1
+    later = mask[:, 1:].bool()
+    ctx = torch.tensor([list(context)], device=device)
+    # the context's last hidden state predicts each action's first token; action position j predicts j + 1
+    with scored_head(model, lambda h: (h[0, -1:].expand(n, -1), ids[:, 0])) as first_logp:
+        first = model(input_ids=ctx, use_cache=True)
+    cache = first["cache"] if "cache" in first.keys() else first.past_key_values
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"  # transformers >= 5.2x
+    cache.batch_repeat_interleave(n)
     attention = torch.cat([torch.ones((n, ctx.shape[1]), dtype=torch.long, device=device), mask], dim=1)
-    rest = model(input_ids=ids, attention_mask=attention, use_cache=True, **{cache_kw: cache})
-    # the context's last logits predict each action's first token; action logits at j predict j + 1
-    logits = torch.cat([first.logits[:, -1:].expand(n, -1, -1), rest.logits[:, :-1]], dim=1).float()
-    logp = torch.gather(F.log_softmax(logits, dim=-1), 2, ids[:, :, None]).squeeze(-1)
-    return (logp * mask).sum(-1)
+    with scored_head(model, lambda h: (h[:, :-1][later], ids[:, 1:][later])) as rest_logp:
+        model(input_ids=ids, attention_mask=attention, use_cache=True, **{cache_kw: cache})
+    rest = torch.zeros(later.shape, dtype=rest_logp[0].dtype, device=device).masked_scatter(later, rest_logp[0])
+    return first_logp[0] + rest.sum(-1)

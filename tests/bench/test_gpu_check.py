@@ -31,7 +31,7 @@ def test_gpu_check_script_runs_every_stage_at_tiny_scale(tmp_path):
     stages = report["stages"]
     failed = {k: v.get("error") for k, v in stages.items() if not v.get("ok")}
     assert res.returncode == 0 and not failed, (failed, res.stderr[-3000:])
-    assert list(stages) == ["build", "generation", "critic_step", "dpo_step", "loop_iteration"]
+    assert list(stages) == ["build", "generation", "critic_step", "dpo_step", "logprobs", "loop_iteration"]
     gen = stages["generation"]
     assert gen["batched"]["tokens"] == 8 * 8 and gen["one_at_a_time"]["tokens"] == 2 * 8
     assert gen["speedup"] > 1.5  # batching must pay even for a tiny model on CPU
@@ -43,6 +43,12 @@ def test_gpu_check_script_runs_every_stage_at_tiny_scale(tmp_path):
     assert stages["dpo_step"]["loss"] > stages["dpo_step"]["loss_dpo"]  # + the NLL term
     # one step through LoRA + gradient checkpointing reached the adapters (B was 0)
     assert stages["critic_step"]["lora_b_norm_after"] > 0 and stages["dpo_step"]["lora_b_norm_after"] > 0
+    # both log-prob paths on the same model, one turn or every token scored, with and without
+    # gradients: the same values (float32 on CPU), no memory figures without a GPU
+    lp = stages["logprobs"]
+    for key in ("turn_score", "turn_backward", "all_score", "all_backward"):
+        assert lp[key]["max_logp_gap"] < 1e-4 and lp[key]["memory_ratio"] is None, (key, lp[key])
+    assert lp["turn_score"]["scored_tokens"] == 16 and lp["all_score"]["scored_tokens"] == 255
     loop = stages["loop_iteration"]
     assert loop["iterations_logged"] == 1 and loop["metrics"]["loop/episodes_total"] == 4.0
     assert loop["metrics"]["loop/optimizer_steps"] >= 1  # --min_abs_advantage 0: the update runs without variance

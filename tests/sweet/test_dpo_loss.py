@@ -78,8 +78,9 @@ def test_dpo_loss_matches_trl_dpo_trainer(tmp_path):
     from trl import DPOConfig, DPOTrainer
 
     from engines.tiny import tiny_model_path
+    from sweet.core.logprobs import segment_logps
     from sweet.core.models import load_tokenizer
-    from sweet.core.tokens import Segment, segment_logps
+    from sweet.core.tokens import Segment
 
     torch.manual_seed(0)
     tok = load_tokenizer("tiny")

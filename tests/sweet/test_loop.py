@@ -181,10 +181,10 @@ def run_update(tmp_path, name, *, micro=16, batch=8, lora=False, sgd=True, **loo
     first step would hide a gradient's scale)."""
     from engines.tiny import tiny_model_path
     from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, train_on_episodes
-    from sweet.core.value_head import ValueHeadModel
     from sweet.core.config import ModelConfig
     from sweet.core.models import load_model, load_tokenizer
     from sweet.core.trainer import Trainer
+    from sweet.core.value_head import ValueHeadModel
 
     cfg = LoopConfig(ppo_epochs=loop_kwargs.pop("ppo_epochs", 1), **loop_kwargs)
     model_cfg = ModelConfig(model=str(tiny_model_path()), max_length=256, keep_head=32, lora=lora, lora_r=4)

@@ -9,8 +9,8 @@ import importlib
 import pytest
 
 from engines.base import EngineOptions, ServerOptions, set_server_defaults
-from sweet.train_policy import ALGORITHMS
 from sweet.core.config import parse_configs
+from sweet.train_policy import ALGORITHMS
 
 REQUIRED = {"sweet": ["--episodes", "e.jsonl", "--tasks", "t.jsonl"], "loop": []}
 

@@ -12,22 +12,15 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from policy_fixtures import cached_tiny_episodes
 
 from colbench.types import Episode
 from sweet.algorithms.policy_trainer import sequence_logps
 from sweet.core.config import ModelConfig
+from sweet.core.logprobs import action_logprob_sum_and_mean, token_logprobs
 from sweet.core.models import load_model, load_tokenizer
-from sweet.core.tokens import (
-    Segment,
-    action_ids,
-    action_logprob_sum_and_mean,
-    episode_segments,
-    make_batch,
-    token_logprobs,
-    truncate_context,
-    turn_segment,
-)
+from sweet.core.tokens import Segment, action_ids, episode_segments, make_batch, truncate_context, turn_segment
 
 MAX_NEW = 10
 
@@ -263,14 +256,20 @@ def test_make_batch_never_cuts_the_action():
 
 
 class _Bigram(torch.nn.Module):
-    """Logits depend only on the current token: easy to compute by hand."""
+    """The hidden state is the current token, one-hot, and the LM head the table of
+    log-probs: logits depend only on the current token, easy to compute by hand."""
 
     def __init__(self, table):
         super().__init__()
-        self.table = table
+        self.config = type("Config", (), {"vocab_size": table.shape[1]})()
+        self.head = torch.nn.Linear(table.shape[0], table.shape[1], bias=False)
+        self.head.weight.data = table.T.clone()  # one_hot(x) @ W^T = table[x]
+
+    def get_output_embeddings(self):
+        return self.head
 
     def forward(self, input_ids, attention_mask):
-        return type("Out", (), {"logits": self.table[input_ids]})
+        return type("Out", (), {"logits": self.head(F.one_hot(input_ids, self.head.in_features).float())})
 
 
 def test_token_logprobs_by_hand():
@@ -282,3 +281,137 @@ def test_token_logprobs_by_hand():
     total, mean = action_logprob_sum_and_mean(lp, b.action_mask)
     assert torch.allclose(total, torch.log(torch.tensor([0.25 * 0.8])))
     assert torch.allclose(mean, total / 2)
+
+
+# ---- chunked log-probs against the full-vocabulary logits they replace ----------------------
+
+
+def _full_logits_logprobs(model, batch):
+    """The path sweet.core.logprobs replaced: float32 logits over the whole vocabulary at every
+    position, log-softmaxed, gathered: [B, L] with zero at position 0."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # a float64 model stays float64
+    logp = torch.gather(F.log_softmax(logits[:, :-1], dim=-1), 2, batch.input_ids[:, 1:, None]).squeeze(-1)
+    return F.pad(logp, (1, 0))
+
+
+def _tiny(kind: str):
+    """The tiny Llama as each trainer holds it: full weights, LoRA (PEFT), tied embeddings,
+    or inside LOOP's policy-with-value wrapper."""
+    from transformers import AutoModelForCausalLM
+
+    from engines.tiny import tiny_model_path
+
+    if kind == "tied":
+        torch.manual_seed(0)
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_path(), dtype=torch.float32)
+        config = base.config
+        config.tie_word_embeddings = True
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+        return model
+    model = load_model(ModelConfig(model="tiny", dtype="float32", lora=kind == "lora", lora_r=4), trainable=True)
+    if kind == "lora":  # B = 0 at initialisation: move it, so the adapter changes the log-probs
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
+    if kind == "value":
+        from sweet.core.value_head import ValueHeadModel
+
+        model = ValueHeadModel(model, policy=True)
+    return model
+
+
+def _head_calls(model):
+    """Record every run of the LM head's forward (rows, output dtype): wraps `forward` on the
+    instance, which both the module's call and sweet.core.logprobs' chunks go through."""
+    from sweet.core.logprobs import output_head
+
+    head, calls = output_head(model), []
+    inner = head.forward
+
+    def forward(x):
+        out = inner(x)
+        calls.append((out.reshape(-1, out.shape[-1]).shape[0], out.dtype))
+        return out
+
+    head.forward = forward
+    return calls, lambda: delattr(head, "forward")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["full", "lora", "tied", "value"])
+def test_chunked_logprobs_equal_full_logits_values_and_gradients(kind, dtype, tok, monkeypatch):
+    """Identical to the full-vocabulary path, forward and gradients (float32: within 1e-5
+    of the largest value; float64: 1e-10, so the float32 gap is rounding, not maths), with
+    the LM head run only on the scored positions, at most 3 of them at a time."""
+    import sweet.core.logprobs as logprobs
+
+    torch.manual_seed(0)
+    model = _tiny(kind)
+    (model.lm if kind == "value" else model).to(dtype)  # the value head reads float32 by design
+    tol = 1e-5 if dtype == torch.float32 else 1e-10
+    examples = [(list(range(10, 40)), [41, 42, 43, 44, 45, 46, 47]), (list(range(100, 110)), [7, 8]),
+                (list(range(200, 250)), list(range(300, 311)))]
+    batch = make_batch(examples, pad_id=tok.pad_token_id)
+    weights = torch.randn(batch.input_ids.shape, generator=torch.Generator().manual_seed(1))
+    # (the value head's own parameters get no gradient from log-probs in either path)
+    params = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("v_head")]
+    names = [n for n, p in model.named_parameters() if p.requires_grad and not n.startswith("v_head")]
+
+    def run(fn):
+        model.zero_grad(set_to_none=True)
+        logp = fn(model, batch)
+        (logp * batch.action_mask * weights).sum().backward()
+        return logp.detach(), [p.grad.clone() for p in params]
+
+    old_logp, old_grads = run(lambda m, b: _full_logits_logprobs(m.lm if kind == "value" else m, b))
+    vocab = logprobs._unwrap(model).config.vocab_size
+    monkeypatch.setattr(logprobs, "LOGITS_CHUNK_ELEMENTS", 3 * vocab)  # chunks of 3 positions
+    calls, restore = _head_calls(model)
+    new_logp, new_grads = run(token_logprobs)
+    restore()
+    rows = [r for r, _ in calls]
+    scored = batch.action_mask.bool()
+    assert (new_logp[scored] - old_logp[scored]).abs().max() <= tol * max(1.0, old_logp.abs().max())
+    assert (new_logp[~scored] == 0).all()
+    scale = max(1.0, max(g.abs().max().item() for g in old_grads))
+    for name, old, new in zip(names, old_grads, new_grads):
+        assert (new - old).abs().max() <= tol * scale, (name, (new - old).abs().max().item(), scale)
+    assert any(g.abs().sum() > 0 for g in new_grads)
+    # forward: the 20 scored positions in chunks of <= 3, then the model's own call on 0
+    # rows; backward recomputes the chunks
+    n_scored = int(batch.action_mask.sum())
+    assert max(rows) == 3 and sum(rows) == 2 * n_scored and rows.count(0) == 1
+
+
+def test_chunked_logprobs_run_the_head_under_the_forwards_autocast(tok):
+    """Mixed precision (accelerate wraps forward in autocast): the head's chunks run in the
+    same autocast dtype as the body did, and give the full-logits values within bf16 noise."""
+    model = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
+    batch = make_batch([(list(range(10, 60)), list(range(70, 90)))], pad_id=tok.pad_token_id)
+    calls, restore = _head_calls(model)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        new = token_logprobs(model, batch)
+    restore()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        old = _full_logits_logprobs(model, batch)
+    assert [c for c in calls if c[0]] == [(20, torch.bfloat16)]
+    scored = batch.action_mask.bool()
+    assert torch.allclose(new[scored], old[scored], atol=0.05)
+
+
+def test_scorer_shared_prefix_equals_padded_batches(tok):
+    """The critic's KV-cache path (one context, many actions) and the padded batch path
+    score the same, both through the chunked head."""
+    from sweet.critic.model import shared_prefix_logprob_sums
+
+    model = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
+    context = list(range(20, 60))
+    actions = [[5, 6, 7], list(range(80, 95)), [9]]
+    with torch.no_grad():
+        shared = shared_prefix_logprob_sums(model, context, actions, tok.pad_token_id, torch.device("cpu"))
+        batch = make_batch([(context, a) for a in actions], pad_id=tok.pad_token_id)
+        padded = (_full_logits_logprobs(model, batch) * batch.action_mask).sum(-1)
+    assert torch.allclose(shared, padded, atol=1e-4)

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from sweet.core.config import ModelConfig, TrainConfig
+from sweet.core.logprobs import segment_logps
 from sweet.core.models import load_model
 from sweet.core.records import Pair
-from sweet.core.tokens import Segment, segment_logps
+from sweet.core.tokens import Segment
 from sweet.core.trainer import Trainer, deal, epoch_order
 
 MODEL = ModelConfig(model="tiny", dtype="float32", max_length=128, keep_head=16)
