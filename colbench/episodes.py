@@ -177,8 +177,7 @@ def run_episodes(
         active: list[_Live] = []
         while todo or active:
             active, todo = active + todo[: limit - len(active)], todo[limit - len(active):]
-            finished = _step(env, agent, simulator, active, config)
-            _score(env, finished)
+            finished = advance(env, agent, simulator, active, config)
             writer.write([lv.episode for lv in finished])
             for lv in finished:
                 done[lv.episode.episode_id] = lv.episode
@@ -190,6 +189,20 @@ def run_episodes(
         if bar is not None:
             bar.close()
     return [done[f"{t.task_id}/{agent.name}/{s}"] for t, s in order]
+
+
+def start_episode(env: Environment, task: Task, agent: Agent, seed: int, simulator: Simulator | None) -> _Live:
+    """A new episode in flight, to drive one step at a time with `advance` (colbench.serve)."""
+    return _new(env, task, agent, seed, simulator)
+
+
+def advance(env: Environment, agent: Agent, simulator: Simulator | None, active: list[_Live],
+            config: EpisodeConfig) -> list[_Live]:
+    """One step of `run_episodes` for episodes a caller drives itself: one agent batch,
+    one simulator batch, then the episodes that ended are scored. Returns those."""
+    finished = _step(env, agent, simulator, active, config)
+    _score(env, finished)
+    return finished
 
 
 def _check_inputs(env, tasks, agent, simulator, seeds, config) -> None:
