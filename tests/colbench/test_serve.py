@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -37,49 +36,15 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 ERR = "python -m colbench.serve: error:"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def server(*args: str):
-    """`python -m colbench.serve ARGS` on a free port; yields its base URL; stopped after."""
-    port = free_port()
-    proc = subprocess.Popen([PY, "-m", "colbench.serve", *args, "--port", str(port)], cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).json()["status"] == "healthy":
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not answer /health within 120 s")
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
-def backend_url():
-    with server("--env", "backend", "--tasks", "builtin:test", "--limit", "6", "--simulator", "scripted:backend") as url:
+def backend_url(colbench_server):
+    with colbench_server("--env", "backend", "--tasks", "builtin:test", "--limit", "6", "--simulator", "scripted:backend") as url:
         yield url
 
 
 @pytest.fixture(scope="module")
-def testbed_url():
-    with server("--env", "testbed", "--tasks", "builtin:test", "--simulator", "scripted:testbed",
+def testbed_url(colbench_server):
+    with colbench_server("--env", "testbed", "--tasks", "builtin:test", "--simulator", "scripted:testbed",
                 "--max-sessions", "16") as url:
         yield url
 
@@ -271,8 +236,8 @@ def test_errors_name_the_episode(testbed_url):
     assert resp.status_code == 404 and "unknown episode id 'missing'" in resp.json()["detail"]
 
 
-def test_session_and_episode_limits_and_idle_timeout():
-    with server("--env", "testbed", "--tasks", "builtin:test", "--simulator", "scripted:testbed", "--max-sessions",
+def test_session_and_episode_limits_and_idle_timeout(colbench_server):
+    with colbench_server("--env", "testbed", "--tasks", "builtin:test", "--simulator", "scripted:testbed", "--max-sessions",
                 "2", "--max-episodes", "2", "--episode-timeout-s", "1.5") as url:
         a, b, c = ColBenchClient(url), ColBenchClient(url), ColBenchClient(url)
         try:
@@ -305,3 +270,35 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(ERR) and message in lines[0], res.stderr
+
+
+def test_frontend_scores_through_the_server_as_through_the_runner(colbench_server):
+    """Frontend: renders + tiny CLIP on the server give the runner's cosine, to the bit."""
+    from colbench.scoring.render import DEFAULT_CHROMIUM
+
+    if not Path(DEFAULT_CHROMIUM).exists():
+        pytest.skip("chromium not installed")
+    tasks = load_tasks("builtin:test", env="frontend", limit=2)
+    env = make_env("frontend", clip_model="tiny")
+
+    class Draft:  # one wrong draft, then the reference: a human turn and a non-trivial cosine
+        name, needs_simulator = "draft", True
+
+        def act(self, requests):
+            return [Sample("```html\n<html><body><h1>Draft</h1></body></html>\n```")
+                    if len(r.messages) == 2 else ReferenceAgent(env).act([r])[0] for r in requests]
+
+    from simulators import load_simulator
+
+    try:
+        runner = rollout(env, tasks, Draft(), load_simulator("scripted:idk", env))
+        with colbench_server("--env", "frontend", "--tasks", "builtin:test", "--limit", "2", "--simulator", "scripted:idk",
+                    "--clip-model", "tiny") as url:
+            for task, ep in zip(tasks, runner):
+                first, reply, last = drive(url, Draft(), task)
+                assert reply.observation.reply == "I don't know." == ep.turns[1].content
+                assert last.reward == ep.reward and last.observation.score["success"] == ep.success
+                assert "target_png" not in last.observation.score  # a path to the hidden target's render
+                assert last.observation.score["answer_html_chars"] == ep.score.detail["answer_html_chars"]
+    finally:
+        env.close()
