@@ -133,10 +133,9 @@ class ColBenchRollout:
         finally:
             for p in plays:
                 p.client.close()
-        trainer._metrics["train"]["colbench/truncated"].append(sum(p.truncated for p in plays) / len(plays))
         return {"prompt_ids": [p.prompt_ids for p in plays], "completion_ids": [p.completion_ids for p in plays],
                 "logprobs": [p.logprobs for p in plays], "env_mask": [p.env_mask for p in plays],
-                "env_reward": [p.reward for p in plays]}
+                "env_reward": [p.reward for p in plays], "truncated": [p.truncated for p in plays]}
 
     def _agent_turn(self, tok, play: _Play, ids: list[int], lps: list[float], text: str) -> None:
         """Append the sampled turn, send it, append the human's reply (masked)."""
@@ -191,8 +190,10 @@ class ColBenchRollout:
         return out
 
 
-def env_reward(completions, env_reward: list[float], **kwargs) -> list[float]:
+def env_reward(completions, env_reward: list[float], truncated: list[bool], log_metric=None, **kwargs) -> list[float]:
     """The server's score of each episode (TRL reward function; the rollout supplies it)."""
+    if log_metric is not None:
+        log_metric("colbench/truncated", sum(truncated) / len(truncated))
     return [float(r) for r in env_reward]
 
 
