@@ -25,7 +25,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 resolve() {  # resolve NAME REQUIREMENTS...: 0 and a summary line when pip finds a solution
   local name="$1"; shift
-  if "$tmp/venv/bin/python" -m pip install --dry-run --ignore-installed --quiet --report "$tmp/report.json" "$@" \
+  if "$tmp/venv/bin/python" -m pip install --dry-run --ignore-installed --report "$tmp/report.json" "$@" \
         >"$tmp/resolve.log" 2>&1; then
     "$PY" - "$tmp/report.json" "$name" <<'PYEOF'
 import json, sys
@@ -49,7 +49,8 @@ echo "[check_serve] 2/3 '.[serve,vllm]'"
 if resolve ".[serve,vllm]" -e ".[serve,vllm]"; then
   echo "[check_serve] note: '.[serve,vllm]' now resolves; docs/interop.md's two-step install is no longer needed"
 else
-  conflicts="$(grep -E 'depends on (pillow|mcp)' "$tmp/resolve.log" | sed 's/^ *//' | sort -u | head -n 4 | tr '\n' ';')"
+  conflicts="$(grep -E '^ *(vllm|gradio|fastmcp) [^ ]+ depends on (pillow|mcp)' "$tmp/resolve.log" | sed 's/^ *//' \
+                | awk '!seen[$1 FS $5]++' | tr '\n' ';' || true)"
   echo "[check_serve] .[serve,vllm] does not resolve (known, OpenEnv's pins): ${conflicts}"
 fi
 
