@@ -25,15 +25,21 @@ Episodes live in one store shared by every session, keyed by episode id, so the
 stateless HTTP routes work too (pass `episode_id` in the action). Limits: at most
 `--max-sessions` WebSocket sessions (OpenEnv's bound), `--max-episodes` episodes in
 flight (a reset beyond it is refused), episodes idle longer than `--episode-timeout-s`
-are dropped, and a step waits at most `--step-timeout-s` for the env (steps run one at a
-time: the env, its sandbox pool and a model simulator are shared). A step after the
+are dropped, and a step waits at most `--step-timeout-s` for its reply. Steps of all
+sessions go through one worker that batches those waiting (`--batch-wait-s` lets
+concurrent ones join): one simulator call and one scoring call per batch, as in the
+runner's lock-step, and the shared env, sandbox pool and model simulator are only ever
+used by that worker. A step after the
 episode ended, or on an unknown or expired episode id, is an error naming the id
 (HTTP 400/404; over WebSocket the client raises with the message).
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import functools
+import queue
 import sys
 import threading
 import time
@@ -79,6 +85,8 @@ class ServeConfig:
     max_episodes: int = field(default=1024, metadata={"help": "episodes in flight at once; a reset beyond is refused"})
     episode_timeout_s: float = field(default=900.0, metadata={"help": "drop an episode idle this long"})
     step_timeout_s: float = field(default=300.0, metadata={"help": "a step waits at most this long for the env"})
+    batch_wait_s: float = field(default=0.005, metadata={
+        "help": "a step waits this long for steps of other sessions to join its batch (one simulator call)"})
     max_turns: Optional[int] = field(default=None, metadata={"help": "agent turns at most (default: env's)"})
     max_reply_chars: int = field(default=400, metadata={"help": "simulator reply length cap (paper: 400)"})
     simulator_max_new_tokens: int = field(default=200, metadata={"help": "model simulator tokens per reply"})
@@ -89,7 +97,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         checks = [("port", 0 <= self.port <= 65535), ("max_sessions", self.max_sessions >= 1),
                   ("max_episodes", self.max_episodes >= 1), ("episode_timeout_s", self.episode_timeout_s > 0),
-                  ("step_timeout_s", self.step_timeout_s > 0), ("limit", self.limit is None or self.limit >= 1),
+                  ("step_timeout_s", self.step_timeout_s > 0), ("batch_wait_s", self.batch_wait_s >= 0),
+                  ("limit", self.limit is None or self.limit >= 1),
                   ("max_turns", self.max_turns is None or self.max_turns >= 1),
                   ("max_reply_chars", self.max_reply_chars >= 1)]
         for name, ok in checks:
@@ -100,16 +109,17 @@ class ServeConfig:
 
 
 class _Given:
-    """The client's message as an Agent, so `colbench.episodes.advance` runs the same rules."""
+    """The clients' messages as an Agent (one per episode, in order), so
+    `colbench.episodes.advance` runs the runner's rules on them."""
 
     name = "client"
     needs_simulator = True
 
-    def __init__(self, text: str):
-        self.text = text
+    def __init__(self, texts: Sequence[str]):
+        self.texts = list(texts)
 
     def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
-        return [Sample(text=self.text) for _ in requests]
+        return [Sample(text=t) for t in self.texts]
 
 
 @dataclass(eq=False)
@@ -158,8 +168,13 @@ class EpisodeStore:
             raise
         self._episodes: dict[str, _Slot] = {}
         self._lock = threading.Lock()  # the episode table
-        self._env_lock = threading.Lock()  # env + simulator: one step at a time
         self._next = 0
+        self.batch_sizes: collections.Counter = collections.Counter()  # batch size -> batches, for tests and tuning
+        # Steps from every session go through one worker that batches what is waiting
+        # (one simulator call and one scoring call per batch, as the runner's lock-step).
+        self._queue: queue.Queue = queue.Queue()
+        self._worker = threading.Thread(target=self._run_steps, name="colbench-steps", daemon=True)
+        self._worker.start()
 
     # ---- episodes ----------------------------------------------------------------------
 
@@ -181,14 +196,12 @@ class EpisodeStore:
             if running >= self.config.max_episodes:
                 raise EpisodeError(f"server at capacity: {running} episodes in flight "
                                    f"(--max-episodes {self.config.max_episodes})", status=503)
-            live = start_episode(self.env, self.tasks[task_id], _Given(""), seed or 0, self.simulator)
+            live = start_episode(self.env, self.tasks[task_id], _Given([]), seed or 0, self.simulator)
             live.episode.meta["episode_id"] = episode_id
             self._episodes[episode_id] = _Slot(live, time.monotonic())
         return self._observation(episode_id, live, reply=None)
 
     def step(self, episode_id: str | None, message: str) -> ColBenchObservation:
-        from colbench.episodes import advance
-
         slot = self._slot(episode_id)
         if not slot.lock.acquire(timeout=self.config.step_timeout_s):
             raise EpisodeError(f"episode {episode_id!r}: another step is still running", status=409)
@@ -197,19 +210,50 @@ class EpisodeStore:
             if live.episode.stop_reason:
                 raise EpisodeError(f"episode {episode_id!r} is done (stop reason {live.episode.stop_reason!r}); "
                                    "reset() starts a new one")
-            if not self._env_lock.acquire(timeout=self.config.step_timeout_s):
-                raise EpisodeError(f"episode {episode_id!r}: the env stayed busy for --step-timeout-s "
-                                   f"{self.config.step_timeout_s:g}; retry", status=503)
+            done = concurrent.futures.Future()
+            self._queue.put((live, message, done))
             try:
-                advance(self.env, _Given(message), self.simulator, [live], self.episode_config)
-            finally:
-                self._env_lock.release()
+                done.result(timeout=self.config.step_timeout_s)
+            except concurrent.futures.TimeoutError:
+                raise EpisodeError(f"episode {episode_id!r}: no reply within --step-timeout-s "
+                                   f"{self.config.step_timeout_s:g} (the step may still complete)", status=503) from None
             slot.seen = time.monotonic()
             last = live.episode.turns[-1]
             reply = last.content if last.role == "human" and not last.failed else None
             return self._observation(episode_id, live, reply)
         finally:
             slot.lock.release()
+
+    def _run_steps(self) -> None:
+        """The step worker: take every step waiting (the first one blocks; a short linger
+        lets concurrent sessions join), advance them as one batch, wake their callers."""
+        from colbench.episodes import advance
+
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self.config.batch_wait_s
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    item = self._queue.get(timeout=left)
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)  # stop after this batch
+                    break
+                batch.append(item)
+            self.batch_sizes[len(batch)] += 1
+            try:
+                advance(self.env, _Given([m for _, m, _ in batch]), self.simulator, [lv for lv, _, _ in batch],
+                        self.episode_config)
+            except Exception as e:  # noqa: BLE001 - the contracts say env/simulator never raise; if they do, fail the steps
+                for _, _, fut in batch:
+                    fut.set_exception(e)
+            else:
+                for _, _, fut in batch:
+                    fut.set_result(None)
 
     def state(self, episode_id: str | None) -> ColBenchState:
         if episode_id is None or episode_id not in self._episodes:
@@ -251,6 +295,8 @@ class EpisodeStore:
             done=done, reward=ep.score.reward if done and ep.score is not None else None)
 
     def close(self) -> None:
+        self._queue.put(None)
+        self._worker.join(timeout=self.config.step_timeout_s)
         try:
             if self.simulator is not None:
                 self.simulator.close()

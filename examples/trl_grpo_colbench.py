@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -127,9 +128,13 @@ class ColBenchRollout:
                 plays.append(_Play(client, [], []))
                 obs = client.reset(task_id=task_id).observation
                 plays[-1].messages, plays[-1].prompt_ids = obs.messages, prompt_ids(tok, obs.messages)
-            while active := [p for p in plays if not p.done]:
-                for play, (ids, lps, text) in zip(active, self._sample(trainer, active)):
-                    self._agent_turn(tok, play, ids, lps, text)
+            with ThreadPoolExecutor(max_workers=len(plays)) as pool:
+                while active := [p for p in plays if not p.done]:
+                    turns = self._sample(trainer, active)
+                    # sent at once, so the server batches them: one simulator call per turn of the batch
+                    results = list(pool.map(lambda pt: pt[0].client.step(pt[1][2]), zip(active, turns)))
+                    for play, (ids, lps, text), result in zip(active, turns, results):
+                        self._agent_turn(tok, play, ids, lps, text, result)
         finally:
             for p in plays:
                 p.client.close()
@@ -137,14 +142,13 @@ class ColBenchRollout:
                 "logprobs": [p.logprobs for p in plays], "env_mask": [p.env_mask for p in plays],
                 "env_reward": [p.reward for p in plays], "truncated": [p.truncated for p in plays]}
 
-    def _agent_turn(self, tok, play: _Play, ids: list[int], lps: list[float], text: str) -> None:
-        """Append the sampled turn, send it, append the human's reply (masked)."""
+    def _agent_turn(self, tok, play: _Play, ids: list[int], lps: list[float], text: str, result) -> None:
+        """Append the sampled turn and, unless the server ended the episode, the human's reply (masked)."""
         from engines.templating import render_prompt
 
         play.completion_ids += ids
         play.env_mask += [1] * len(ids)
         play.logprobs += lps
-        result = play.client.step(text)
         if result.done:
             play.done, play.reward = True, float(result.reward or 0.0)
             return

@@ -219,6 +219,28 @@ def test_concurrent_episodes_stay_apart(testbed_url):
         assert last.done and last.reward == 1.0
 
 
+def test_concurrent_steps_are_batched_into_one_simulator_call():
+    """In process: steps of 8 sessions waiting together are advanced as one batch."""
+    from colbench.serve import EpisodeStore, ServeConfig
+
+    store = EpisodeStore(ServeConfig(env="testbed", tasks="builtin:test", simulator="scripted:testbed",
+                                     batch_wait_s=0.5))
+    try:
+        tasks = load_tasks("builtin:test", env="testbed")[:8]
+        ids = [store.start(task_id=t.task_id).episode_id for t in tasks]
+        replies = {}
+        threads = [threading.Thread(target=lambda e=e: replies.__setitem__(e, store.step(e, "What happens to negative numbers?")))
+                   for e in ids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert [replies[e].reply for e in ids] == [f"For negative numbers it is x + {t.meta['b']}." for t in tasks]
+        assert sum(store.batch_sizes.values()) < len(ids) and max(store.batch_sizes) > 1, store.batch_sizes
+    finally:
+        store.close()
+
+
 def test_errors_name_the_episode(testbed_url):
     with ColBenchClient(testbed_url) as c:
         with pytest.raises(RuntimeError, match=r"no episode: call reset\(\) first"):
@@ -264,12 +286,19 @@ def test_session_and_episode_limits_and_idle_timeout(colbench_server):
     (["--env", "backend", "--simulator", "scripted:backend", "--tasks", "missing.jsonl"], "--tasks missing.jsonl:"),
     (["--env", "backend", "--simulator", "scripted:backend", "--max-episodes", "0"], "--max-episodes: invalid value 0"),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, message):
-    res = subprocess.run([PY, "-m", "colbench.serve", *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=120)
-    assert res.returncode == 2, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(ERR) and message in lines[0], res.stderr
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    from colbench.serve import main
+
+    assert main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(ERR) and message in lines[0], lines
+
+
+def test_bad_input_from_the_command_line():
+    res = subprocess.run([PY, "-m", "colbench.serve", "--env", "backend"], cwd=ROOT, env=ENV, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.strip() == f"{ERR} --simulator SPEC is required: the agent's " \
+                                                          "questions need a simulated human", res.stderr
 
 
 def test_frontend_scores_through_the_server_as_through_the_runner(colbench_server):
@@ -278,7 +307,7 @@ def test_frontend_scores_through_the_server_as_through_the_runner(colbench_serve
 
     if not Path(DEFAULT_CHROMIUM).exists():
         pytest.skip("chromium not installed")
-    tasks = load_tasks("builtin:test", env="frontend", limit=2)
+    tasks = load_tasks("builtin:test", env="frontend", limit=1)
     env = make_env("frontend", clip_model="tiny")
 
     class Draft:  # one wrong draft, then the reference: a human turn and a non-trivial cosine
@@ -292,7 +321,7 @@ def test_frontend_scores_through_the_server_as_through_the_runner(colbench_serve
 
     try:
         runner = rollout(env, tasks, Draft(), load_simulator("scripted:idk", env))
-        with colbench_server("--env", "frontend", "--tasks", "builtin:test", "--limit", "2", "--simulator", "scripted:idk",
+        with colbench_server("--env", "frontend", "--tasks", "builtin:test", "--limit", "1", "--simulator", "scripted:idk",
                     "--clip-model", "tiny") as url:
             for task, ep in zip(tasks, runner):
                 first, reply, last = drive(url, Draft(), task)
