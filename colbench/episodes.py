@@ -208,8 +208,7 @@ def run_episodes(
         active: list[_Live] = []
         while todo or active:
             active, todo = active + todo[: limit - len(active)], todo[limit - len(active):]
-            finished = _step(env, agent, simulator, active, config)
-            _score(env, finished, save)
+            finished = advance(env, agent, simulator, active, config, save)
             writer.sync()
             active = [lv for lv in active if lv not in finished]
     finally:
@@ -217,6 +216,21 @@ def run_episodes(
         if bar is not None:
             bar.close()
     return [done[f"{t.task_id}/{agent.name}/{s}"] for t, s in order]
+
+
+def start_episode(env: Environment, task: Task, agent: Agent, seed: int, simulator: Simulator | None) -> _Live:
+    """A new episode in flight, to drive one step at a time with `advance` (colbench.serve)."""
+    return _new(env, task, agent, seed, simulator)
+
+
+def advance(env: Environment, agent: Agent, simulator: Simulator | None, active: list[_Live],
+            config: EpisodeConfig, save=None) -> list[_Live]:
+    """One step of episodes in flight: one agent batch, one simulator batch, then the
+    episodes that ended are scored (`save` gets each as soon as it is scored). Returns
+    those. `run_episodes` is a loop of it; colbench.serve drives episodes with it directly."""
+    finished = _step(env, agent, simulator, active, config)
+    _score(env, finished, save or (lambda scored: None))
+    return finished
 
 
 def _check_inputs(env, tasks, agent, simulator, seeds, config) -> None:

@@ -141,9 +141,14 @@ class HFEngine:
         `options.batch_size` rows; greedy decoding (temperature 0) runs each prompt once
         and repeats the result n times.
         """
+        return self.generate_from_ids([prompt_ids(self.tokenizer, conv) for conv in conversations], params)
+
+    def generate_from_ids(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Sample]]:
+        """`generate` from prompts already tokenized: e.g. a multi-turn sequence continued
+        token for token (examples/trl_grpo_colbench.py), never re-templated."""
         import torch
 
-        prompts = [prompt_ids(self.tokenizer, conv) for conv in conversations]
+        prompts = [list(p) for p in prompts]
         copies = params.distinct
         rows = [(c, k) for c in range(len(prompts)) for k in range(copies)]
         rows.sort(key=lambda r: len(prompts[r[0]]))  # similar lengths share a batch: less padding

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -51,3 +57,59 @@ def scripted_testbed_episode(tmp_path_factory) -> ScriptedTestbedEpisode:
     finally:
         env.close()
     return ScriptedTestbedEpisode(task, ep, states, path)
+
+
+# ---- a real ColBench OpenEnv server (colbench.serve) as a subprocess --------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE_PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
+SERVE_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _colbench_server(*args: str):
+    """`python -m colbench.serve ARGS` on a free port; yields its base URL; stopped after."""
+    import tempfile
+
+    import httpx
+
+    port = free_port()
+    log = tempfile.TemporaryFile(mode="w+")  # not a pipe: a full pipe would block the server
+    proc = subprocess.Popen([SERVE_PY, "-m", "colbench.serve", *args, "--port", str(port)], cwd=ROOT, env=SERVE_ENV,
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"server exited with {proc.returncode}: {log.read()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).json()["status"] == "healthy":
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not answer /health within 120 s")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def colbench_server():
+    """`with colbench_server(*ARGS) as url:` runs `python -m colbench.serve ARGS` on a free
+    127.0.0.1 port until /health answers, yields its base URL, and stops it after."""
+    pytest.importorskip("openenv", reason="the `serve` extra (pip install -e '.[serve]') is not installed")
+    return _colbench_server
