@@ -12,14 +12,19 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 
-# Reinstall only when the dependency list changed.
-stamp=".venv/.sweet-installed-$(sha1sum pyproject.toml | cut -c1-12)"
+# Reinstall only when the dependency list (or this script's install lines) changed.
+stamp=".venv/.sweet-installed-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing the package and its dependencies (first run: a few minutes)"
   .venv/bin/python -m pip install -q --upgrade pip
   # torch first, pinned, so nothing else can pull a different build.
   .venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
   .venv/bin/python -m pip install -q -e ".[test]"
+  # OpenEnv (the `serve` extra: colbench.serve / colbench.client) without gradio, which every
+  # OpenEnv release requires for its web UI only and which would downgrade pillow; the
+  # server and client paths never import it (docs/interop.md, scripts/check_serve.sh).
+  .venv/bin/python -m pip install -q requests websockets tomli tomli-w jsonschema "fastmcp>=3.0.0,<4"
+  .venv/bin/python -m pip install -q --no-deps "openenv==0.10.0"
   rm -f .venv/.sweet-installed-*
   touch "$stamp"
 fi
