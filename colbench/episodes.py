@@ -30,13 +30,13 @@ Failures end only their own episode, recorded on it, never replaced silently:
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from colbench.jsonl import Appender, read_rows
 from colbench.protocols import Agent, AgentRequest, Environment, SimReply, SimRequest, Simulator
 from colbench.types import (
     STOP_ANSWERED,
@@ -69,42 +69,23 @@ class EpisodeConfig:
 
 
 def read_episodes(path: Path, *, repair: bool = False) -> list[Episode]:
-    """Read an episodes JSONL file. A truncated last line (a crash mid-write) is
-    skipped with a warning (and cut from the file when `repair`); a bad line
-    elsewhere raises ValueError naming file:line."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    lines = data.split(b"\n")
+    """Read an episodes JSONL file (colbench.jsonl: a truncated last line from a crash
+    mid-write is skipped with a warning, and cut from the file when `repair`; a bad line
+    elsewhere raises ValueError naming file:line). A duplicated episode id (two runs that
+    wrote one file) keeps its first record, with one warning."""
+    rows = read_rows(path, Episode.from_json, what="valid episode record", repair=repair)
     episodes: list[Episode] = []
-    seen: dict[str, int] = {}  # episode id -> line of its first record
-    duplicates: list[tuple[str, int]] = []
-    offset = 0
-    for lineno, raw in enumerate(lines, 1):
-        start, offset = offset, offset + len(raw) + 1
-        if not raw.strip():
-            continue
-        try:
-            episode = Episode.from_json(json.loads(raw))
-            if episode.episode_id in seen:
-                duplicates.append((episode.episode_id, lineno))
-            else:
-                seen[episode.episode_id] = lineno
-                episodes.append(episode)
-        except (json.JSONDecodeError, TypeError, KeyError, UnicodeDecodeError) as e:
-            is_last = all(not rest.strip() for rest in lines[lineno:])
-            if not is_last:
-                raise ValueError(f"{path}:{lineno}: not a valid episode record ({e})") from None
-            warnings.warn(f"{path}:{lineno}: ignoring a truncated last line (an interrupted write)", stacklevel=2)
-            if repair:
-                with path.open("r+b") as f:
-                    f.truncate(start)
+    seen: set[str] = set()
+    duplicates: list[str] = []
+    for episode in rows:
+        if episode.episode_id in seen:
+            duplicates.append(episode.episode_id)
+        else:
+            seen.add(episode.episode_id)
+            episodes.append(episode)
     if duplicates:
-        eid, lineno = duplicates[0]
-        warnings.warn(f"{path}: {len(duplicates)} duplicated episode ids (first {eid!r} at line {lineno}, "
-                      f"also at line {seen[eid]}); keeping the first record of each (did two runs write here?)",
-                      stacklevel=2)
+        warnings.warn(f"{path}: {len(duplicates)} duplicated episode ids (first {duplicates[0]!r}); keeping the "
+                      "first record of each (did two runs write here?)", stacklevel=2)
     return episodes
 
 
@@ -144,29 +125,24 @@ class _Live:
 
 
 class _Writer:
-    """Appends finished episodes to a JSONL file: each write is flushed to the OS (a killed
-    process loses nothing written), `sync` (once per step) also fsyncs it to disk."""
+    """Appends finished episodes to a JSONL file (colbench.jsonl.Appender): each write is
+    flushed to the OS (a killed process loses nothing written), `sync` (once per step)
+    also fsyncs it to disk."""
 
     def __init__(self, path: Path | None):
-        self.f = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.f = path.open("a", encoding="utf-8")
+        self.out = Appender(path, fsync=False) if path is not None else None
 
     def write(self, episodes: Sequence[Episode]) -> None:
-        if self.f is None or not episodes:
-            return
-        self.f.write("".join(ep.dumps() + "\n" for ep in episodes))
-        self.f.flush()
+        if self.out is not None and episodes:
+            self.out.write(ep.dumps() for ep in episodes)
 
     def sync(self) -> None:
-        if self.f is not None:
-            os.fsync(self.f.fileno())
+        if self.out is not None:
+            self.out.sync()
 
     def close(self) -> None:
-        if self.f is not None:
-            self.sync()
-            self.f.close()
+        if self.out is not None:
+            self.out.close()
 
 
 def run_episodes(

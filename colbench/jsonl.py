@@ -6,8 +6,9 @@ Every resumable JSONL output (episodes, stage-2 candidates) is written and read 
   not parse raises ValueError naming file:line, except an unfinished LAST line (a crash
   or kill mid-write), which is skipped with a warning and, with `repair=True`, cut from
   the file so that the next append starts on a fresh line.
-- `Appender(path)`: appends rows, flushed and fsynced after every batch, so a kill loses
-  at most the batch being written (its torn line is what `read_rows` repairs).
+- `Appender(path)`: appends rows, flushed after every batch (a killed process loses at
+  most the batch being written: its torn line is what `read_rows` repairs) and fsynced
+  after it too, or at `sync()` when the caller batches the disk writes (`fsync=False`).
 """
 
 from __future__ import annotations
@@ -64,23 +65,30 @@ def cut_torn_tail(path: str | Path) -> None:
 
 
 class Appender:
-    """Appends JSON rows to `path` (created with its folder), durable after each `write`."""
+    """Appends JSON rows to `path` (created with its folder), flushed after each `write`
+    and fsynced after it (`fsync`) or at `sync()`/`close()`."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, fsync: bool = True):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         cut_torn_tail(self.path)
+        self.fsync = fsync
         self.f = self.path.open("a", encoding="utf-8")
 
     def write(self, rows: Iterable[dict[str, Any] | str]) -> None:
-        """Append rows (dicts, or lines already serialised) and flush them to disk."""
+        """Append rows (dicts, or lines already serialised) and flush them."""
         text = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
         if text:
             self.f.write(text)
             self.f.flush()
-            os.fsync(self.f.fileno())
+            if self.fsync:
+                os.fsync(self.f.fileno())
+
+    def sync(self) -> None:
+        os.fsync(self.f.fileno())
 
     def close(self) -> None:
+        self.sync()
         self.f.close()
 
     def __enter__(self) -> "Appender":
