@@ -650,31 +650,37 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
         sampler = Sampler(loop_cfg.sampler, policy, tokenizer, resolve_model_path(model_cfg.model), model_cfg.lora, out,
                           loop_cfg.sampler_gpu_memory_utilization)
     ran = updated = 0
-    for it in range(start, loop_cfg.iterations):
-        batch_tasks = rng.sample(tasks, min(loop_cfg.tasks_per_iteration, len(tasks)))
-        box = [None]
-        if acc.is_main_process:
-            box[0] = collect(sampler, env, simulator, batch_tasks, loop_cfg, train_cfg.seed * 100_003 + it,
-                             out / "episodes" / f"iter-{it:04d}.jsonl")
-        if acc.num_processes > 1:
-            broadcast_object_list(box, from_process=0)
-        metrics = train_on_episodes(trainer, box[0], loop_cfg, model_cfg, tokenizer, train_cfg.seed * 100_003 + it, ref)
-        ran += 1
-        # learned: some update with some advantage (min_abs_advantage 0 keeps A = 0 episodes)
-        learned = metrics["loop/optimizer_steps"] > 0 and metrics["loop/advantage_abs_mean"] > 0
-        updated += learned
-        trainer.step = it  # LOOP counts checkpoints and metric rows in iterations
-        trainer.log(metrics, step=it)
-        acc.print(f"[loop] iteration {it}: " + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
-        if not learned:
-            acc.print(f"[loop] WARNING iteration {it}: nothing learned. " + (
-                NO_VARIANCE_HINT if metrics["loop/groups_without_variance"] == 1.0 else
-                "no kept episode has generated token ids to train on"), file=sys.stderr)
-        trainer.save_checkpoint({"iteration": it})
-        refresh_sampling_copy()
+    try:
+        for it in range(start, loop_cfg.iterations):
+            batch_tasks = rng.sample(tasks, min(loop_cfg.tasks_per_iteration, len(tasks)))
+            box = [None]
+            if acc.is_main_process:
+                box[0] = collect(sampler, env, simulator, batch_tasks, loop_cfg, train_cfg.seed * 100_003 + it,
+                                 out / "episodes" / f"iter-{it:04d}.jsonl")
+            if acc.num_processes > 1:
+                broadcast_object_list(box, from_process=0)
+            metrics = train_on_episodes(trainer, box[0], loop_cfg, model_cfg, tokenizer, train_cfg.seed * 100_003 + it, ref)
+            ran += 1
+            # learned: some update with some advantage (min_abs_advantage 0 keeps A = 0 episodes)
+            learned = metrics["loop/optimizer_steps"] > 0 and metrics["loop/advantage_abs_mean"] > 0
+            updated += learned
+            trainer.step = it  # LOOP counts checkpoints and metric rows in iterations
+            trainer.log(metrics, step=it)
+            acc.print(f"[loop] iteration {it}: " + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+            if not learned:
+                acc.print(f"[loop] WARNING iteration {it}: nothing learned. " + (
+                    NO_VARIANCE_HINT if metrics["loop/groups_without_variance"] == 1.0 else
+                    "no kept episode has generated token ids to train on"), file=sys.stderr)
+            trainer.save_checkpoint({"iteration": it})
+            refresh_sampling_copy()
+            if sampler is not None:
+                sampler.sync()
+    finally:  # the session's environment, simulated human and sampler, on errors too
+        env.close()
+        if simulator is not None:
+            simulator.close()
         if sampler is not None:
-            sampler.sync()
-    env.close()
+            sampler.engine.close()
     final = trainer.save_final()
     if acc.is_main_process:
         mark_finished(out, final=final.name, step=trainer.step, updated_iterations=updated)

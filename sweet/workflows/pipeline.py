@@ -16,8 +16,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from colbench.cli import make_configs
+from colbench.rollout import episode_seeds
+from colbench.tasks import load_tasks
+from engines import SamplingParams
 from sweet.algorithms import load_algorithm
 from sweet.core.records import read_candidates
+from sweet.core.rollouts import policy_episodes
 from sweet.core.trainer import finished
 from sweet.critic import train as critic_train
 
@@ -146,20 +150,10 @@ def timed(setup: TestbedSetup, name: str):
 
 def collect_episodes(model: str, setup: TestbedSetup, out_path: Path, seed: int = 0) -> Path:
     """K sampled episodes per train task with the model (resumable JSONL)."""
-    from colbench.agents import ModelAgent
-    from colbench.envs import make_env
-    from colbench.rollout import episode_seeds, rollout
-    from colbench.tasks import load_tasks
-    from engines import SamplingParams, load_engine
-    from simulators import load_simulator
-
-    env = make_env(setup.env)
     tasks = load_tasks(setup.train_tasks, env=setup.env, validate=False, limit=setup.train_limit)
-    agent = ModelAgent(load_engine(f"hf:{model}"),
-                       SamplingParams(temperature=setup.temperature, max_new_tokens=setup.max_new_tokens), name="policy")
-    rollout(env, tasks, agent, load_simulator(setup.simulator, env), seeds=episode_seeds(seed, setup.episodes_per_task),
-            max_turns=setup.max_turns, out_path=out_path, progress=True)
-    env.close()
+    policy_episodes(f"hf:{model}", tasks, env=setup.env, simulator=setup.simulator,
+                    sampling=SamplingParams(temperature=setup.temperature, max_new_tokens=setup.max_new_tokens),
+                    seeds=episode_seeds(seed, setup.episodes_per_task), max_turns=setup.max_turns, out_path=out_path)
     sort_episodes(out_path)
     return out_path
 

@@ -19,8 +19,13 @@ import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from colbench.episodes import load_episodes
+from colbench.rollout import episode_seeds
+from colbench.tasks import load_tasks
+from engines import EngineOptions, SamplingParams
 from sweet.algorithms.sweet_rl import ORACLE_CRITIC
 from sweet.algorithms.sweet_rl import main as run_round
+from sweet.core.rollouts import policy_episodes
 
 
 @dataclass
@@ -75,29 +80,12 @@ def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
 
 def collect_episodes(policy: Path, cfg, cand, rounds: RoundsConfig, path: Path, seed: int) -> Path:
     """Run the policy on the tasks of the round's episodes (resumable JSONL at `path`)."""
-    from colbench.agents import ModelAgent
-    from colbench.envs import make_env
-    from colbench.episodes import load_episodes
-    from colbench.rollout import episode_seeds, rollout
-    from colbench.tasks import load_tasks
-    from engines import EngineOptions, SamplingParams, load_engine
-    from simulators import load_simulator
-
     task_ids = {ep.task_id for ep in load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]}
     tasks = [t for t in load_tasks(cfg.tasks, env=cfg.env, validate=False) if t.task_id in task_ids]
-    env = make_env(cfg.env)
-    simulator = load_simulator(rounds.simulator, env)
-    engine = load_engine(f"hf:{policy}", EngineOptions(batch_size=cand.sampler_batch_size))
     sampling = SamplingParams(temperature=cand.temperature, top_p=cand.top_p, max_new_tokens=cand.max_new_tokens)
-    try:
-        rollout(env, tasks, ModelAgent(engine, sampling, name="policy"), simulator,
-                seeds=episode_seeds(seed, rounds.rollouts_per_task), max_turns=rounds.max_turns, out_path=path,
-                progress=True)
-    finally:
-        engine.close()
-        env.close()
-        if simulator is not None:
-            simulator.close()
+    policy_episodes(f"hf:{policy}", tasks, env=cfg.env, simulator=rounds.simulator, sampling=sampling,
+                    seeds=episode_seeds(seed, rounds.rollouts_per_task), max_turns=rounds.max_turns, out_path=path,
+                    engine_options=EngineOptions(batch_size=cand.sampler_batch_size))
     return path
 
 
