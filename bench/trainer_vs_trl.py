@@ -1,6 +1,6 @@
 """Our policy trainer against TRL's on the same data: tokens/s and peak memory.
 
-    python bench/trainer_vs_trl.py                                 # tiny model on CPU (~2 min on 1 thread)
+    python bench/trainer_vs_trl.py                                 # tiny model on CPU (~1 CPU-minute, 1 thread)
     python bench/trainer_vs_trl.py --model hf:meta-llama/Llama-3.1-8B-Instruct --device cuda \\
         --lora --gradient_checkpointing --context 2048 --action 256 --batch_size 8 --micro_batch_size 2
 
@@ -13,7 +13,8 @@ Four runs, each in its own process (so peak memory is its own), on the same rand
   SFT  ours: sweet.policy_trainer's SFT loss (RFT, warm start): token-mean NLL over actions;
        TRL:  trl.SFTTrainer, completion_only_loss (loss on the completion tokens only).
 
-Same β, learning rate, schedule (linear to zero over the run), AdamW, gradient clip 1.0,
+Same β, learning rate, schedule (linear to zero over the run), fused AdamW (transformers'
+default optimiser, and ours: sweet.training.make_optimizer), gradient clip 1.0,
 batch and micro-batch (TRL: per_device_train_batch_size x gradient_accumulation_steps),
 max length, dtype and LoRA / gradient-checkpointing settings; the same items in the same
 micro-batches (TRL reads our epoch-0 order with a sequential sampler; its dataset is given
@@ -35,6 +36,16 @@ Same maths: the first `--check_steps` optimiser steps' losses are printed side b
 the NLL term; later steps test the update). TRL's "sft" term is a token mean over a
 micro-batch's chosen tokens, ours a mean of per-pair token means: equal here because
 every chosen action has the same length (`--action`); rejected actions and contexts vary.
+
+Where the time goes (torch profiler, tiny model, CPU): both spend most of it in the same
+matmuls and attention; TRL computes its log-probs with a fused LM head whose Triton kernel
+(CUDA/XPU) scores only completion positions, but on CPU falls back to torch tiles over every
+position, recomputed in backward (the largest share of its CPU time under the profiler),
+and its SFTTrainer also computes entropy and top-1 accuracy. Ours builds fp32 logits over
+the whole vocabulary at every position (sweet.tokens.token_logprobs): cheap at a 4k
+vocabulary, not at 128k, so on a GPU TRL's head should win until our log-probs are computed
+at the action positions only (issue 25, part 3). Ours was slower in one place, fixed: its
+AdamW ran the per-tensor loop (now fused, as transformers' default).
 
 The last line is the headline, e.g. `ours / TRL tokens/s: DPO 1.3x, SFT 1.1x`.
 """
