@@ -18,6 +18,9 @@ freeing the GPU in between:
                   and the pass's own peak memory, one turn scored or every token, scoring
                   and forward + backward
   loop_iteration  `sweet.train_policy --algorithm loop` on the test bed, one iteration
+  trl_comparison  bench/trainer_vs_trl.py on the same model (LoRA + gradient checkpointing):
+                  our DPO and SFT steps vs TRL's DPOTrainer / SFTTrainer, tokens/s and peak
+                  memory per run (four processes, each loading the model: about 2 minutes at 8B)
 
 Each stage records its seconds and peak GPU memory (torch.cuda.max_memory_allocated, GiB)
 or its error; a failing stage does not stop the others. Writes OUT/gpu_check.json and
@@ -79,7 +82,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", default="", help="folder for the saved model and LOOP run (default: /dev/shm if it "
                                               "has room, else a temporary folder; removed at the end)")
     p.add_argument("--device", default="", help="default: cuda if available, else cpu")
-    p.add_argument("--stages", default="generation,critic_step,dpo_step,logprobs,loop_iteration")
+    p.add_argument("--stages", default="generation,critic_step,dpo_step,logprobs,loop_iteration,trl_comparison")
     p.add_argument("--budget_s", type=float, default=420.0, help="skip stages not started after this many seconds")
     return p
 
@@ -360,8 +363,35 @@ def loop_iteration(scale: Scale, path: Path, device: str, work: Path) -> dict:
             "metrics": {k: v for k, v in last.items() if k.startswith("loop/") or k in ("step", "loss")}}
 
 
+def trl_comparison(scale: Scale, path: Path, device: str, work: Path, seconds_left: float) -> dict:
+    """bench/trainer_vs_trl.py on the saved model, stage 2's shapes: `dpo_pairs` pairs per step
+    (micro-batches of 2), contexts up to `dpo_context`, actions of `action_len` tokens."""
+    import subprocess
+
+    out = work / "trainer_vs_trl.json"
+    argv = [sys.executable, str(Path(__file__).resolve().parent / "trainer_vs_trl.py"), "--model", str(path),
+            "--device", device, "--lora", "--gradient_checkpointing", "--context", str(scale.dpo_context),
+            "--action", str(scale.action_len), "--batch_size", str(scale.dpo_pairs), "--micro_batch_size", "2",
+            "--warmup_steps", "1", "--steps", "2", "--check_steps", "2", "--json", str(out)]
+    if not device.startswith("cuda"):
+        argv += ["--dtype", "float32"]
+    start = time.perf_counter()
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=max(10.0, seconds_left))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"trainer_vs_trl did not finish in the {seconds_left:.0f} s left") from None
+    if res.returncode != 0:
+        raise RuntimeError(f"trainer_vs_trl exit {res.returncode}: {res.stderr[-1500:]}")
+    results = json.loads(out.read_text())["results"]
+    keep = ("tokens", "seconds", "tokens_per_s", "peak", "unit", "ref_s", "losses", "clock")
+    return {"headline": res.stdout.strip().splitlines()[-1], "seconds": round(time.perf_counter() - start, 1),
+            "runs": {run: {k: r[k] for k in keep} for run, r in results.items()}}
+
+
 STAGES = {"generation": generation, "critic_step": critic_step, "dpo_step": dpo_step, "logprobs": logprobs,
-          "loop_iteration": loop_iteration}
+          "loop_iteration": loop_iteration, "trl_comparison": trl_comparison}
+# scripts/gpu_check.sh stops everything at budget_s + 60 s; a stage that may run long gets what is left of it
+HARD_LIMIT_S = 60
 
 
 # ---------------------------------------------------------------- driver
@@ -411,6 +441,8 @@ def run(args) -> dict:
             _reset_peak(device)
             try:
                 extra = (work,) if name == "loop_iteration" else ()
+                if name == "trl_comparison":
+                    extra = (work, args.budget_s + HARD_LIMIT_S - 10 - (time.perf_counter() - t0))
                 result = STAGES[name](scale, model_path, device, *extra)
                 report["stages"][name] = {"ok": True, **result, "peak_gib": _peak_gib(device)}
             except Exception as e:  # noqa: BLE001 - one stage's failure is a finding, not the end
@@ -449,6 +481,8 @@ def summary(report: dict) -> str:
                              f"max gap {c['max_logp_gap']:.1e}")
         elif name == "build":
             lines.append(f"  {name:15s} {s['params'] / 1e6:,.1f}M params ({s['dtype']}) in {s['seconds']} s{peak}")
+        elif name == "trl_comparison":
+            lines.append(f"  {name:15s} {s['headline']} ({s['seconds']} s)")
         elif name == "loop_iteration":
             m = s.get("metrics", {})
             lines.append(f"  {name:15s} {s['seconds']} s, exit {s['exit_code']}, episodes {m.get('loop/episodes_total')}, "

@@ -5,6 +5,10 @@
 #   SCALE=tiny scripts/gpu_check.sh      # the same stages, tiny model (what the test suite runs on CPU)
 #   DIST=1 scripts/gpu_check.sh          # then the 2-process tests under the GPU launch configs (>= 2 GPUs)
 #
+# The last stage, trl_comparison (bench/trainer_vs_trl.py: our DPO/SFT steps vs TRL's), runs
+# four processes that each load the model (about 2 minutes at 8B, not yet timed on a GPU): it
+# gets what is left of the budget and is reported as failed if that runs out.
+#
 # Runs from the source tree with the machine's own torch / transformers / peft / accelerate
 # (no install, no network, no vLLM): PYTHONPATH=. and offline hubs. Results go to
 # $OUT/gpu_check.json and $OUT/summary.txt ($OUT defaults to runs/gpu_check).

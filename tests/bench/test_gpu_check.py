@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,7 +33,8 @@ def test_gpu_check_script_runs_every_stage_at_tiny_scale(tmp_path):
     stages = report["stages"]
     failed = {k: v.get("error") for k, v in stages.items() if not v.get("ok")}
     assert res.returncode == 0 and not failed, (failed, res.stderr[-3000:])
-    assert list(stages) == ["build", "generation", "critic_step", "dpo_step", "logprobs", "loop_iteration"]
+    assert list(stages) == ["build", "generation", "critic_step", "dpo_step", "logprobs", "loop_iteration",
+                            "trl_comparison"]
     gen = stages["generation"]
     assert gen["batched"]["tokens"] == 8 * 8 and gen["one_at_a_time"]["tokens"] == 2 * 8
     assert gen["speedup"] > 1.5  # batching must pay even for a tiny model on CPU
@@ -52,6 +55,14 @@ def test_gpu_check_script_runs_every_stage_at_tiny_scale(tmp_path):
     loop = stages["loop_iteration"]
     assert loop["iterations_logged"] == 1 and loop["metrics"]["loop/episodes_total"] == 4.0
     assert loop["metrics"]["loop/optimizer_steps"] >= 1  # --min_abs_advantage 0: the update runs without variance
+    # the TRL comparison: four runs on the saved model, the same maths on both sides
+    trl = stages["trl_comparison"]
+    assert trl["headline"].startswith("ours / TRL tokens/s: DPO ") and ", SFT " in trl["headline"]
+    assert set(trl["runs"]) == {"ours:dpo", "trl:dpo", "ours:sft", "trl:sft"}
+    for algo in ("dpo", "sft"):
+        ours, theirs = trl["runs"][f"ours:{algo}"], trl["runs"][f"trl:{algo}"]
+        assert ours["tokens"] == theirs["tokens"] > 0
+        assert ours["losses"] == [pytest.approx(x, rel=1e-5) for x in theirs["losses"]] and len(ours["losses"]) == 2
     summary = (out / "summary.txt").read_text()
     assert "all stages ok" in summary and all(name in summary for name in stages)
     # each GPU config would run the 4 two-process tests (critic lm + value, stage 2, LOOP), none on CPU;
