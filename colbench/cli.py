@@ -60,11 +60,13 @@ class Interrupted(Exception):
     """Ctrl-C, with what was kept and how to resume (one line, exit code 130)."""
 
 
-def run_main(main: Callable[[Sequence[str]], Any], argv: Sequence[str] | None = None, *, prog: str) -> int:
-    """Run an entry point's `main(argv)`, mapping user errors to one line + exit code 2 and
-    Ctrl-C to one line + 130. With `--debug` (taken out of argv) or SWEET_DEBUG=1 the
-    traceback is printed before that line. Anything else (a bug) raises as usual. Returns
-    main's int result (0 when it returns something else)."""
+def run_main(main: Callable[[Sequence[str]], Any], argv: Sequence[str] | None = None, *, prog: str,
+             user_errors: tuple[type[BaseException], ...] = ()) -> int:
+    """Run an entry point's `main(argv)`, mapping user errors (UserError, SpecError and the
+    entry point's `user_errors`) to one line + exit code 2 and Ctrl-C to one line + 130.
+    With `--debug` (taken out of argv) or SWEET_DEBUG=1 the traceback is printed before that
+    line. Anything else (a bug) raises as usual. Returns main's int result (0 when it
+    returns something else)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("SWEET_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
@@ -73,7 +75,7 @@ def run_main(main: Callable[[Sequence[str]], Any], argv: Sequence[str] | None = 
         warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {one_line(message)}\n"
     try:
         result = main(argv)
-    except (UserError, SpecError) as e:
+    except (UserError, SpecError, *user_errors) as e:
         if debug:
             traceback.print_exc()
         print(f"{prog}: error: {one_line(e)}", file=sys.stderr)

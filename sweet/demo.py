@@ -7,14 +7,18 @@
 The steps are sweet/workflows/demo.py.
 """
 
+import sys
+
 from sweet.core.config import parse_configs
+from sweet.core.runs import run_cli, trainer_run
 from sweet.workflows.demo import DemoConfig, main
 
 
 def cli(argv: list[str] | None = None):
     (cfg,) = parse_configs([DemoConfig], argv, description=__doc__.split("\n\n")[0])
-    return main(cfg)
+    with trainer_run(cfg.output_dir, command="python -m sweet.demo"):
+        return main(cfg)
 
 
 if __name__ == "__main__":
-    cli()
+    sys.exit(run_cli(cli, prog="python -m sweet.demo"))

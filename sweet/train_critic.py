@@ -7,7 +7,10 @@ The critic's maths and scorer are sweet/critic/model.py, its data and training l
 sweet/critic/train.py (with the paper-scale commands).
 """
 
+import sys
+
+from sweet.core.runs import run_cli
 from sweet.critic.train import cli
 
 if __name__ == "__main__":
-    cli()
+    sys.exit(run_cli(cli, prog="python -m sweet.train_critic"))

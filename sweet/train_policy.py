@@ -34,7 +34,10 @@ import argparse
 import importlib
 import sys
 
+from colbench.cli import UserError
 from sweet.algorithms import ALGORITHMS, SUMMARIES, load_algorithm
+from sweet.core.config import parse_configs
+from sweet.core.runs import run_cli, trainer_run
 
 # algorithms a workflow can repeat: its module adds a config (RoundsConfig: --rounds) and
 # its main(*configs) runs the algorithm's main once per round
@@ -56,13 +59,13 @@ def split_algorithm(argv: list[str]) -> tuple[str, list[str]]:
     pre.add_argument("--algorithm", default="sweet")
     known, rest = pre.parse_known_args(argv)
     if known.algorithm not in ALGORITHMS:
-        raise SystemExit(f"--algorithm: unknown {known.algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+        raise UserError(f"--algorithm: unknown {known.algorithm!r}; choose from {', '.join(ALGORITHMS)}")
     return known.algorithm, rest
 
 
 def main(argv: list[str] | None = None):
-    from sweet.core.config import parse_configs
-
+    """Parse `--algorithm X [flags]` and run X's `main(*configs)` in its locked output_dir;
+    returns what it returns (output_dir/final). Errors raise (run_cli prints them)."""
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv) and not any(a.split("=")[0] == "--algorithm" for a in argv):
         print(overview())
@@ -73,12 +76,11 @@ def main(argv: list[str] | None = None):
     if name in WORKFLOWS:
         workflow = importlib.import_module(WORKFLOWS[name])
         types, run = (*types, workflow.RoundsConfig), workflow.main
-    try:
-        configs = parse_configs(types, rest, description=f"--algorithm {name}: " + " ".join(module.__doc__.split("\n\n")[0].split()))
-    except ValueError as e:  # a config's __post_init__ names the bad field
-        raise SystemExit(f"error: {e}") from None
-    return run(*configs)
+    configs = parse_configs(types, rest, description=f"--algorithm {name}: " + " ".join(module.__doc__.split("\n\n")[0].split()))
+    train = configs[1]  # every algorithm's CONFIGS: (ModelConfig, its TrainConfig, ...)
+    with trainer_run(train.output_dir, command=f"python -m sweet.train_policy --algorithm {name}"):
+        return run(*configs)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main, prog="python -m sweet.train_policy"))

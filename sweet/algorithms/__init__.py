@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 
+from colbench.cli import UserError
+
 # --algorithm -> module with CONFIGS and main(*configs)
 ALGORITHMS = {
     "sweet": "sweet.algorithms.sweet_rl",
@@ -29,5 +31,5 @@ def load_algorithm(name: str):
         return importlib.import_module(ALGORITHMS[name])
     except ModuleNotFoundError as e:
         if e.name == ALGORITHMS[name]:
-            raise SystemExit(f"--algorithm {name}: module {ALGORITHMS[name]} is not available in this install") from None
+            raise UserError(f"--algorithm {name}: module {ALGORITHMS[name]} is not available in this install") from None
         raise

@@ -63,14 +63,11 @@ class TrainConfig:
 def parse_configs(types: Sequence[type], argv: list[str] | None = None, description: str | None = None):
     """Parse dataclass configs from the CLI in the project's one dialect (colbench.cli:
     `--config run.yaml` defaults that flags override, `--output_dir`/`--output-dir`).
-    Returns one instance per type; a bad config file exits with its error."""
-    from colbench.cli import ConfigError
+    Returns one instance per type; a bad flag, config file or value raises a UserError
+    naming it (sweet.core.runs.run_cli prints it as one line)."""
     from colbench.cli import parse_configs as parse
 
-    try:
-        configs = parse(types, argv, description=description)
-    except ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
+    configs = parse(types, argv, description=description)
     flush_denormals()  # every entry point parses first, before a torch op starts the CPU thread pool
     return configs
 

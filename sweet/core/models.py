@@ -4,15 +4,37 @@ seeding, and CPU float settings: what a trainer needs before its loop starts."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from sweet.core.config import ModelConfig, TrainConfig
 
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
 
 def resolve_model_path(spec: str) -> str:
-    """'tiny' / 'hf:<x>' / bare path or hub id -> what from_pretrained takes (engines.model_path)."""
+    """'tiny' / 'hf:<x>' / bare path or hub id -> what from_pretrained takes (engines.model_path).
+    A local folder must hold a model (config.json and weights, or a PEFT adapter): checked
+    here, before any work, so a wrong --model fails at once with one line; a spec that is
+    clearly a local path (./x, ../x, /x, ~/x, or more than one '/') must exist."""
+    from colbench.cli import UserError
     from engines import model_path
 
-    return model_path(spec)
+    path = model_path(spec)
+    local = Path(path).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise UserError(f"model {spec!r}: {local} is a file, not a model folder")
+        has_config = (local / "config.json").is_file() or (local / "adapter_config.json").is_file()
+        has_weights = any(next(local.glob(pattern), None) is not None for pattern in WEIGHT_FILES)
+        if not has_config or not has_weights:
+            missing = " and ".join(w for w, ok in (("config.json", has_config), ("weights (*.safetensors / *.bin)",
+                                                                                  has_weights)) if not ok)
+            raise UserError(f"model {spec!r}: {local} is not a model folder (no {missing}); a killed save leaves "
+                            "no weights: point --model at a finished run's final/")
+        return str(local)
+    if path.startswith(("./", "../", "/", "~")) or path.count("/") > 1:
+        raise UserError(f"model {spec!r}: no such folder {local}")
+    return path  # a hub id (org/name): from_pretrained reports what it cannot find
 
 
 def torch_dtype(name: str):

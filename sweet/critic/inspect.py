@@ -14,6 +14,7 @@ loads nothing from anywhere.
 from __future__ import annotations
 
 import html
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -21,6 +22,7 @@ from typing import Sequence
 from colbench.episodes import load_episodes
 from sweet.core.config import parse_configs
 from sweet.core.records import episode_states, read_candidates
+from sweet.core.runs import run_cli, trainer_run
 from sweet.core.tokens import text_ids
 from sweet.critic.model import CriticScorer, CriticSpec, load_training_info
 
@@ -177,8 +179,9 @@ def main(cfg: InspectConfig) -> Path:
 def cli(argv: list[str] | None = None) -> Path:
     """`python -m sweet.critic.inspect`: parse the command line, then `main(cfg)`."""
     (cfg,) = parse_configs([InspectConfig], argv, description=__doc__.split("\n\n")[0])
-    return main(cfg)
+    with trainer_run(cfg.output, command="python -m sweet.critic.inspect"):
+        return main(cfg)
 
 
 if __name__ == "__main__":
-    cli()
+    sys.exit(run_cli(cli, prog="python -m sweet.critic.inspect"))

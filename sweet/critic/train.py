@@ -57,6 +57,7 @@ from typing import Any
 
 from colbench.envs import defaults_help
 from sweet.core.config import ModelConfig, TrainConfig, fill_env_defaults, parse_configs
+from sweet.core.runs import trainer_run
 from sweet.critic.model import DEFAULT_HEADER, HEADS, CriticSpec, CriticTurn
 
 
@@ -414,4 +415,5 @@ CONFIGS = (ModelConfig, CriticTrainConfig, CriticConfig)
 def cli(argv: list[str] | None = None) -> dict[str, float]:
     """`python -m sweet.train_critic`: parse the command line, then `main(*configs)`."""
     configs = parse_configs(CONFIGS, argv, description="SWEET-RL stage 1: per-turn advantage critic (Bradley-Terry)")
-    return main(*configs)
+    with trainer_run(configs[1].output_dir, command="python -m sweet.train_critic"):
+        return main(*configs)

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from colbench.types import STOP_ANSWERED, Episode, Turn
 from sweet.algorithms import rft
 from sweet.core.config import ModelConfig, parse_configs
+from sweet.core.runs import run_cli, trainer_run
 from sweet.core.trainer import finished
 
 
@@ -159,8 +161,9 @@ def main(cfg: WarmStartConfig) -> Path:
 def cli(argv: list[str] | None = None) -> Path:
     """`python -m sweet.workflows.warm_start`: parse the command line, then `main(cfg)`."""
     (cfg,) = parse_configs([WarmStartConfig], argv, description=__doc__.split("\n\n")[0])
-    return main(cfg)
+    with trainer_run(cfg.output_dir, command="python -m sweet.workflows.warm_start"):
+        return main(cfg)
 
 
 if __name__ == "__main__":
-    cli()
+    sys.exit(run_cli(cli, prog="python -m sweet.workflows.warm_start"))

@@ -363,13 +363,13 @@ def test_sweet_two_rounds(data, critic, tmp_path):
 def test_cli_errors_name_the_bad_field(tmp_path):
     from sweet.train_policy import main
 
-    with pytest.raises(SystemExit, match="MTDPOConfig.pairing"):
+    with pytest.raises(ValueError, match="MTDPOConfig.pairing"):  # a UserError: one line, exit 2 from the CLI
         main(["--algorithm", "mtdpo", "--episodes", "x.jsonl", "--pairing", "nope"])
-    with pytest.raises(SystemExit, match="CandidateConfig.num_candidates"):
+    with pytest.raises(ValueError, match="CandidateConfig.num_candidates"):  # a UserError: one line, exit 2 from the CLI
         main(["--algorithm", "sweet", "--episodes", "x", "--tasks", "y", "--num_candidates", "1"])
-    with pytest.raises(SystemExit, match="unknown 'ppo'"):
+    with pytest.raises(ValueError, match="unknown 'ppo'"):  # a UserError: one line, exit 2 from the CLI
         main(["--algorithm", "ppo"])
-    with pytest.raises(SystemExit, match="RFTConfig.episodes is required"):
+    with pytest.raises(ValueError, match="RFTConfig.episodes is required"):  # a UserError: one line, exit 2 from the CLI
         main(["--algorithm", "rft"])
     cfg = tmp_path / "run.yaml"
     cfg.write_text("episodes: missing.jsonl\nsuccess_threshold: 0.5\n")
