@@ -344,6 +344,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     flush_denormals()  # before any torch op starts the thread pool (its threads inherit the flag)
 
+    from sweet.core.runs import trainer_run
+
+    with trainer_run(args.out, command="python bench/learning.py"):  # one writer per --out; Ctrl-C says what is kept
+        return run_benchmark(args, p, policies)
+
+
+def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict:
+    """Warm start, every (seed, policy), the summary and the plots into args.out."""
     from sweet.workflows.pipeline import TestbedSetup, warm_start
 
     setup = TestbedSetup()
@@ -412,4 +420,6 @@ def plot_curves(out: Path, policies: list[str], seeds: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from sweet.core.runs import run_cli
+
+    sys.exit(run_cli(main, prog="python bench/learning.py"))
