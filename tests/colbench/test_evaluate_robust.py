@@ -9,12 +9,12 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from local_http import LocalServer
 
 from colbench.tasks import load_tasks
 
@@ -25,7 +25,7 @@ PROG = "python -m colbench.evaluate"
 KEY = "sk-live-4242424242abcdefXYZ"
 
 
-class Server:
+class Server(LocalServer):
     """A chat-completions server whose reply depends on the task description it sees."""
 
     def __init__(self, respond):
@@ -51,14 +51,7 @@ class Server:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 def evaluate(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

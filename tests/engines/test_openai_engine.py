@@ -17,10 +17,11 @@ import sys
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from local_http import LocalServer
 
 from engines import EngineError, EngineOptions, SamplingParams
 from engines.base import BatchError
@@ -116,7 +117,7 @@ def test_transformers_serve_greedy_matches_hf_engine(served_tiny, hf_engine):
 # --------------------------------------------------------------------------- scripted server
 
 
-class ScriptedServer:
+class ScriptedServer(LocalServer):
     """A real HTTP server whose replies come from `respond(body, i) -> (status, payload, headers, delay)`."""
 
     def __init__(self, respond):
@@ -146,14 +147,7 @@ class ScriptedServer:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 def vllm_like_reply(body, seed_offset=0):
@@ -409,7 +403,7 @@ def test_finish_reason_tells_end_of_turn_from_stop_string_and_length():
 # --------------------------------------------------------------------------- badly behaved servers
 
 
-class RawServer:
+class RawServer(LocalServer):
     """A real HTTP server whose handler writes the raw reply: `respond(handler, body, i)`."""
 
     def __init__(self, respond):
@@ -431,14 +425,7 @@ class RawServer:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture
