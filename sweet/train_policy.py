@@ -19,7 +19,8 @@ format: `--agent hf:<output_dir>/final` in `python -m colbench.evaluate`).
     python -m sweet.train_policy --algorithm sweet --episodes eps.jsonl --tasks tasks.jsonl \\
         --critic runs/critic-tiny --model tiny --num_candidates 4 --max_new_tokens 32 --output_dir runs/sweet-tiny
 
-    # 8B on 8 GPUs: vLLM sampling (one process), then LoRA DPO (see sweet/algorithms/sweet_rl.py)
+    # 8B on 8 GPUs: vLLM sampling (one process), then LoRA DPO (see sweet/algorithms/sweet_rl.py;
+    # the paper's settings are the defaults, LoRA's lr 2e-6 = 10x the paper's full 2e-7)
     python -m sweet.train_policy --algorithm sweet --stage sample --sampler vllm:meta-llama/Llama-3.1-8B-Instruct \\
         --sampler_tensor_parallel 8 --model hf:meta-llama/Llama-3.1-8B-Instruct --episodes eps.jsonl \\
         --tasks tasks.jsonl --critic runs/critic-8b --output_dir runs/sweet-8b
@@ -60,13 +61,11 @@ def split_algorithm(argv: list[str]) -> tuple[str, list[str]]:
     return known.algorithm, rest
 
 
-def main(argv: list[str] | None = None):
+def parse(argv: list[str]):
+    """The algorithm's (or its workflow's) `main` and its parsed, resolved configs: what
+    `main` runs (tests/sweet/test_paper_commands.py reads the documented commands with it)."""
     from sweet.core.config import parse_configs
 
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv) and not any(a.split("=")[0] == "--algorithm" for a in argv):
-        print(overview())
-        raise SystemExit(0)
     name, rest = split_algorithm(argv)
     module = load_algorithm(name)
     types, run = module.CONFIGS, module.main
@@ -77,6 +76,15 @@ def main(argv: list[str] | None = None):
         configs = parse_configs(types, rest, description=f"--algorithm {name}: " + " ".join(module.__doc__.split("\n\n")[0].split()))
     except ValueError as e:  # a config's __post_init__ names the bad field
         raise SystemExit(f"error: {e}") from None
+    return run, configs
+
+
+def main(argv: list[str] | None = None):
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv) and not any(a.split("=")[0] == "--algorithm" for a in argv):
+        print(overview())
+        raise SystemExit(0)
+    run, configs = parse(argv)
     return run(*configs)
 
 

@@ -48,7 +48,11 @@ Departures from the paper / its public code, stated:
     against a drifted sampler, e.g. a vLLM engine with stale weights);
   - the importance ratio can also be per turn or per trajectory (the paper's ablation);
   - max_turns follows the environment (ColBench: 10; test bed: 4) unless given;
-  - learning rate 5e-5 (the public code's), linear decay over the planned steps.
+  - learning rate: 5e-5 with --lora (the public code's, which trains LoRA adapters),
+    5e-6 for full weights (1/10: the usual LoRA rule; the paper gives no full-weight rate).
+    LoRA stays off by default (one meaning of --lora for every trainer): the 8B command
+    above turns it on, as the public code does; linear decay to zero over the iterations
+    (each iteration's share of the schedule is spread over the steps it really takes).
 """
 
 from __future__ import annotations
@@ -60,11 +64,11 @@ import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from colbench.types import Episode
 from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION
-from sweet.core.config import ModelConfig, TrainConfig
+from sweet.core.config import LearningRates, ModelConfig, TrainConfig, lr_field
 
 if TYPE_CHECKING:
     import torch
@@ -135,7 +139,10 @@ class LoopConfig:
 class LoopTrainConfig(TrainConfig):
     """TrainConfig with LOOP's meaning of a batch and the public code's learning rate."""
 
-    learning_rate: float = field(default=5e-5, metadata={"help": "peak learning rate (AdamW; LOOP's public code: 5e-5)"})
+    LEARNING_RATES: ClassVar[LearningRates] = LearningRates(5e-6, 5e-5, "LOOP's public code: 5e-5 for its LoRA "
+                                                            "adapters; it trains no full weights: 1/10 by the usual "
+                                                            "LoRA rule")
+    learning_rate: float | None = lr_field(LEARNING_RATES)
     batch_size: int = field(default=8, metadata={"help": "trajectories per optimiser step, across all processes"})
     micro_batch_size: int = field(default=2, metadata={"help": "agent turns per forward pass per process (does not "
                                                                "change the update)"})

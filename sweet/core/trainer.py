@@ -60,7 +60,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from sweet.core.config import ModelConfig, TrainConfig
+from sweet.core.config import ModelConfig, TrainConfig, resolve_learning_rate
 from sweet.core.metrics import MetricsLogger
 from sweet.core.models import load_model, make_optimizer, set_seed
 
@@ -212,6 +212,7 @@ class Trainer:
     def __init__(self, model_cfg: ModelConfig, train: TrainConfig, tokenizer, *, model=None,
                  run_config: dict[str, Any] | None = None, name: str = "train"):
         self.model_cfg, self.train, self.tokenizer, self.name = model_cfg, train, tokenizer, name
+        resolve_learning_rate(model_cfg, train)  # configs built in code (parse_configs resolved the CLI's)
         self.out = Path(train.output_dir)
         self.accelerator = make_accelerator(train)
         set_seed(train.seed)  # LoRA's initial adapters come from the seeded RNG

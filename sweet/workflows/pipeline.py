@@ -225,7 +225,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
                 "num_candidates": setup.candidates, "max_new_tokens": setup.max_new_tokens,
                 "learning_rate": 3e-5, "beta": 0.1, "nll_coef": 0.1, "num_epochs": 1,
                 "batch_size": 16, "micro_batch_size": 16, "pairs_per_state": 4,
-                "max_episodes": setup.stage2_episodes}
+                "max_episodes": setup.stage2_episodes, "episode_fraction": 1.0}
     elif algorithm == "loop":
         n_tasks = 8
         budget = (setup.train_limit or 56) * setup.episodes_per_task  # as many episodes as the offline algorithms

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from sweet.algorithms.sweet_rl import ORACLE_CRITIC
+from sweet.algorithms.sweet_rl import ORACLE_CRITIC, first_episodes
 from sweet.algorithms.sweet_rl import main as run_round
 
 
@@ -66,7 +66,7 @@ def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
         episodes.append(str(collect_episodes(final, cfg, cand, rounds, out / "episodes.jsonl", train.seed)))
         critic = retrain_critic(cfg.critic, ",".join(episodes), out / "critic")
         model_cfg = replace(model_cfg, model=str(final))
-        cfg = replace(cfg, episodes=episodes[-1], critic=str(critic), max_episodes=None)
+        cfg = replace(cfg, episodes=episodes[-1], critic=str(critic), max_episodes=None, episode_fraction=1.0)
         final = run_round(model_cfg, replace(train, output_dir=str(out)), cfg, replace(cand, sampler=""), None)
     return final
 
@@ -81,7 +81,7 @@ def collect_episodes(policy: Path, cfg, cand, rounds: RoundsConfig, path: Path, 
     from engines import EngineOptions, SamplingParams, load_engine
     from simulators import load_simulator
 
-    task_ids = {ep.task_id for ep in load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]}
+    task_ids = {ep.task_id for ep in first_episodes(load_episodes(cfg.episodes, env=cfg.env), cfg)}
     tasks = [t for t in load_tasks(cfg.tasks, env=cfg.env, validate=False) if t.task_id in task_ids]
     env = make_env(cfg.env)
     simulator = load_simulator(rounds.simulator, env)
