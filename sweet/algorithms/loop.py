@@ -657,7 +657,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
     from accelerate.utils import DistributedType, broadcast_object_list
 
     from simulators import load_simulator
-    from sweet.core.config import save_resolved_config, to_jsonable
+    from sweet.core.config import resolved_config, save_resolved_config
     from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
     from sweet.core.trainer import Trainer, finished, mark_finished
     from sweet.core.value_head import ValueHeadModel
@@ -674,7 +674,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
         model = ValueHeadModel(model, policy=True)
     configs = {"loop": loop_cfg, "model": model_cfg, "train": train_cfg}
     trainer = Trainer(model_cfg, train_cfg, tokenizer, model=model, name="loop",
-                      run_config=to_jsonable(configs))
+                      run_config=resolved_config(**configs))
     acc = trainer.accelerator
     # FSDP and ZeRO-3 shard the trained weights: a forward on the main process alone would wait
     # for the others' shards. The transformers sampler then plays with an unsharded copy there,

@@ -160,12 +160,18 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+def resolved_config(**configs: Any) -> dict[str, Any]:
+    """The configs, their cross-config defaults resolved, as plain data (what config.json
+    and the trackers' hparams hold)."""
+    resolve_defaults(list(configs.values()))
+    return {name: to_jsonable(c) for name, c in configs.items()}
+
+
 def save_resolved_config(output_dir: str | Path, **configs: Any) -> dict[str, Any]:
     """Write every config beside the outputs (config.json, with the command line) and
     return them as plain data: the run config every trainer hands its trackers."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    resolve_defaults(list(configs.values()))
-    data = {name: to_jsonable(c) for name, c in configs.items()}
+    data = resolved_config(**configs)
     (out / "config.json").write_text(json.dumps({**data, "argv": sys.argv}, indent=2))
     return data

@@ -362,7 +362,7 @@ def _value_model(mcfg: ModelConfig):
 def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict[str, float]:
     """Train the critic on the trainer skeleton (sweet/core/trainer.py); returns the last
     held-out metrics. Rerunning resumes from the last checkpoint (accelerate state)."""
-    from sweet.core.config import save_resolved_config, to_jsonable
+    from sweet.core.config import resolved_config, save_resolved_config
     from sweet.core.models import load_tokenizer, set_seed
     from sweet.core.trainer import Trainer, finished, mark_finished
 
@@ -376,7 +376,7 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
     data = build_data(ccfg, tokenizer, tcfg.seed)
     set_seed(tcfg.seed)  # the initial model (LoRA adapters) is rebuilt identically on a resume
     trainer = Trainer(mcfg, tcfg, tokenizer, model=_value_model(mcfg) if ccfg.head == "value" else None,
-                      run_config=to_jsonable({"critic": ccfg, "model": mcfg, "train": tcfg}), name="critic")
+                      run_config=resolved_config(critic=ccfg, model=mcfg, train=tcfg), name="critic")
     trainer.prepare(trainer.steps_per_epoch(len(data.train_pairs)) * tcfg.num_epochs)
     acc = trainer.accelerator
     # π_ref from the initial model, before `fit` restores a checkpoint

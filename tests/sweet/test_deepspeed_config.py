@@ -6,6 +6,7 @@ them (its own deepspeed_config fields, or a DeepSpeed JSON file)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -22,7 +23,7 @@ def test_the_shipped_launch_configs_leave_the_values_to_the_trainer():
     from accelerate.utils import DeepSpeedPlugin
 
     for stage in (2, 3):
-        fields = yaml.safe_load(open(f"sweet/configs/deepspeed_zero{stage}.yaml"))["deepspeed_config"]
+        fields = yaml.safe_load(Path(f"sweet/configs/deepspeed_zero{stage}.yaml").read_text())["deepspeed_config"]
         assert not {"gradient_accumulation_steps", "gradient_clipping"} & set(fields)
         # what accelerate builds from such a launch config (no ACCELERATE_GRADIENT_* variables)
         plugin = DeepSpeedPlugin(zero_stage=fields["zero_stage"])

@@ -480,7 +480,7 @@ def test_ppo_iteration_zero_has_a_baseline(tmp_path, monkeypatch):
     """The value head starts at zero, so the GAE advantage of every turn is its episode's
     reward at iteration 0: without normalisation that is REINFORCE without a baseline;
     normalised (the default) the turns' advantages have mean 0 and std 1."""
-    import sweet.algorithms.loop as loop
+    from sweet.algorithms import loop
 
     seen = {}
     original = loop.iteration_update

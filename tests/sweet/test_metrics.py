@@ -80,7 +80,7 @@ def test_report_to_none_imports_no_tensorboard(tmp_path):
             "report_to='none'), load_tokenizer('tiny'))\nt.log({'a': 1.0}, step=1)\n"
             "bad = [m for m in sys.modules if m.startswith(('tensorboard', 'torch.utils.tensorboard', 'wandb'))]\n"
             "assert not bad, bad\n")
-    env_run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    env_run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=False)
     assert env_run.returncode == 0, env_run.stderr[-2000:]
     assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 1, "a": 1.0}
     assert not (tmp_path / "tensorboard").exists()

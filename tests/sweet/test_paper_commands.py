@@ -64,7 +64,7 @@ def paper_commands(text: str) -> list[str]:
 
 def documented() -> list[tuple[str, str]]:
     readme = (ROOT / "README.md").read_text()
-    blocks = "\n".join(re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", readme, flags=re.S))
+    blocks = "\n".join(re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", readme, flags=re.DOTALL))
     found = [("README.md", c) for c in paper_commands(blocks)]
     for name in DOCSTRING_MODULES:
         found += [(name, c) for c in paper_commands(importlib.import_module(name).__doc__)]
