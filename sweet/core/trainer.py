@@ -110,11 +110,7 @@ def make_accelerator(train: TrainConfig):
     common = {"gradient_accumulation_steps": accum, "cpu": cpu, "log_with": log_with or None,
               "project_config": ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "tensorboard"))}
     if not (cpu and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"):
-        acc = Accelerator(**common)
-        if acc.gradient_accumulation_steps != accum:  # the launch config's gradient_accumulation_steps won
-            raise ValueError(f"the accelerate launch config sets gradient_accumulation_steps="
-                             f"{acc.gradient_accumulation_steps}, the trainer needs {accum} (--batch_size / "
-                             "(--micro_batch_size x processes)): remove it from the launch config")
+        acc = _checked_accumulation(Accelerator(**common), accum)
         if acc.state.deepspeed_plugin is not None:
             configure_deepspeed(acc.state.deepspeed_plugin.deepspeed_config, train, accum, world,
                                 declared=declared_deepspeed_config())
@@ -128,12 +124,22 @@ def make_accelerator(train: TrainConfig):
     # DDP and resumes are exact (tests/sweet, -m slow). An accelerate that sets FSDP on CPU
     # itself makes this a no-op; one that changes these internals needs this looked at again.
     plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* variables
-    acc = Accelerator(**common, fsdp_plugin=plugin)
+    acc = _checked_accumulation(Accelerator(**common, fsdp_plugin=plugin), accum)
     if acc.distributed_type == DistributedType.MULTI_CPU:
         acc.state.fsdp_plugin = plugin
         acc.state.distributed_type = DistributedType.FSDP
         # every later AcceleratorState() copies PartialState's type over its own
         PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    return acc
+
+
+def _checked_accumulation(acc, accum: int):
+    """Refuse a launch config whose gradient_accumulation_steps (ACCELERATE_GRADIENT_ACCUMULATION_STEPS,
+    which accelerate lets win over the argument) differs from the trainer's."""
+    if acc.gradient_accumulation_steps != accum:
+        raise ValueError(f"the accelerate launch config sets gradient_accumulation_steps="
+                         f"{acc.gradient_accumulation_steps}, the trainer needs {accum} (--batch_size / "
+                         "(--micro_batch_size x processes)): remove it from the launch config")
     return acc
 
 

@@ -68,3 +68,22 @@ def test_a_deepspeed_json_file_is_judged_as_written(tmp_path, monkeypatch):
 def test_no_file_declares_nothing(monkeypatch):
     monkeypatch.delenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", raising=False)
     assert declared_deepspeed_config() is None
+
+
+def test_a_launch_config_accumulation_that_differs_is_refused(tmp_path, monkeypatch, one_torch_thread):
+    """accelerate lets ACCELERATE_GRADIENT_ACCUMULATION_STEPS (a launch config's
+    gradient_accumulation_steps) win over the trainer's value: refused, in one line."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from sweet.core.trainer import make_accelerator
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "3")
+    try:
+        with pytest.raises(ValueError, match=r"^the accelerate launch config sets gradient_accumulation_steps=3, the "
+                                             r"trainer needs 4 [^\n]*$"):
+            make_accelerator(TrainConfig(output_dir=str(tmp_path), batch_size=8, micro_batch_size=2, report_to="none"))
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
