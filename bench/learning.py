@@ -276,7 +276,7 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup) ->
             if not rows:
                 continue
             states = {state_key(s): s for s in load_states(SweetConfig(
-                episodes=str(sd / "episodes.jsonl"), tasks=setup.train_tasks, env=setup.env))}
+                episodes=str(sd / "episodes.jsonl"), tasks=setup.train_tasks, env=setup.env, episode_fraction=1.0))}
             for key, row in rows.items():
                 state = states[key]
                 texts = [c.text for c in row.candidates]

@@ -19,7 +19,8 @@ format: `--agent hf:<output_dir>/final` in `python -m colbench.evaluate`).
     python -m sweet.train_policy --algorithm sweet --episodes eps.jsonl --tasks tasks.jsonl \\
         --critic runs/critic-tiny --model tiny --num_candidates 4 --max_new_tokens 32 --output_dir runs/sweet-tiny
 
-    # 8B on 8 GPUs: vLLM sampling (one process), then LoRA DPO (see sweet/algorithms/sweet_rl.py)
+    # 8B on 8 GPUs: vLLM sampling (one process), then LoRA DPO (see sweet/algorithms/sweet_rl.py;
+    # the paper's settings are the defaults, LoRA's lr 2e-6 = 10x the paper's full 2e-7)
     python -m sweet.train_policy --algorithm sweet --stage sample --sampler vllm:meta-llama/Llama-3.1-8B-Instruct \\
         --sampler_tensor_parallel 8 --model hf:meta-llama/Llama-3.1-8B-Instruct --episodes eps.jsonl \\
         --tasks tasks.jsonl --critic runs/critic-8b --output_dir runs/sweet-8b
@@ -63,13 +64,9 @@ def split_algorithm(argv: list[str]) -> tuple[str, list[str]]:
     return known.algorithm, rest
 
 
-def main(argv: list[str] | None = None):
-    """Parse `--algorithm X [flags]` and run X's `main(*configs)` in its locked output_dir;
-    returns what it returns (output_dir/final). Errors raise (run_cli prints them)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv) and not any(a.split("=")[0] == "--algorithm" for a in argv):
-        print(overview())
-        raise SystemExit(0)
+def parse(argv: list[str]):
+    """The algorithm's (or its workflow's) `main` and its parsed, resolved configs: what
+    `main` runs (tests/sweet/test_paper_commands.py reads the documented commands with it)."""
     name, rest = split_algorithm(argv)
     module = load_algorithm(name)
     types, run = module.CONFIGS, module.main
@@ -77,8 +74,19 @@ def main(argv: list[str] | None = None):
         workflow = importlib.import_module(WORKFLOWS[name])
         types, run = (*types, workflow.RoundsConfig), workflow.main
     configs = parse_configs(types, rest, description=f"--algorithm {name}: " + " ".join(module.__doc__.split("\n\n")[0].split()))
+    return run, configs
+
+
+def main(argv: list[str] | None = None):
+    """Parse `--algorithm X [flags]` and run X's `main(*configs)` in its locked output_dir;
+    returns what it returns (output_dir/final). Errors raise (run_cli prints them)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv) and not any(a.split("=")[0] == "--algorithm" for a in argv):
+        print(overview())
+        raise SystemExit(0)
+    run, configs = parse(argv)
     train = configs[1]  # every algorithm's CONFIGS: (ModelConfig, its TrainConfig, ...)
-    with trainer_run(train.output_dir, command=f"python -m sweet.train_policy --algorithm {name}"):
+    with trainer_run(train.output_dir, command="python -m sweet.train_policy " + " ".join(argv)[:200]):
         return run(*configs)
 
 

@@ -20,13 +20,24 @@ Each iteration (paper, Algorithm 1):
                              turn (γ = 1): δ_t = V_{t+1} − V_t (δ_{T−1} = R − V_{T−1}),
                              A_t = Σ_l λ^l δ_{t+l} (GAE over turns, `gae_lambda`), value
                              targets A_t + V_t, value loss `value_coef` · ½(V − target)²;
+                             the policy's A_t normalised over the iteration's turns (below);
   4. loo/grpo: drop episodes with |A_k| < `min_abs_advantage` (ppo keeps all);
   5. `ppo_epochs` passes over the kept trajectories (off-policy reuse), `batch_size`
      trajectories per optimiser step, with the PPO clipped objective per token
          ℓ = −min(ρ·A, clip(ρ, 1/1.1, 1.1)·A) [+ kl_coef · KL],   ρ = π_θ / π_old,
      and the step's loss = mean over its trajectories of the mean over ALL the
      trajectory's action tokens (all its turns) of ℓ.
-No value network, no reference model, no KL term by default (LOOP). `--kl_coef > 0`
+No value network, no reference model, no KL term by default (LOOP).
+
+The PPO row (`--advantage ppo`, the paper's "PPO with a learned critic", 50.8): the
+value head starts at zero on the policy's shared trunk, so V ≡ 0 and A_t = R at
+iteration 0, i.e. REINFORCE without a baseline, and not the paper's PPO. The paper does not
+describe its PPO baseline's value warm-up or normalisation; we take standard PPO's
+advantage normalisation (`normalize_advantages`, on by default: A_t minus the mean over
+the iteration's turns, divided by their std, as the PPO reference implementations and
+CleanRL's `norm_adv` do), not a value warm-up: it gives iteration 0 a baseline (the batch
+mean) at no cost, while a warm-up needs extra passes over rollouts on a schedule the paper
+does not give. The value targets stay unnormalised (A_t + V_t). `--kl_coef > 0`
 adds the per-token KL to the initial model (k3 estimator exp(r) − r − 1, r = log π_ref −
 log π_θ), with π_ref's log-probs computed once per iteration (LoRA: the adapters
 disabled; full weights: a frozen copy of the initial model).
@@ -48,7 +59,11 @@ Departures from the paper / its public code, stated:
     against a drifted sampler, e.g. a vLLM engine with stale weights);
   - the importance ratio can also be per turn or per trajectory (the paper's ablation);
   - max_turns follows the environment (ColBench: 10; test bed: 4) unless given;
-  - learning rate 5e-5 (the public code's), linear decay over the planned steps.
+  - learning rate: 5e-5 with --lora (the public code's, which trains LoRA adapters),
+    5e-6 for full weights (1/10: the usual LoRA rule; the paper gives no full-weight rate).
+    LoRA stays off by default (one meaning of --lora for every trainer): the 8B command
+    above turns it on, as the public code does; linear decay to zero over the iterations
+    (each iteration's share of the schedule is spread over the steps it really takes).
 """
 
 from __future__ import annotations
@@ -60,11 +75,11 @@ import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from colbench.types import Episode
 from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION
-from sweet.core.config import ModelConfig, TrainConfig
+from sweet.core.config import LearningRates, ModelConfig, TrainConfig, lr_field
 
 if TYPE_CHECKING:
     import torch
@@ -94,6 +109,9 @@ class LoopConfig:
     gae_lambda: float = field(default=1.0, metadata={"help": "ppo: GAE λ over turns, γ = 1 (1 = return minus "
                                                                  "V(s_t)); the paper does not give its PPO's settings"})
     value_coef: float = field(default=0.5, metadata={"help": "ppo: weight of the value loss"})
+    normalize_advantages: bool = field(default=True, metadata={
+        "help": "ppo: the policy's advantages minus their mean over the iteration's turns, over their std (standard "
+                "PPO; with the zero-initialised value head this is iteration 0's baseline); loo/grpo: not used"})
     min_abs_advantage: float = field(default=0.01, metadata={"help": "loo/grpo: drop episodes with |A| below this"})
     kl_coef: float = field(default=0.0, metadata={"help": "per-token KL penalty to the initial model (0 = none, "
                                                           "as LOOP)"})
@@ -136,7 +154,10 @@ class LoopConfig:
 class LoopTrainConfig(TrainConfig):
     """TrainConfig with LOOP's meaning of a batch and the public code's learning rate."""
 
-    learning_rate: float = field(default=5e-5, metadata={"help": "peak learning rate (AdamW; LOOP's public code: 5e-5)"})
+    LEARNING_RATES: ClassVar[LearningRates] = LearningRates(5e-6, 5e-5, "LOOP's public code: 5e-5 for its LoRA "
+                                                            "adapters; it trains no full weights: 1/10 by the usual "
+                                                            "LoRA rule")
+    learning_rate: float | None = lr_field(LEARNING_RATES)
     batch_size: int = field(default=8, metadata={"help": "trajectories per optimiser step, across all processes"})
     micro_batch_size: int = field(default=2, metadata={"help": "agent turns per forward pass per process (does not "
                                                                "change the update)"})
@@ -158,6 +179,17 @@ def leave_one_out_advantages(rewards: torch.Tensor) -> torch.Tensor:
 def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """GRPO: A_k = (R_k − mean R) / (std R + eps) over the K rewards [..., K] (unbiased std)."""
     return (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + eps)
+
+
+def normalize_advantages(advantages: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """PPO's batch normalisation: (A − mean A) / (std A + eps) over all the batch's turns
+    (unbiased std); all equal: all zero."""
+    import torch
+
+    centred, std = advantages - advantages.mean(), advantages.std()
+    if float(std) <= eps:  # no spread: nothing to prefer (and no rounding noise blown up by 1/eps)
+        return torch.zeros_like(advantages)
+    return centred / (std + eps)
 
 
 def turn_gae(values: Sequence[float], reward: float, lam: float) -> tuple[list[float], list[float]]:
@@ -424,10 +456,29 @@ def _traj_log_ratios(trainer, items: Sequence[LoopTurn], pad_id: int, model_cfg:
         it.traj_log_ratio = num[it.trajectory] / max(it.traj_tokens, 1)
 
 
+def schedule_offset(step: int, steps: int, planned: int) -> int:
+    """Where step `step` of an iteration that takes `steps` optimiser steps sits in its
+    `planned` steps of the learning-rate schedule (planned for every episode kept): evenly
+    spread, so an iteration that drops episodes still walks its whole share of the decay."""
+    return (step * planned) // max(steps, 1)
+
+
+def advance_schedule(scheduler, position: int) -> None:
+    """Step the schedule (without an optimiser step) up to `position`."""
+    import warnings
+
+    with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": intended here
+        warnings.simplefilter("ignore", UserWarning)
+        while scheduler.last_epoch < position:
+            scheduler.step()
+
+
 def iteration_update(trainer, items: list[LoopTurn], cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int,
-                     seed: int, with_value: bool = False) -> dict[str, float]:
+                     seed: int, with_value: bool = False, planned_steps: int = 0) -> dict[str, float]:
     """`ppo_epochs` passes over the kept trajectories, `batch_size` trajectories per
-    optimiser step (seeded order); returns the steps' mean metrics."""
+    optimiser step (seeded order); returns the steps' mean metrics. `planned_steps`: the
+    iteration's share of the schedule (steps for all K x tasks episodes), spread over
+    the steps taken (0: one schedule step per optimiser step)."""
     by_traj: dict[int, list[LoopTurn]] = {}
     for it in items:
         by_traj.setdefault(it.trajectory, []).append(it)
@@ -435,11 +486,15 @@ def iteration_update(trainer, items: list[LoopTurn], cfg: LoopConfig, model_cfg:
     loss_fn = make_loss_fn(cfg, model_cfg, pad_id, with_value)
     sums: dict[str, float] = {}
     n_steps = 0
+    total = cfg.ppo_epochs * math.ceil(len(trajs) / trainer.train.batch_size)
+    base = trainer.scheduler.last_epoch  # the iteration's start on the schedule
     trainer.model.train()
     for epoch in range(cfg.ppo_epochs):
         order = trajs[:]
         random.Random(seed * 1_000_003 + epoch).shuffle(order)
         for s in range(0, len(order), trainer.train.batch_size):
+            if planned_steps:  # spread the iteration's share of the schedule over the steps it takes
+                advance_schedule(trainer.scheduler, base + schedule_offset(n_steps, total, planned_steps))
             step_items = [it for g in order[s: s + trainer.train.batch_size] for it in by_traj[g]]
             if cfg.ratio_level == "trajectory":
                 _traj_log_ratios(trainer, step_items, pad_id, model_cfg, with_value)
@@ -480,8 +535,9 @@ def group_advantages(episodes: Sequence[Episode], cfg: LoopConfig) -> tuple[list
 
 
 def train_on_episodes(trainer, episodes: Sequence[Episode], cfg: LoopConfig, model_cfg: ModelConfig, tokenizer,
-                      seed: int, ref=None) -> dict[str, float]:
-    """Advantages, pre-pass (π_old, π_ref, V) and the update for one iteration's episodes."""
+                      seed: int, ref=None, planned_steps: int = 0) -> dict[str, float]:
+    """Advantages, pre-pass (π_old, π_ref, V) and the update for one iteration's episodes
+    (`planned_steps`: iteration_update's)."""
     import torch
 
     with_value = cfg.advantage == "ppo"
@@ -515,11 +571,17 @@ def train_on_episodes(trainer, episodes: Sequence[Episode], cfg: LoopConfig, mod
             for i, ai, ti in zip(idx, a, target):
                 items[i].advantage, items[i].value_target = ai, ti
             all_adv += a
-        a = torch.tensor(all_adv)
-        metrics["loop/advantage_abs_mean"] = float(a.abs().mean())
+        a = torch.tensor(all_adv, dtype=torch.float64)
+        metrics["loop/advantage_abs_mean"] = float(a.abs().mean())  # before normalising (nothing to learn: 0)
         metrics["loop/advantage_std"] = float(a.std()) if len(all_adv) > 1 else 0.0
         metrics["loop/value_mean"] = float(torch.tensor([s[2] for s in scored]).mean())
-    metrics.update(iteration_update(trainer, items, cfg, model_cfg, pad, seed, with_value))
+        if cfg.normalize_advantages and len(all_adv) > 1:
+            # items are in trajectory order, as all_adv (by_traj is filled in item order)
+            order = [i for idx in by_traj.values() for i in idx]
+            normalised = normalize_advantages(a)
+            for i, value in zip(order, normalised.tolist()):
+                items[i].advantage = value
+    metrics.update(iteration_update(trainer, items, cfg, model_cfg, pad, seed, with_value, planned_steps))
     return metrics
 
 
@@ -595,7 +657,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
     from accelerate.utils import DistributedType, broadcast_object_list
 
     from simulators import load_simulator
-    from sweet.core.config import save_resolved_config, to_jsonable
+    from sweet.core.config import resolved_config, save_resolved_config
     from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
     from sweet.core.trainer import Trainer, finished, mark_finished
     from sweet.core.value_head import ValueHeadModel
@@ -612,7 +674,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
         model = ValueHeadModel(model, policy=True)
     configs = {"loop": loop_cfg, "model": model_cfg, "train": train_cfg}
     trainer = Trainer(model_cfg, train_cfg, tokenizer, model=model, name="loop",
-                      run_config=to_jsonable(configs))
+                      run_config=resolved_config(**configs))
     acc = trainer.accelerator
     # FSDP and ZeRO-3 shard the trained weights: a forward on the main process alone would wait
     # for the others' shards. The transformers sampler then plays with an unsharded copy there,
@@ -659,7 +721,9 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
                                  out / "episodes" / f"iter-{it:04d}.jsonl")
             if acc.num_processes > 1:
                 broadcast_object_list(box, from_process=0)
-            metrics = train_on_episodes(trainer, box[0], loop_cfg, model_cfg, tokenizer, train_cfg.seed * 100_003 + it, ref)
+            metrics = train_on_episodes(trainer, box[0], loop_cfg, model_cfg, tokenizer, train_cfg.seed * 100_003 + it,
+                                        ref, planned_steps=per_iteration)
+            advance_schedule(trainer.scheduler, (it + 1) * per_iteration)  # the iteration's share, whatever it dropped
             ran += 1
             # learned: some update with some advantage (min_abs_advantage 0 keeps A = 0 episodes)
             learned = metrics["loop/optimizer_steps"] > 0 and metrics["loop/advantage_abs_mean"] > 0

@@ -17,7 +17,8 @@ their rewards differ by more than `min_reward_gap`). Both default to the environ
     python -m sweet.train_policy --algorithm mtdpo --episodes eps.jsonl --model tiny \\
         --output_dir runs/mtdpo-tiny --pairing best_vs_worst --micro_batch_size 2
 
-    # Llama-3.1-8B on 8 GPUs, LoRA (paper hyper-parameters: lr 2e-7, beta 0.1, batch 8)
+    # Llama-3.1-8B on 8 GPUs, LoRA (paper: beta 0.1, NLL 0.01, batch 8, 1 epoch; lr 2e-7 is the paper's
+    # full fine-tuning rate, LoRA resolves to 2e-6 = 10x; without --lora: 2e-7)
     accelerate launch --num_processes 8 -m sweet.train_policy --algorithm mtdpo \\
         --episodes train_eps.jsonl --model hf:meta-llama/Llama-3.1-8B-Instruct --lora \\
         --micro_batch_size 1 --gradient_checkpointing --output_dir runs/mtdpo-8b
@@ -26,10 +27,11 @@ their rewards differ by more than `min_reward_gap`). Both default to the environ
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from colbench.envs import defaults_help
 from sweet.algorithms.policy_trainer import PolicyTrainConfig
-from sweet.core.config import ModelConfig, fill_env_defaults
+from sweet.core.config import LearningRates, ModelConfig, fill_env_defaults, lr_field
 
 PAIRINGS = ("paper", "best_vs_worst")
 
@@ -63,7 +65,10 @@ class MTDPOConfig:
 @dataclass
 class MTDPOTrainConfig(PolicyTrainConfig):
     output_dir: str = field(default="runs/mtdpo", metadata={"help": "checkpoints, metrics and the resolved config go here"})
-    learning_rate: float = field(default=2e-7, metadata={"help": "peak learning rate (AdamW; paper 2e-7)"})
+    LEARNING_RATES: ClassVar[LearningRates] = LearningRates(2e-7, 2e-6, "SWEET-RL paper's one published rate, "
+                                                            "2e-7, full fine-tuning; no LoRA rate given: 10x, the "
+                                                            "usual LoRA rule")
+    learning_rate: float | None = lr_field(LEARNING_RATES)
 
 
 CONFIGS = (ModelConfig, MTDPOTrainConfig, MTDPOConfig)

@@ -11,19 +11,20 @@ inside later contexts, masked out. See sweet/core/tokens.py.
     python -m sweet.train_policy --algorithm rft --episodes eps.jsonl --model tiny \\
         --output_dir runs/rft-tiny --success_threshold 0.5 --micro_batch_size 4
 
-    # Llama-3.1-8B on 8 GPUs, LoRA
+    # Llama-3.1-8B on 8 GPUs, LoRA (lr 2e-6 = 10x the paper's full fine-tuning 2e-7, batch 8, 1 epoch)
     accelerate launch --num_processes 8 -m sweet.train_policy --algorithm rft \\
         --episodes train_eps.jsonl --model hf:meta-llama/Llama-3.1-8B-Instruct --lora \\
-        --learning_rate 1e-5 --batch_size 64 --micro_batch_size 2 --output_dir runs/rft-8b
+        --micro_batch_size 1 --output_dir runs/rft-8b
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from colbench.envs import defaults_help
 from sweet.algorithms.policy_trainer import PolicyTrainConfig
-from sweet.core.config import ModelConfig, fill_env_defaults
+from sweet.core.config import LearningRates, ModelConfig, fill_env_defaults, lr_field
 
 
 @dataclass
@@ -50,7 +51,10 @@ class RFTConfig:
 @dataclass
 class RFTTrainConfig(PolicyTrainConfig):
     output_dir: str = field(default="runs/rft", metadata={"help": "checkpoints, metrics and the resolved config go here"})
-    learning_rate: float = field(default=2e-6, metadata={"help": "peak learning rate (AdamW)"})
+    LEARNING_RATES: ClassVar[LearningRates] = LearningRates(2e-7, 2e-6, "SWEET-RL paper's one published rate, "
+                                                            "2e-7, full fine-tuning (it gives RFT none of its own); "
+                                                            "LoRA: 10x, the usual LoRA rule")
+    learning_rate: float | None = lr_field(LEARNING_RATES)
 
 
 CONFIGS = (ModelConfig, RFTTrainConfig, RFTConfig)

@@ -12,7 +12,10 @@ For every agent turn of the input episodes (a State: the recorded prompt o_t):
    a drawn pair with equal scores is dropped);
 4. train with DPO (sweet/algorithms/losses.py) on the action tokens only, NLL on the chosen action
    (per token), reference log-probs precomputed with the initial policy.
-Paper defaults: lr 2e-7, β 0.1, NLL coefficient 0.01, batch 8, 1 epoch.
+Paper defaults: lr 2e-7 (full fine-tuning; with --lora 2e-6: the papers give no LoRA rate,
+10x is the usual rule), β 0.1, NLL coefficient 0.01, batch 8, 1 epoch, K = 16 candidates,
+4 pairs per state, the first 10% of the episodes file (`--episode_fraction 0.1`; the
+test bed, sweet/workflows/pipeline.py, gives its own `--max_episodes`).
 
 Candidates and scores go to output_dir/candidates.jsonl one state per line, flushed
 per batch of states: a rerun skips states already there. Candidates are trained on
@@ -33,6 +36,7 @@ sweet/workflows/rounds.py. The paper trains one round.
         --output_dir runs/sweet-tiny --micro_batch_size 4
 
     # Llama-3.1-8B on 8 GPUs: sample with vLLM in one process, then train LoRA with accelerate
+    # (the paper's settings by default; LoRA's lr 2e-6 = 10x the paper's full fine-tuning 2e-7)
     python -m sweet.train_policy --algorithm sweet --stage sample --episodes eps.jsonl --tasks tasks.jsonl \\
         --critic runs/critic-8b --model hf:meta-llama/Llama-3.1-8B-Instruct \\
         --sampler vllm:meta-llama/Llama-3.1-8B-Instruct --sampler_tensor_parallel 8 --output_dir runs/sweet-8b
@@ -44,15 +48,16 @@ sweet/workflows/rounds.py. The paper trains one round.
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import ClassVar, Protocol, Sequence
 
 from colbench.jsonl import Appender
 from sweet.algorithms.policy_trainer import PolicyTrainConfig
-from sweet.core.config import ModelConfig
+from sweet.core.config import LearningRates, ModelConfig, lr_field
 from sweet.core.records import Candidate, CandidatesRow, Pair, SampledAction, State, read_candidates, state_key
 
 STAGES = ("all", "sample", "train")
@@ -68,7 +73,11 @@ class SweetConfig:
     episodes: str = field(default="", metadata={"help": "episodes JSONL whose agent turns become states"})
     tasks: str = field(default="", metadata={"help": "tasks file (or builtin:<split>) holding the training-time information c"})
     env: str = field(default="backend", metadata={"help": "environment name (training_info, offline trajectory format)"})
-    max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes (paper: the first 10 percent)"})
+    episode_fraction: float = field(default=0.1, metadata={"help": "use the first share of the episodes file (paper: "
+                                                                   "the first 10 percent of its 15k offline "
+                                                                   "trajectories, as more epochs overfitted; 1: all)"})
+    max_episodes: int | None = field(default=None, metadata={"help": "use the first N episodes instead of "
+                                                                     "episode_fraction"})
     critic: str = field(default="", metadata={"help": "stage-1 critic dir (output_dir of python -m sweet.train_critic); "
                                                       "'oracle' (--env testbed): a diagnostic, the test bed's exact advantage, "
                                                       "to tell a wrong critic from a stage 2 that cannot use a right one"})
@@ -83,6 +92,8 @@ class SweetConfig:
                 raise ValueError(f"SweetConfig.{name} is required: give --{name}")
         if self.stage not in STAGES:
             raise ValueError(f"SweetConfig.stage must be one of {STAGES}, got {self.stage!r}")
+        if not 0 < self.episode_fraction <= 1:
+            raise ValueError(f"SweetConfig.episode_fraction must be in (0, 1], got {self.episode_fraction}")
         if self.pairs_per_state < 1:
             raise ValueError(f"SweetConfig.pairs_per_state must be >= 1, got {self.pairs_per_state}")
         if self.beta <= 0 or self.nll_coef < 0:
@@ -121,7 +132,8 @@ class CandidateConfig:
 @dataclass
 class SweetTrainConfig(PolicyTrainConfig):
     output_dir: str = field(default="runs/sweet", metadata={"help": "checkpoints, candidates, metrics and the resolved config"})
-    learning_rate: float = field(default=2e-7, metadata={"help": "peak learning rate (AdamW; paper 2e-7)"})
+    LEARNING_RATES: ClassVar[LearningRates] = LearningRates(2e-7, 2e-6, "SWEET-RL paper: 2e-7, full fine-tuning of Llama-3.1-8B; the papers give no LoRA rate: 10x, the usual LoRA rule")
+    learning_rate: float | None = lr_field(LEARNING_RATES)
 
 
 CONFIGS = (ModelConfig, SweetTrainConfig, SweetConfig, CandidateConfig)
@@ -282,13 +294,20 @@ def token_pair(tokenizer, pair: Pair[Candidate], prompt_token_ids: Sequence[int]
 # ---- the run ------------------------------------------------------------------------------
 
 
+def first_episodes(episodes: Sequence, cfg: SweetConfig) -> list:
+    """Stage 2's share of the episodes file, from its start: the first `max_episodes`,
+    else the first ceil(episode_fraction x all) (paper: the first 10%)."""
+    n = cfg.max_episodes if cfg.max_episodes is not None else math.ceil(cfg.episode_fraction * len(episodes))
+    return list(episodes[:n])
+
+
 def load_states(cfg: SweetConfig) -> list[State]:
     """One State per agent turn of the episodes, with the task's training-time information."""
     from colbench.episodes import load_episodes
     from sweet.core.records import episode_states
     from sweet.critic.model import load_training_info
 
-    episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]
+    episodes = first_episodes(load_episodes(cfg.episodes, env=cfg.env), cfg)
     info = load_training_info(cfg.tasks, env=cfg.env)
     missing = sorted({ep.task_id for ep in episodes} - set(info))
     if missing:

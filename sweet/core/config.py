@@ -11,7 +11,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 
 @dataclass
@@ -36,12 +36,38 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.max_length must be >= 16, got {self.max_length}")
 
 
+@dataclass(frozen=True)
+class LearningRates:
+    """A trainer's default peak learning rate for full fine-tuning and for LoRA, and where
+    each comes from. LoRA adapters need a larger rate than full fine-tuning: ~10x the full
+    rate is the usual rule (Schulman et al. 2025, "LoRA Without Regret", Thinking Machines
+    Lab: the best LoRA rate was ~10x the best full fine-tuning rate across their runs)."""
+
+    full: float
+    lora: float
+    source: str
+
+    def help(self) -> str:
+        return (f"peak learning rate (AdamW); default {self.full:g} for full fine-tuning, {self.lora:g} with --lora "
+                f"({self.source}); the resolved value is saved in config.json")
+
+
+def lr_field(rates: LearningRates):
+    """The `learning_rate` field of a TrainConfig whose defaults are `rates` (None until
+    resolve_learning_rate picks the full or the LoRA one)."""
+    return field(default=None, metadata={"help": rates.help()})
+
+
 @dataclass
 class TrainConfig:
-    """Optimisation and bookkeeping common to all trainers."""
+    """Optimisation and bookkeeping common to all trainers. `learning_rate` None = the
+    class's LEARNING_RATES for the model's --lora (resolve_learning_rate)."""
+
+    LEARNING_RATES: ClassVar[LearningRates] = LearningRates(
+        1e-5, 1e-4, "no paper: a common fine-tuning rate, LoRA 10x by the usual rule")
 
     output_dir: str = field(default="runs/train", metadata={"help": "checkpoints, metrics and the resolved config go here"})
-    learning_rate: float = field(default=1e-5, metadata={"help": "peak learning rate (AdamW)"})
+    learning_rate: float | None = lr_field(LEARNING_RATES)
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     num_epochs: int = field(default=1, metadata={"help": "passes over the training data"})
     batch_size: int = field(default=8, metadata={"help": "examples per optimiser step across all processes"})
@@ -50,11 +76,12 @@ class TrainConfig:
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient-norm clip"})
     seed: int = field(default=0, metadata={"help": "random seed"})
     logging_steps: int = field(default=1, metadata={"help": "log every N optimiser steps"})
-    report_to: str = field(default="tensorboard", metadata={"help": "comma list: tensorboard, wandb, none"})
+    report_to: str = field(default="tensorboard", metadata={"help": "comma list of accelerate trackers: tensorboard "
+                                                                    "(output_dir/tensorboard), wandb, trackio; or none"})
     resume: bool = field(default=True, metadata={"help": "resume from the last checkpoint in output_dir"})
 
     def __post_init__(self) -> None:
-        if self.learning_rate <= 0:
+        if self.learning_rate is not None and self.learning_rate <= 0:
             raise ValueError(f"TrainConfig.learning_rate must be > 0, got {self.learning_rate}")
         if self.batch_size < 1 or self.micro_batch_size < 1:
             raise ValueError("TrainConfig.batch_size and micro_batch_size must be >= 1")
@@ -69,7 +96,27 @@ def parse_configs(types: Sequence[type], argv: list[str] | None = None, descript
 
     configs = parse(types, argv, description=description)
     flush_denormals()  # every entry point parses first, before a torch op starts the CPU thread pool
+    resolve_defaults(configs)
     return configs
+
+
+def resolve_learning_rate(model: ModelConfig, train: TrainConfig) -> float:
+    """Fill `train.learning_rate` left None with its class's full or LoRA default (by
+    `model.lora`); returns it. Runs after parsing (parse_configs), and again in the
+    Trainer and save_resolved_config for configs built in code: a no-op once set."""
+    if train.learning_rate is None:
+        rates = type(train).LEARNING_RATES
+        train.learning_rate = rates.lora if model.lora else rates.full
+    return train.learning_rate
+
+
+def resolve_defaults(configs: Sequence[Any]) -> None:
+    """The defaults that depend on more than one config (today: the learning rate, on
+    ModelConfig.lora), resolved once all are parsed."""
+    models = [c for c in configs if isinstance(c, ModelConfig)]
+    for train in (c for c in configs if isinstance(c, TrainConfig)):
+        if models:
+            resolve_learning_rate(models[0], train)
 
 
 def fill_env_defaults(cfg: Any, **fields: str) -> None:
@@ -110,11 +157,18 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+def resolved_config(**configs: Any) -> dict[str, Any]:
+    """The configs, their cross-config defaults resolved, as plain data (what config.json
+    and the trackers' hparams hold)."""
+    resolve_defaults(list(configs.values()))
+    return {name: to_jsonable(c) for name, c in configs.items()}
+
+
 def save_resolved_config(output_dir: str | Path, **configs: Any) -> dict[str, Any]:
     """Write every config beside the outputs (config.json, with the command line) and
     return them as plain data: the run config every trainer hands its trackers."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = {name: to_jsonable(c) for name, c in configs.items()}
+    data = resolved_config(**configs)
     (out / "config.json").write_text(json.dumps({**data, "argv": sys.argv}, indent=2))
     return data

@@ -60,7 +60,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from sweet.core.config import ModelConfig, TrainConfig
+from sweet.core.config import ModelConfig, TrainConfig, resolve_learning_rate
 from sweet.core.metrics import MetricsLogger
 from sweet.core.models import load_model, make_optimizer, set_seed
 
@@ -86,13 +86,17 @@ def process_state():
 
 
 def make_accelerator(train: TrainConfig):
-    """An Accelerator whose gradient accumulation turns micro-batches into `batch_size`;
+    """An Accelerator whose gradient accumulation turns micro-batches into `batch_size`,
+    with the trackers of `train.report_to` (TensorBoard in output_dir/tensorboard);
+    DeepSpeed's batch, accumulation and clipping taken from `train` (`configure_deepspeed`);
     real FSDP2 on CPU processes when the launch config asks for FSDP."""
     import os
 
     import torch
     from accelerate import Accelerator, PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, ProjectConfiguration
+
+    from sweet.core.metrics import trackers
 
     cpu = not torch.cuda.is_available()
     world = process_state().num_processes
@@ -101,8 +105,16 @@ def make_accelerator(train: TrainConfig):
         raise RuntimeError(f"{launched} processes were launched but accelerate sees {world}: a PartialState() was "
                            "created before the trainer without cpu=True; use sweet.core.trainer.process_state()")
     accum = accumulation_steps(train.batch_size, train.micro_batch_size, world)
+    out = Path(train.output_dir)
+    log_with = trackers(train.report_to)
+    common = {"gradient_accumulation_steps": accum, "cpu": cpu, "log_with": log_with or None,
+              "project_config": ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "tensorboard"))}
     if not (cpu and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"):
-        return Accelerator(gradient_accumulation_steps=accum, cpu=cpu)
+        acc = _checked_accumulation(Accelerator(**common), accum)
+        if acc.state.deepspeed_plugin is not None:
+            configure_deepspeed(acc.state.deepspeed_plugin.deepspeed_config, train, accum, world,
+                                declared=declared_deepspeed_config())
+        return acc
     # An FSDP launch config on CPU processes (sweet/configs/fsdp_cpu_2proc.yaml, gloo).
     # accelerate 1.15 sets DistributedType.FSDP only for GPU-type process groups
     # (AcceleratorState.__init__), so on CPU it would silently run plain DDP (MULTI_CPU).
@@ -112,13 +124,63 @@ def make_accelerator(train: TrainConfig):
     # DDP and resumes are exact (tests/sweet, -m slow). An accelerate that sets FSDP on CPU
     # itself makes this a no-op; one that changes these internals needs this looked at again.
     plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* variables
-    acc = Accelerator(gradient_accumulation_steps=accum, cpu=cpu, fsdp_plugin=plugin)
+    acc = _checked_accumulation(Accelerator(**common, fsdp_plugin=plugin), accum)
     if acc.distributed_type == DistributedType.MULTI_CPU:
         acc.state.fsdp_plugin = plugin
         acc.state.distributed_type = DistributedType.FSDP
         # every later AcceleratorState() copies PartialState's type over its own
         PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     return acc
+
+
+def _checked_accumulation(acc, accum: int):
+    """Refuse a launch config whose gradient_accumulation_steps (ACCELERATE_GRADIENT_ACCUMULATION_STEPS,
+    which accelerate lets win over the argument) differs from the trainer's."""
+    if acc.gradient_accumulation_steps != accum:
+        raise ValueError(f"the accelerate launch config sets gradient_accumulation_steps="
+                         f"{acc.gradient_accumulation_steps}, the trainer needs {accum} (--batch_size / "
+                         "(--micro_batch_size x processes)): remove it from the launch config")
+    return acc
+
+
+def declared_deepspeed_config() -> dict[str, Any] | None:
+    """The DeepSpeed JSON file the launch config names (`deepspeed_config_file`), as its
+    author wrote it, or None (the launch config's own deepspeed_config fields). accelerate
+    fills a missing gradient_accumulation_steps of a file with 1, so a mismatch must be
+    judged on the file itself."""
+    import os
+
+    path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+    if path == "none":
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"DeepSpeed config file {path}: {e}") from None
+
+
+def configure_deepspeed(ds_config: dict[str, Any], train: TrainConfig, accum: int, world: int,
+                        declared: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Make DeepSpeed's batch arithmetic and clipping ours, in place: each of
+    train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping and
+    train_batch_size that the config leaves unset or "auto" is set from `train`; one it
+    sets to another value is refused (accelerate would otherwise silently let DeepSpeed's
+    accumulation win at `prepare`, and DeepSpeed would clip at its own norm). `declared`:
+    the values as the user wrote them, when `ds_config` holds fills of accelerate's."""
+    want = {"train_micro_batch_size_per_gpu": train.micro_batch_size, "gradient_accumulation_steps": accum,
+            "gradient_clipping": train.max_grad_norm,
+            "train_batch_size": train.micro_batch_size * accum * world}
+    source = {"train_micro_batch_size_per_gpu": "--micro_batch_size", "gradient_accumulation_steps":
+              "--batch_size / (--micro_batch_size x processes)", "gradient_clipping": "--max_grad_norm",
+              "train_batch_size": "--micro_batch_size x accumulation x processes"}
+    for key, value in want.items():
+        have = (ds_config if declared is None else declared).get(key, "auto")
+        if have in ("auto", None):
+            ds_config[key] = value
+        elif float(have) != float(value):
+            raise ValueError(f"DeepSpeed config {key}={have} differs from the trainer's {value} ({source[key]}): "
+                             f"remove it from the DeepSpeed config (sweet sets it) or change the flag")
+    return ds_config
 
 
 def epoch_order(n_items: int, epoch: int, seed: int) -> list[int]:
@@ -156,6 +218,7 @@ class Trainer:
     def __init__(self, model_cfg: ModelConfig, train: TrainConfig, tokenizer, *, model=None,
                  run_config: dict[str, Any] | None = None, name: str = "train"):
         self.model_cfg, self.train, self.tokenizer, self.name = model_cfg, train, tokenizer, name
+        resolve_learning_rate(model_cfg, train)  # configs built in code (parse_configs resolved the CLI's)
         self.out = Path(train.output_dir)
         self.accelerator = make_accelerator(train)
         set_seed(train.seed)  # LoRA's initial adapters come from the seeded RNG
@@ -164,7 +227,7 @@ class Trainer:
         self.optimizer = self.scheduler = None
         self.base_accum = self.accelerator.gradient_accumulation_steps
         self.step = 0
-        self.logger = MetricsLogger(self.out, train.report_to, self.accelerator.is_main_process, run_config)
+        self.logger = MetricsLogger(self.out, self.accelerator, run_config)
 
     # ---- setup ---------------------------------------------------------------------------
 
@@ -188,9 +251,6 @@ class Trainer:
         process, which would tie the schedule to the process count); it is registered for
         checkpointing instead and stepped once per optimiser step."""
         self.optimizer, self.scheduler = make_optimizer(self.model, self.train, total_steps, optimizer)
-        plugin = self.accelerator.state.deepspeed_plugin
-        if plugin is not None:  # no dataloader to infer it from
-            plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = self.train.micro_batch_size
         self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
         self.accelerator.register_for_checkpointing(self.scheduler)
         if self._trainable_only:

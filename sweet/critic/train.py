@@ -19,13 +19,13 @@ Same on 2 CPU processes (gloo):
         --model tiny --episodes runs/rollouts/episodes.jsonl --tasks tasks/backend/train.jsonl \\
         --output_dir runs/critic-tiny-ddp
 
-Llama-3.1-8B-Instruct critic with LoRA on 8 GPUs (paper: 4 epochs, batch 8):
+Llama-3.1-8B-Instruct critic with LoRA on 8 GPUs (paper: 4 epochs, batch 8, all pairs; lr 2e-6 with
+LoRA = 10x the paper's full fine-tuning 2e-7, the default either way):
 
     accelerate launch --config_file sweet/configs/deepspeed_zero2.yaml -m sweet.train_critic \\
         --model hf:meta-llama/Llama-3.1-8B-Instruct --lora true --gradient_checkpointing true \\
         --episodes data/backend_offline.jsonl --tokenize_missing_actions true --tasks builtin:train \\
-        --env backend --output_dir runs/critic-8b --num_epochs 4 --batch_size 8 --micro_batch_size 1 \\
-        --learning_rate 2e-5 --max_length 8192
+        --env backend --output_dir runs/critic-8b --micro_batch_size 1 --max_length 8192
 
 The paper's critic ablations (Sec. 6) are flags of the same trainer; the scorer of
 stage 2 reads them back from `critic_config.json`, so ranking uses the same head,
@@ -53,10 +53,10 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from colbench.envs import defaults_help
-from sweet.core.config import ModelConfig, TrainConfig, fill_env_defaults, parse_configs
+from sweet.core.config import LearningRates, ModelConfig, TrainConfig, fill_env_defaults, lr_field, parse_configs
 from sweet.core.runs import trainer_run
 from sweet.critic.model import DEFAULT_HEADER, HEADS, CriticSpec, CriticTurn
 
@@ -69,7 +69,9 @@ class CriticConfig:
     tasks: str = field(default="", metadata={"help": "tasks the episodes ran on (path or builtin:<split>): source of the training-time information; may be empty when every episode carries meta['task'] (published trajectories)"})
     env: str = field(default="backend", metadata={"help": "environment name: its training_info(task) is c"})
     eval_episodes: str = field(default="", metadata={"help": "comma list of held-out episode files; empty: hold out eval_fraction of the tasks"})
-    eval_fraction: float = field(default=0.1, metadata={"help": "share of tasks (not pairs) held out for pairwise accuracy"})
+    eval_fraction: float = field(default=0.0, metadata={"help": "share of tasks (not pairs) held out for pairwise accuracy "
+                                                                "(default 0: the paper trains on all pairs; no held-out "
+                                                                "metrics then, final_metrics.json is {})"})
     beta: float = field(default=1.0, metadata={"help": "β in A = β·mean(log π_θ − log π_ref); not stated in the paper"})
     length_normalize: bool = field(default=True, metadata={"help": "mean over the action's tokens (paper); false: sum (ablation sweet_sum; paper: 3.6%% success)"})
     training_info: bool = field(default=True, metadata={"help": "add the hidden reference c to the critic's context (paper); false: without it, in training and in scoring (ablation sweet_no_info; paper: 31.2%%); --tasks is then not needed"})
@@ -102,7 +104,11 @@ class CriticConfig:
 class CriticTrainConfig(TrainConfig):
     """TrainConfig with the paper's critic defaults (4 epochs, batch 8 pairs)."""
 
+    LEARNING_RATES: ClassVar[LearningRates] = LearningRates(2e-7, 2e-6, "SWEET-RL paper's one published rate, "
+                                                            "2e-7, full fine-tuning (no critic rate of its own); "
+                                                            "LoRA: 10x, the usual LoRA rule")
     output_dir: str = field(default="runs/critic", metadata={"help": "checkpoints, metrics, final/ and critic_config.json"})
+    learning_rate: float | None = lr_field(LEARNING_RATES)
     num_epochs: int = field(default=4, metadata={"help": "passes over the training pairs (paper: 4)"})
     batch_size: int = field(default=8, metadata={"help": "trajectory pairs per optimiser step across processes (paper: 8)"})
     micro_batch_size: int = field(default=1, metadata={"help": "pairs per forward pass per process (all their turns in one batch)"})
@@ -357,7 +363,7 @@ def _value_model(mcfg: ModelConfig):
 def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict[str, float]:
     """Train the critic on the trainer skeleton (sweet/core/trainer.py); returns the last
     held-out metrics. Rerunning resumes from the last checkpoint (accelerate state)."""
-    from sweet.core.config import save_resolved_config, to_jsonable
+    from sweet.core.config import resolved_config, save_resolved_config
     from sweet.core.models import load_tokenizer, set_seed
     from sweet.core.trainer import Trainer, finished, mark_finished
 
@@ -371,7 +377,7 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
     data = build_data(ccfg, tokenizer, tcfg.seed)
     set_seed(tcfg.seed)  # the initial model (LoRA adapters) is rebuilt identically on a resume
     trainer = Trainer(mcfg, tcfg, tokenizer, model=_value_model(mcfg) if ccfg.head == "value" else None,
-                      run_config=to_jsonable({"critic": ccfg, "model": mcfg, "train": tcfg}), name="critic")
+                      run_config=resolved_config(critic=ccfg, model=mcfg, train=tcfg), name="critic")
     trainer.prepare(trainer.steps_per_epoch(len(data.train_pairs)) * tcfg.num_epochs)
     acc = trainer.accelerator
     # π_ref from the initial model, before `fit` restores a checkpoint

@@ -23,7 +23,7 @@ from colbench.episodes import load_episodes
 from colbench.rollout import episode_seeds
 from colbench.tasks import load_tasks
 from engines import EngineOptions, SamplingParams
-from sweet.algorithms.sweet_rl import ORACLE_CRITIC
+from sweet.algorithms.sweet_rl import ORACLE_CRITIC, first_episodes
 from sweet.algorithms.sweet_rl import main as run_round
 from sweet.core.rollouts import policy_episodes
 
@@ -73,14 +73,14 @@ def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
         episodes.append(str(collect_episodes(final, cfg, cand, rounds, out / "episodes.jsonl", train.seed)))
         critic = retrain_critic(cfg.critic, ",".join(episodes), out / "critic")
         model_cfg = replace(model_cfg, model=str(final))
-        cfg = replace(cfg, episodes=episodes[-1], critic=str(critic), max_episodes=None)
+        cfg = replace(cfg, episodes=episodes[-1], critic=str(critic), max_episodes=None, episode_fraction=1.0)
         final = run_round(model_cfg, replace(train, output_dir=str(out)), cfg, replace(cand, sampler=""), None)
     return final
 
 
 def collect_episodes(policy: Path, cfg, cand, rounds: RoundsConfig, path: Path, seed: int) -> Path:
     """Run the policy on the tasks of the round's episodes (resumable JSONL at `path`)."""
-    task_ids = {ep.task_id for ep in load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]}
+    task_ids = {ep.task_id for ep in first_episodes(load_episodes(cfg.episodes, env=cfg.env), cfg)}
     tasks = [t for t in load_tasks(cfg.tasks, env=cfg.env, validate=False) if t.task_id in task_ids]
     sampling = SamplingParams(temperature=cand.temperature, top_p=cand.top_p, max_new_tokens=cand.max_new_tokens)
     policy_episodes(f"hf:{policy}", tasks, env=cfg.env, simulator=rounds.simulator, sampling=sampling,

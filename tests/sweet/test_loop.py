@@ -137,11 +137,19 @@ def test_defaults_follow_the_environment_and_the_paper(capsys):
     env, _ = load_env_and_tasks(LoopConfig(max_turns=2))
     assert env.max_turns == 2
     env.close()
-    assert LoopTrainConfig().learning_rate == 5e-5
+    from sweet.core.config import ModelConfig, resolve_learning_rate
+
+    # LoRA: the public code's 5e-5; full weights: 1/10 of it (resolved once, after parsing)
+    assert LoopTrainConfig().learning_rate is None
+    assert resolve_learning_rate(ModelConfig(lora=True), LoopTrainConfig()) == 5e-5
+    assert resolve_learning_rate(ModelConfig(), LoopTrainConfig()) == 5e-6
+    assert resolve_learning_rate(ModelConfig(lora=True), LoopTrainConfig(learning_rate=1e-3)) == 1e-3
+    assert LoopConfig().normalize_advantages is True
     with pytest.raises(SystemExit):
         main(["--algorithm", "loop", "--help"])
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
     for flag in ("--advantage", "--kl_coef", "--gae_lambda", "--value_coef", "public code: 5e-5",
+                 "5e-06 for full fine-tuning, 5e-05 with --lora", "--normalize_advantages",
                  "trajectories per optimiser step"):
         assert flag in out
 
@@ -456,3 +464,76 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
     assert "resuming" in res.stdout + res.stderr
     c = _final_weights(killed / "final")
     assert all(torch.equal(b[k], c[k]) for k in b)
+
+
+def test_normalize_advantages_by_hand():
+    from sweet.algorithms.loop import normalize_advantages
+
+    a = torch.tensor([1.0, 0.0, 0.5, 0.5], dtype=torch.float64)
+    n = normalize_advantages(a)
+    assert n.tolist() == pytest.approx(((a - 0.5) / a.std()).tolist())
+    assert float(n.mean()) == pytest.approx(0.0, abs=1e-12) and float(n.std()) == pytest.approx(1.0)
+    assert normalize_advantages(torch.full((3,), 0.7, dtype=torch.float64)).abs().max() == 0
+
+
+def test_ppo_iteration_zero_has_a_baseline(tmp_path, monkeypatch):
+    """The value head starts at zero, so the GAE advantage of every turn is its episode's
+    reward at iteration 0: without normalisation that is REINFORCE without a baseline;
+    normalised (the default) the turns' advantages have mean 0 and std 1."""
+    from sweet.algorithms import loop
+
+    seen = {}
+    original = loop.iteration_update
+
+    def recording(trainer, items, *args, **kwargs):
+        seen["adv"] = [it.advantage for it in items]
+        seen["traj"] = [it.trajectory for it in items]
+        seen["target"] = [it.value_target for it in items]
+        return original(trainer, items, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "iteration_update", recording)
+    raw_update, raw = run_update(tmp_path, "raw", advantage="ppo", normalize_advantages=False)
+    raw_adv, raw_target = seen["adv"], seen["target"]
+    norm_update, norm = run_update(tmp_path, "norm", advantage="ppo")
+    rewards = {0: 1.0, 1: 0.0, 2: 0.5, 3: 0.2, 4: 0.2, 5: 0.9}  # REWARDS by trajectory
+    # V = 0 (zero head): A_t = R exactly for every turn of an episode (multi-turn ones too)
+    assert len(raw_adv) > 6 and raw_adv == pytest.approx([rewards[g] for g in seen["traj"]], abs=1e-6)
+    adv = torch.tensor(seen["adv"], dtype=torch.float64)
+    assert float(adv.mean()) == pytest.approx(0.0, abs=1e-9) and float(adv.std()) == pytest.approx(1.0, abs=1e-6)
+    assert seen["target"] == pytest.approx(raw_target)  # value targets stay the raw returns
+    assert raw["loop/advantage_abs_mean"] == pytest.approx(norm["loop/advantage_abs_mean"])
+    assert not _same(raw_update, norm_update)
+
+
+def test_schedule_ends_at_zero_when_episodes_are_dropped():
+    """The linear decay is planned for every episode (P steps per iteration); an iteration
+    that dropped episodes takes fewer steps, which are spread over its share, and the
+    schedule is moved to the iteration's end: the last step runs near zero and the run
+    ends at zero, as with nothing dropped."""
+    from sweet.algorithms.loop import advance_schedule, schedule_offset
+    from sweet.core.config import TrainConfig
+    from sweet.core.models import make_optimizer
+
+    def run(steps_per_iteration, planned=6):
+        w = torch.nn.Parameter(torch.zeros(1))
+        opt, sched = make_optimizer(None, TrainConfig(learning_rate=1.0), len(steps_per_iteration) * planned,
+                                    optimizer=torch.optim.SGD([w], lr=1.0))
+        used = []
+        for it, n in enumerate(steps_per_iteration):
+            base = sched.last_epoch
+            assert base == it * planned
+            for j in range(n):
+                advance_schedule(sched, base + schedule_offset(j, n, planned))
+                used.append(opt.param_groups[0]["lr"])
+                opt.step()
+                sched.step()
+            advance_schedule(sched, (it + 1) * planned)
+        return used, sched.get_last_lr()[0]
+
+    full, end_full = run([6, 6, 6])
+    assert full == pytest.approx([1 - k / 18 for k in range(18)]) and end_full == 0.0  # plain stepping, unchanged
+    dropped, end = run([2, 3, 0, 1])
+    assert end == 0.0
+    assert dropped == sorted(dropped, reverse=True)  # still a decay
+    assert dropped == pytest.approx([1, 1 - 3 / 24, 1 - 6 / 24, 1 - 8 / 24, 1 - 10 / 24, 1 - 18 / 24])
+    # before: one schedule step per optimiser step, the run would end at 1 - 6/24 = 0.75 of the peak
