@@ -194,7 +194,7 @@ def test_bad_inputs_give_clear_errors(tmp_path, tiny_tokenizer, make_synthetic):
     data = build_data(CriticConfig(episodes=str(with_tasks), tokenize_missing_actions=True, eval_fraction=0.0),
                       tiny_tokenizer, 0)
     assert {t.state.training_info for t in data.turns} == {tasks[0].hidden}  # every secret is "apple"
-    with pytest.raises(ValueError, match="cannot load tokenizer for model 'hf:/nonexistent/model'"):
+    with pytest.raises(ValueError, match="model 'hf:/nonexistent/model': no such folder /nonexistent/model"):
         cli(["--episodes", str(good), "--tasks", str(tasks_file), "--model", "hf:/nonexistent/model",
              "--output_dir", str(tmp_path / "x"), "--report_to", "none"])
     with pytest.raises(ValueError, match="eval_fraction"):
