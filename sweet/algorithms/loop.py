@@ -597,11 +597,12 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
     from simulators import load_simulator
     from sweet.core.config import save_resolved_config, to_jsonable
     from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
-    from sweet.core.trainer import Trainer, finished, mark_finished
+    from sweet.core.fingerprint import begin_run
+    from sweet.core.trainer import Trainer, mark_finished
     from sweet.core.value_head import ValueHeadModel
 
     out = Path(train_cfg.output_dir)
-    if train_cfg.resume and finished(out) is not None:
+    if begin_run(out, {"loop": loop_cfg, "model": model_cfg, "train": train_cfg}, resume=train_cfg.resume) is not None:
         print(f"{out / 'final'} exists: training already finished (use a new output_dir or --resume false)")
         return out / "final"
     env, tasks = load_env_and_tasks(loop_cfg)

@@ -93,7 +93,7 @@ def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     from sweet.core.records import Pair
     from sweet.core.tokens import episode_segments
 
-    if (done := finished_run(train)) is not None:
+    if (done := finished_run(train, model=model_cfg, mtdpo=cfg)) is not None:
         return done
     run_config = save_resolved_config(train.output_dir, algorithm="mtdpo", model=model_cfg, train=train, mtdpo=cfg)
     episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]

@@ -78,7 +78,7 @@ def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
     from sweet.core.config import save_resolved_config
     from sweet.core.models import load_tokenizer
 
-    if (done := finished_run(train)) is not None:
+    if (done := finished_run(train, model=model_cfg, rft=cfg)) is not None:
         return done
     run_config = save_resolved_config(train.output_dir, algorithm="rft", model=model_cfg, train=train, rft=cfg)
     episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]

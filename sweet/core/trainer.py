@@ -206,9 +206,17 @@ class Trainer:
         return frozen and self.accelerator.distributed_type not in (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
     def restore(self) -> dict[str, Any] | None:
-        """Load the latest checkpoint of output_dir (when `train.resume`); returns its
-        state (with "step"), or None on a fresh start. Cuts metrics.jsonl to match."""
-        ckpt = latest_checkpoint(self.out) if self.train.resume else None
+        """Load the newest checkpoint of output_dir that loads (when `train.resume`;
+        a damaged newer one is skipped with a warning); returns its state (with "step"),
+        or None on a fresh start. Cuts metrics.jsonl to match."""
+        ckpt = None
+        if self.train.resume:
+            for candidate in sorted(checkpoints(self.out), key=_ckpt_step, reverse=True):
+                problem = checkpoint_problem(candidate)
+                if problem is None:
+                    ckpt = candidate
+                    break
+                self.accelerator.print(f"WARNING: skipping {candidate}: {problem}")
         if ckpt is None:
             if self.is_main:
                 trim_metrics(self.out / "metrics.jsonl", -1)  # no rows from an earlier attempt
@@ -421,13 +429,51 @@ def _ckpt_step(p: Path) -> int:
     return int(p.name.split("-")[-1])
 
 
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    ckpts = [p for p in checkpoints(output_dir) if (p / STATE_FILE).exists()]
-    return max(ckpts, key=_ckpt_step) if ckpts else None
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """Why `ckpt` would not load (a kill or a full disk mid-write), or None. Cheap checks
+    that catch truncation: state.json parses, every safetensors file's header matches its
+    size, every torch.save file (optimizer.bin, scheduler.bin, RNG states) is a whole zip."""
+    import zipfile
+
+    try:
+        state = json.loads((ckpt / STATE_FILE).read_text())
+        int(state["step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{STATE_FILE} unreadable ({type(e).__name__}: {e})"
+    for f in sorted(ckpt.rglob("*")):
+        if not f.is_file():
+            continue
+        try:
+            if f.suffix == ".safetensors":
+                _check_safetensors(f)
+            elif f.suffix in (".bin", ".pt", ".pkl", ".pth"):
+                with zipfile.ZipFile(f) as z:
+                    z.infolist()
+        except Exception as e:  # any library's error for a damaged file means: not this checkpoint
+            return f"{f.name} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return None
+
+
+def _check_safetensors(path: Path) -> None:
+    """The header parses and the data it describes fits the file (a truncated file fails)."""
+    import struct
+
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if 8 + n > size:
+            raise ValueError(f"header of {n} bytes does not fit {size} bytes")
+        header = json.loads(f.read(n))
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        raise ValueError(f"holds {size} bytes, its header describes {8 + n + end}")
 
 
 def trim_metrics(path: Path, last_step: int) -> None:
-    """Drop rows logged after the checkpoint we resume from (they are logged again)."""
+    """Drop rows logged after the checkpoint we resume from (they are logged again), and
+    a torn last line (a kill mid-write), as colbench/jsonl.py cuts a torn episode line."""
+    from colbench.jsonl import read_rows
+
     if path.exists():
-        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-        path.write_text("".join(r + "\n" for r in rows))
+        rows = read_rows(path, lambda row: row, what="metrics row")
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= last_step))
