@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from colbench.types import Episode
 from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION
-from sweet.core.config import ModelConfig, TrainConfig
+from sweet.core.config import ModelConfig, TrainConfig, check_range
 
 if TYPE_CHECKING:
     import torch
@@ -114,6 +114,13 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.k < 2:
             raise ValueError(f"LoopConfig.k must be >= 2 for leave-one-out advantages, got {self.k}")
+        for name in ("iterations", "tasks_per_iteration", "ppo_epochs", "max_new_tokens"):
+            check_range(self, name, low=1)
+        for name in ("clip_low", "clip_high", "gae_lambda", "value_coef", "kl_coef", "min_abs_advantage"):
+            check_range(self, name)  # finite
+        check_range(self, "temperature", low=0)
+        check_range(self, "max_logprob_gap", low=0, strict=True)
+        check_range(self, "sampler_gpu_memory_utilization", low=0, high=1, strict=True)
         if self.ratio_level not in ("token", "turn", "trajectory"):
             raise ValueError(f"LoopConfig.ratio_level must be token, turn or trajectory, got {self.ratio_level!r}")
         if self.advantage not in ADVANTAGES:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from colbench.envs import defaults_help
 from sweet.algorithms.policy_trainer import PolicyTrainConfig
-from sweet.core.config import ModelConfig, fill_env_defaults
+from sweet.core.config import ModelConfig, check_range, fill_env_defaults
 
 PAIRINGS = ("paper", "best_vs_worst")
 
@@ -50,6 +50,8 @@ class MTDPOConfig:
 
     def __post_init__(self) -> None:
         fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
+        for name in ("success_threshold", "min_reward_gap", "beta", "nll_coef"):
+            check_range(self, name)  # finite
         if not self.episodes:
             raise ValueError("MTDPOConfig.episodes is required: give --episodes <file.jsonl>")
         if self.pairing not in PAIRINGS:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from colbench.envs import defaults_help
 from sweet.algorithms.policy_trainer import PolicyTrainConfig
-from sweet.core.config import ModelConfig, fill_env_defaults
+from sweet.core.config import ModelConfig, check_range, fill_env_defaults
 
 
 @dataclass
@@ -39,6 +39,8 @@ class RFTConfig:
 
     def __post_init__(self) -> None:
         fill_env_defaults(self, success_threshold="success_threshold", top_fraction="rft_top_fraction")
+        check_range(self, "success_threshold")  # finite
+        check_range(self, "top_fraction")
         if not self.episodes:
             raise ValueError("RFTConfig.episodes is required: give --episodes <file.jsonl>")
         if not 0.0 < self.top_fraction <= 1.0:

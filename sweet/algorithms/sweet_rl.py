@@ -52,7 +52,7 @@ from typing import Protocol, Sequence
 
 from colbench.jsonl import Appender
 from sweet.algorithms.policy_trainer import PolicyTrainConfig
-from sweet.core.config import ModelConfig
+from sweet.core.config import ModelConfig, check_range
 from sweet.core.records import Candidate, CandidatesRow, Pair, SampledAction, State, read_candidates, state_key
 
 STAGES = ("all", "sample", "train")
@@ -78,6 +78,9 @@ class SweetConfig:
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen action's per-token NLL (paper: 0.01)"})
 
     def __post_init__(self) -> None:
+        for name in ("beta", "nll_coef"):
+            check_range(self, name)  # finite
+        check_range(self, "max_episodes", low=1)
         for name in ("episodes", "tasks"):
             if not getattr(self, name):
                 raise ValueError(f"SweetConfig.{name} is required: give --{name}")
@@ -107,6 +110,10 @@ class CandidateConfig:
     sampler_gpu_memory_utilization: float = field(default=0.6, metadata={"help": "vllm sampler: GPU memory share (the critic shares the GPU)"})
 
     def __post_init__(self) -> None:
+        check_range(self, "temperature")  # finite
+        check_range(self, "top_p", low=0, high=1, strict=True)
+        check_range(self, "sampler_gpu_memory_utilization", low=0, high=1, strict=True)
+        check_range(self, "sampler_tensor_parallel", low=1)
         for name in ("num_candidates", "max_new_tokens", "sample_batch_size", "sampler_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"CandidateConfig.{name} must be >= 1, got {getattr(self, name)}")

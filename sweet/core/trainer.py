@@ -45,8 +45,11 @@ output_dir/checkpoint-<step>/ plus state.json (the step and the caller's state);
 `keep` are kept. With frozen weights (LoRA; not under FSDP/DeepSpeed) only the trainable
 ones are saved. Resuming: the model is built with its initial weights and prepared
 (anything computed from the initial model, like DPO reference log-probs, is computed
-then), then `restore()` loads the latest checkpoint and cuts metrics.jsonl back to its
-step (a fresh start empties it). The final model goes to output_dir/final in HF format
+then), then `restore()` loads the newest checkpoint that loads (a damaged newer one, e.g. a
+file torn by a kill or a full disk, is skipped with a warning: `checkpoint_problem`) and
+cuts metrics.jsonl back to its step (a fresh start empties it; a torn last row is cut).
+That the folder holds THIS run is checked before, by every trainer's `begin_run`
+(sweet/core/fingerprint.py), which also moves an earlier run aside on a fresh start. The final model goes to output_dir/final in HF format
 (a LoRA run also writes final-adapter/ and merges a copy: training can go on).
 """
 

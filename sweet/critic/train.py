@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from colbench.envs import defaults_help
-from sweet.core.config import ModelConfig, TrainConfig, fill_env_defaults, parse_configs
+from sweet.core.config import ModelConfig, TrainConfig, check_range, fill_env_defaults, parse_configs
 from sweet.critic.model import DEFAULT_HEADER, HEADS, CriticSpec, CriticTurn
 
 
@@ -83,6 +83,8 @@ class CriticConfig:
 
     def __post_init__(self) -> None:
         fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
+        for name in ("success_threshold", "min_reward_gap", "beta", "nll_coef", "eval_fraction"):
+            check_range(self, name)  # finite
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"CriticConfig.eval_fraction must be in [0, 1), got {self.eval_fraction}")
         if self.beta <= 0:
