@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from colbench.types import Episode
 from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION
-from sweet.core.config import LearningRates, ModelConfig, TrainConfig, lr_field
+from sweet.core.config import LearningRates, ModelConfig, TrainConfig, check_range, lr_field
 
 if TYPE_CHECKING:
     import torch
@@ -133,6 +133,13 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.k < 2:
             raise ValueError(f"LoopConfig.k must be >= 2 for leave-one-out advantages, got {self.k}")
+        for name in ("iterations", "tasks_per_iteration", "ppo_epochs", "max_new_tokens"):
+            check_range(self, name, low=1)
+        for name in ("clip_low", "clip_high", "gae_lambda", "value_coef", "kl_coef", "min_abs_advantage"):
+            check_range(self, name)  # finite
+        check_range(self, "temperature", low=0)
+        check_range(self, "max_logprob_gap", low=0, strict=True)
+        check_range(self, "sampler_gpu_memory_utilization", low=0, high=1, strict=True)
         if self.ratio_level not in ("token", "turn", "trajectory"):
             raise ValueError(f"LoopConfig.ratio_level must be token, turn or trajectory, got {self.ratio_level!r}")
         if self.advantage not in ADVANTAGES:
@@ -658,12 +665,13 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
 
     from simulators import load_simulator
     from sweet.core.config import resolved_config, save_resolved_config
+    from sweet.core.fingerprint import begin_run
     from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
-    from sweet.core.trainer import Trainer, finished, mark_finished
+    from sweet.core.trainer import Trainer, mark_finished
     from sweet.core.value_head import ValueHeadModel
 
     out = Path(train_cfg.output_dir)
-    if train_cfg.resume and finished(out) is not None:
+    if begin_run(out, {"loop": loop_cfg, "model": model_cfg, "train": train_cfg}, resume=train_cfg.resume) is not None:
         print(f"{out / 'final'} exists: training already finished (use a new output_dir or --resume false)")
         return out / "final"
     env, tasks = load_env_and_tasks(loop_cfg)

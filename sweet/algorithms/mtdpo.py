@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from colbench.envs import defaults_help
 from sweet.algorithms.policy_trainer import PolicyTrainConfig
-from sweet.core.config import LearningRates, ModelConfig, fill_env_defaults, lr_field
+from sweet.core.config import LearningRates, ModelConfig, check_range, fill_env_defaults, lr_field
 
 PAIRINGS = ("paper", "best_vs_worst")
 
@@ -52,6 +52,8 @@ class MTDPOConfig:
 
     def __post_init__(self) -> None:
         fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
+        for name in ("success_threshold", "min_reward_gap", "beta", "nll_coef"):
+            check_range(self, name)  # finite
         if not self.episodes:
             raise ValueError("MTDPOConfig.episodes is required: give --episodes <file.jsonl>")
         if self.pairing not in PAIRINGS:
@@ -98,7 +100,7 @@ def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     from sweet.core.records import Pair
     from sweet.core.tokens import episode_segments
 
-    if (done := finished_run(train)) is not None:
+    if (done := finished_run(train, model=model_cfg, mtdpo=cfg)) is not None:
         return done
     run_config = save_resolved_config(train.output_dir, algorithm="mtdpo", model=model_cfg, train=train, mtdpo=cfg)
     episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]

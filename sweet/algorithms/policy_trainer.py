@@ -108,10 +108,13 @@ def reference_logps(trainer, pairs: Sequence[Pair], path: Path):
 
     key = pairs_key(pairs, trainer.model_cfg)
     if path.exists():
-        cached = json.loads(path.read_text())
-        if isinstance(cached, dict) and cached.get("key") == key:
-            return torch.tensor(cached["logps"], dtype=torch.float64)
-        trainer.accelerator.print(f"{path}: computed for other pairs or another model; recomputing")
+        try:
+            cached = json.loads(path.read_text())
+            if isinstance(cached, dict) and cached.get("key") == key:
+                return torch.tensor(cached["logps"], dtype=torch.float64).reshape(len(pairs), 2)
+            trainer.accelerator.print(f"{path}: computed for other pairs or another model; recomputing")
+        except (ValueError, TypeError, RuntimeError) as e:  # torn or edited: a cache, recomputed
+            trainer.accelerator.print(f"WARNING: {path} does not load ({type(e).__name__}: {e}); recomputing")
     acc, micro = trainer.accelerator, trainer.train.micro_batch_size
     pad_id = int(trainer.tokenizer.pad_token_id)
     mine = list(range(acc.process_index, len(pairs), acc.num_processes))
@@ -133,17 +136,21 @@ def reference_logps(trainer, pairs: Sequence[Pair], path: Path):
         out[i, 0], out[i, 1] = c, r
     if acc.is_main_process:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "logps": out.tolist()}))
+        tmp = path.with_name(path.name + ".tmp")  # renamed into place: a kill never leaves half a cache
+        tmp.write_text(json.dumps({"key": key, "logps": out.tolist()}))
+        tmp.replace(path)
     acc.wait_for_everyone()
     return out
 
 
-def finished_run(train: TrainConfig) -> Path | None:
-    """output_dir/final when this output_dir holds a finished run (and `train.resume`)."""
-    from sweet.core.trainer import finished
+def finished_run(train: TrainConfig, keep: tuple[str, ...] = (), **configs: Any) -> Path | None:
+    """Check output_dir against this run (sweet/core/fingerprint.py: another run's
+    settings stop it, a fresh start moves an earlier run aside); output_dir/final when
+    this same run is already finished."""
+    from sweet.core.fingerprint import begin_run
 
     final = Path(train.output_dir) / "final"
-    if train.resume and finished(train.output_dir) is not None:
+    if begin_run(train.output_dir, {**configs, "train": train}, resume=train.resume, keep=keep) is not None:
         print(f"{final} exists: training already finished (use a new output_dir or --resume false)")
         return final
     return None

@@ -24,7 +24,7 @@ from typing import ClassVar
 
 from colbench.envs import defaults_help
 from sweet.algorithms.policy_trainer import PolicyTrainConfig
-from sweet.core.config import LearningRates, ModelConfig, fill_env_defaults, lr_field
+from sweet.core.config import LearningRates, ModelConfig, check_range, fill_env_defaults, lr_field
 
 
 @dataclass
@@ -40,6 +40,8 @@ class RFTConfig:
 
     def __post_init__(self) -> None:
         fill_env_defaults(self, success_threshold="success_threshold", top_fraction="rft_top_fraction")
+        check_range(self, "success_threshold")  # finite
+        check_range(self, "top_fraction")
         if not self.episodes:
             raise ValueError("RFTConfig.episodes is required: give --episodes <file.jsonl>")
         if not 0.0 < self.top_fraction <= 1.0:
@@ -82,7 +84,7 @@ def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
     from sweet.core.config import save_resolved_config
     from sweet.core.models import load_tokenizer
 
-    if (done := finished_run(train)) is not None:
+    if (done := finished_run(train, model=model_cfg, rft=cfg)) is not None:
         return done
     run_config = save_resolved_config(train.output_dir, algorithm="rft", model=model_cfg, train=train, rft=cfg)
     episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]

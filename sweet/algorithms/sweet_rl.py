@@ -57,7 +57,7 @@ from typing import ClassVar, Protocol, Sequence
 
 from colbench.jsonl import Appender
 from sweet.algorithms.policy_trainer import PolicyTrainConfig
-from sweet.core.config import LearningRates, ModelConfig, lr_field
+from sweet.core.config import LearningRates, ModelConfig, check_range, lr_field
 from sweet.core.records import Candidate, CandidatesRow, Pair, SampledAction, State, read_candidates, state_key
 
 STAGES = ("all", "sample", "train")
@@ -87,6 +87,9 @@ class SweetConfig:
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen action's per-token NLL (paper: 0.01)"})
 
     def __post_init__(self) -> None:
+        for name in ("beta", "nll_coef"):
+            check_range(self, name)  # finite
+        check_range(self, "max_episodes", low=1)
         for name in ("episodes", "tasks"):
             if not getattr(self, name):
                 raise ValueError(f"SweetConfig.{name} is required: give --{name}")
@@ -120,6 +123,10 @@ class CandidateConfig:
     sampler_gpu_memory_utilization: float = field(default=0.6, metadata={"help": "vllm sampler: GPU memory share (the critic shares the GPU)"})
 
     def __post_init__(self) -> None:
+        check_range(self, "temperature")  # finite
+        check_range(self, "top_p", low=0, high=1, strict=True)
+        check_range(self, "sampler_gpu_memory_utilization", low=0, high=1, strict=True)
+        check_range(self, "sampler_tensor_parallel", low=1)
         for name in ("num_candidates", "max_new_tokens", "sample_batch_size", "sampler_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"CandidateConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -183,21 +190,28 @@ def sampling_settings(model_cfg: ModelConfig, cfg: SweetConfig, cand: CandidateC
     return settings
 
 
+def sampling_changes(path: Path, model_cfg: ModelConfig, cfg: SweetConfig, cand: CandidateConfig,
+                     seed: int) -> dict[str, str]:
+    """`setting: old -> new` where candidates.jsonl's recorded settings differ from these."""
+    settings = sampling_settings(model_cfg, cfg, cand, seed)
+    side = path.with_name(SAMPLING_FILE)
+    if not side.exists():
+        return {}
+    old = json.loads(side.read_text())
+    return {k: f"{old.get(k)!r} -> {v!r}" for k, v in settings.items() if old.get(k) != v}
+
+
 def check_sampling_settings(path: Path, model_cfg: ModelConfig, cfg: SweetConfig, cand: CandidateConfig,
                             seed: int) -> None:
     """A rerun appends to candidates.jsonl only with the settings it was sampled with
     (stale candidates from another sampler, K or critic would be mixed in silently);
     they are kept in candidates.settings.json beside it."""
-    settings = sampling_settings(model_cfg, cfg, cand, seed)
-    side = path.with_name(SAMPLING_FILE)
-    if side.exists():
-        old = json.loads(side.read_text())
-        changed = {k: f"{old.get(k)!r} -> {v!r}" for k, v in settings.items() if old.get(k) != v}
-        if changed:
-            raise ValueError(f"{path} was sampled with other settings ({changed}); delete it and {side.name} "
-                             "or use a new --output_dir")
+    changed = sampling_changes(path, model_cfg, cfg, cand, seed)
+    if changed:
+        raise ValueError(f"{path} was sampled with other settings ({changed}); delete it and {SAMPLING_FILE} "
+                         "or use a new --output_dir")
     path.parent.mkdir(parents=True, exist_ok=True)
-    side.write_text(json.dumps(settings, indent=2))
+    path.with_name(SAMPLING_FILE).write_text(json.dumps(sampling_settings(model_cfg, cfg, cand, seed), indent=2))
 
 
 class StoredSamples:
@@ -388,11 +402,17 @@ def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand
     cand = cand or CandidateConfig()
     out = Path(train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if (done := finished_run(train)) is not None:
+    path = out / CANDIDATES_FILE
+    # candidates of other sampling settings: a resume names them; a fresh start moves them aside with
+    # the rest of the earlier run, and keeps them (a cache of these same settings) otherwise
+    same_samples = not sampling_changes(path, model_cfg, cfg, cand, train.seed)
+    if train.resume and not same_samples:
+        check_sampling_settings(path, model_cfg, cfg, cand, train.seed)  # raises, naming the changes
+    keep = (CANDIDATES_FILE, SAMPLING_FILE) if same_samples else ()
+    if (done := finished_run(train, keep=keep, model=model_cfg, sweet=cfg, candidates=cand)) is not None:
         return done
     run_config = save_resolved_config(out, algorithm="sweet", model=model_cfg, train=train, sweet=cfg, candidates=cand)
     states = load_states(cfg)
-    path = out / CANDIDATES_FILE
     proc = process_state()  # on CPU, PartialState() alone would leave each process on its own
     if cfg.stage != "train":
         done = read_candidates(path)

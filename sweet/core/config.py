@@ -8,6 +8,8 @@ Model loading, the optimiser and seeding are sweet/core/models.py; the loop itse
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
@@ -32,8 +34,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"ModelConfig.dtype must be auto/float32/bfloat16/float16, got {self.dtype!r}")
-        if self.max_length < 16:
-            raise ValueError(f"ModelConfig.max_length must be >= 16, got {self.max_length}")
+        check_range(self, "max_length", low=16)
+        check_range(self, "keep_head", low=0)
+        check_range(self, "lora_r", low=1)
+        check_range(self, "lora_alpha", low=0, strict=True)
+        check_range(self, "lora_dropout", low=0, high=1, strict_high=True)
 
 
 @dataclass(frozen=True)
@@ -81,10 +86,29 @@ class TrainConfig:
     resume: bool = field(default=True, metadata={"help": "resume from the last checkpoint in output_dir"})
 
     def __post_init__(self) -> None:
-        if self.learning_rate is not None and self.learning_rate <= 0:
-            raise ValueError(f"TrainConfig.learning_rate must be > 0, got {self.learning_rate}")
-        if self.batch_size < 1 or self.micro_batch_size < 1:
-            raise ValueError("TrainConfig.batch_size and micro_batch_size must be >= 1")
+        check_range(self, "learning_rate", low=0, strict=True)
+        for name in ("num_epochs", "batch_size", "micro_batch_size", "logging_steps"):
+            check_range(self, name, low=1)
+        check_range(self, "weight_decay", low=0)
+        check_range(self, "warmup_ratio", low=0, high=1, strict_high=True)
+        check_range(self, "max_grad_norm", low=0, strict=True)
+
+
+def check_range(cfg: Any, name: str, *, low: float | None = None, high: float | None = None, strict: bool = False,
+                strict_high: bool = False) -> None:
+    """Refuse `cfg.<name>` unless it is a finite number in [low, high] (`strict`: low
+    excluded, `strict_high`: high excluded), naming the field and the value. A value of
+    None (an optional field left unset) passes."""
+    value = getattr(cfg, name)
+    if value is None:
+        return
+    where = f"{type(cfg).__name__}.{name}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number, got {value!r}")
+    if low is not None and (value <= low if strict else value < low):
+        raise ValueError(f"{where} must be {'>' if strict else '>='} {low:g}, got {value!r}")
+    if high is not None and (value >= high if strict_high else value > high):
+        raise ValueError(f"{where} must be {'<' if strict_high else '<='} {high:g}, got {value!r}")
 
 
 def parse_configs(types: Sequence[type], argv: list[str] | None = None, description: str | None = None):
@@ -164,11 +188,34 @@ def resolved_config(**configs: Any) -> dict[str, Any]:
     return {name: to_jsonable(c) for name, c in configs.items()}
 
 
+PATH_FIELDS = ("model", "episodes", "eval_episodes", "tasks", "critic", "reuse_candidates")
+
+
+def resolve_local(value: str) -> str:
+    """A spec or comma list with each local file/folder made absolute (`hf:<path>` too);
+    hub ids, `tiny`, `builtin:`/`hf:<hub id>` and the like stay as they are."""
+    def one(part: str) -> str:
+        prefix, rest = ("hf:", part[3:]) if part.startswith("hf:") else ("", part)
+        return prefix + os.path.abspath(rest) if rest and Path(rest).exists() else part
+
+    return ",".join(one(p.strip()) for p in value.split(",")) if value else value
+
+
+def resolved_paths(data: Any) -> Any:
+    """`to_jsonable` output with every PATH_FIELDS value made absolute where local, so a
+    saved config still names the same files when read from another folder."""
+    if isinstance(data, dict):
+        return {k: resolve_local(v) if k in PATH_FIELDS and isinstance(v, str) else resolved_paths(v)
+                for k, v in data.items()}
+    return data
+
+
 def save_resolved_config(output_dir: str | Path, **configs: Any) -> dict[str, Any]:
-    """Write every config beside the outputs (config.json, with the command line) and
-    return them as plain data: the run config every trainer hands its trackers."""
+    """Write every config beside the outputs (config.json, with the command line; local
+    model/data paths absolute) and return them as plain data: the run config every
+    trainer hands its trackers."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = resolved_config(**configs)
+    data = {name: resolved_paths(c) for name, c in resolved_config(**configs).items()}
     (out / "config.json").write_text(json.dumps({**data, "argv": sys.argv}, indent=2))
     return data

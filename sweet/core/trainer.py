@@ -45,8 +45,11 @@ output_dir/checkpoint-<step>/ plus state.json (the step and the caller's state);
 `keep` are kept. With frozen weights (LoRA; not under FSDP/DeepSpeed) only the trainable
 ones are saved. Resuming: the model is built with its initial weights and prepared
 (anything computed from the initial model, like DPO reference log-probs, is computed
-then), then `restore()` loads the latest checkpoint and cuts metrics.jsonl back to its
-step (a fresh start empties it). The final model goes to output_dir/final in HF format
+then), then `restore()` loads the newest checkpoint that loads (a damaged newer one, e.g. a
+file torn by a kill or a full disk, is skipped with a warning: `checkpoint_problem`) and
+cuts metrics.jsonl back to its step (a fresh start empties it; a torn last row is cut).
+That the folder holds THIS run is checked before, by every trainer's `begin_run`
+(sweet/core/fingerprint.py), which also moves an earlier run aside on a fresh start. The final model goes to output_dir/final in HF format
 (a LoRA run also writes final-adapter/ and merges a copy: training can go on).
 """
 
@@ -266,9 +269,17 @@ class Trainer:
         return frozen and self.accelerator.distributed_type not in (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
     def restore(self) -> dict[str, Any] | None:
-        """Load the latest checkpoint of output_dir (when `train.resume`); returns its
-        state (with "step"), or None on a fresh start. Cuts metrics.jsonl to match."""
-        ckpt = latest_checkpoint(self.out) if self.train.resume else None
+        """Load the newest checkpoint of output_dir that loads (when `train.resume`;
+        a damaged newer one is skipped with a warning); returns its state (with "step"),
+        or None on a fresh start. Cuts metrics.jsonl to match."""
+        ckpt = None
+        if self.train.resume:
+            for candidate in sorted(checkpoints(self.out), key=_ckpt_step, reverse=True):
+                problem = checkpoint_problem(candidate)
+                if problem is None:
+                    ckpt = candidate
+                    break
+                self.accelerator.print(f"WARNING: skipping {candidate}: {problem}")
         if ckpt is None:
             if self.is_main:
                 trim_metrics(self.out / "metrics.jsonl", -1)  # no rows from an earlier attempt
@@ -481,13 +492,51 @@ def _ckpt_step(p: Path) -> int:
     return int(p.name.split("-")[-1])
 
 
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    ckpts = [p for p in checkpoints(output_dir) if (p / STATE_FILE).exists()]
-    return max(ckpts, key=_ckpt_step) if ckpts else None
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """Why `ckpt` would not load (a kill or a full disk mid-write), or None. Cheap checks
+    that catch truncation: state.json parses, every safetensors file's header matches its
+    size, every torch.save file (optimizer.bin, scheduler.bin, RNG states) is a whole zip."""
+    import zipfile
+
+    try:
+        state = json.loads((ckpt / STATE_FILE).read_text())
+        int(state["step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{STATE_FILE} unreadable ({type(e).__name__}: {e})"
+    for f in sorted(ckpt.rglob("*")):
+        if not f.is_file():
+            continue
+        try:
+            if f.suffix == ".safetensors":
+                _check_safetensors(f)
+            elif f.suffix in (".bin", ".pt", ".pkl", ".pth"):
+                with zipfile.ZipFile(f) as z:
+                    z.infolist()
+        except Exception as e:  # any library's error for a damaged file means: not this checkpoint
+            return f"{f.name} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return None
+
+
+def _check_safetensors(path: Path) -> None:
+    """The header parses and the data it describes fits the file (a truncated file fails)."""
+    import struct
+
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if 8 + n > size:
+            raise ValueError(f"header of {n} bytes does not fit {size} bytes")
+        header = json.loads(f.read(n))
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        raise ValueError(f"holds {size} bytes, its header describes {8 + n + end}")
 
 
 def trim_metrics(path: Path, last_step: int) -> None:
-    """Drop rows logged after the checkpoint we resume from (they are logged again)."""
+    """Drop rows logged after the checkpoint we resume from (they are logged again), and
+    a torn last line (a kill mid-write), as colbench/jsonl.py cuts a torn episode line."""
+    from colbench.jsonl import read_rows
+
     if path.exists():
-        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-        path.write_text("".join(r + "\n" for r in rows))
+        rows = read_rows(path, lambda row: row, what="metrics row")
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= last_step))

@@ -56,7 +56,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from colbench.envs import defaults_help
-from sweet.core.config import LearningRates, ModelConfig, TrainConfig, fill_env_defaults, lr_field, parse_configs
+from sweet.core.config import (
+    LearningRates,
+    ModelConfig,
+    TrainConfig,
+    check_range,
+    fill_env_defaults,
+    lr_field,
+    parse_configs,
+)
 from sweet.core.runs import trainer_run
 from sweet.critic.model import DEFAULT_HEADER, HEADS, CriticSpec, CriticTurn
 
@@ -86,6 +94,8 @@ class CriticConfig:
 
     def __post_init__(self) -> None:
         fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
+        for name in ("success_threshold", "min_reward_gap", "beta", "nll_coef", "eval_fraction"):
+            check_range(self, name)  # finite
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"CriticConfig.eval_fraction must be in [0, 1), got {self.eval_fraction}")
         if self.beta <= 0:
@@ -267,11 +277,13 @@ def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: Cr
     key = {"model": mcfg.model, "dtype": mcfg.dtype, "max_length": mcfg.max_length, "keep_head": mcfg.keep_head,
            "header": ccfg.header, "training_info": ccfg.training_info, "turns": digest}
     if path.exists():
-        blob = torch.load(path, weights_only=False)
-        if blob["key"] == key:
-            return blob["sums"].to(accelerator.device)
-        if accelerator.is_main_process:
-            print(f"{path} was computed for other turns or settings; recomputing")
+        try:
+            blob = torch.load(path, weights_only=False)
+            if blob["key"] == key and len(blob["sums"]) == len(data.turns):
+                return blob["sums"].to(accelerator.device)
+            accelerator.print(f"{path} was computed for other turns or settings; recomputing")
+        except Exception as e:  # torn or foreign (any unpickling error): a cache, recomputed
+            accelerator.print(f"WARNING: {path} does not load ({type(e).__name__}: {e}); recomputing")
     unwrapped = accelerator.unwrap_model(model)
     ctx = unwrapped.disable_adapter() if hasattr(unwrapped, "disable_adapter") else contextlib.nullcontext()
     with ctx:
@@ -279,7 +291,9 @@ def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: Cr
                                    ccfg, desc="π_ref log-probs")
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
-        torch.save({"key": key, "sums": sums.cpu()}, path)
+        tmp = path.with_name(path.name + ".tmp")  # renamed into place: a kill never leaves half a cache
+        torch.save({"key": key, "sums": sums.cpu()}, tmp)
+        tmp.replace(path)
     accelerator.wait_for_everyone()
     return sums
 
@@ -363,12 +377,13 @@ def _value_model(mcfg: ModelConfig):
 def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict[str, float]:
     """Train the critic on the trainer skeleton (sweet/core/trainer.py); returns the last
     held-out metrics. Rerunning resumes from the last checkpoint (accelerate state)."""
-    from sweet.core.config import resolved_config, save_resolved_config
+    from sweet.core.config import resolve_local, resolved_config, save_resolved_config
+    from sweet.core.fingerprint import begin_run
     from sweet.core.models import load_tokenizer, set_seed
-    from sweet.core.trainer import Trainer, finished, mark_finished
+    from sweet.core.trainer import Trainer, mark_finished
 
     out = Path(tcfg.output_dir)
-    if tcfg.resume and finished(out) is not None:
+    if begin_run(out, {"critic": ccfg, "model": mcfg, "train": tcfg}, resume=tcfg.resume) is not None:
         print(f"{out} holds a finished critic: not retraining (use a new output_dir or --resume false)")
         return json.loads((out / "final_metrics.json").read_text())
     tokenizer = load_tokenizer(mcfg.model)
@@ -405,7 +420,7 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
     if acc.is_main_process:
         value_lora = ccfg.head == "value" and mcfg.lora  # the adapter and the head both in final/
         CriticSpec(beta=ccfg.beta, length_normalize=ccfg.length_normalize, header=ccfg.header,
-                   reference_model=mcfg.model, eos_token_id=tokenizer.eos_token_id, lora=mcfg.lora,
+                   reference_model=resolve_local(mcfg.model), eos_token_id=tokenizer.eos_token_id, lora=mcfg.lora,
                    adapter_dir=("final" if value_lora else "final-adapter") if mcfg.lora else None, dtype=mcfg.dtype,
                    max_length=mcfg.max_length, keep_head=mcfg.keep_head, env=ccfg.env, head=ccfg.head,
                    training_info=ccfg.training_info).save(out)
