@@ -245,7 +245,7 @@ def run_ours(args, algo: str, device: str, out: str, clock) -> dict:
     ref_s = None
     if algo == "dpo":
         start = clock()
-        ref = reference_logps(trainer, pairs, Path(out) / "ref_logps.json")
+        ref = reference_logps(trainer, pairs, Path(out) / "ref_logprobs.pt")
         ref_s = clock() - start
         loss_fn, count_fn, key = dpo_loss_fn(pairs, ref, model_cfg, pad, args.beta, args.nll_coef), None, "loss/total"
     else:

@@ -68,18 +68,18 @@ Departures from the paper / its public code, stated:
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from colbench.types import Episode
 from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION
 from sweet.core.config import LearningRates, ModelConfig, TrainConfig, check_range, lr_field
+from sweet.core.scoring import sharded_scores
 
 if TYPE_CHECKING:
     import torch
@@ -336,43 +336,17 @@ def _action_rows(logp: torch.Tensor, batch) -> list[torch.Tensor]:
     return [logp[i, batch.action_mask[i].bool()] for i in range(logp.shape[0])]
 
 
-def _no_grad(fn):
-    """torch.no_grad() as a decorator without importing torch with the module (--help)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        import torch
-
-        with torch.no_grad():
-            return fn(*args, **kwargs)
-    return wrapper
-
-
 # ---- the update ----------------------------------------------------------------------
 
 
-def _sharded(acc, n: int, micro: int) -> tuple[list[int], int]:
-    """This process's share of n items (r::world) and the micro-batch count every process runs."""
-    mine = list(range(acc.process_index, n, acc.num_processes))
-    return mine, max(1, math.ceil(math.ceil(n / acc.num_processes) / micro))
-
-
-@_no_grad
 def score_items(model, items: Sequence[LoopTurn], acc, pad_id: int, model_cfg: ModelConfig, micro: int,
                 with_value: bool = False, ref=None) -> list[tuple[torch.Tensor, torch.Tensor | None, float | None]]:
-    """(log π [A], log π_ref [A] or None, V(s_t) or None) per item, the items dealt across
-    processes and gathered; every process runs the same number of forwards (FSDP)."""
-    from accelerate.utils import gather_object
-
+    """(log π [A], log π_ref [A] or None, V(s_t) or None) per item, no grad, the items dealt
+    across processes and gathered (sweet.core.scoring.sharded_scores)."""
     from sweet.core.logprobs import token_logprobs
 
-    was_training = model.training
-    model.eval()
-    mine, n_chunks = _sharded(acc, len(items), micro)
-    device = acc.device
-    local = []
-    for c in range(n_chunks):
-        idx = mine[c * micro: (c + 1) * micro]
-        batch = _batch([items[i] for i in (idx or [0])], pad_id, model_cfg).to(device)
+    def score(idx: list[int]):
+        batch = _batch([items[i] for i in idx], pad_id, model_cfg).to(acc.device)
         logp, values = _forward(model, batch, with_value)
         ref_rows: list = [None] * batch.input_ids.shape[0]
         if ref == "disable_adapter":  # LoRA: π_ref = the base model, adapters switched off
@@ -382,16 +356,10 @@ def score_items(model, items: Sequence[LoopTurn], acc, pad_id: int, model_cfg: M
         elif ref is not None:
             ref_rows = _action_rows(token_logprobs(ref, batch), batch)
         rows = _action_rows(logp, batch)
-        for j, i in enumerate(idx):
-            local.append((i, rows[j].float().cpu(), None if ref_rows[j] is None else ref_rows[j].float().cpu(),
-                          None if values is None else float(values[j])))
-    if was_training:
-        model.train()
-    gathered = gather_object(local) if acc.num_processes > 1 else local
-    out: list[Any] = [None] * len(items)
-    for i, lp, rf, v in gathered:
-        out[i] = (lp, rf, v)
-    return out
+        return [(rows[j].float().cpu(), None if ref_rows[j] is None else ref_rows[j].float().cpu(),
+                 None if values is None else float(values[j])) for j in range(len(idx))]
+
+    return sharded_scores(acc, model, len(items), score, micro=micro)
 
 
 def prepare_items(items: list[LoopTurn], scored, cfg: LoopConfig) -> float:

@@ -5,7 +5,7 @@ stage 2, multi-turn DPO, rejection fine-tuning and the warm start.
   per-turn pair, one per agent turn for a trajectory); the loss is a mean over PAIRS.
   Reference log-probs are computed ONCE with the initial policy (for LoRA, the base
   model: fresh adapters are the identity), before any checkpoint is restored, split
-  over processes, and cached in output_dir/ref_logps.json under a content hash of the
+  over processes, and cached in output_dir/ref_logprobs.pt under a content hash of the
   pairs, the model and the truncation (a rerun with other pairs recomputes them).
 - SFT (`train_sft`): each example is one `Segment`; the loss is the NLL averaged over
   the action TOKENS of the whole optimiser step (not per micro-batch).
@@ -29,9 +29,10 @@ from typing import Any, Sequence
 
 from sweet.core.config import ModelConfig, TrainConfig
 from sweet.core.records import Pair
+from sweet.core.scoring import REFERENCE_CACHE, ReferenceCache, sharded_scores
 from sweet.core.tokens import Segment
 
-REF_CACHE = "ref_logps.json"
+REF_CACHE = REFERENCE_CACHE  # sweet.core.scoring's one format
 
 
 @dataclass
@@ -102,44 +103,27 @@ def pairs_key(pairs: Sequence[Pair], model_cfg: ModelConfig) -> str:
 
 def reference_logps(trainer, pairs: Sequence[Pair], path: Path):
     """log π_ref(chosen), log π_ref(rejected) of every pair with the trainer's current
-    (initial) model: a [P, 2] CPU tensor, cached in `path` under `pairs_key`."""
+    (initial) model: a [P, 2] CPU float64 tensor, cached in `path` under `pairs_key`
+    (sweet.core.scoring: the one scoring pass and reference cache)."""
     import torch
-    from accelerate.utils import gather_object
 
-    key = pairs_key(pairs, trainer.model_cfg)
-    if path.exists():
-        try:
-            cached = json.loads(path.read_text())
-            if isinstance(cached, dict) and cached.get("key") == key:
-                return torch.tensor(cached["logps"], dtype=torch.float64).reshape(len(pairs), 2)
-            trainer.accelerator.print(f"{path}: computed for other pairs or another model; recomputing")
-        except (ValueError, TypeError, RuntimeError) as e:  # torn or edited: a cache, recomputed
-            trainer.accelerator.print(f"WARNING: {path} does not load ({type(e).__name__}: {e}); recomputing")
-    acc, micro = trainer.accelerator, trainer.train.micro_batch_size
+    cache = ReferenceCache(path, pairs_key(pairs, trainer.model_cfg))
+    cached = cache.load(len(pairs), trainer.accelerator.print)
+    if cached is not None:
+        return cached
     pad_id = int(trainer.tokenizer.pad_token_id)
-    mine = list(range(acc.process_index, len(pairs), acc.num_processes))
-    per_rank = -(-len(pairs) // acc.num_processes)
-    values = []
-    trainer.model.eval()
-    with torch.no_grad():
-        # the same number of forward passes on every process (FSDP/ZeRO-3 gather weights in each)
-        for start in range(0, per_rank, micro):
-            chunk = mine[start : start + micro] or [0]
-            logps, _ = sequence_logps(trainer.model, trainer.model_cfg, pad_id,
-                                      [pairs[i].chosen for i in chunk] + [pairs[i].rejected for i in chunk])
-            n = len(chunk)
-            if mine[start : start + micro]:
-                values += [(i, c, r) for i, c, r in zip(chunk, logps[:n].tolist(), logps[n:].tolist())]
-    trainer.model.train()
-    out = torch.zeros(len(pairs), 2, dtype=torch.float64)
-    for i, c, r in gather_object(values):
-        out[i, 0], out[i, 1] = c, r
-    if acc.is_main_process:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")  # renamed into place: a kill never leaves half a cache
-        tmp.write_text(json.dumps({"key": key, "logps": out.tolist()}))
-        tmp.replace(path)
-    acc.wait_for_everyone()
+
+    def score(chunk: list[int]) -> list[tuple[float, float]]:
+        logps, _ = sequence_logps(trainer.model, trainer.model_cfg, pad_id,
+                                  [pairs[i].chosen for i in chunk] + [pairs[i].rejected for i in chunk])
+        n = len(chunk)
+        return list(zip(logps[:n].tolist(), logps[n:].tolist()))
+
+    out = torch.tensor(sharded_scores(trainer.accelerator, trainer.model, len(pairs), score,
+                                      micro=trainer.train.micro_batch_size), dtype=torch.float64).reshape(len(pairs), 2)
+    if trainer.accelerator.is_main_process:
+        cache.save(out)
+    trainer.accelerator.wait_for_everyone()
     return out
 
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sweet.core.config import to_jsonable
+from sweet.core.config import resolve_defaults, to_jsonable
 
 FINGERPRINT_FILE = "fingerprint.json"
 # fields that change where results go or how often they are logged, never the result
@@ -84,7 +84,9 @@ def _model_entry(spec: str) -> Any:
 
 
 def run_fingerprint(configs: dict[str, Any]) -> dict[str, Any]:
-    """`section.field` -> value for every result-defining field of `configs`."""
+    """`section.field` -> value for every result-defining field of `configs` (cross-config
+    defaults resolved first: a learning rate left to its --lora default is its value)."""
+    resolve_defaults(list(configs.values()))
     fp: dict[str, Any] = {}
     for section, cfg in configs.items():
         data = to_jsonable(cfg)

@@ -66,6 +66,7 @@ from sweet.core.config import (
     parse_configs,
 )
 from sweet.core.runs import trainer_run
+from sweet.core.scoring import REFERENCE_CACHE, ReferenceCache, sharded_scores
 from sweet.critic.model import DEFAULT_HEADER, HEADS, CriticSpec, CriticTurn
 
 
@@ -226,34 +227,22 @@ def build_data(cfg: CriticConfig, tokenizer, seed: int) -> CriticData:
 
 def sharded_action_sums(accelerator, model, tokenizer, turns: list[CriticTurn], indices: list[int],
                         mcfg: ModelConfig, ccfg: CriticConfig, desc: str = "") -> Any:
-    """Σ_{y ∈ a_t} log π(y | o_t, c) (value head: Σ v) for turns[indices], no grad,
-    split over processes; every process gets all values, float64 [len(indices)]. Every
-    process makes the same number of forward calls (DDP buffer syncs / ZeRO-3 gathers need it)."""
+    """Σ_{y ∈ a_t} log π(y | o_t, c) (value head: Σ v) for turns[indices], no grad, split
+    over processes (sweet.core.scoring.sharded_scores, contexts of similar length together:
+    less padding); every process gets all values, float64 [len(indices)]."""
     import torch
-    from tqdm.auto import tqdm
 
     from sweet.critic.model import action_sums, critic_batch
 
-    batch_size = ccfg.eval_batch_size
+    def score(positions: list[int]) -> list[float]:
+        batch = critic_batch(tokenizer, [turns[indices[p]] for p in positions], ccfg.header, mcfg.max_length,
+                             mcfg.keep_head, ccfg.training_info).to(accelerator.device)
+        return action_sums(model, batch, ccfg.head).double().tolist()
 
-    world, rank = accelerator.num_processes, accelerator.process_index
-    out = torch.zeros(len(indices), dtype=torch.float64, device=accelerator.device)
-    # contexts of similar length together: less padding
-    positions = sorted(range(len(indices)), key=lambda p: _length_key(turns[indices[p]]))[rank::world]
-    n_calls = math.ceil(math.ceil(len(indices) / world) / batch_size) if indices else 0
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for c in tqdm(range(n_calls), desc=desc, disable=not accelerator.is_main_process or not desc):
-            chunk = positions[c * batch_size : (c + 1) * batch_size]
-            examples = [turns[indices[p]] for p in chunk] or [turns[indices[0]]]  # dummy call keeps ranks in step
-            batch = critic_batch(tokenizer, examples, ccfg.header, mcfg.max_length, mcfg.keep_head,
-                                 ccfg.training_info).to(accelerator.device)
-            sums = action_sums(model, batch, ccfg.head)
-            if chunk:
-                out[torch.tensor(chunk, device=out.device)] = sums.double()
-    model.train(was_training)
-    return accelerator.reduce(out, "sum") if world > 1 else out
+    order = sorted(range(len(indices)), key=lambda p: _length_key(turns[indices[p]]))
+    values = sharded_scores(accelerator, model, len(indices), score, micro=ccfg.eval_batch_size, order=order,
+                            desc=desc)
+    return torch.tensor(values, dtype=torch.float64, device=accelerator.device)
 
 
 def _length_key(ex: CriticTurn) -> int:
@@ -262,9 +251,9 @@ def _length_key(ex: CriticTurn) -> int:
 
 def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig,
                        output_dir: Path) -> Any:
-    """π_ref sums per turn, from `ref_logprobs.pt` when it matches these turns, else
-    computed once with the initial model (LoRA: adapters disabled) and cached. The
-    value head has no π_ref: zeros."""
+    """π_ref sums per turn, from the run's reference cache when it holds these turns, else
+    computed once with the initial model (LoRA: adapters disabled) and cached. The value
+    head has no π_ref: zeros."""
     import contextlib
     import hashlib
 
@@ -272,28 +261,20 @@ def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: Cr
 
     if ccfg.head == "value":
         return torch.zeros(len(data.turns), dtype=torch.float64, device=accelerator.device)
-    path = output_dir / "ref_logprobs.pt"
     digest = hashlib.sha256("".join(t.fingerprint() for t in data.turns).encode()).hexdigest()
-    key = {"model": mcfg.model, "dtype": mcfg.dtype, "max_length": mcfg.max_length, "keep_head": mcfg.keep_head,
-           "header": ccfg.header, "training_info": ccfg.training_info, "turns": digest}
-    if path.exists():
-        try:
-            blob = torch.load(path, weights_only=False)
-            if blob["key"] == key and len(blob["sums"]) == len(data.turns):
-                return blob["sums"].to(accelerator.device)
-            accelerator.print(f"{path} was computed for other turns or settings; recomputing")
-        except Exception as e:  # torn or foreign (any unpickling error): a cache, recomputed
-            accelerator.print(f"WARNING: {path} does not load ({type(e).__name__}: {e}); recomputing")
+    cache = ReferenceCache(output_dir / REFERENCE_CACHE, {
+        "model": mcfg.model, "dtype": mcfg.dtype, "max_length": mcfg.max_length, "keep_head": mcfg.keep_head,
+        "header": ccfg.header, "training_info": ccfg.training_info, "turns": digest})
+    cached = cache.load(len(data.turns), accelerator.print)
+    if cached is not None:
+        return cached.to(accelerator.device)
     unwrapped = accelerator.unwrap_model(model)
     ctx = unwrapped.disable_adapter() if hasattr(unwrapped, "disable_adapter") else contextlib.nullcontext()
     with ctx:
         sums = sharded_action_sums(accelerator, model, tokenizer, data.turns, list(range(len(data.turns))), mcfg,
                                    ccfg, desc="π_ref log-probs")
     if accelerator.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")  # renamed into place: a kill never leaves half a cache
-        torch.save({"key": key, "sums": sums.cpu()}, tmp)
-        tmp.replace(path)
+        cache.save(sums)
     accelerator.wait_for_everyone()
     return sums
 

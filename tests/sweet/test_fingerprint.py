@@ -209,7 +209,7 @@ def test_damaged_reference_cache_is_recomputed(tmp_path, tiny_tokenizer, one_tor
     _truncate(path)
     got = reference_logps(trainer, pairs, path)
     assert "does not load" in capsys.readouterr().out and torch.equal(got, want)
-    assert json.loads(path.read_text())["logps"] == want.tolist()  # rewritten whole
+    assert torch.equal(torch.load(path, weights_only=False)["values"], want)  # rewritten whole
 
 
 # ---- real processes: kill, rerun with other settings, damaged checkpoint, --resume false -----
@@ -309,4 +309,4 @@ def test_critic_stores_its_reference_model_resolved_and_recomputes_a_damaged_cac
     again = cli(args)
     assert "ref_logprobs.pt does not load" in capsys.readouterr().out
     assert again == pytest.approx(first, abs=1e-6)
-    torch.load(out / "ref_logprobs.pt", weights_only=False)  # rewritten whole
+    torch.load(out / "ref_logprobs.pt", weights_only=False)["values"]  # rewritten whole

@@ -115,7 +115,7 @@ def test_scorer_reproduces_training_conditioning(trained, synthetic_files, tiny_
     episodes, tasks = synthetic_files
     ccfg = CriticConfig(episodes=str(episodes), tasks=str(tasks), eval_fraction=0.2, max_pairs=12)
     data = build_data(ccfg, tiny_tokenizer, seed=0)
-    ref_sums = torch.load(out / "ref_logprobs.pt", weights_only=False)["sums"]
+    ref_sums = torch.load(out / "ref_logprobs.pt", weights_only=False)["values"]
     chosen, rejected = data.eval_pairs[0]
     idx = data.episode_turns[chosen] + data.episode_turns[rejected]
     turns = [data.turns[i] for i in idx]

@@ -131,7 +131,7 @@ def test_mtdpo_lora_end_to_end(data, tmp_path):
     assert final == out / "final" and (out / "final-adapter").exists()
     n_tasks = len({ep.task_id for ep in eps})
     assert read_metrics(out)[0]["data/pairs"] == n_tasks  # one solved vs one failed per task
-    refs = json.loads((out / "ref_logps.json").read_text())["logps"]
+    refs = torch.load(out / "ref_logprobs.pt", weights_only=False)["values"].tolist()
     assert len(refs) == n_tasks and all(c < 0 and r < 0 for c, r in refs)
     rows = [r for r in read_metrics(out) if "loss/dpo" in r]
     # first step: the policy equals the reference, so every implicit reward is 0 and L = log 2

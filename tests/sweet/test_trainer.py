@@ -203,7 +203,6 @@ def test_checkpoint_resume_restores_model_optimiser_scheduler(tmp_path, tiny_tok
 
 def test_reference_cache_is_keyed_by_the_pairs_content(tmp_path, tiny_tokenizer):
     """Same count, other pairs: recomputed. Same pairs: read back from the cache."""
-    import json
 
     from sweet.algorithms.policy_trainer import REF_CACHE, reference_logps, sequence_logps
 
@@ -226,9 +225,9 @@ def test_reference_cache_is_keyed_by_the_pairs_content(tmp_path, tiny_tokenizer)
     got = reference_logps(trainer, other, path)  # a count check alone would reuse the stale values
     assert torch.allclose(got, direct(other), atol=1e-4) and not torch.allclose(got, direct(first), atol=1e-2)
 
-    blob = json.loads(path.read_text())
-    blob["logps"] = [[-1.0, -2.0], [-3.0, -4.0]]  # mark the cache: the same pairs must read it back
-    path.write_text(json.dumps(blob))
+    blob = torch.load(path, weights_only=False)
+    blob["values"] = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]], dtype=torch.float64)  # mark the cache: the same
+    torch.save(blob, path)                                                               # pairs must read it back
     assert reference_logps(trainer, other, path).tolist() == [[-1.0, -2.0], [-3.0, -4.0]]
 
 
