@@ -73,19 +73,21 @@ def read_episodes(path: Path, *, repair: bool = False) -> list[Episode]:
     mid-write is skipped with a warning, and cut from the file when `repair`; a bad line
     elsewhere raises ValueError naming file:line). A duplicated episode id (two runs that
     wrote one file) keeps its first record, with one warning."""
-    rows = read_rows(path, Episode.from_json, what="valid episode record", repair=repair)
+    rows = read_rows(path, Episode.from_json, what="valid episode record", repair=repair, numbered=True)
     episodes: list[Episode] = []
-    seen: set[str] = set()
-    duplicates: list[str] = []
-    for episode in rows:
+    seen: dict[str, int] = {}  # episode id -> line of its first record
+    duplicates: list[tuple[str, int]] = []
+    for lineno, episode in rows:
         if episode.episode_id in seen:
-            duplicates.append(episode.episode_id)
+            duplicates.append((episode.episode_id, lineno))
         else:
-            seen.add(episode.episode_id)
+            seen[episode.episode_id] = lineno
             episodes.append(episode)
     if duplicates:
-        warnings.warn(f"{path}: {len(duplicates)} duplicated episode ids (first {duplicates[0]!r}); keeping the "
-                      "first record of each (did two runs write here?)", stacklevel=2)
+        eid, lineno = duplicates[0]
+        warnings.warn(f"{path}: {len(duplicates)} duplicated episode ids (first {eid!r} at line {lineno}, "
+                      f"also at line {seen[eid]}); keeping the first record of each (did two runs write here?)",
+                      stacklevel=2)
     return episodes
 
 

@@ -23,8 +23,9 @@ T = TypeVar("T")
 
 
 def read_rows(path: str | Path, parse: Callable[[dict[str, Any]], T], *, what: str = "valid record",
-              repair: bool = False) -> list[T]:
-    """The file's rows, each through `parse` (see the module docstring). A missing file is empty."""
+              repair: bool = False, numbered: bool = False) -> list[T]:
+    """The file's rows, each through `parse` (see the module docstring); with `numbered`,
+    (line number, row) pairs. A missing file is empty."""
     path = Path(path)
     if not path.exists():
         return []
@@ -40,7 +41,7 @@ def read_rows(path: str | Path, parse: Callable[[dict[str, Any]], T], *, what: s
             row = json.loads(raw)
             if not isinstance(row, dict):
                 raise TypeError(f"a JSON {type(row).__name__}, not an object")
-            rows.append(parse(row))
+            rows.append((lineno, parse(row)) if numbered else parse(row))
         except (json.JSONDecodeError, TypeError, KeyError, ValueError, UnicodeDecodeError) as e:
             is_last = all(not rest.strip() for rest in lines[lineno:])
             torn = is_last and not data.endswith(b"\n")

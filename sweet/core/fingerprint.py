@@ -127,6 +127,17 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             if _key(old.get(k)) != _key(new.get(k))]
 
 
+WORK_MARKERS = ("finished.json", "final", "candidates.jsonl")  # with checkpoint-* and logged metrics
+
+
+def holds_work(out: Path) -> bool:
+    """Whether `out` holds anything a run computed (checkpoints, metrics rows, a final model,
+    stage-2 candidates), not just the settings an attempt wrote before failing."""
+    metrics = out / "metrics.jsonl"
+    return (any((out / m).exists() for m in WORK_MARKERS) or any(out.glob("checkpoint-*"))
+            or (metrics.exists() and metrics.stat().st_size > 0))
+
+
 def holds_run(out: Path) -> bool:
     return out.is_dir() and (any((out / m).exists() for m in RUN_MARKERS) or any(out.glob("checkpoint-*")))
 
@@ -180,12 +191,16 @@ def begin_run(output_dir: str | Path, configs: dict[str, Any], *, resume: bool,
             old = json.loads(path.read_text())
         except ValueError:
             old = None  # torn: treated as an earlier run of unknown settings (moved aside)
+    replace = False
     if old is not None:
         diff = differences(old, fp)
-        if diff:
+        if diff and not holds_work(out):
+            # an earlier attempt stopped before any work (a bad flag or file): nothing to mix
+            old, replace = None, True
+        elif diff:
             raise RunMismatch(f"{out} holds another run ({'; '.join(diff)}): rerun with its settings to resume it, "
                               "or start fresh with a new --output_dir or --resume false (the old run is moved aside)")
-    fresh = old is None and holds_run(out)
+    fresh = old is None and not replace and holds_run(out)
     state = process_state()
     state.wait_for_everyone()  # every process has decided before the folder changes
     if state.is_main_process:

@@ -39,7 +39,7 @@ def _one_line_error(proc, *needles):
 
 
 def test_bad_values_files_and_models_are_one_line_each(tmp_path, episodes):
-    out = str(tmp_path / "o")
+    out = str(tmp_path / "o")  # one folder for every attempt: one that failed before any work blocks no retry
     _one_line_error(_run("sweet.train_critic", "--episodes", str(episodes), "--tasks", "builtin:train", "--batch_size", "0",
                          "--output_dir", out), "batch_size")
     _one_line_error(_run("sweet.train_policy", "--algorithm", "rft", "--episodes", str(tmp_path / "missing.jsonl"),
