@@ -37,6 +37,7 @@ BOOKKEEPING = frozenset({"output_dir", "logging_steps", "report_to", "save_steps
 DATA_FIELDS = frozenset({"episodes", "eval_episodes", "tasks", "critic", "reuse_candidates"})  # comma lists allowed
 RUN_MARKERS = ("config.json", "metrics.jsonl", FINGERPRINT_FILE, "finished.json", "final")
 PREVIOUS_PREFIX = "previous-"
+KEEP_IN_PLACE = (".lock",)  # the folder's lock (colbench.outdir), held by the run that moves the rest aside
 
 
 class RunMismatch(ValueError):
@@ -152,8 +153,8 @@ def move_aside(out: Path, keep: set[Path]) -> Path:
     dest.mkdir()
     for entry in sorted(out.iterdir()):
         resolved = entry.resolve()
-        if entry == dest or entry.name.startswith(PREVIOUS_PREFIX) or any(k == resolved or resolved in k.parents
-                                                                            for k in keep):
+        kept = entry.name in KEEP_IN_PLACE or entry.name.startswith(PREVIOUS_PREFIX)
+        if entry == dest or kept or any(k == resolved or resolved in k.parents for k in keep):
             continue
         entry.rename(dest / entry.name)
     return dest

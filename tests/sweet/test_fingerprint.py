@@ -246,12 +246,14 @@ def test_killed_rft_run_cannot_be_mixed_falls_back_and_is_never_destroyed(data, 
     kill_tree(proc)  # SIGKILL after its second checkpoint
     assert not (out / "finished.json").exists()
 
-    # other settings: refused in one line naming the field, the folder untouched
-    before = sorted(p.name for p in out.iterdir())
+    # other settings: refused in one line naming the field, the folder untouched (but for the
+    # killed run's stale lock file, which the refused run takes over and releases)
+    before = sorted(p.name for p in out.iterdir() if p.name != ".lock")
     bad = _run(_cmd(episodes, out, "--learning_rate", "2e-3"))
     assert bad.returncode != 0
     last = bad.stderr.strip().splitlines()[-1]
     assert "holds another run (train.learning_rate: 0.001 -> 0.002)" in last and "--resume false" in last
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr  # one line (sweet.core.runs)
     assert sorted(p.name for p in out.iterdir()) == before
 
     # the newest checkpoint damaged (a torn weights file): the older one is used, with a warning
@@ -268,7 +270,8 @@ def test_killed_rft_run_cannot_be_mixed_falls_back_and_is_never_destroyed(data, 
     assert (out / "finished.json").exists()
 
     # --resume false in the finished folder: the old run moves aside whole, a new one is trained
-    old = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    # (the folder's lock stays where it is: the running trainer holds it)
+    old = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
     fresh = _run(_cmd(episodes, out, "--resume", "false"))
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     (previous,) = out.glob("previous-*")
