@@ -76,10 +76,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
+from colbench.agents import ModelAgent
+from colbench.envs import make_env
+from colbench.rollout import episode_seeds, rollout
+from colbench.tasks import load_tasks
 from colbench.types import Episode
+from engines.base import SamplingParams
+from engines.hf import HFEngine
 from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION
-from sweet.core.config import LearningRates, ModelConfig, TrainConfig, check_range, lr_field
+from simulators import load_simulator
+from sweet.core.config import (
+    LearningRates,
+    ModelConfig,
+    TrainConfig,
+    check_range,
+    lr_field,
+    resolved_config,
+    save_resolved_config,
+)
+from sweet.core.fingerprint import begin_run
+from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
 from sweet.core.scoring import sharded_scores
+from sweet.core.tokens import make_batch, turn_segment
+from sweet.core.trainer import Trainer, mark_finished
 
 if TYPE_CHECKING:
     import torch
@@ -300,7 +319,6 @@ class LoopTurn:
 
 def turn_items(episodes: Sequence[Episode], advantages: Sequence[float], tokenizer) -> list[LoopTurn]:
     """Every agent turn with generated ids, as items (the one turn->tokens rule)."""
-    from sweet.core.tokens import turn_segment
 
     out: list[LoopTurn] = []
     for g, (ep, adv) in enumerate(zip(episodes, advantages)):
@@ -313,8 +331,6 @@ def turn_items(episodes: Sequence[Episode], advantages: Sequence[float], tokeniz
 
 
 def _batch(items: Sequence[LoopTurn], pad_id: int, model_cfg: ModelConfig):
-    from sweet.core.tokens import make_batch
-
     return make_batch([(it.context, it.action) for it in items], pad_id, model_cfg.max_length, model_cfg.keep_head)
 
 
@@ -564,9 +580,6 @@ def train_on_episodes(trainer, episodes: Sequence[Episode], cfg: LoopConfig, mod
 
 
 def load_env_and_tasks(cfg: LoopConfig):
-    from colbench.envs import make_env
-    from colbench.tasks import load_tasks
-
     env = make_env(cfg.env)
     if cfg.max_turns is not None:
         env.max_turns = cfg.max_turns
@@ -587,7 +600,6 @@ class Sampler:
 
     def __init__(self, kind: str, policy, tokenizer, model_path: str, lora: bool, out: Path,
                  gpu_memory_utilization: float = COLOCATED_GPU_MEMORY_UTILIZATION):
-        from engines.hf import HFEngine
 
         self.kind, self.policy, self.tokenizer, self.out = kind, policy, tokenizer, out
         if kind == "vllm":
@@ -616,9 +628,6 @@ class Sampler:
 
 def collect(sampler: Sampler, env, simulator, tasks, cfg: LoopConfig, seed: int, out_path: Path) -> list[Episode]:
     """K episodes per task with the current policy."""
-    from colbench.agents import ModelAgent
-    from colbench.rollout import episode_seeds, rollout
-    from engines.base import SamplingParams
 
     agent = ModelAgent(sampler.engine, SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens),
                        name="policy")
@@ -631,11 +640,6 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
 
     from accelerate.utils import DistributedType, broadcast_object_list
 
-    from simulators import load_simulator
-    from sweet.core.config import resolved_config, save_resolved_config
-    from sweet.core.fingerprint import begin_run
-    from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
-    from sweet.core.trainer import Trainer, mark_finished
     from sweet.core.value_head import ValueHeadModel
 
     out = Path(train_cfg.output_dir)

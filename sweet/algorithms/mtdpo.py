@@ -30,8 +30,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from colbench.envs import defaults_help
-from sweet.algorithms.policy_trainer import PolicyTrainConfig
-from sweet.core.config import LearningRates, ModelConfig, check_range, fill_env_defaults, lr_field
+from colbench.episodes import load_episodes
+from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_dpo
+from sweet.core.config import LearningRates, ModelConfig, check_range, fill_env_defaults, lr_field, save_resolved_config
+from sweet.core.models import load_tokenizer
+from sweet.core.records import Pair, group_by_task, make_trajectory_pairs
+from sweet.core.tokens import episode_segments
 
 PAIRINGS = ("paper", "best_vs_worst")
 
@@ -78,7 +82,6 @@ CONFIGS = (ModelConfig, MTDPOTrainConfig, MTDPOConfig)
 
 def trajectory_pairs(episodes, cfg: MTDPOConfig):
     """Pairs of episodes by reward (see --pairing)."""
-    from sweet.core.records import Pair, group_by_task, make_trajectory_pairs
 
     usable = [ep for ep in episodes if ep.agent_turns]
     if cfg.pairing == "paper":
@@ -93,12 +96,6 @@ def trajectory_pairs(episodes, cfg: MTDPOConfig):
 
 def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     """Train with trajectory-level DPO; returns output_dir/final."""
-    from colbench.episodes import load_episodes
-    from sweet.algorithms.policy_trainer import finished_run, train_dpo
-    from sweet.core.config import save_resolved_config
-    from sweet.core.models import load_tokenizer
-    from sweet.core.records import Pair
-    from sweet.core.tokens import episode_segments
 
     if (done := finished_run(train, model=model_cfg, mtdpo=cfg)) is not None:
         return done

@@ -27,10 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from sweet.algorithms.losses import dpo_loss
 from sweet.core.config import ModelConfig, TrainConfig
+from sweet.core.fingerprint import begin_run
 from sweet.core.records import Pair
 from sweet.core.scoring import REFERENCE_CACHE, ReferenceCache, sharded_scores
 from sweet.core.tokens import Segment
+from sweet.core.trainer import Trainer, mark_finished
 
 REF_CACHE = REFERENCE_CACHE  # sweet.core.scoring's one format
 
@@ -66,7 +69,6 @@ def dpo_loss_fn(pairs: Sequence[Pair], ref_logps, model_cfg: ModelConfig, pad_id
     """The skeleton's loss hook over pair indices: Σ over the micro-batch's pairs of
     L_DPO + α·L_NLL (sweet/algorithms/losses.py), chosen and rejected in one forward pass.
     `ref_logps`: [P, 2] tensor (chosen, rejected) of the reference model."""
-    from sweet.algorithms.losses import dpo_loss
 
     def loss_fn(model, idx: Sequence[int]):
         n = len(idx)
@@ -131,7 +133,6 @@ def finished_run(train: TrainConfig, keep: tuple[str, ...] = (), **configs: Any)
     """Check output_dir against this run (sweet/core/fingerprint.py: another run's
     settings stop it, a fresh start moves an earlier run aside); output_dir/final when
     this same run is already finished."""
-    from sweet.core.fingerprint import begin_run
 
     final = Path(train.output_dir) / "final"
     if begin_run(train.output_dir, {**configs, "train": train}, resume=train.resume, keep=keep) is not None:
@@ -141,8 +142,6 @@ def finished_run(train: TrainConfig, keep: tuple[str, ...] = (), **configs: Any)
 
 
 def _trainer(model_cfg: ModelConfig, train: PolicyTrainConfig, tokenizer, n_items: int, run_config):
-    from sweet.core.trainer import Trainer
-
     if not n_items:
         raise ValueError(f"no training examples for {train.output_dir}: check the episodes and filters (see the log above)")
     trainer = Trainer(model_cfg, train, tokenizer, run_config=run_config, name="policy")
@@ -173,7 +172,6 @@ def train_sft(segments: Sequence[Segment], model_cfg: ModelConfig, train: Policy
 
 def _mark(trainer, final: Path) -> Path:
     """The run is finished: write the marker (main process), after every output."""
-    from sweet.core.trainer import mark_finished
 
     if trainer.is_main:
         mark_finished(trainer.out, final=final.name, step=trainer.step)

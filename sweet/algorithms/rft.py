@@ -23,8 +23,11 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from colbench.envs import defaults_help
-from sweet.algorithms.policy_trainer import PolicyTrainConfig
-from sweet.core.config import LearningRates, ModelConfig, check_range, fill_env_defaults, lr_field
+from colbench.episodes import load_episodes
+from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_sft
+from sweet.core.config import LearningRates, ModelConfig, check_range, fill_env_defaults, lr_field, save_resolved_config
+from sweet.core.models import load_tokenizer
+from sweet.core.tokens import episode_segments
 
 
 @dataclass
@@ -69,7 +72,6 @@ def rft_segments(episodes, tokenizer, success_threshold: float, tokenize_missing
     of all N episodes (ties at that reward are kept)."""
     import math
 
-    from sweet.core.tokens import episode_segments
 
     ranked = sorted((ep.reward for ep in episodes), reverse=True)
     cutoff = ranked[max(1, math.ceil(top_fraction * len(ranked))) - 1] if ranked else 0.0
@@ -79,10 +81,6 @@ def rft_segments(episodes, tokenizer, success_threshold: float, tokenize_missing
 
 def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
     """Fine-tune on successful episodes; returns output_dir/final."""
-    from colbench.episodes import load_episodes
-    from sweet.algorithms.policy_trainer import finished_run, train_sft
-    from sweet.core.config import save_resolved_config
-    from sweet.core.models import load_tokenizer
 
     if (done := finished_run(train, model=model_cfg, rft=cfg)) is not None:
         return done

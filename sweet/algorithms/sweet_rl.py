@@ -55,10 +55,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol, Sequence
 
+from colbench.episodes import load_episodes
 from colbench.jsonl import Appender
-from sweet.algorithms.policy_trainer import PolicyTrainConfig
-from sweet.core.config import LearningRates, ModelConfig, check_range, lr_field
-from sweet.core.records import Candidate, CandidatesRow, Pair, SampledAction, State, read_candidates, state_key
+from engines import EngineOptions, load_engine
+from engines.base import Sample, SamplingParams
+from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_dpo
+from sweet.core.config import LearningRates, ModelConfig, check_range, lr_field, save_resolved_config
+from sweet.core.models import load_tokenizer, resolve_model_path
+from sweet.core.records import (
+    Candidate,
+    CandidatesRow,
+    Pair,
+    SampledAction,
+    State,
+    episode_states,
+    read_candidates,
+    state_key,
+)
+from sweet.core.tokens import Segment, action_ids, context_ids, eos_id
+from sweet.core.trainer import process_state
+from sweet.critic.model import CriticScorer, load_training_info
 
 STAGES = ("all", "sample", "train")
 ORACLE_CRITIC = "oracle"  # --critic oracle: sweet/critic/oracle.py instead of a critic dir
@@ -161,7 +177,6 @@ def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cand: Cand
     """Sample K candidates for every state not yet in `path`, score them, append rows."""
     from tqdm.auto import tqdm
 
-    from engines.base import SamplingParams
 
     done = read_candidates(path, repair=True)
     todo = [(i, s) for i, s in enumerate(states) if state_key(s) not in done]
@@ -231,8 +246,6 @@ class StoredSamples:
         self.path, self.rows = path, read_candidates(path)
 
     def samples(self, state: State) -> list:
-        from engines.base import Sample
-
         row = self.rows.get(state_key(state))
         if row is None:
             raise ValueError(f"--reuse_candidates {self.path}: no candidates for state {state_key(state)}")
@@ -296,7 +309,6 @@ def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs
 
 def token_pair(tokenizer, pair: Pair[Candidate], prompt_token_ids: Sequence[int] | None) -> Pair:
     """The DPO example of an action pair: both actions in the context they were sampled from."""
-    from sweet.core.tokens import Segment, action_ids, context_ids, eos_id
 
     ctx = context_ids(tokenizer, prompt_token_ids if prompt_token_ids is not None else pair.state.prompt_token_ids,
                       pair.state.prompt)
@@ -317,9 +329,6 @@ def first_episodes(episodes: Sequence, cfg: SweetConfig) -> list:
 
 def load_states(cfg: SweetConfig) -> list[State]:
     """One State per agent turn of the episodes, with the task's training-time information."""
-    from colbench.episodes import load_episodes
-    from sweet.core.records import episode_states
-    from sweet.critic.model import load_training_info
 
     episodes = first_episodes(load_episodes(cfg.episodes, env=cfg.env), cfg)
     info = load_training_info(cfg.tasks, env=cfg.env)
@@ -330,8 +339,6 @@ def load_states(cfg: SweetConfig) -> list[State]:
 
 
 def default_sampler(model_cfg: ModelConfig) -> str:
-    from sweet.core.models import resolve_model_path
-
     return "hf:" + resolve_model_path(model_cfg.model)
 
 
@@ -348,7 +355,6 @@ def load_scorer(model_cfg: ModelConfig, cfg: SweetConfig) -> Scorer:
         from sweet.critic.oracle import OracleScorer
 
         return OracleScorer(load_tokenizer(model_cfg.model), cfg.env)
-    from sweet.critic.model import CriticScorer
 
     return CriticScorer.load(cfg.critic)
 
@@ -358,7 +364,6 @@ def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cfg: Swe
     """Load the sampler and the critic (unless every state is done), sample + score, free them."""
     import gc
 
-    from engines import EngineOptions, load_engine
 
     done = read_candidates(path)
     if all(state_key(s) in done for s in states):
@@ -394,10 +399,6 @@ def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand
     """Stage 2: candidates + critic scores per state, top-vs-bottom pairs, DPO. Returns
     output_dir/final (None for --stage sample). `scorer` replaces the critic loaded from
     `cfg.critic` (API use and tests). Several rounds: sweet/workflows/rounds.py."""
-    from sweet.algorithms.policy_trainer import finished_run, train_dpo
-    from sweet.core.config import save_resolved_config
-    from sweet.core.models import load_tokenizer
-    from sweet.core.trainer import process_state
 
     cand = cand or CandidateConfig()
     out = Path(train.output_dir)

@@ -15,6 +15,9 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
+from colbench.cli import parse_configs as parse
+from colbench.envs import training_defaults
+
 
 @dataclass
 class ModelConfig:
@@ -116,7 +119,6 @@ def parse_configs(types: Sequence[type], argv: list[str] | None = None, descript
     `--config run.yaml` defaults that flags override, `--output_dir`/`--output-dir`).
     Returns one instance per type; a bad flag, config file or value raises a UserError
     naming it (sweet.core.runs.run_cli prints it as one line)."""
-    from colbench.cli import parse_configs as parse
 
     configs = parse(types, argv, description=description)
     flush_denormals()  # every entry point parses first, before a torch op starts the CPU thread pool
@@ -147,7 +149,6 @@ def fill_env_defaults(cfg: Any, **fields: str) -> None:
     """Fill each of `cfg`'s `fields` left None with its environment's training default
     (`colbench.envs.training_defaults(cfg.env)`): `field="defaults_attribute"`. The one
     place every algorithm resolves them (frontend: CLIP rewards have no success)."""
-    from colbench.envs import training_defaults
 
     defaults = training_defaults(cfg.env)
     for name, attribute in fields.items():

@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engines import model_path
 from sweet.core.config import resolve_defaults, to_jsonable
+from sweet.core.trainer import finished, process_state
 
 FINGERPRINT_FILE = "fingerprint.json"
 # fields that change where results go or how often they are logged, never the result
@@ -72,7 +74,6 @@ def _data_entry(value: str) -> Any:
 
 def _model_entry(spec: str) -> Any:
     """The model spec, its resolved path and its config.json hash (a local model)."""
-    from engines import model_path
 
     try:
         path = Path(model_path(spec))
@@ -181,7 +182,6 @@ def begin_run(output_dir: str | Path, configs: dict[str, Any], *, resume: bool,
     Returns the finished marker of this same run when it is finished, else None.
     `keep`: names in output_dir a fresh start leaves in place (caches that check their
     own settings, e.g. stage 2's candidates)."""
-    from sweet.core.trainer import finished, process_state
 
     out = Path(output_dir)
     fp = run_fingerprint(configs)

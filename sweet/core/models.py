@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from colbench.cli import UserError
+from engines import model_path
 from sweet.core.config import ModelConfig, TrainConfig
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
@@ -16,8 +18,6 @@ def resolve_model_path(spec: str) -> str:
     A local folder must hold a model (config.json and weights, or a PEFT adapter): checked
     here, before any work, so a wrong --model fails at once with one line; a spec that is
     clearly a local path (./x, ../x, /x, ~/x, or more than one '/') must exist."""
-    from colbench.cli import UserError
-    from engines import model_path
 
     path = model_path(spec)
     local = Path(path).expanduser()

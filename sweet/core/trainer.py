@@ -63,8 +63,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from colbench.jsonl import read_rows
 from sweet.core.config import ModelConfig, TrainConfig, resolve_learning_rate
-from sweet.core.metrics import MetricsLogger
+from sweet.core.metrics import MetricsLogger, trackers
 from sweet.core.models import load_model, make_optimizer, set_seed
 
 LossFn = Callable[[Any, Sequence[Any]], tuple[Any, dict[str, float]]]
@@ -99,7 +100,6 @@ def make_accelerator(train: TrainConfig):
     from accelerate import Accelerator, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, ProjectConfiguration
 
-    from sweet.core.metrics import trackers
 
     cpu = not torch.cuda.is_available()
     world = process_state().num_processes
@@ -535,7 +535,6 @@ def _check_safetensors(path: Path) -> None:
 def trim_metrics(path: Path, last_step: int) -> None:
     """Drop rows logged after the checkpoint we resume from (they are logged again), and
     a torn last line (a kill mid-write), as colbench/jsonl.py cuts a torn episode line."""
-    from colbench.jsonl import read_rows
 
     if path.exists():
         rows = read_rows(path, lambda row: row, what="metrics row")

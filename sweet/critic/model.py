@@ -55,8 +55,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from colbench.tasks import load_tasks
 from colbench.types import Episode
+from sweet.core.config import ModelConfig
+from sweet.core.models import load_model, load_tokenizer
 from sweet.core.records import State, episode_states
+from sweet.core.tokens import action_ids, make_batch, template_ids, turn_action_ids, with_training_info
 
 if TYPE_CHECKING:  # torch stays out of `--help`
     import torch
@@ -130,7 +134,6 @@ HEADS = ("lm", "value")
 def critic_context_ids(tokenizer, state: State, header: str = DEFAULT_HEADER, training_info: bool = True) -> list[int]:
     """(o_t, c) as ids: the policy's messages with c added, chat-templated (without c
     when `training_info` is False: the ablation)."""
-    from sweet.core.tokens import template_ids, with_training_info
 
     messages = with_training_info(state.prompt, state.training_info, header) if training_info else list(state.prompt)
     return template_ids(tokenizer, messages)
@@ -142,7 +145,6 @@ def episode_turn_examples(episode: Episode, training_info: str, tokenizer, token
     (`sweet.core.tokens.turn_action_ids`: generated ids, + end-of-turn exactly when the model
     emitted it). Turns without `token_ids` (published offline data, scripted agents) are
     an error unless `tokenize_missing`: their text is then tokenised once."""
-    from sweet.core.tokens import turn_action_ids
 
     examples = []
     for state, turn in zip(episode_states(episode, training_info), episode.agent_turns):
@@ -156,7 +158,6 @@ def episode_turn_examples(episode: Episode, training_info: str, tokenizer, token
 def critic_batch(tokenizer, examples: Sequence[CriticTurn], header: str, max_length: int | None,
                  keep_head: int, training_info: bool = True) -> "TokenBatch":
     """Pack turn examples into one right-padded batch (contexts cut in the middle)."""
-    from sweet.core.tokens import make_batch
 
     pairs = [(critic_context_ids(tokenizer, ex.state, header, training_info), ex.action_ids) for ex in examples]
     return make_batch(pairs, tokenizer.pad_token_id, max_length=max_length, keep_head=keep_head)
@@ -233,7 +234,6 @@ def load_training_info(tasks: str, env: str = "backend") -> dict[str, str]:
     """task_id -> c for every task of `tasks` (any source `colbench.tasks.load_tasks`
     reads: our Task records, published rows, `builtin:<split>`). c is the environment's
     `training_info(task)`, or `task.hidden` when the environment cannot be built."""
-    from colbench.tasks import load_tasks
 
     info_of = training_info_fn(env)
     return {t.task_id: info_of(t) for t in load_tasks(tasks, env=env, validate=False)}
@@ -288,8 +288,6 @@ class CriticScorer:
         the trained critic and π_ref, frozen, on `device` (default: cuda if available)."""
         import torch
 
-        from sweet.core.config import ModelConfig
-        from sweet.core.models import load_model, load_tokenizer
 
         critic_dir = Path(critic_dir)
         spec = CriticSpec.load(critic_dir)
@@ -329,7 +327,6 @@ class CriticScorer:
         pass of context + action per candidate, at a fraction of the cost); contexts
         that need truncation take the padded path so they are cut exactly as in training.
         items: (state, actions) or (state, actions, finish_reasons)."""
-        from sweet.core.tokens import action_ids
 
         out = []
         for state, actions, *finish in items:  # finish: optionally, one finish reason per action

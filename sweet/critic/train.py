@@ -56,6 +56,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from colbench.envs import defaults_help
+from colbench.episodes import load_episodes
+from colbench.types import Task
 from sweet.core.config import (
     LearningRates,
     ModelConfig,
@@ -64,10 +66,31 @@ from sweet.core.config import (
     fill_env_defaults,
     lr_field,
     parse_configs,
+    resolve_local,
+    resolved_config,
+    save_resolved_config,
 )
+from sweet.core.fingerprint import begin_run
+from sweet.core.models import load_model, load_tokenizer, set_seed
+from sweet.core.records import group_by_task, make_trajectory_pairs
 from sweet.core.runs import trainer_run
 from sweet.core.scoring import REFERENCE_CACHE, ReferenceCache, sharded_scores
-from sweet.critic.model import DEFAULT_HEADER, HEADS, CriticSpec, CriticTurn
+from sweet.core.trainer import Trainer, mark_finished
+from sweet.critic.model import (
+    DEFAULT_HEADER,
+    HEADS,
+    CriticSpec,
+    CriticTurn,
+    action_sums,
+    bradley_terry_loss,
+    critic_batch,
+    episode_turn_examples,
+    load_training_info,
+    pair_accuracy_and_margin,
+    per_turn_advantage,
+    training_info_fn,
+    trajectory_scores,
+)
 
 
 @dataclass
@@ -150,8 +173,6 @@ class CriticData:
 
 
 def _load_all(paths: str, env: str) -> list:
-    from colbench.episodes import load_episodes
-
     episodes = []
     for p in [p.strip() for p in paths.split(",") if p.strip()]:
         episodes.extend(load_episodes(p, env=env))
@@ -159,8 +180,6 @@ def _load_all(paths: str, env: str) -> list:
 
 
 def _pairs(cfg: CriticConfig, episodes: list, source: str) -> list:
-    from sweet.core.records import group_by_task, make_trajectory_pairs
-
     pairs = make_trajectory_pairs(episodes, cfg.success_threshold, cfg.min_reward_gap)
     if not pairs:
         groups = group_by_task(episodes)
@@ -175,8 +194,6 @@ def _pairs(cfg: CriticConfig, episodes: list, source: str) -> list:
 
 def build_data(cfg: CriticConfig, tokenizer, seed: int) -> CriticData:
     """Episodes -> pairs -> train/held-out split (by task) -> indexed turn examples."""
-    from colbench.types import Task
-    from sweet.critic.model import episode_turn_examples, load_training_info, training_info_fn
 
     if not cfg.episodes:
         raise ValueError("--episodes is required (episode JSONL file(s))")
@@ -232,7 +249,6 @@ def sharded_action_sums(accelerator, model, tokenizer, turns: list[CriticTurn], 
     less padding); every process gets all values, float64 [len(indices)]."""
     import torch
 
-    from sweet.critic.model import action_sums, critic_batch
 
     def score(positions: list[int]) -> list[float]:
         batch = critic_batch(tokenizer, [turns[indices[p]] for p in positions], ccfg.header, mcfg.max_length,
@@ -286,7 +302,6 @@ def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[i
     and the margin."""
     import torch
 
-    from sweet.critic.model import action_sums, bradley_terry_loss, critic_batch, per_turn_advantage, trajectory_scores
 
     episodes = sorted({e for pair in pairs for e in pair})
     slot = {e: k for k, e in enumerate(episodes)}
@@ -313,7 +328,6 @@ def evaluate(accelerator, model, tokenizer, data: CriticData, ref_sums, ccfg: Cr
     """Held-out pairwise accuracy and mean margin."""
     import torch
 
-    from sweet.critic.model import pair_accuracy_and_margin, per_turn_advantage, trajectory_scores
 
     if not data.eval_pairs:
         return {}
@@ -349,7 +363,6 @@ def critic_loss_fn(data: CriticData, ref_sums, ccfg: CriticConfig, mcfg: ModelCo
 
 def _value_model(mcfg: ModelConfig):
     """θ for head='value': the initial LM (LoRA-wrapped when asked) + a zero value head."""
-    from sweet.core.models import load_model
     from sweet.core.value_head import ValueHeadModel
 
     return ValueHeadModel(load_model(mcfg, trainable=True))
@@ -358,10 +371,6 @@ def _value_model(mcfg: ModelConfig):
 def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict[str, float]:
     """Train the critic on the trainer skeleton (sweet/core/trainer.py); returns the last
     held-out metrics. Rerunning resumes from the last checkpoint (accelerate state)."""
-    from sweet.core.config import resolve_local, resolved_config, save_resolved_config
-    from sweet.core.fingerprint import begin_run
-    from sweet.core.models import load_tokenizer, set_seed
-    from sweet.core.trainer import Trainer, mark_finished
 
     out = Path(tcfg.output_dir)
     if begin_run(out, {"critic": ccfg, "model": mcfg, "train": tcfg}, resume=tcfg.resume) is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from colbench import evaluate as ev
 from colbench.cli import make_configs
 from colbench.rollout import episode_seeds
 from colbench.tasks import load_tasks
@@ -239,7 +240,6 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
 def evaluate(agents: dict[str, str], setup: TestbedSetup, out: Path, seed_round: int = 0) -> list[dict]:
     """Leaderboard rows of `name=hf:<path>` agents on the held-out test tasks, sampled
     with the episode seeds of `seed_round` (colbench.rollout.episode_seeds)."""
-    from colbench import evaluate as ev
 
     argv = ["--env", setup.env, "--simulator", setup.simulator, "--tasks", setup.test_tasks,
             "--seeds", str(setup.eval_seeds), "--temperature", str(setup.eval_temperature),

@@ -25,7 +25,11 @@ from colbench.tasks import load_tasks
 from engines import EngineOptions, SamplingParams
 from sweet.algorithms.sweet_rl import ORACLE_CRITIC, first_episodes
 from sweet.algorithms.sweet_rl import main as run_round
+from sweet.core.config import ModelConfig
 from sweet.core.rollouts import policy_episodes
+from sweet.core.trainer import process_state
+from sweet.critic.train import CriticConfig, CriticTrainConfig
+from sweet.critic.train import main as train_critic
 
 
 @dataclass
@@ -59,7 +63,6 @@ def main(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
 
 def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
     """`rounds.rounds` rounds of stage 2; returns the last round's final model."""
-    from sweet.core.trainer import process_state
 
     if process_state().num_processes > 1 or cfg.stage != "all":
         raise ValueError("RoundsConfig.rounds > 1 runs in one process with --stage all (it collects episodes "
@@ -91,9 +94,6 @@ def collect_episodes(policy: Path, cfg, cand, rounds: RoundsConfig, path: Path, 
 
 def retrain_critic(critic_dir: str, episodes: str, out: Path) -> Path:
     """Retrain the critic with the settings of `critic_dir` (its config.json) on `episodes`."""
-    from sweet.core.config import ModelConfig
-    from sweet.critic.train import CriticConfig, CriticTrainConfig
-    from sweet.critic.train import main as train_critic
 
     saved = json.loads((Path(critic_dir) / "config.json").read_text())
     build = lambda cls, d: cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # noqa: E731

@@ -21,10 +21,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from colbench.envs.testbed import TestbedEnv, answer_constants, make_tasks, told_constants
 from colbench.types import STOP_ANSWERED, Episode, Turn
+from engines import SamplingParams, load_engine
+from simulators.testbed import scripted_dialogue
 from sweet.algorithms import rft
 from sweet.core.config import ModelConfig, parse_configs
+from sweet.core.models import load_tokenizer
 from sweet.core.runs import run_cli, trainer_run
+from sweet.core.tokens import template_ids, text_ids
 from sweet.core.trainer import finished
 
 
@@ -44,8 +49,6 @@ class WarmStartConfig:
 
 def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int) -> list[Episode]:
     """`n` scripted explorer episodes on the test bed's train tasks, tokenised."""
-    from colbench.envs.testbed import TestbedEnv, make_tasks
-    from sweet.core.tokens import template_ids, text_ids
 
     env = TestbedEnv()
     tasks = make_tasks("train")
@@ -72,8 +75,6 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int) -> list[Episod
 
 
 def _dialogue(task, rng, p_ask):
-    from simulators.testbed import scripted_dialogue
-
     return scripted_dialogue(task, rng, p_ask=p_ask)
 
 
@@ -81,7 +82,6 @@ def copy_check_dialogues(n: int = 48, seed: int = 0):
     """`n` held-out copy-check cases: the always-asking explorer's three questions and the
     human's replies on the test bed's test tasks, as (task, turns, told) with told = (A or
     None, B or None), the constants the replies stated."""
-    from colbench.envs.testbed import make_tasks, told_constants
 
     tasks = make_tasks("test")
     rng = random.Random(f"copy-check-{seed}")
@@ -98,7 +98,6 @@ def copy_check_dialogues(n: int = 48, seed: int = 0):
 def copy_score(answers: list[str], told: list[tuple[int | None, int | None]]) -> float:
     """The share of told constants that the answers wrote (read as the scorer reads an
     answer: colbench.envs.testbed.answer_constants); untold constants are not counted."""
-    from colbench.envs.testbed import answer_constants
 
     right = total = 0
     for text, want in zip(answers, told, strict=True):
@@ -114,8 +113,6 @@ def copy_accuracy(model: str, n: int = 48, seed: int = 0) -> float:
     warm start's copy phase must pass this before the behaviour phase: a cosmetic change
     to the prompt once flipped it from 28/28 to 8/28, and every algorithm then started
     from a policy that miscopies."""
-    from colbench.envs.testbed import TestbedEnv
-    from engines import SamplingParams, load_engine
 
     env = TestbedEnv()
     cases = copy_check_dialogues(n, seed)
@@ -138,7 +135,6 @@ def write_episodes(episodes: list[Episode], path: Path) -> None:
 
 def main(cfg: WarmStartConfig) -> Path:
     """Write scripted episodes, then fine-tune on all of them (RFT with no filter)."""
-    from sweet.core.models import load_tokenizer
 
     out = Path(cfg.output_dir)
     if finished(out) is not None:
