@@ -132,9 +132,10 @@ def run_child(args, path: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
     if not 0 < args.action < args.tokens:
-        raise SystemExit(f"--action must be in 1..{args.tokens - 1} (--tokens), got {args.action}")
+        parser.error(f"--action must be in 1..{args.tokens - 1} (--tokens), got {args.action}")  # one line, exit 2
     if args.path:  # the child: one measurement, as JSON on the last line
         print(json.dumps(measure(args)))
         return

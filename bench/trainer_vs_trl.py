@@ -437,21 +437,22 @@ def headline(results: dict[str, dict]) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
     if args.warmup_steps < 1 or args.steps < 1:
-        raise SystemExit("error: --warmup_steps and --steps must be >= 1 (the clock starts at the end of a warm-up step)")
+        parser.error("--warmup_steps and --steps must be >= 1 (the clock starts at the end of a warm-up step)")  # one line, exit 2
     if args.check_steps > args.warmup_steps + args.steps:
-        raise SystemExit("error: --check_steps must be <= --warmup_steps + --steps")
+        parser.error("--check_steps must be <= --warmup_steps + --steps")  # one line, exit 2
     if args.batch_size % args.micro_batch_size:
-        raise SystemExit("error: --batch_size must be a multiple of --micro_batch_size (equal micro-batches on both sides)")
+        parser.error("--batch_size must be a multiple of --micro_batch_size (equal micro-batches on both sides)")  # one line, exit 2
     if args.worker:
         print(json.dumps(worker(args)))
         return {}
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     if bad := [r for r in runs if r not in RUNS]:
-        raise SystemExit(f"error: --runs: unknown {bad}; choose from {', '.join(RUNS)}")
+        parser.error(f"--runs: unknown {bad}; choose from {', '.join(RUNS)}")  # one line, exit 2
     if args.repeats < 1:
-        raise SystemExit("error: --repeats must be >= 1")
+        parser.error("--repeats must be >= 1")  # one line, exit 2
     rounds: dict[str, list[dict]] = {run: [] for run in runs}
     for k in range(args.repeats):  # interleaved, so a slow spell of the machine hits every run alike
         for run in runs:
