@@ -27,7 +27,7 @@ one token sequence per episode with `env_mask` 0 on the human's tokens.
 
 What TRL keeps of our token-exact turns, and what differs from our own trainers:
 - The agent's tokens are the sampled ids (never re-tokenised), with the end-of-turn id
-  exactly when the model emitted it (sweet.tokens.action_ids, the one rule).
+  exactly when the model emitted it (sweet.core.tokens.action_ids, the one rule).
 - An episode is ONE sequence: the first turn's templated prompt, then every agent
   turn and the human's reply between them. Each turn is sampled as a continuation of
   that sequence, so what the model saw and what TRL trains on are the same ids. Our
@@ -182,7 +182,7 @@ class ColBenchRollout:
             return out
         from engines.base import SamplingParams
         from engines.hf import HFEngine
-        from sweet.tokens import action_ids, eos_id
+        from sweet.core.tokens import action_ids, eos_id
 
         engine = HFEngine.from_model(trainer.accelerator.unwrap_model(trainer.model), tok)
         params = SamplingParams(temperature=self.cfg.temperature, max_new_tokens=min(self.cfg.max_new_tokens, *room))
