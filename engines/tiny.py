@@ -137,7 +137,14 @@ def build_tiny_clip(out: Path) -> Path:
     cfg_path.write_text(json.dumps(CLIP_CONFIG, indent=2))
     open_clip.add_model_config(cfg_path)
     torch.manual_seed(SEED)
-    model = open_clip.create_model("tiny-clip", pretrained=None)
+    import logging
+
+    quiet = logging.getLogger().level
+    logging.getLogger().setLevel(logging.ERROR)  # "no pretrained weights loaded": random weights are the point
+    try:
+        model = open_clip.create_model("tiny-clip", pretrained=None)
+    finally:
+        logging.getLogger().setLevel(quiet)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out / "open_clip_model.safetensors")
     return out
 
