@@ -83,7 +83,10 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(tmp_path, episodes):
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.time() + 240
-    while not any(out.glob("checkpoint-[0-9]*")) and time.time() < deadline and proc.poll() is None:
+    def checkpointed():  # a whole checkpoint: renamed from checkpoint-N.tmp into place
+        return any(p.name.split("-")[1].isdigit() for p in out.glob("checkpoint-*"))
+
+    while not checkpointed() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.5)
     assert proc.poll() is None, proc.communicate()[1][-2000:]
     proc.send_signal(signal.SIGINT)
