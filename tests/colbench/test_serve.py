@@ -43,7 +43,7 @@ def backend_url(colbench_server):
 
 
 @pytest.fixture(scope="module")
-def testbed_url(colbench_server):
+def bed_url(colbench_server):
     with colbench_server("--env", "testbed", "--tasks", "builtin:test", "--simulator", "scripted:testbed",
                 "--max-sessions", "16") as url:
         yield url
@@ -134,7 +134,7 @@ def test_a_dialogue_through_the_server_equals_the_runners(backend_url):
         env.close()
 
 
-def test_tiny_model_episodes_through_the_server_equal_the_runners(testbed_url):
+def test_tiny_model_episodes_through_the_server_equal_the_runners(bed_url):
     """The tiny model, greedy, on the test bed: every turn and every reward match."""
     from engines import load_engine
     from engines.base import SamplingParams
@@ -146,7 +146,7 @@ def test_tiny_model_episodes_through_the_server_equal_the_runners(testbed_url):
     try:
         runner = rollout(env, tasks, agent, TestbedSimulator())
         for task, ep in zip(tasks, runner):
-            results = drive(testbed_url, agent, task)
+            results = drive(bed_url, agent, task)
             last = results[-1]
             assert last.observation.messages == env.agent_messages(task, ep.turns)
             assert [r.observation.reply for r in results[1:-1]] == [t.content for t in ep.turns if t.role == "human"]
@@ -189,14 +189,14 @@ def test_nothing_hidden_reaches_the_wire(backend_url):
 # ---- concurrency, limits and errors ---------------------------------------------------------------
 
 
-def test_concurrent_episodes_stay_apart(testbed_url):
+def test_concurrent_episodes_stay_apart(bed_url):
     tasks = load_tasks("builtin:test", env="testbed")[:8]
     results: dict[str, tuple] = {}
     errors: list[BaseException] = []
 
     def one(task):
         try:
-            with ColBenchClient(testbed_url) as c:
+            with ColBenchClient(bed_url) as c:
                 first = c.reset(task_id=task.task_id)
                 reply = c.step("What happens to positive numbers?")
                 last = c.step(f"I WANT TO ANSWER:\n```python\n{task.hidden}```")
@@ -241,8 +241,8 @@ def test_concurrent_steps_are_batched_into_one_simulator_call():
         store.close()
 
 
-def test_errors_name_the_episode(testbed_url):
-    with ColBenchClient(testbed_url) as c:
+def test_errors_name_the_episode(bed_url):
+    with ColBenchClient(bed_url) as c:
         with pytest.raises(RuntimeError, match=r"no episode: call reset\(\) first"):
             c.step("hello")
         with pytest.raises(RuntimeError, match="unknown task_id 'nope'"):
@@ -254,7 +254,7 @@ def test_errors_name_the_episode(testbed_url):
             c.step("again")
         with pytest.raises(RuntimeError, match="unknown episode id 'missing'"):
             c.step(ColBenchAction(message="hi", episode_id="missing"))
-    resp = httpx.post(f"{testbed_url}/step", json={"action": {"message": "hi", "episode_id": "missing"}})
+    resp = httpx.post(f"{bed_url}/step", json={"action": {"message": "hi", "episode_id": "missing"}})
     assert resp.status_code == 404 and "unknown episode id 'missing'" in resp.json()["detail"]
 
 
