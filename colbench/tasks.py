@@ -251,8 +251,9 @@ def _testbed_source(source: str, split: str | None) -> tuple[str, str]:
     usage = f"use builtin:train, builtin:test or builtin:<spec>/<split> with spec one of {', '.join(PRESETS)}"
     if spec not in PRESETS:
         raise ValueError(f"testbed source {source!r}: unknown spec {spec!r}; {usage}")
-    if named not in ("train", "test"):
-        raise ValueError(f"testbed source {source!r}: split must be 'train' or 'test', got {named!r}; {usage}")
+    if named not in ("train", "test") and not (named == "val" and spec != "legacy"):
+        raise ValueError(f"testbed source {source!r}: split must be 'train', 'test' (or 'val', of a spec other "
+                         f"than legacy), got {named!r}; {usage}")
     if split is not None and split != named:
         raise ValueError(f"source {source!r} conflicts with split={split!r}")
     return spec, named

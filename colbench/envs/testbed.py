@@ -91,12 +91,12 @@ def make_tasks(split: str = "train", n: int | None = None, seed: int = 0,
     (A, B) pairs, each with its own hidden test inputs. The description is the same for
     every task, so a task's constants are learnable only by asking, never by memorising.
     Another spec: `spec_tasks`."""
+    s = testbed_spec.spec(spec)
+    if not s.legacy and split in ("train", "val", "test"):
+        return spec_tasks(s, split, n, seed)
     sizes = {"train": N_TRAIN, "test": N_TEST}
     if split not in sizes:
-        raise ValueError(f"testbed split must be 'train' or 'test', got {split!r}")
-    s = testbed_spec.spec(spec)
-    if not s.legacy:
-        return spec_tasks(s, split, n, seed)
+        raise ValueError(f"testbed split must be 'train' or 'test'{'' if s.legacy else ' or val'}, got {split!r}")
     combos = [(a, b) for a in A_VALUES for b in B_VALUES]
     rng = random.Random(f"{split}-{seed}")
     tasks = [make_task(i, split, *combos[i % len(combos)], rng) for i in range(sizes[split])]
@@ -106,14 +106,19 @@ def make_tasks(split: str = "train", n: int | None = None, seed: int = 0,
 def spec_tasks(s: TestbedSpec, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
     """A non-legacy spec's tasks: each an independent draw of c (testbed_spec.draw_hidden),
     rendered as its reference, with five hidden test inputs per branch. Train and test
-    use different random streams, so the held-out tasks are fresh draws."""
-    size = {"train": s.n_train, "test": s.n_test}[split]
-    rng = random.Random(f"testbed-{s.name}-{split}-{seed}")
+    use different random streams, so the held-out tasks are fresh draws. Validation
+    tasks ("val") are the train stream's next n_val draws after its n_train tasks:
+    drawn from the train split, disjoint from the tasks trained on."""
+    size = {"train": s.n_train, "val": s.n_val, "test": s.n_test}[split]
+    first = s.n_train if split == "val" else 0
+    rng = random.Random(f"testbed-{s.name}-{'train' if split == 'val' else split}-{seed}")
     tasks = []
-    for i in range(size if n is None else min(n, size)):
+    for i in range(first + (size if n is None else min(n, size))):
         hidden = testbed_spec.draw_hidden(s, rng)
         inputs = [x for f in s.fact_list for x in rng.sample(f.inputs, testbed_spec.TESTS_PER_FACT)]
-        tasks.append(Task(task_id=f"testbed-{s.name}-{split}-{i:04d}", env="testbed",
+        if i < first:
+            continue
+        tasks.append(Task(task_id=f"testbed-{s.name}-{'train' if split == 'val' else split}-{i:04d}", env="testbed",
                           description=testbed_spec.description(s), hidden=testbed_spec.reference_source(s, hidden),
                           tests=tuple(f"f({x})" for x in inputs), meta={"spec": s.name, "split": split}))
     return tasks

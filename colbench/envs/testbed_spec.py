@@ -94,6 +94,9 @@ class TestbedSpec:
                     uniformly over the questions (one per fact, and the vague one); else
                     it answers, writing what it was told and the guess for the rest.
     n_train/n_test: tasks per split; test tasks are fresh draws (another seed).
+    n_val:          validation tasks: the next draws of the train split's stream after
+                    its n_train (disjoint from them, never test tasks), for choosing
+                    settings (bench/learning.py).
     """
 
     __test__ = False  # not a pytest class
@@ -108,12 +111,13 @@ class TestbedSpec:
     p_ask: float = 0.75
     n_train: int = 56
     n_test: int = 64
+    n_val: int = 16
 
     def __post_init__(self) -> None:
         checks = [("facts", 1 <= self.facts <= len(FACTS)), ("turns", self.turns >= 1),
                   ("p_state", 0.0 <= self.p_state <= 1.0), ("p_doc", 0.0 <= self.p_doc <= 1.0),
                   ("p_guess_right", 0.0 <= self.p_guess_right <= 1.0), ("p_ask", 0.0 <= self.p_ask <= 1.0),
-                  ("n_train", self.n_train >= 1), ("n_test", self.n_test >= 1)]
+                  ("n_train", self.n_train >= 1), ("n_test", self.n_test >= 1), ("n_val", self.n_val >= 0)]
         for field_name, ok in checks:
             if not ok:
                 raise ValueError(f"TestbedSpec {self.name!r}: invalid {field_name}={getattr(self, field_name)!r}")

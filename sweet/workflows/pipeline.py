@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 from colbench import evaluate as ev
 from colbench.cli import make_configs
+from colbench.envs import testbed_spec
+from colbench.envs.testbed_spec import SHIPPED_SPEC
 from colbench.rollout import episode_seeds
 from colbench.tasks import load_tasks
 from engines import SamplingParams
@@ -52,6 +54,26 @@ class TestbedSetup:
     train_limit: int | None = None  # collect on the first N train tasks only (smoke runs)
     test_limit: int | None = None  # evaluate on the first N test tasks only (smoke runs)
     timings: dict[str, float] = field(default_factory=dict)
+    spec: str = SHIPPED_SPEC  # the test-bed preset (colbench/envs/testbed_spec.py) the task sources name
+    val_tasks: str | None = None  # validation tasks, drawn from the train split (non-legacy specs)
+
+    @classmethod
+    def for_spec(cls, name: str, **sizes: Any) -> "TestbedSetup":
+        """The setup of a test-bed preset: its train, validation and test tasks and its turn
+        limit. A non-legacy spec is evaluated at temperature 1.0, the policy itself, so
+        that its success is the quantity the exact solver predicts (colbench.envs.testbed_exact)."""
+        s = testbed_spec.spec(name)
+        if s.legacy:
+            return cls(**sizes)
+        return cls(**{"train_tasks": f"builtin:{s.name}/train", "test_tasks": f"builtin:{s.name}/test",
+                      "val_tasks": f"builtin:{s.name}/val", "max_turns": s.turns, "eval_temperature": 1.0,
+                      "spec": s.name, **sizes})
+
+    @property
+    def n_train(self) -> int:
+        """Train tasks episodes are collected on (the interactive budget is n_train x K)."""
+        n = testbed_spec.spec(self.spec).n_train if self.env == "testbed" else 56
+        return min(n, self.train_limit) if self.train_limit else n
 
 
 def warm_start(out: Path, seed: int = 0, smoke: bool = False) -> Path:
@@ -225,7 +247,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
                 "max_episodes": setup.stage2_episodes, "episode_fraction": 1.0}
     elif algorithm == "loop":
         n_tasks = 8
-        budget = (setup.train_limit or 56) * setup.episodes_per_task  # as many episodes as the offline algorithms
+        budget = setup.n_train * setup.episodes_per_task  # as many episodes as the offline algorithms
         args = {"env": setup.env, "simulator": setup.simulator, "tasks": setup.train_tasks,
                 "iterations": max(1, budget // (n_tasks * 6)), "tasks_per_iteration": n_tasks,
                 "k": 6, "max_turns": setup.max_turns, "max_new_tokens": setup.max_new_tokens,
