@@ -55,8 +55,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol, Sequence
 
+from colbench.envs.testbed_spec import task_spec
 from colbench.episodes import load_episodes
 from colbench.jsonl import Appender
+from colbench.tasks import load_tasks
 from engines import EngineOptions, load_engine
 from engines.base import Sample, SamplingParams
 from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_dpo
@@ -351,10 +353,12 @@ def load_scorer(model_cfg: ModelConfig, cfg: SweetConfig) -> Scorer:
         if cfg.env != "testbed":
             raise ValueError(f"--critic {ORACLE_CRITIC} is the test bed's exact advantage: it needs --env testbed, "
                              f"got --env {cfg.env}")
-        from sweet.core.models import load_tokenizer
         from sweet.critic.oracle import OracleScorer
 
-        return OracleScorer(load_tokenizer(model_cfg.model), cfg.env)
+        specs = {task_spec(t).name for t in load_tasks(cfg.tasks, env=cfg.env, validate=False)}
+        if len(specs) != 1:
+            raise ValueError(f"--critic {ORACLE_CRITIC}: --tasks {cfg.tasks} mixes test-bed specs {sorted(specs)}")
+        return OracleScorer(load_tokenizer(model_cfg.model), cfg.env, spec=specs.pop())
 
     return CriticScorer.load(cfg.critic)
 

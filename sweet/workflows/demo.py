@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from colbench.envs import testbed_exact, testbed_spec
 from sweet.critic import inspect as inspect_critic
 from sweet.workflows.pipeline import (
     TestbedSetup,
@@ -39,6 +40,8 @@ class DemoConfig:
     output_dir: str = field(default="runs/demo", metadata={"help": "everything goes here"})
     episodes_per_task: int = field(default=8, metadata={"help": "episodes per train task to learn from"})
     seed: int = field(default=0, metadata={"help": "random seed"})
+    spec: str = field(default="default", metadata={
+        "help": "test-bed preset (colbench/envs/testbed_spec.py): default, long, or legacy (the earlier bed)"})
     smoke: bool = field(default=False, metadata={
         "help": "a 1-2 minute run of every step at toy sizes (tests); trains on the scripted dialogues"})
 
@@ -49,17 +52,17 @@ def main(cfg: DemoConfig) -> Path:
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(cfg.output_dir)
-    setup = TestbedSetup(episodes_per_task=cfg.episodes_per_task)
+    setup = TestbedSetup.for_spec(cfg.spec, episodes_per_task=cfg.episodes_per_task)
     if cfg.smoke:
-        setup = TestbedSetup(episodes_per_task=2, train_limit=8, test_limit=4, eval_seeds=1, candidates=2,
-                             max_new_tokens=48, stage2_episodes=16)
+        setup = TestbedSetup.for_spec(cfg.spec, episodes_per_task=2, train_limit=8, test_limit=4, eval_seeds=1,
+                                      candidates=2, max_new_tokens=48, stage2_episodes=16)
     steps = ["warm start", "collect episodes", "train critic", "train policy (SWEET-RL)", "evaluate",
              "per-turn credit inspector"]
     say = lambda i: print(f"\n=== [{i + 1}/{len(steps)}] {steps[i]} ===", flush=True)  # noqa: E731
 
     say(0)
     with timed(setup, "warm_start"):
-        warm = warm_start(out / "warm_start", seed=cfg.seed, smoke=cfg.smoke)
+        warm = warm_start(out / "warm_start", seed=cfg.seed, smoke=cfg.smoke, spec=cfg.spec)
     say(1)
     with timed(setup, "collect"):
         episodes = collect_episodes(str(warm), setup, out / "episodes" / "train.jsonl", seed=cfg.seed)
@@ -89,6 +92,14 @@ def main(cfg: DemoConfig) -> Path:
               f"[{m['success_rate']['ci95'][0]:.3f}, {m['success_rate']['ci95'][1]:.3f}]  "
               f"tests passed {m['tests_passed']['value']:.3f}")
     print(compare(rows, "warm_start", "sweet_rl"))
+    summary = main_job_summary(rows, cfg.spec)
+    if summary.get("optimum") is not None:
+        print(f"exact solver ({cfg.spec!r} bed): warm start {summary['predicted_warm_start']:.3f}, optimum "
+              f"{summary['optimum']:.3f}; SWEET-RL closed {summary['gap_closed']:.0%} of the measured warm start's "
+              f"distance to the optimum")
+    print(warm_start_checks(out / "warm_start"))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"summary: {out / 'summary.json'}")
     (out / "timings.json").write_text(json.dumps(setup.timings, indent=2))
     print("\nwall time per step (s): " + ", ".join(f"{k} {v:.0f}" for k, v in setup.timings.items()))
     print(f"leaderboard: {out / 'leaderboard' / 'leaderboard.md'}")
@@ -96,3 +107,34 @@ def main(cfg: DemoConfig) -> Path:
     print(f"per-turn credit inspector: {page}")
     print(f"critic metrics: {out / 'critic' / 'metrics.jsonl'}; policy metrics: {out / 'sweet' / 'metrics.jsonl'}")
     return out
+
+
+def main_job_summary(rows: list[dict], spec: str) -> dict:
+    """OUT/summary.json: {"warm_start": M, "sweet_rl": M, "optimum": v} with M =
+    {"value", "ci95"} (held-out success), the optimum and the warm start's success as the
+    exact solver computes them (colbench.envs.testbed_exact; None on the legacy bed, whose
+    optimum is 1), and the share of the warm start's distance to the optimum closed."""
+    m = {r["agent"]: r["metrics"]["success_rate"] for r in rows}
+    out: dict = {"spec": spec, "warm_start": m["warm_start"], "sweet_rl": m["sweet_rl"]}
+    if testbed_spec.spec(spec).legacy:
+        out["optimum"] = None
+        return out
+    bed = testbed_exact.build(spec)
+    best = testbed_exact.optimum(bed)[0]
+    warm = m["warm_start"]["value"]
+    out.update(optimum=round(best, 4), predicted_warm_start=round(testbed_exact.evaluate(bed, bed.logp0).success, 4),
+               gap_closed=(m["sweet_rl"]["value"] - warm) / (best - warm) if best > warm else None)
+    return out
+
+
+def warm_start_checks(folder: Path) -> str:
+    """One line: at which pass each warm-start phase passed its check (a retry said so)."""
+    parts = []
+    for phase in ("copy", "behave"):
+        record = folder / f"{phase}_check.json"
+        if record.exists():
+            checks = json.loads(record.read_text())
+            scores = ", ".join(f"{c['copy_accuracy']:.2f}" for c in checks)
+            parts.append(f"{phase} passed at once ({scores})" if len(checks) == 1 else
+                         f"{phase} retried: passed on pass {len(checks)} ({scores})")
+    return "warm start checks: " + ("; ".join(parts) if parts else "none recorded (smoke run)")

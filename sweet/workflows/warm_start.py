@@ -21,7 +21,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from colbench.envs import testbed_spec
 from colbench.envs.testbed import TestbedEnv, answer_constants, make_tasks, told_constants
+from colbench.envs.testbed_spec import SHIPPED_SPEC
 from colbench.types import STOP_ANSWERED, Episode, Turn
 from engines import SamplingParams, load_engine
 from simulators.testbed import scripted_dialogue
@@ -38,7 +40,10 @@ class WarmStartConfig:
     output_dir: str = field(default="runs/warm_start", metadata={"help": "where the warm-started model goes (final/)"})
     model: str = field(default="tiny", metadata={"help": "model to fine-tune"})
     n_dialogues: int = field(default=1200, metadata={"help": "scripted dialogues to train on"})
-    p_ask: float = field(default=0.6, metadata={"help": "probability that the explorer asks each question"})
+    spec: str = field(default=SHIPPED_SPEC, metadata={"help": "test-bed preset (colbench/envs/testbed_spec.py) "
+                                                                 "whose train tasks the dialogues are on"})
+    p_ask: float | None = field(default=None, metadata={"help": "probability that the explorer asks on each turn "
+                                                                "before the last (default: the spec's)"})
     epochs: int = field(default=2, metadata={"help": "passes over the dialogues"})
     learning_rate: float = field(default=2e-3, metadata={"help": "AdamW learning rate"})
     batch_size: int = field(default=8, metadata={"help": "examples per step (small: many steps let copying emerge)"})
@@ -47,11 +52,16 @@ class WarmStartConfig:
     seed: int = field(default=0, metadata={"help": "random seed"})
 
 
-def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int) -> list[Episode]:
-    """`n` scripted explorer episodes on the test bed's train tasks, tokenised."""
+def spec_env(spec: str) -> TestbedEnv:
+    """The test-bed env of a preset (its turn limit)."""
+    return TestbedEnv() if testbed_spec.spec(spec).legacy else TestbedEnv(spec=spec)
 
-    env = TestbedEnv()
-    tasks = make_tasks("train")
+
+def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = SHIPPED_SPEC) -> list[Episode]:
+    """`n` scripted explorer episodes on the test bed's train tasks of `spec`, tokenised."""
+
+    env = spec_env(spec)
+    tasks = make_tasks("train", spec=spec)
     rng = random.Random(seed)
     episodes = []
     for i in range(n):
@@ -78,44 +88,57 @@ def _dialogue(task, rng, p_ask):
     return scripted_dialogue(task, rng, p_ask=p_ask)
 
 
-def copy_check_dialogues(n: int = 48, seed: int = 0):
-    """`n` held-out copy-check cases: the always-asking explorer's three questions and the
-    human's replies on the test bed's test tasks, as (task, turns, told) with told = (A or
-    None, B or None), the constants the replies stated."""
+def copy_check_dialogues(n: int = 48, seed: int = 0, spec: str = SHIPPED_SPEC):
+    """`n` held-out copy-check cases: the always-asking explorer's questions (one on every
+    turn before the last: three on the legacy bed, two on a 3-turn spec) and the human's
+    replies on the test tasks of `spec`, as (task, turns, want). want: per constant, what
+    the answer must write, or None where it is not checked. Legacy: the constants the
+    replies stated (A or None, B or None). Another spec: what the explorer would write,
+    every constant (told ones copied, the fixed guess for the rest), since its warm
+    start's success rests on both."""
 
-    tasks = make_tasks("test")
+    tasks = make_tasks("test", spec=spec)
+    s = testbed_spec.spec(spec)
     rng = random.Random(f"copy-check-{seed}")
     cases = []
     for i in range(n):
         task = tasks[i % len(tasks)]
         turns = [Turn(role, text) for role, text in _dialogue(task, rng, 1.0)[:-1]]  # not the explorer's answer
-        a, b = task.meta["a"], task.meta["b"]
-        know_a, know_b = told_constants([t.content for t in turns if t.role == "human"], a, b)
-        cases.append((task, turns, (a if know_a else None, b if know_b else None)))
+        replies = [t.content for t in turns if t.role == "human"]
+        if s.legacy:
+            a, b = task.meta["a"], task.meta["b"]
+            know_a, know_b = told_constants(replies, a, b)
+            want: tuple[int | None, ...] = (a if know_a else None, b if know_b else None)
+        else:
+            want = testbed_spec.guess_values(s, testbed_spec.told_values(s, replies))
+        cases.append((task, turns, want))
     return cases
 
 
-def copy_score(answers: list[str], told: list[tuple[int | None, int | None]]) -> float:
-    """The share of told constants that the answers wrote (read as the scorer reads an
-    answer: colbench.envs.testbed.answer_constants); untold constants are not counted."""
+def copy_score(answers: list[str], told: list[tuple[int | None, ...]], spec: str = SHIPPED_SPEC) -> float:
+    """The share of checked constants (not None in `told`) that the answers wrote, read
+    as the scorer reads an answer (legacy: colbench.envs.testbed.answer_constants; a
+    spec: testbed_spec.answer_values)."""
 
+    s = testbed_spec.spec(spec)
     right = total = 0
     for text, want in zip(answers, told, strict=True):
-        for g, w in zip(answer_constants(text), want):
+        got = answer_constants(text) if s.legacy else testbed_spec.answer_values(s, text)
+        for g, w in zip(got, want):
             if w is not None:
                 right, total = right + (g == w), total + 1
     return right / max(total, 1)
 
 
-def copy_accuracy(model: str, n: int = 48, seed: int = 0) -> float:
-    """How often `model`, answering greedily after the always-asking explorer's three
-    questions on held-out tasks, writes each constant it was told (`copy_score`). The
-    warm start's copy phase must pass this before the behaviour phase: a cosmetic change
-    to the prompt once flipped it from 28/28 to 8/28, and every algorithm then started
-    from a policy that miscopies."""
+def copy_accuracy(model: str, n: int = 48, seed: int = 0, spec: str = SHIPPED_SPEC) -> float:
+    """How often `model`, answering greedily after the always-asking explorer's questions
+    on held-out tasks of `spec`, writes each constant as checked (`copy_check_dialogues`,
+    `copy_score`). The warm start's copy phase must pass this before the behaviour
+    phase: a cosmetic change to the prompt once flipped it from 28/28 to 8/28, and every
+    algorithm then started from a policy that miscopies."""
 
-    env = TestbedEnv()
-    cases = copy_check_dialogues(n, seed)
+    env = spec_env(spec)
+    cases = copy_check_dialogues(n, seed, spec)
     prompts = [env.agent_messages(task, turns) for task, turns, _ in cases]
     env.close()
     engine = load_engine(f"hf:{model}")
@@ -123,7 +146,7 @@ def copy_accuracy(model: str, n: int = 48, seed: int = 0) -> float:
         samples = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=64))
     finally:
         engine.close()
-    return copy_score([s[0].text for s in samples], [told for _, _, told in cases])
+    return copy_score([s[0].text for s in samples], [want for _, _, want in cases], spec)
 
 
 def write_episodes(episodes: list[Episode], path: Path) -> None:
@@ -143,7 +166,8 @@ def main(cfg: WarmStartConfig) -> Path:
     episodes_path = out / "scripted_episodes.jsonl"
     if not episodes_path.exists():
         tokenizer = load_tokenizer(cfg.model)
-        episodes = scripted_episodes(tokenizer, cfg.n_dialogues, cfg.p_ask, cfg.seed)
+        p_ask = testbed_spec.spec(cfg.spec).p_ask if cfg.p_ask is None else cfg.p_ask
+        episodes = scripted_episodes(tokenizer, cfg.n_dialogues, p_ask, cfg.seed, cfg.spec)
         write_episodes(episodes, episodes_path)
         success = sum(e.success for e in episodes) / len(episodes)
         print(f"warm start: {len(episodes)} scripted dialogues, explorer success rate {success:.2f}")

@@ -62,13 +62,13 @@ def test_presets_parse_and_bad_names_list_them():
 
 def test_spec_tasks_carry_their_spec_and_test_tasks_are_fresh_draws():
     train, test = load_tasks("builtin:default/train", env="testbed"), load_tasks("builtin:default/test", env="testbed")
-    assert len(train) == 56 and len(test) == 64 and make_tasks("train", spec="default") == train
+    assert len(train) == 56 and len(test) == 256 and make_tasks("train", spec="default") == train
     assert all(t.meta["spec"] == "default" and len(t.tests) == 10 for t in train + test)
     assert {t.hidden for t in train} & {t.hidden for t in test}  # the same few references ...
     assert [t.hidden for t in train[:20]] != [t.hidden for t in test[:20]]  # ... drawn afresh
     # validation tasks: the train stream's next draws, never a train or a test task
     val = load_tasks("builtin:default/val", env="testbed")
-    assert len(val) == 16 and all(t.meta["split"] == "val" for t in val)
+    assert len(val) == 128 and all(t.meta["split"] == "val" for t in val)
     assert val[0].task_id == "testbed-default-train-0056" and {t.task_id for t in val}.isdisjoint(t.task_id for t in train)
     assert [t.hidden for t in val] != [t.hidden for t in train[:16]] != [t.hidden for t in test[:16]]
     with pytest.raises(ValueError, match="val"):

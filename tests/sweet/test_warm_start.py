@@ -5,6 +5,7 @@ import json
 import pytest
 
 from colbench.envs.testbed import DEFAULT_A, DEFAULT_B, MAX_TURNS, answer_text
+from colbench.envs import testbed_spec as ts
 from sweet.workflows import pipeline
 from sweet.workflows.warm_start import copy_check_dialogues, copy_score
 
@@ -36,6 +37,26 @@ def test_copy_score_counts_each_told_constant_once():
         copy_score([answer_text(3, 20)], told)  # one answer per case
 
 
+def test_spec_copy_check_asks_on_every_turn_but_the_last_and_wants_the_explorers_answer():
+    """On a 3-turn spec the always-asking explorer asks twice; the check wants every
+    constant as the explorer writes it: told ones copied, the fixed guess for the rest."""
+    s = ts.spec("default")
+    cases = copy_check_dialogues(n=40, seed=0, spec="default")
+    for task, turns, want in cases:
+        assert task.meta["split"] == "test" and task.meta["spec"] == "default"
+        assert [t.role for t in turns] == ["agent", "human"] * (s.turns - 1)
+        replies = [t.content for t in turns if t.role == "human"]
+        assert want == ts.guess_values(s, ts.told_values(s, replies))
+    told = {sum(v is not None for v in ts.told_values(s, [t.content for t in turns if t.role == "human"]))
+            for _, turns, _ in cases}
+    assert told == {0, 1, 2}  # nothing, one side, or both (the docstring) told
+    answers = [ts.answer_text(s, want) for _, _, want in cases]
+    assert copy_score(answers, [w for _, _, w in cases], spec="default") == 1.0
+    wrong = [ts.answer_text(s, (3, 20)) for _ in cases]  # the non-guess values everywhere
+    expected = sum((w[0] == 3) + (w[1] == 20) for _, _, w in cases) / (2 * len(cases))
+    assert copy_score(wrong, [w for _, _, w in cases], spec="default") == pytest.approx(expected)
+
+
 def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_path, monkeypatch):
     """A warm-start phase stops at the first pass over the bar, each pass continuing the
     last at its own learning rate; it resumes from <phase>_check.json, and raises rather
@@ -47,7 +68,7 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
         trained.append(cfg)
         return tmp_path / "ws" / cfg.output_dir.rsplit("/", 1)[1] / "final"
 
-    def fake_accuracy(model, seed=0):
+    def fake_accuracy(model, seed=0, **spec):
         measured.append(model)
         return accuracy[model.split("/")[-2]]
 
