@@ -1,5 +1,7 @@
-"""The learning benchmark's protocol maths: success at matched KL along training paths,
-and paired bootstrap intervals over (seed, test task) clusters. numpy only.
+"""The learning benchmark's protocol (bench/learning.py): success at matched KL along
+training paths, paired bootstrap intervals over (seed, test task) clusters, the solver's
+predictions beside them, and their tables and plot. The maths is numpy only; reading
+evaluation episodes and measuring their KL (sweet.core.kl) import the project lazily.
 
 A policy's *path* (`TrainingPath`) in one seed is its snapshots in training order, the warm start first
 (KL 0 by definition), each evaluated on the same test tasks. A point holds, per test task,
@@ -20,8 +22,10 @@ success and KL as pooled means.
 from __future__ import annotations
 
 import itertools
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -62,7 +66,9 @@ def interpolate(kl: np.ndarray, success: np.ndarray, level: float) -> tuple[np.n
     reached = above.any(-1)
     i = np.where(reached, above.argmax(-1), kl.argmax(-1))
     j = np.maximum(i - 1, 0)
-    take = lambda x, k: np.take_along_axis(x, k[..., None], -1)[..., 0]  # noqa: E731
+    def take(x: np.ndarray, k: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(x, k[..., None], -1)[..., 0]
+
     k0, k1, s0, s1 = take(kl, j), take(kl, i), take(success, j), take(success, i)
     span = k1 - k0
     frac = np.where((i > 0) & (span > 0), (level - k0) / np.where(span > 0, span, 1.0), 1.0)
@@ -161,3 +167,161 @@ def pairs(boot: Bootstrap, paths: dict[str, dict[int, TrainingPath]], predicted:
                         "predicted_gap": None if pa is None or pb is None else round(pa - pb, 4),
                         **boot.gap(paths[a], paths[b], level)})
     return out
+
+
+# ---- paths from evaluation episodes, predictions, tables, the plot ---------------------------
+
+
+def tasks_of(path: str | Path) -> tuple[str, ...]:
+    """The sorted task ids of an evaluation episodes file (a seed's clusters)."""
+    from sweet.core.records import load_episodes
+
+    return tuple(sorted({ep.task_id for ep in load_episodes(path, env="testbed")}))
+
+
+def log_ratios(model: str, warm: str, episodes, file: Path) -> list[float]:
+    """Each episode's log π(τ) − log π0(τ) (sweet.core.kl), cached beside the evaluation in
+    <eval>/kl/<agent>.json (keyed by both models and the episode ids)."""
+    from sweet.core.kl import kl_from_models
+
+    cache = file.parent.parent / "kl" / f"{file.stem}.json"
+    ids = [ep.episode_id for ep in episodes]
+    if cache.exists():
+        d = json.loads(cache.read_text())
+        if d["model"] == model and d["reference"] == warm and set(ids) <= set(d["ratios"]):
+            return [d["ratios"][i] for i in ids]
+    ratios = kl_from_models(model, warm, episodes)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(cache.name + ".tmp")
+    tmp.write_text(json.dumps({"model": model, "reference": warm, "ratios": dict(zip(ids, ratios))}))
+    tmp.replace(cache)
+    return ratios
+
+
+def training_path(points: list[tuple[int, str]], files: list[str], warm: Path, tasks: tuple[str, ...]):
+    """A seed's path (bench/frontier.py TrainingPath) from its points' evaluation episodes:
+    per point and test task, the successes, the log-ratios against the warm start (the warm
+    start itself: 0) and the episode count."""
+    from sweet.core.records import load_episodes
+
+    index = {t: i for i, t in enumerate(tasks)}
+    shape = (len(points), len(tasks))
+    success, ratio, count = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    for k, ((step, model), file) in enumerate(zip(points, files)):
+        eps = load_episodes(file, env="testbed")
+        ratios = [0.0] * len(eps) if step == 0 else log_ratios(model, str(warm), eps, Path(file))
+        for ep, r in zip(eps, ratios):
+            if ep.task_id not in index:
+                raise ValueError(f"{file}: task {ep.task_id!r} is not one of the warm start's evaluation tasks")
+            j = index[ep.task_id]
+            success[k, j] += float(ep.success)
+            ratio[k, j] += r
+            count[k, j] += 1
+    return TrainingPath(tasks, tuple(step for step, _ in points), success, ratio, count)
+
+
+def paths_of(results: dict[int, dict[str, dict]], names: list[str], warm: Path):
+    """(the paired bootstrap over every seed's test tasks, {policy: {seed: TrainingPath}})."""
+    clusters = {s: tasks_of(r["warm_start"]["eval_episodes"]) for s, r in results.items()}
+    paths = {n: {s: training_path(r[n]["points"], r[n]["point_episodes"], warm, clusters[s])
+                 for s, r in results.items()} for n in names}
+    return Bootstrap(clusters), paths
+
+
+PREDICTED = ("rft", "mtdpo", "sweet", "sweet_no_info", "sweet_oracle")  # the policies the solver models
+
+
+def prediction(spec: str, setup, finite_reps: int, out: Path) -> dict:
+    """The exact solver's success per policy and KL level (colbench.envs.testbed_exact:
+    `predict`, the population limit, or `predict_finite` at the benchmark's budget with
+    --predict-finite REPS), with the warm start's and the optimum; cached in
+    OUT/prediction.json under its settings."""
+    from colbench.envs import testbed_exact
+
+    key = {"spec": spec, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates,
+           "finite_reps": finite_reps, "n_tasks": setup.n_train}
+    cache = out / "prediction.json"
+    if cache.exists() and (d := json.loads(cache.read_text())).get("key") == key:
+        return d
+    p = testbed_exact.predict(spec, episodes_per_task=setup.episodes_per_task, candidates=setup.candidates).to_json()
+    methods = {m: p[m] for m in PREDICTED}
+    if finite_reps:
+        finite = testbed_exact.predict_finite(spec, finite_reps, setup.n_train, setup.episodes_per_task,
+                                              candidates=setup.candidates)
+        methods = {m: {f"{k:.1f}": round(v[0], 4) for k, v in by.items()} for m, by in finite.items()}
+    d = {"key": key, "source": "predict_finite" if finite_reps else "predict",
+         "warm_start": p["warm_start"], "optimum": p["optimum"], "methods": methods, "solver": p}
+    out.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(d, indent=2))
+    return d
+
+
+def _ci(m: dict) -> str:
+    return f"{m['value']:.3f} [{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]"
+
+
+def kl_table(summary: dict) -> str:
+    """Success at KL 0.5 / 1 / 2 with 95% intervals, the solver's prediction beside it;
+    `*KL k`: the path never got there, shown at its largest KL k."""
+    levels = ["0.5", "1.0", "2.0"]
+    lines = ["| policy | final KL | " + " | ".join(f"KL {k}: measured [95% CI] | predicted" for k in levels) + " |",
+             "|---|---|" + "---|---|" * len(levels)]
+    for name, m in summary["policies"].items():
+        cells = []
+        for k in levels:
+            at = m["at_kl"][k]
+            flag = "" if at["reached"] else f" *KL {at['kl']:.2f}"
+            pred = m["predicted"] if not isinstance(m["predicted"], dict) else m["predicted"].get(k)
+            cells.append(f"{_ci(at['success_rate'])}{flag} | {'n/a' if pred is None else format(pred, '.3f')}")
+        lines.append(f"| {name} | {m['kl']:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def pairs_table(summary: dict) -> str:
+    """Every pair's gap a − b, predicted and measured (paired 95% interval); `!` marks a
+    predicted gap of at least 0.05 whose measured interval does not exclude zero on its side."""
+    lines = ["| a − b | KL | predicted | measured [paired 95% CI] |", "|---|---|---|---|"]
+    for r in summary["pairs"]:
+        g = r["predicted_gap"]
+        lo, hi = r["ci95"]
+        miss = g is not None and abs(g) >= 0.05 and not (lo > 0 if g > 0 else hi < 0)
+        lines.append(f"| {r['a']} − {r['b']} | {r['kl']} | {'n/a' if g is None else format(g, '+.3f')} | "
+                     f"{r['measured_gap']:+.3f} [{lo:+.3f}, {hi:+.3f}]{' !' if miss else ''} |")
+    return "\n".join(lines)
+
+
+def plot_frontier(out: Path, boot, paths: dict, summary: dict) -> None:
+    """Success vs KL per method (mean over seeds, 95% bootstrap band) up to the largest KL
+    every seed's path reaches; the solver's predictions as markers at KL 0.5 / 1 / 2."""
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, (name, by_seed) in enumerate(paths.items()):
+        color = f"C{k % 10}"
+        top = min(float(p.points(boot.ones()[s])[0].max()) for s, p in by_seed.items())
+        rows = boot.frontier(by_seed, np.linspace(0.0, max(top, 0.0), 41)) if top > 0 else []
+        if rows:
+            kl = [r["kl"] for r in rows]
+            ax.plot(kl, [r["value"] for r in rows], color=color, label=name)
+            ax.fill_between(kl, [r["ci95"][0] for r in rows], [r["ci95"][1] for r in rows], color=color, alpha=0.15)
+        pred = summary["policies"][name]["predicted"]
+        if isinstance(pred, dict):
+            ax.plot([float(x) for x in pred], list(pred.values()), "x", color=color, markersize=8)
+        elif pred is not None:
+            ax.plot([0.0], [pred], "x", color=color, markersize=8)
+        if not rows:
+            v = summary["policies"][name]["at_kl"]["0.5"]["success_rate"]["value"]
+            ax.plot([0.0], [v], "o", color=color, label=name)
+    if summary.get("predicted"):
+        ax.axhline(summary["predicted"]["optimum"], color="grey", linestyle=":", label="optimum (solver)")
+    ax.set_xlabel("KL(π‖π0) from the warm start (nats, on the policy's own test episodes)")
+    ax.set_ylabel("test success rate")
+    ax.set_title(f"spec {summary['spec']}: success vs KL (bands 95%, x = solver)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "frontier.png", dpi=100)
+    plt.close(fig)

@@ -49,7 +49,7 @@ def policy_episodes(model: str, tasks: Sequence[Task], *, env: str, simulator: s
                     engine_options: EngineOptions | None = None, progress: bool = True) -> list[Episode]:
     """Episodes of the model spec `model` on `tasks` × `seeds` (resumable JSONL at
     `out_path`); the environment, simulator and engine are opened here and closed."""
-    with rollout_session(env, simulator) as (environment, human), \
+    with rollout_session(env, simulator, max_turns=max_turns) as (environment, human), \
             closing(load_engine(model, engine_options)) as engine:
         agent = ModelAgent(engine, sampling, name="policy")
         return rollout(environment, tasks, agent, human, seeds=seeds, max_turns=max_turns, out_path=out_path,

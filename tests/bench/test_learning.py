@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from sweet.workflows.pipeline import TestbedSetup
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
 learning = importlib.util.module_from_spec(_spec)
+sys.modules["bench_learning"] = learning  # its dataclasses look their module up
 _spec.loader.exec_module(learning)
 
 
@@ -54,8 +56,11 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     assert c["n_pairs"] == 9 and c["pairs"] == 5 / 9  # turn 0: 2 of 2 right; turn 2: 3 of 4; last turn: 0 of 3
     assert c["n_states"] == 3 and c["top1"] == 2 / 3 and c["n_last"] == 1 and c["top1_last"] == 0.0
     assert c["n_questions"] == 2 and c["questions"] == 0.5
+    assert c["per_turn"] == {"0": {"pairs": 1.0, "n_pairs": 2}, "2": {"pairs": 0.75, "n_pairs": 4},
+                             "3": {"pairs": 0.0, "n_pairs": 3}}
     table = learning.checks_table(checks)
     assert "| sweet | 0.56 (of 9) | 0.67 (of 3) | 0.00 (of 1) | 0.50 (of 2) |" in table
+    assert "| sweet | 1.00 (of 2) | 0.75 (of 4) | 0.00 (of 3) |" in table  # per turn 0, 2, 3
 
 
 def test_sweet_variants_rank_the_candidates_the_first_finished_variant_sampled(tmp_path):
