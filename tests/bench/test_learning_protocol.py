@@ -112,7 +112,7 @@ def test_toy_run_with_training_paths(tmp_path):
     assert summary["policies"]["rft"]["budget"] == {"episodes": 96, "online_episodes": 0, "candidates": 0}
     top = max(p["kl"] for p in loop)
     at = summary["policies"]["loop"]["at_kl"]["2.0"]
-    assert top < 2.0 and not at["reached"] and at["kl"] == pytest.approx(top)
+    assert top < 2.0 and not at["reached"] and at["kl"] == pytest.approx(top, abs=1e-4)  # results.json rounds
     if not paths["rft"]["note"]:
         rft = paths["rft"]["path"]
         assert len(rft) >= 2 and all(p["kl"] > 0 for p in rft[1:])
