@@ -18,7 +18,8 @@ critics (`shared_candidates`).
 
 Paths. Each method trains --path-epochs epochs (LOOP: its iterations) with a model-only
 snapshot every --snapshot-steps optimiser steps (LOOP: every iteration) and at the end
-(TrainConfig.snapshot_steps). The warm start (KL 0 by definition) and every snapshot are
+(TrainConfig.snapshot_steps). The warm start (KL 0 by definition) and the snapshots (at most
+--eval-points per path, evenly spaced, the last always: evaluation is the cost) are
 evaluated on the test tasks (the setup's eval_seeds episodes per task at its evaluation
 temperature, 1.0 on spec beds: the policy itself), and each snapshot's KL(π‖π0) is measured
 on those same episodes (sweet.core.kl: Σ over agent turns and action tokens of log π − log
@@ -134,6 +135,7 @@ class Protocol:
 
     path_epochs: int = 6  # epochs of each offline method's path (RFT, MT-DPO, SWEET stage 2)
     snapshot_steps: int = 8  # a snapshot every N optimiser steps (LOOP: every iteration)
+    eval_points: int = 8  # snapshots evaluated per path at most: evenly spaced, the last always
     hp_grid: tuple[float, ...] = (1.0, 1 / 3, 3.0)  # learning-rate multipliers searched (1.0 first)
     val_episodes: int = 2  # episodes per validation task in the search
     predict_finite: int = 0  # the solver's repetitions at the benchmark's budget (0: population limit)
@@ -183,7 +185,15 @@ def train_one(seed: int, name: str, warm: Path, out: Path, setup, proto: Protoco
         model = str(warm)
     return {"model": model, "folder": str(folder), "samples": count_samples(algo, episodes, folder),
             "train_wall_s": _train_wall(folder, t0, trained_before), "note": note, "mult": mult,
-            "points": [(0, str(warm))] + ([] if note else snapshots(folder))}
+            "points": [(0, str(warm))] + ([] if note else spaced(snapshots(folder), proto.eval_points))}
+
+
+def spaced(items: list, n: int) -> list:
+    """At most `n` of `items`, evenly spaced along them, the last always among them."""
+    if len(items) <= n:
+        return list(items)
+    step = len(items) / n
+    return [items[len(items) - 1 - int(k * step)] for k in reversed(range(n))]
 
 
 def shared_candidates(sd: Path, name: str, mult: float = 1.0) -> dict[str, str]:
@@ -307,7 +317,8 @@ def search(seed: int, policies: list[str], warm: Path, out: Path, setup, proto: 
     `proto.hp_grid` whose path has the highest mean validation success at KL 0.5 / 1 / 2
     (interpolated as on the test tasks; a level the path does not reach counts at its
     largest KL), on the first seed only; ties go to the earlier multiplier (1.0 first)."""
-    rule = (f"learning rate = base x m, m in {list(proto.hp_grid)}, chosen per method on seed {seed}'s validation "
+    rule = (f"learning rate = base x m, m in {[round(m, 3) for m in proto.hp_grid]}, chosen per method on seed "
+            f"{seed}'s validation "
             f"tasks ({proto.val_episodes} episodes each) by the highest mean success at KL "
             f"{', '.join(map(str, LEVELS))}; then used for every seed")
     if len(proto.hp_grid) == 1:
@@ -500,7 +511,7 @@ def checks_table(checks: dict[str, dict]) -> str:
 def _grid(text: str) -> tuple[float, ...]:
     """--hp-grid: comma list of positive learning-rate multipliers, 1 first (the base rate)."""
     try:
-        values = [float(eval_fraction(v)) for v in text.split(",") if v.strip()]
+        values = [float(_number(v)) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--hp-grid {text!r}: expected a comma list of numbers such as 1/3,1,3")
     if not values or any(not v > 0 for v in values):
@@ -508,7 +519,7 @@ def _grid(text: str) -> tuple[float, ...]:
     return tuple(sorted(set(values), key=lambda v: (v != 1.0, values.index(v))))
 
 
-def eval_fraction(text: str) -> float:
+def _number(text: str) -> float:
     """'1/3' -> 0.333..., '3' -> 3.0."""
     num, _, den = text.strip().partition("/")
     return float(num) / float(den) if den else float(num)
@@ -535,9 +546,11 @@ def main(argv: list[str] | None = None) -> dict:
                    help="epochs of each offline method's training path (RFT, MT-DPO, SWEET-RL stage 2)")
     p.add_argument("--snapshot-steps", type=int, default=d.snapshot_steps,
                    help="a snapshot every N optimiser steps along each path (LOOP: every iteration), each evaluated")
-    p.add_argument("--hp-grid", type=_grid, default=d.hp_grid,
+    p.add_argument("--eval-points", type=int, default=d.eval_points,
+                   help="snapshots evaluated per path at most (evenly spaced along it, the last always)")
+    p.add_argument("--hp-grid", type=_grid, default=None,
                    help="learning-rate multipliers searched per method on the first seed's validation tasks "
-                        "(default 1,1/3,3; 1: no search)")
+                        "(default 1,1/3,3 where the spec has validation tasks, else 1; 1: no search)")
     p.add_argument("--val-episodes", type=int, default=d.val_episodes, help="episodes per validation task (search)")
     p.add_argument("--predict-finite", type=int, default=0, metavar="REPS",
                    help="predict with the solver's finite-sample runs at the benchmark's budget (REPS data sets; "
@@ -555,7 +568,8 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         p.error(f"unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}")
     for flag, value in (("--seeds", args.seeds), ("--path-epochs", args.path_epochs),
-                        ("--snapshot-steps", args.snapshot_steps), ("--val-episodes", args.val_episodes)):
+                        ("--snapshot-steps", args.snapshot_steps), ("--val-episodes", args.val_episodes),
+                        ("--eval-points", args.eval_points)):
         if value < 1:
             p.error(f"{flag} must be >= 1")
     if args.predict_finite < 0:
@@ -578,8 +592,9 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     if args.episodes_per_task:
         setup.episodes_per_task = args.episodes_per_task
     setup.train_limit, setup.test_limit = args.train_limit, args.test_limit
-    proto = Protocol(path_epochs=args.path_epochs, snapshot_steps=args.snapshot_steps, hp_grid=args.hp_grid,
-                     val_episodes=args.val_episodes, predict_finite=args.predict_finite)
+    grid = args.hp_grid or (Protocol.hp_grid if setup.val_tasks else (1.0,))  # legacy: no validation tasks
+    proto = Protocol(path_epochs=args.path_epochs, snapshot_steps=args.snapshot_steps, hp_grid=grid,
+                     val_episodes=args.val_episodes, predict_finite=args.predict_finite, eval_points=args.eval_points)
     if len(proto.hp_grid) > 1 and not setup.val_tasks:
         p.error(f"--hp-grid: the spec {args.spec!r} has no validation tasks; give --hp-grid 1")
     t0 = time.perf_counter()
@@ -597,7 +612,7 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     boot, paths = paths_of(results, names, warm)
     summary = {"spec": args.spec, **summarise(results, names, boot, paths, predicted), "hp": hp}
     folders = {n: {s: r[n]["folder"] for s, r in results.items()} for n in policies}
-    text = (f"test-bed spec {args.spec!r}; hyper-parameters: {hp['rule']} (grid {hp['grid']}; chosen "
+    text = (f"test-bed spec {args.spec!r}; hyper-parameters: {hp['rule']} (chosen "
             + ", ".join(f"{n} x{m:.3g}" for n, m in hp["choice"].items()) + ")\n\n"
             + table(summary, results) + "\n\nSuccess at matched KL from the warm start (predicted: "
             + (predicted["source"] if predicted else "none") + f", {', '.join(with_prediction) or 'no policy'}; "

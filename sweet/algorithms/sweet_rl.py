@@ -351,10 +351,15 @@ def load_scorer(model_cfg: ModelConfig, cfg: SweetConfig) -> Scorer:
         if cfg.env != "testbed":
             raise ValueError(f"--critic {ORACLE_CRITIC} is the test bed's exact advantage: it needs --env testbed, "
                              f"got --env {cfg.env}")
-        from sweet.core.models import load_tokenizer
+        from colbench.envs.testbed_spec import task_spec
+        from colbench.tasks import load_tasks
         from sweet.critic.oracle import OracleScorer
 
-        return OracleScorer(load_tokenizer(model_cfg.model), cfg.env)
+        specs = {task_spec(t).name for t in load_tasks(cfg.tasks, env=cfg.env, validate=False)}
+        if len(specs) != 1:
+            raise ValueError(f"--critic {ORACLE_CRITIC}: --tasks {cfg.tasks} hold test-bed specs {sorted(specs)}; "
+                             "the exact advantage needs one")
+        return OracleScorer(load_tokenizer(model_cfg.model), cfg.env, spec=specs.pop())
 
     return CriticScorer.load(cfg.critic)
 

@@ -99,7 +99,8 @@ def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
     runs = {}
     for jobs in (1, 2):
         out = tmp_path / f"jobs{jobs}"
-        subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "--seeds", "2", "--policies", "rft,loop",
+        subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "--spec", "legacy", "--seeds", "2",
+                        "--policies", "rft,loop",
                         "--warm-start", str(warm),
                         "--train-limit", "2", "--test-limit", "2", "--episodes-per-task", "4", "--jobs", str(jobs),
                         "--out", str(out)], check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -126,3 +127,18 @@ def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
             trained += 1
     assert trained >= 2  # LOOP trains online on both seeds whatever the warm start's success
     assert record(1, "summary.json") == record(2, "summary.json")
+
+
+def test_paths_are_evaluated_at_evenly_spaced_snapshots_ending_with_the_last():
+    assert learning.spaced([1, 2, 3], 8) == [1, 2, 3]
+    assert learning.spaced(list(range(1, 27)), 8) == [4, 7, 10, 13, 17, 20, 23, 26]
+    assert learning.spaced(list(range(1, 10)), 1) == [9]
+
+
+def test_hp_grid_flag_parses_fractions_and_puts_the_base_rate_first():
+    assert learning._grid("1/3,1,3") == (1.0, 1 / 3, 3.0)
+    assert learning._grid("1") == (1.0,)
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="must be > 0"):
+        learning._grid("0,1")
