@@ -17,7 +17,7 @@ log-prob pass (sweet.core.logprobs.segment_logps), so the estimate sees what the
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from colbench.types import Episode
 from sweet.core.tokens import Segment, episode_segments
