@@ -290,6 +290,9 @@ def pairs_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+X_MAX = 3.0  # frontier.png shows KL 0..3 nats
+
+
 def plot_frontier(out: Path, boot, paths: dict, summary: dict) -> None:
     """Success vs KL per method (mean over seeds, 95% bootstrap band) up to the largest KL
     every seed's path reaches; the solver's predictions as markers at KL 0.5 / 1 / 2."""
@@ -303,7 +306,7 @@ def plot_frontier(out: Path, boot, paths: dict, summary: dict) -> None:
     for k, (name, by_seed) in enumerate(paths.items()):
         color = f"C{k % 10}"
         top = min(float(p.points(boot.ones()[s])[0].max()) for s, p in by_seed.items())
-        rows = boot.frontier(by_seed, np.linspace(0.0, max(top, 0.0), 41)) if top > 0 else []
+        rows = boot.frontier(by_seed, np.linspace(0.0, min(top, X_MAX), 41)) if top > 0 else []
         if rows:
             kl = [r["kl"] for r in rows]
             ax.plot(kl, [r["value"] for r in rows], color=color, label=name)
@@ -318,6 +321,7 @@ def plot_frontier(out: Path, boot, paths: dict, summary: dict) -> None:
             ax.plot([0.0], [v], "o", color=color, label=name)
     if summary.get("predicted"):
         ax.axhline(summary["predicted"]["optimum"], color="grey", linestyle=":", label="optimum (solver)")
+    ax.set_xlim(-0.05, X_MAX)  # the levels compared; DPO paths can run on to tens of nats
     ax.set_xlabel("KL(π‖π0) from the warm start (nats, on the policy's own test episodes)")
     ax.set_ylabel("test success rate")
     ax.set_title(f"spec {summary['spec']}: success vs KL (bands 95%, x = solver)")
