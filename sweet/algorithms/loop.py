@@ -715,6 +715,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
                 acc.print(f"[loop] WARNING iteration {it}: nothing learned. " + (
                     NO_VARIANCE_HINT if metrics["loop/groups_without_variance"] == 1.0 else
                     "no kept episode has generated token ids to train on"), file=sys.stderr)
+            if trainer.snapshot_due(it + 1):  # LOOP's path is counted in iterations, as its checkpoints
+                trainer.snapshot(it + 1)
             trainer.save_checkpoint({"iteration": it})
             refresh_sampling_copy()
             if sampler is not None:
@@ -725,6 +727,8 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
             simulator.close()
         if sampler is not None:
             sampler.engine.close()
+    if train_cfg.snapshot_steps:
+        trainer.snapshot(loop_cfg.iterations)  # the end of the path
     final = trainer.save_final()
     if acc.is_main_process:
         mark_finished(out, final=final.name, step=trainer.step, updated_iterations=updated)

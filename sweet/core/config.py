@@ -87,9 +87,13 @@ class TrainConfig:
     report_to: str = field(default="tensorboard", metadata={"help": "comma list of accelerate trackers: tensorboard "
                                                                     "(output_dir/tensorboard), wandb, trackio; or none"})
     resume: bool = field(default=True, metadata={"help": "resume from the last checkpoint in output_dir"})
+    snapshot_steps: int = field(default=0, metadata={"help": "every N optimiser steps (LOOP: iterations) and at the end, "
+                                                             "a model-only snapshot output_dir/path/step-<N>/ (HF "
+                                                             "format, no optimiser), kept, never rotated (0: none)"})
 
     def __post_init__(self) -> None:
         check_range(self, "learning_rate", low=0, strict=True)
+        check_range(self, "snapshot_steps", low=0)
         for name in ("num_epochs", "batch_size", "micro_batch_size", "logging_steps"):
             check_range(self, name, low=1)
         check_range(self, "weight_decay", low=0)

@@ -35,7 +35,7 @@ FINGERPRINT_FILE = "fingerprint.json"
 # (micro_batch_size: the update is invariant to it, tests/sweet/test_policy_invariance.py;
 # stage: sweet's sample/train split of one run)
 BOOKKEEPING = frozenset({"output_dir", "logging_steps", "report_to", "save_steps", "resume", "eval_batch_size",
-                         "micro_batch_size", "stage"})
+                         "micro_batch_size", "stage", "snapshot_steps"})
 DATA_FIELDS = frozenset({"episodes", "eval_episodes", "tasks", "critic", "reuse_candidates"})  # comma lists allowed
 RUN_MARKERS = ("config.json", "metrics.jsonl", FINGERPRINT_FILE, "finished.json", "final")
 PREVIOUS_PREFIX = "previous-"

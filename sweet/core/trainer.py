@@ -51,6 +51,12 @@ cuts metrics.jsonl back to its step (a fresh start empties it; a torn last row i
 That the folder holds THIS run is checked before, by every trainer's `begin_run`
 (sweet/core/fingerprint.py), which also moves an earlier run aside on a fresh start. The final model goes to output_dir/final in HF format
 (a LoRA run also writes final-adapter/ and merges a copy: training can go on).
+
+Snapshots (`train.snapshot_steps` N > 0): every N optimiser steps and at the end, the model
+alone, in the final model's format, into output_dir/path/step-<step>/ (`snapshot`, the
+same writer as `save_final`), so a benchmark can evaluate points along the training path.
+They are written before that step's checkpoint, kept (never rotated), and a resume leaves
+the existing ones as they are (a resumed run reproduces the same weights).
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ LossFn = Callable[[Any, Sequence[Any]], tuple[Any, dict[str, float]]]
 CountFn = Callable[[Any], float]
 STATE_FILE = "state.json"
 FINISHED_FILE = "finished.json"  # the one "this stage is done" marker, written last
+SNAPSHOT_DIR = "path"  # output_dir/path/step-<N>/: the training path's model-only snapshots
 
 
 def accumulation_steps(batch_size: int, micro_batch_size: int, world: int) -> int:
@@ -382,9 +389,13 @@ class Trainer:
                 self.log({**metrics, "train/epoch": self.step / per_epoch})
             if end_of_epoch and on_epoch_end is not None:
                 self.log({**on_epoch_end(epoch), "train/epoch": self.step / per_epoch})
+            if self.snapshot_due(self.step):
+                self.snapshot()
             if self.step < total and ((save_steps and self.step % save_steps == 0) or (save_every_epoch and end_of_epoch)):
                 self.save_checkpoint()
         bar.close()
+        if self.train.snapshot_steps:
+            self.snapshot()  # the end of the path (a no-op when the cadence just wrote it)
         return self.save_final()
 
     # ---- bookkeeping ---------------------------------------------------------------------
@@ -411,13 +422,42 @@ class Trainer:
         acc.wait_for_everyone()
         return out
 
+    def snapshot_due(self, step: int) -> bool:
+        """Whether `step` is on the snapshot cadence (train.snapshot_steps; 0: never)."""
+        return bool(self.train.snapshot_steps) and step > 0 and step % self.train.snapshot_steps == 0
+
+    def snapshot(self, step: int | None = None) -> Path:
+        """The model alone at `step` (default: the current step) in output_dir/path/step-<step>/,
+        written as the final model is (`save_model`: atomic, HF format, no optimiser). One
+        that exists is kept as it is (a resumed run reaches the same weights). Every
+        process must call it."""
+        out = self.out / SNAPSHOT_DIR / f"step-{self.step if step is None else step}"
+        exists = out.exists()  # complete if there: written beside its place and renamed
+        self.accelerator.wait_for_everyone()
+        if not exists:
+            import torch
+
+            # a LoRA merge builds a model: whatever it draws must not move the training's RNGs
+            devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                self.save_model(out)
+        return out
+
     def save_final(self, name: str = "final") -> Path:
-        """The trained model in HF format (`hf:<path>`, `vllm:<path>`); for LoRA the adapter
-        in <name>-adapter/ and a merged copy in <name>/. Every process must call it. Each
-        folder is written beside its place (`<name>.tmp`) and renamed into it, so a kill
+        """The trained model in HF format (`hf:<path>`, `vllm:<path>`) in output_dir/<name>
+        (`save_model`). Every process must call it."""
+        out = self.save_model(self.out / name)
+        self.logger.close()
+        self.accelerator.print(f"saved {out} (use it as hf:{out})")
+        return out
+
+    def save_model(self, out: Path) -> Path:
+        """The model (no optimiser) in HF format in `out`; for LoRA the adapter in
+        <out>-adapter/ and a merged copy in <out>/. Every process must call it. Each
+        folder is written beside its place (`<out>.tmp`) and renamed into it, so a kill
         mid-save never leaves a half-written model where a finished one is expected."""
         acc = self.accelerator
-        out = self.out / name
+        name = out.name
         state_dict = acc.get_state_dict(self.model)  # a collective under FSDP / ZeRO-3
         unwrapped = acc.unwrap_model(self.model)
         if self.is_main:
@@ -436,8 +476,6 @@ class Trainer:
                     unwrapped.save_pretrained(tmp, state_dict=state_dict)
                     self.tokenizer.save_pretrained(tmp)
         acc.wait_for_everyone()
-        self.logger.close()
-        acc.print(f"saved {out} (use it as hf:{out})")
         return out
 
 

@@ -229,8 +229,10 @@ def count_samples(algorithm: str, episodes: Path, out: Path) -> dict[str, int]:
 
 
 def train_policy(algorithm: str, episodes: Path, base_model: str, setup: TestbedSetup, out: Path,
-                 critic: Path | None = None, seed: int = 0, extra: dict[str, Any] | None = None) -> Path:
-    """One of sweet / rft / mtdpo (offline, from `episodes`) or loop (online).
+                 critic: Path | None = None, seed: int = 0, extra: dict[str, Any] | None = None,
+                 lr_scale: float = 1.0) -> Path:
+    """One of sweet / rft / mtdpo (offline, from `episodes`) or loop (online). `lr_scale`
+    multiplies the algorithm's learning rate below (bench/learning.py's one search rule).
 
     The DPO runs use a larger NLL weight than the paper (0.1 vs 0.01) and a small
     learning rate: on the 2M-parameter model, the paper's NLL weight let DPO push the
@@ -261,6 +263,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
                 "learning_rate": 1e-4, "micro_batch_size": 16}
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}")
+    args["learning_rate"] *= lr_scale
     module = load_algorithm(algorithm)
     module.main(*make_configs(module.CONFIGS, {**common, **args, **(extra or {})}))
     return out / "final"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from sweet.workflows.pipeline import TestbedSetup
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
 learning = importlib.util.module_from_spec(_spec)
+sys.modules["bench_learning"] = learning  # its dataclasses look their module up
 _spec.loader.exec_module(learning)
 
 
@@ -54,8 +56,11 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     assert c["n_pairs"] == 9 and c["pairs"] == 5 / 9  # turn 0: 2 of 2 right; turn 2: 3 of 4; last turn: 0 of 3
     assert c["n_states"] == 3 and c["top1"] == 2 / 3 and c["n_last"] == 1 and c["top1_last"] == 0.0
     assert c["n_questions"] == 2 and c["questions"] == 0.5
+    assert c["per_turn"] == {"0": {"pairs": 1.0, "n_pairs": 2}, "2": {"pairs": 0.75, "n_pairs": 4},
+                             "3": {"pairs": 0.0, "n_pairs": 3}}
     table = learning.checks_table(checks)
     assert "| sweet | 0.56 (of 9) | 0.67 (of 3) | 0.00 (of 1) | 0.50 (of 2) |" in table
+    assert "| sweet | 1.00 (of 2) | 0.75 (of 4) | 0.00 (of 3) |" in table  # per turn 0, 2, 3
 
 
 def test_sweet_variants_rank_the_candidates_the_first_finished_variant_sampled(tmp_path):
@@ -94,7 +99,8 @@ def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
     runs = {}
     for jobs in (1, 2):
         out = tmp_path / f"jobs{jobs}"
-        subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "--seeds", "2", "--policies", "rft,loop",
+        subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "--spec", "legacy", "--seeds", "2",
+                        "--policies", "rft,loop",
                         "--warm-start", str(warm),
                         "--train-limit", "2", "--test-limit", "2", "--episodes-per-task", "4", "--jobs", str(jobs),
                         "--out", str(out)], check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -121,3 +127,18 @@ def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
             trained += 1
     assert trained >= 2  # LOOP trains online on both seeds whatever the warm start's success
     assert record(1, "summary.json") == record(2, "summary.json")
+
+
+def test_paths_are_evaluated_at_evenly_spaced_snapshots_ending_with_the_last():
+    assert learning.spaced([1, 2, 3], 8) == [1, 2, 3]
+    assert learning.spaced(list(range(1, 27)), 8) == [4, 7, 10, 13, 17, 20, 23, 26]
+    assert learning.spaced(list(range(1, 10)), 1) == [9]
+
+
+def test_hp_grid_flag_parses_fractions_and_puts_the_base_rate_first():
+    assert learning._grid("1/3,1,3") == (1.0, 1 / 3, 3.0)
+    assert learning._grid("1") == (1.0,)
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="must be > 0"):
+        learning._grid("0,1")

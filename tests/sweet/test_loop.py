@@ -396,6 +396,21 @@ def test_killed_and_resumed_run_gives_the_uninterrupted_weights(tmp_path):
     assert (killed / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
 
 
+def test_snapshots_count_iterations(tmp_path):
+    """LOOP's path is counted in iterations (as its checkpoints): --snapshot_steps 1 over 2
+    iterations writes path/step-1 and path/step-2, the last one the final model's weights."""
+    out = tmp_path / "loop"
+    cmd = [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
+           "--tasks", str(runnable_answer_tasks(tmp_path / "tasks.jsonl")), "--iterations", "2",
+           "--tasks_per_iteration", "2", "--k", "4", "--temperature", "3", "--max_new_tokens", "1", "--max_turns", "2",
+           "--learning_rate", "1e-3", "--snapshot_steps", "1", "--report_to", "none", "--output_dir", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(p.name for p in (out / "path").iterdir()) == ["step-1", "step-2"]
+    a, b = _final_weights(out / "path" / "step-2"), _final_weights(out / "final")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_ppo_with_lora_and_kl_end_to_end(tmp_path):
     """The CLI with the value-head policy (LoRA, KL to the adapters-off model): it
     samples with the LM inside the wrapper, trains, and saves a loadable policy (no head)."""

@@ -69,7 +69,11 @@ def test_oracle_is_for_the_test_bed_only(tiny_tokenizer):
     with pytest.raises(ValueError, match="--critic oracle .*--env testbed, got --env backend"):
         load_scorer(ModelConfig(model="tiny"), cfg)
     tb = SweetConfig(episodes="eps.jsonl", tasks="builtin:train", env="testbed", critic="oracle")
-    assert isinstance(load_scorer(ModelConfig(model="tiny"), tb), OracleScorer)
+    scorer = load_scorer(ModelConfig(model="tiny"), tb)
+    assert isinstance(scorer, OracleScorer) and scorer.spec.name == "legacy"
+    # the spec comes from the tasks: a spec bed's oracle scores its success-valued A*
+    spec_bed = SweetConfig(episodes="eps.jsonl", tasks="builtin:default/train", env="testbed", critic="oracle")
+    assert load_scorer(ModelConfig(model="tiny"), spec_bed).spec.name == "default"
 
 
 def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):

@@ -201,6 +201,60 @@ def test_checkpoint_resume_restores_model_optimiser_scheduler(tmp_path, tiny_tok
     assert math.isclose(trainer.scheduler.get_last_lr()[0], 0.0, abs_tol=1e-12)  # the schedule ran to its end
 
 
+def test_snapshots_along_the_path_change_nothing_and_are_the_checkpoints_weights(tmp_path, tiny_tokenizer):
+    """snapshot_steps 3 over 4 steps: path/step-3 (the cadence) and path/step-4 (the end),
+    model only, in HF format. The run ends bitwise where a run without snapshots ends; step-3
+    holds checkpoint-3's weights, step-4 the final ones; a resume keeps the existing snapshots."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from sweet.algorithms.policy_trainer import sft_loss_fn
+    from sweet.core.trainer import SNAPSHOT_DIR
+
+    segs = _segments(8, seed=5)
+    loss_fn, count_fn = sft_loss_fn(segs, MODEL, int(tiny_tokenizer.pad_token_id)), (lambda i: len(segs[i].action))
+
+    def run(name: str, snapshot_steps: int):
+        _reset_accelerate()
+        train = TrainConfig(output_dir=str(tmp_path / name), batch_size=2, micro_batch_size=1, learning_rate=1e-3,
+                            warmup_ratio=0.25, report_to="none", snapshot_steps=snapshot_steps)
+        trainer = Trainer(MODEL, train, tiny_tokenizer)
+        trainer.prepare(trainer.steps_per_epoch(len(segs)))
+        final = trainer.fit(list(range(len(segs))), loss_fn, count_fn, save_steps=1)
+        return final, _params(trainer.accelerator.unwrap_model(trainer.model))
+
+    def weights(folder):
+        return load_model(replace(MODEL, model=str(folder))).state_dict()
+
+    _, plain = run("plain", 0)
+    final, snapped = run("snap", 3)
+    assert all(torch.equal(plain[k], snapped[k]) for k in plain)
+    path = tmp_path / "snap" / SNAPSHOT_DIR
+    assert sorted(p.name for p in path.iterdir()) == ["step-3", "step-4"]
+    assert not list((tmp_path / "plain").glob(f"{SNAPSHOT_DIR}/*"))
+    step3 = path / "step-3"
+    assert (step3 / "config.json").exists() and not list(step3.glob("optimizer*"))
+    ckpt = load_file(str(tmp_path / "snap" / "checkpoint-3" / "model.safetensors"))
+    got = weights(step3)
+    assert ckpt and all(torch.equal(got[k], v) for k, v in ckpt.items())
+    assert not all(torch.equal(got[k], snapped[k]) for k in snapped)  # step 3 is not the end
+    end, last = weights(path / "step-4"), weights(final)
+    assert all(torch.equal(end[k], last[k]) for k in last)
+
+    import shutil
+
+    stamp = (step3 / "model.safetensors").stat().st_mtime_ns
+    shutil.rmtree(final)
+    shutil.rmtree(tmp_path / "snap" / "checkpoint-3")  # "killed" after snapshot 3, before its checkpoint
+    shutil.rmtree(path / "step-4")
+    _, again = run("snap", 3)
+    assert all(torch.equal(again[k], snapped[k]) for k in snapped)
+    assert (step3 / "model.safetensors").stat().st_mtime_ns == stamp  # kept as it was
+    end = weights(path / "step-4")
+    assert all(torch.equal(end[k], last[k]) for k in last)
+
+
 def test_reference_cache_is_keyed_by_the_pairs_content(tmp_path, tiny_tokenizer):
     """Same count, other pairs: recomputed. Same pairs: read back from the cache."""
 

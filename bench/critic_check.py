@@ -1,0 +1,89 @@
+"""The learned critics against the exact advantage (bench/learning.py): how each SWEET-RL
+variant's critic ranked its stage-2 candidates, overall and per agent turn, against the
+test bed's A* (sweet.critic.oracle.exact_advantages), with c (`sweet`) and without
+(`sweet_no_info`). It tells a wrong critic from a stage 2 that cannot use a right ranking.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
+                     folders: dict[str, dict[int, str]] | None = None) -> dict[str, dict]:
+    """How each SWEET-RL variant's critic ranked its stage-2 candidates against the test
+    bed's exact advantage A* (sweet.critic.oracle.exact_advantages for the setup's spec:
+    the legacy bed's reward-valued one, a spec's success-valued one), from the scores in
+    candidates.jsonl (in `folders[name][seed]`, default seed<S>/<name>), over all seeds:
+      pairs: of candidate pairs at one state whose A* differ, the share the critic orders
+             the same way (a critic tie counts half); per_turn the same by agent turn;
+      top1:  of states whose candidates' A* differ, the share where the critic's top
+             candidate has the best A*; top1_last the same on the last turn only;
+      questions: of pairs of two QUESTIONS at one state two turns before the end whose
+             A* differ, the share ordered as A*: the one decision where a question's
+             worth depends on what was already asked (ask for the constant still
+             missing, not again for a known one), so the only one that tests whether
+             the critic reads the dialogue rather than the question's wording."""
+    from colbench.protocols import ANSWER_MARKER
+    from sweet.algorithms.sweet_rl import SweetConfig, load_states, read_candidates, state_key
+    from sweet.critic.oracle import exact_advantages
+
+    checks = {}
+    for name in policies:  # a policy without stage-2 candidates (no critic) has nothing to check
+        agree = pairs = top = top_n = last = last_n = q_agree = q_pairs = 0.0
+        by_turn: dict[int, list[float]] = {}  # turn -> [agreeing, pairs]
+        for seed in seeds:
+            sd = out / f"seed{seed}"
+            folder = Path((folders or {}).get(name, {}).get(seed, sd / name))
+            rows = read_candidates(folder / "candidates.jsonl")
+            if not rows:
+                continue
+            states = {state_key(s): s for s in load_states(SweetConfig(
+                episodes=str(sd / "episodes.jsonl"), tasks=setup.train_tasks, env=setup.env, episode_fraction=1.0))}
+            for key, row in rows.items():
+                state = states[key]
+                texts = [c.text for c in row.candidates]
+                exact = exact_advantages(state, texts, setup.spec)
+                critic = [c.advantage for c in row.candidates]
+                asks = state.turn_index == setup.max_turns - 2
+                turn = by_turn.setdefault(state.turn_index, [0.0, 0.0])
+                for i in range(len(exact)):
+                    for j in range(i + 1, len(exact)):
+                        if exact[i] != exact[j]:
+                            d = (critic[i] - critic[j]) * (exact[i] - exact[j])
+                            hit = 1.0 if d > 0 else 0.5 if critic[i] == critic[j] else 0.0
+                            pairs, agree = pairs + 1, agree + hit
+                            turn[0], turn[1] = turn[0] + hit, turn[1] + 1
+                            if asks and ANSWER_MARKER not in texts[i] and ANSWER_MARKER not in texts[j]:
+                                q_pairs, q_agree = q_pairs + 1, q_agree + hit
+                if len(set(exact)) > 1:
+                    hit = float(exact[max(range(len(critic)), key=critic.__getitem__)] == max(exact))
+                    top, top_n = top + hit, top_n + 1
+                    if state.turn_index == setup.max_turns - 1:
+                        last, last_n = last + hit, last_n + 1
+        if pairs:
+            checks[name] = {"pairs": agree / pairs, "n_pairs": int(pairs), "top1": top / max(top_n, 1),
+                            "n_states": int(top_n), "top1_last": last / last_n if last_n else None, "n_last": int(last_n),
+                            "questions": q_agree / q_pairs if q_pairs else None, "n_questions": int(q_pairs),
+                            "per_turn": {str(t): {"pairs": a / n, "n_pairs": int(n)}
+                                         for t, (a, n) in sorted(by_turn.items()) if n}}
+    return checks
+
+
+def checks_table(checks: dict[str, dict]) -> str:
+    lines = ["| critic of | pairs ordered as A* | top candidate is A*-best | same, last turn | question pairs, "
+             "two turns before the end |", "|---|---|---|---|---|"]
+    for name, c in checks.items():
+        last = "n/a" if c["top1_last"] is None else f"{c['top1_last']:.2f} (of {c['n_last']})"
+        asks = "n/a" if c.get("questions") is None else f"{c['questions']:.2f} (of {c['n_questions']})"
+        lines.append(f"| {name} | {c['pairs']:.2f} (of {c['n_pairs']}) | {c['top1']:.2f} (of {c['n_states']}) | {last} "
+                     f"| {asks} |")
+    turns = sorted({int(t) for c in checks.values() for t in c.get("per_turn", {})})
+    if turns:
+        lines += ["", "Pairs ordered as A*, per agent turn (0 = the first):", "",
+                  "| critic of | " + " | ".join(f"turn {t}" for t in turns) + " |", "|---|" + "---|" * len(turns)]
+        for name, c in checks.items():
+            cells = [f"{c['per_turn'][str(t)]['pairs']:.2f} (of {c['per_turn'][str(t)]['n_pairs']})"
+                     if str(t) in c["per_turn"] else "n/a" for t in turns]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
