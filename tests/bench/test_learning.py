@@ -129,9 +129,10 @@ def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
     assert record(1, "summary.json") == record(2, "summary.json")
 
 
-def test_paths_are_evaluated_at_evenly_spaced_snapshots_ending_with_the_last():
+def test_paths_are_evaluated_at_geometrically_spaced_snapshots_from_the_first_to_the_last():
     assert learning.spaced([1, 2, 3], 8) == [1, 2, 3]
-    assert learning.spaced(list(range(1, 27)), 8) == [4, 7, 10, 13, 17, 20, 23, 26]
+    assert learning.spaced(list(range(1, 27)), 8) == [1, 2, 3, 5, 7, 11, 17, 26]
+    assert learning.spaced(list(range(1, 10)), 8) == [1, 2, 3, 4, 5, 6, 7, 9]  # merged early points refilled
     assert learning.spaced(list(range(1, 10)), 1) == [9]
 
 
