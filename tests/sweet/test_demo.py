@@ -23,6 +23,12 @@ def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     assert (out / "sweet" / "final" / "config.json").exists()
     assert "leaderboard:" in res.stdout and "report with plots:" in res.stdout
     assert "sweet_rl success / warm_start success =" in res.stdout
+    # summary.json: both policies' success as printed, the exact solver's optimum of the default bed
+    summary = json.loads((out / "summary.json").read_text())
+    by_agent = {r["agent"]: r["metrics"]["success_rate"] for r in rows}
+    assert summary["warm_start"] == by_agent["warm_start"] and summary["sweet_rl"] == by_agent["sweet_rl"]
+    assert summary["spec"] == "default" and summary["optimum"] == 0.7844 and summary["predicted_warm_start"] == 0.4902
+    assert f"optimum {summary['optimum']:.3f}" in res.stdout and "warm start checks:" in res.stdout
     # the credit inspector shows the critic's advantage on the training dialogues' turns
     page = (out / "inspect" / "index.html").read_text()
     assert "per-turn credit inspector: " + str(out / "inspect" / "index.html") in res.stdout
