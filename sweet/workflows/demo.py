@@ -8,7 +8,9 @@ Steps (each skipped when its output exists, so an interrupted run resumes):
   1. warm start: the tiny model fine-tuned on a scripted explorer's dialogues;
   2. collect K episodes per train task with the warm-started policy;
   3. SWEET-RL stage 1: train the critic with the training-time information;
-  4. SWEET-RL stage 2: sample candidates per state, rank them with the critic, DPO;
+  4. SWEET-RL stage 2: sample candidates per state, rank them with the critic, DPO, with
+     snapshots along the way; the snapshot with the best success on validation tasks (drawn
+     from the train split, never the test tasks) is the policy (early stopping);
   5. evaluate warm start vs SWEET-RL on held-out tasks: leaderboard + report;
   6. the per-turn credit inspector (sweet/critic/inspect.py): an HTML page with the
      critic's advantage on every agent turn and the ranked stage-2 candidates.
@@ -33,11 +35,15 @@ from sweet.workflows.pipeline import (
     collect_episodes,
     compare,
     evaluate,
+    select_on_validation,
     timed,
     train_critic,
     train_policy,
     warm_start,
 )
+
+
+SNAPSHOT_STEPS = 9  # stage 2's path is snapshotted every 9 of its ~45 steps; the best on validation is kept
 
 
 @dataclass
@@ -80,7 +86,12 @@ def main(cfg: DemoConfig) -> Path:
         critic = train_critic(episodes, str(warm), setup, out / "critic", seed=cfg.seed)
     say(3)
     with timed(setup, "policy"):
-        policy = train_policy("sweet", episodes, str(warm), setup, out / "sweet", critic=critic, seed=cfg.seed)
+        run = train_policy("sweet", episodes, str(warm), setup, out / "sweet", critic=critic, seed=cfg.seed,
+                           extra={"snapshot_steps": SNAPSHOT_STEPS}).parent
+        policy, selected = select_on_validation(run, setup, out / "selection")
+        if "step" in selected:
+            print(f"SWEET-RL policy: step {selected['step']} of its path, chosen on {setup.val_tasks} ("
+                  + ", ".join(f"{k} {v:.3f}" for k, v in selected["validation_success"].items()) + ")")
     say(4)
     with timed(setup, "evaluate"):
         rows = evaluate({"warm_start": str(warm), "sweet_rl": str(policy)}, setup, out / "leaderboard")
