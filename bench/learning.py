@@ -335,7 +335,7 @@ def search(seed: int, policies: list[str], warm: Path, out: Path, setup, proto: 
             f"tasks ({proto.val_episodes} episodes each) by the highest mean success at KL "
             f"{', '.join(map(str, LEVELS))}; then used for every seed")
     if len(proto.hp_grid) == 1:
-        return {"rule": "no search (--hp-grid 1)", "grid": list(proto.hp_grid),
+        return {"rule": f"no search (--hp-grid {proto.hp_grid[0]:g})", "grid": list(proto.hp_grid),
                 "choice": {n: proto.hp_grid[0] for n in policies}, "validation": {}}
     if not setup.val_tasks:
         raise ValueError(f"--hp-grid: the spec {setup.spec!r} has no validation tasks; give --hp-grid 1")
@@ -578,8 +578,11 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
 
 
 def search_rule(proto: Protocol) -> str:
-    return ("no search (--hp-grid 1): each method's base learning rate" if len(proto.hp_grid) == 1 else
-            f"learning rate = base x m, m in {[round(m, 3) for m in proto.hp_grid]}, per method, on the first seed's "
+    if len(proto.hp_grid) == 1:
+        m = proto.hp_grid[0]
+        return ("no search (--hp-grid 1): each method's base learning rate" if m == 1.0 else
+                f"no search (--hp-grid {m:g}): each method's base learning rate x {m:g}")
+    return (f"learning rate = base x m, m in {[round(m, 3) for m in proto.hp_grid]}, per method, on the first seed's "
             "validation tasks, highest mean success at KL 0.5/1/2")
 
 
