@@ -229,6 +229,13 @@ def shared_candidates(sd: Path, name: str, mult: float = 1.0) -> dict[str, str]:
     return {}
 
 
+def run_label(name: str, run: dict) -> str:
+    """The name a run's points are evaluated under: its folder's (`mtdpo`, `mtdpo.lr3`), so
+    that runs of one policy at other learning rates never share (or resume) evaluation
+    episodes; the warm start is itself."""
+    return Path(run["folder"]).name if run.get("folder") else name
+
+
 def point_name(name: str, step: int) -> str:
     """The evaluated agent of a path point: the warm start, or `<policy>.step-<N>`."""
     return "warm_start" if step == 0 else f"{name}.step-{step}"
@@ -242,7 +249,8 @@ def evaluate_seed(seed: int, runs: dict[str, dict], out: Path, setup, folder: st
     once counted S times; within a seed every point plays the same episode seeds (paired)."""
     from sweet.workflows.pipeline import evaluate
 
-    agents = {point_name(name, step): model for name, run in runs.items() for step, model in run["points"]}
+    agents = {point_name(run_label(name, run), step): model for name, run in runs.items()
+              for step, model in run["points"]}
     sd = out / f"seed{seed}"
     rows = evaluate(agents, setup, sd / folder, seed_round=seed)
     return {row["agent"]: sd / folder / "episodes" / f"{row['agent']}.jsonl" for row in rows}
@@ -320,7 +328,7 @@ def run_all(seeds: list[int], policies: list[str], warm: Path, out: Path, setup,
         pool.close()
     for seed, files in evals.items():
         for name, run in results[seed].items():
-            run["point_episodes"] = [str(files[point_name(name, step)]) for step, _ in run["points"]]
+            run["point_episodes"] = [str(files[point_name(run_label(name, run), step)]) for step, _ in run["points"]]
             run["eval_episodes"] = run["point_episodes"][-1]  # the final policy: its path's end
     return results, hp
 
@@ -353,7 +361,7 @@ def search(seed: int, policies: list[str], warm: Path, out: Path, setup, proto: 
         scores = {}
         for m in proto.hp_grid:
             run = runs[(n, m)]
-            eps = [files[point_name(f"{n}.lr{m:.3g}", step)] for step, _ in run["points"]]
+            eps = [files[point_name(run_label(n, run), step)] for step, _ in run["points"]]
             path = training_path(run["points"], eps, warm, clusters[seed])
             at = {f"{lv:.1f}": float(boot.value({seed: path}, lv, boot.ones())[0]) for lv in LEVELS}
             scores[f"{m:.3g}"] = {**{k: round(v, 4) for k, v in at.items()}, "mean": round(statistics.fmean(at.values()), 4)}

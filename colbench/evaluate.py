@@ -283,6 +283,7 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
     sampling = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=0)
     simulator = None
     episodes: dict[str, list[Any]] = {}
+    _claim_episode_files(plan, config, episode_config)
     try:
         for name, spec in plan.agents:
             path = plan.out_dir / "episodes" / f"{file_slug(name)}.jsonl"
@@ -321,6 +322,32 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
         if simulator is not None:
             simulator.close()
         env.close()
+
+
+def _claim_episode_files(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
+    """Record beside each agent's episodes file what produces its episodes (its spec and the
+    sampling and episode settings: episodes/<agent>.agent.json), and refuse, before any model
+    loads, an agent whose file holds another agent's or other settings' episodes: resuming
+    would mix them under one name (a rerun with the same name for another model once reused
+    the other model's episodes silently)."""
+    records = {}
+    for name, spec in plan.agents:
+        record = {"agent": name, "spec": spec, "simulator": None if config.single_turn else config.simulator,
+                  "temperature": config.temperature, "max_new_tokens": config.max_new_tokens,
+                  "max_turns": episode_config.max_turns, "single_turn": config.single_turn}
+        path = plan.out_dir / "episodes" / f"{file_slug(name)}.agent.json"
+        if path.exists():
+            old = json.loads(path.read_text())
+            changed = {k: (old.get(k), v) for k, v in record.items() if old.get(k) != v}
+            if changed:
+                raise UserError(f"{path.with_suffix('').with_suffix('.jsonl')}: its episodes are of "
+                                + ", ".join(f"{k}={a!r}" for k, (a, _) in changed.items()) + "; this run has "
+                                + ", ".join(f"{k}={b!r}" for k, (_, b) in changed.items())
+                                + ": give the agent another name or use another --output")
+        records[path] = record
+    for path, record in records.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:

@@ -143,3 +143,14 @@ def test_hp_grid_flag_parses_fractions_and_puts_the_base_rate_first():
 
     with pytest.raises(argparse.ArgumentTypeError, match="must be > 0"):
         learning._grid("0,1")
+
+
+def test_runs_at_other_learning_rates_are_evaluated_under_their_own_names(tmp_path):
+    """A policy's run at the base rate and at a searched multiplier must never share (or
+    resume) evaluation episodes: each point is named after its run's folder."""
+    sd = tmp_path / "seed0"
+    base = {"folder": str(learning.policy_dir(sd, "mtdpo", 1.0))}
+    scaled = {"folder": str(learning.policy_dir(sd, "mtdpo", 3.0))}
+    names = {learning.point_name(learning.run_label("mtdpo", r), 8) for r in (base, scaled)}
+    assert names == {"mtdpo.step-8", "mtdpo.lr3.step-8"}
+    assert learning.point_name(learning.run_label("warm_start", {"points": []}), 0) == "warm_start"

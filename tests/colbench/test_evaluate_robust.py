@@ -278,3 +278,25 @@ def test_ctrl_c_while_waiting_for_a_server_stops_at_once(tmp_path):
     assert err.strip().splitlines()[-1] == (f"{PROG}: interrupted: 0 finished episodes are kept in "
                                             f"{tmp_path / 'out' / 'episodes'}; rerun the same command to resume")
     assert waited < 10, waited
+
+
+def test_an_agent_name_reused_for_another_model_is_refused_not_resumed(tmp_path, capsys):
+    """Episodes are resumed by agent name; a rerun that gives the name to another agent (or
+    other sampling) must not reuse, or append to, the first one's episodes."""
+    from colbench.evaluate import main
+
+    out = tmp_path / "eval"
+    base = ["--env", "testbed", "--tasks", "builtin:default/test", "--limit", "3", "--simulator", "scripted:testbed",
+            "--no-progress", "--output", str(out)]
+    assert main(base + ["--agent", "p=explorer"]) == 0
+    episodes = out / "episodes" / "p.jsonl"
+    first = episodes.read_text()
+    assert json.loads((out / "episodes" / "p.agent.json").read_text())["spec"] == "explorer"
+    capsys.readouterr()
+    assert main(base + ["--agent", "p=optimal"]) == 2
+    err = capsys.readouterr().err
+    assert "p.jsonl" in err and "spec='explorer'" in err and "spec='optimal'" in err
+    assert main(base + ["--agent", "p=explorer", "--temperature", "0.5"]) == 2  # other sampling: refused too
+    assert episodes.read_text() == first  # nothing appended, nothing lost
+    assert main(base + ["--agent", "p=explorer"]) == 0  # the same agent resumes as before
+    assert episodes.read_text() == first
