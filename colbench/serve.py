@@ -23,7 +23,7 @@ ColBenchClient`, with any OpenEnv client, or from TRL (examples/trl_grpo_colbenc
 
 Episodes live in one store shared by every session, keyed by episode id, so the
 stateless HTTP routes work too (pass `episode_id` in the action). Limits: at most
-`--max-sessions` WebSocket sessions (OpenEnv's bound), `--max-episodes` episodes in
+`--max-connections` WebSocket connections (OpenEnv's bound), `--max-episodes` episodes in
 flight (a reset beyond it is refused), episodes idle longer than `--episode-timeout-s`
 are dropped, and a step waits at most `--step-timeout-s` for its reply. Steps of all
 sessions go through one worker that batches those waiting (`--batch-wait-s` lets
@@ -80,8 +80,8 @@ class ServeConfig:
     limit: Optional[int] = field(default=None, metadata={"help": "serve the first N tasks only"})
     host: str = field(default="127.0.0.1", metadata={"help": "interface to bind (0.0.0.0: every interface)"})
     port: int = field(default=8000, metadata={"help": "port to listen on"})
-    max_sessions: int = field(default=64, metadata={
-        "help": "WebSocket sessions at once (OpenEnv max_concurrent_envs; TRL: >= its generation batch)"})
+    max_connections: int = field(default=64, metadata={
+        "help": "WebSocket connections open at once (OpenEnv max_concurrent_envs; TRL: >= its generation batch)"})
     max_episodes: int = field(default=1024, metadata={"help": "episodes in flight at once; a reset beyond is refused"})
     episode_timeout_s: float = field(default=900.0, metadata={"help": "drop an episode idle this long"})
     step_timeout_s: float = field(default=300.0, metadata={"help": "a step waits at most this long for the env"})
@@ -95,7 +95,7 @@ class ServeConfig:
     dtype: str = field(default="auto", metadata={"help": "model simulators: auto, bfloat16, float16, float32"})
 
     def __post_init__(self) -> None:
-        checks = [("port", 0 <= self.port <= 65535), ("max_sessions", self.max_sessions >= 1),
+        checks = [("port", 0 <= self.port <= 65535), ("max_connections", self.max_connections >= 1),
                   ("max_episodes", self.max_episodes >= 1), ("episode_timeout_s", self.episode_timeout_s > 0),
                   ("step_timeout_s", self.step_timeout_s > 0), ("batch_wait_s", self.batch_wait_s >= 0),
                   ("limit", self.limit is None or self.limit >= 1),
@@ -359,7 +359,7 @@ def build_app(store: EpisodeStore):
     from openenv.core.env_server.http_server import create_app
 
     app = create_app(functools.partial(_environment_class(), store), ColBenchAction, ColBenchObservation,
-                     env_name=f"colbench-{store.env.name}", max_concurrent_envs=store.config.max_sessions)
+                     env_name=f"colbench-{store.env.name}", max_concurrent_envs=store.config.max_connections)
 
     async def episode_error(request, exc: EpisodeError):
         return JSONResponse(status_code=exc.status, content={"detail": str(exc)})

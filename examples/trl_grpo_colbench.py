@@ -10,7 +10,7 @@ OpenEnv server (`python -m colbench.serve`).
     # backend with an LLM simulated human (GPU 2)
     CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model meta-llama/Llama-3.1-8B-Instruct --port 8001 &
     CUDA_VISIBLE_DEVICES=2 python -m colbench.serve --env backend --tasks builtin:train \\
-        --simulator vllm:meta-llama/Llama-3.1-70B-Instruct --max-sessions 256 --port 8000 &
+        --simulator vllm:meta-llama/Llama-3.1-70B-Instruct --max-connections 256 --port 8000 &
     CUDA_VISIBLE_DEVICES=1 python examples/trl_grpo_colbench.py --model hf:meta-llama/Llama-3.1-8B-Instruct \\
         --env-url http://127.0.0.1:8000 --use-vllm --vllm-server-url http://127.0.0.1:8001 \\
         --num-generations 8 --per-device-train-batch-size 8 --gradient-accumulation-steps 8 \\

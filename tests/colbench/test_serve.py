@@ -45,7 +45,7 @@ def backend_url(colbench_server):
 @pytest.fixture(scope="module")
 def bed_url(colbench_server):
     with colbench_server("--env", "testbed", "--tasks", "builtin:test", "--simulator", "scripted:testbed",
-                "--max-sessions", "16") as url:
+                "--max-connections", "16") as url:
         yield url
 
 
@@ -259,7 +259,7 @@ def test_errors_name_the_episode(bed_url):
 
 
 def test_session_and_episode_limits_and_idle_timeout(colbench_server):
-    with colbench_server("--env", "testbed", "--tasks", "builtin:test", "--simulator", "scripted:testbed", "--max-sessions",
+    with colbench_server("--env", "testbed", "--tasks", "builtin:test", "--simulator", "scripted:testbed", "--max-connections",
                 "2", "--max-episodes", "2", "--episode-timeout-s", "1.5") as url:
         a, b, c = ColBenchClient(url), ColBenchClient(url), ColBenchClient(url)
         try:

@@ -76,7 +76,7 @@ def test_grpo_trains_the_tiny_model_through_the_server(colbench_server, format_p
 
     script = load_script()
     with colbench_server("--env", "testbed", "--tasks", "builtin:train", "--simulator", "scripted:testbed",
-                         "--max-sessions", "16") as url:
+                         "--max-connections", "16") as url:
         cfg = script.ScriptConfig(model=f"hf:{format_policy}", env_url=url, output_dir=str(tmp_path / "run"),
                                   max_steps=3, num_generations=4, per_device_train_batch_size=8,
                                   learning_rate=2e-4, max_new_tokens=64, max_completion_length=320)
