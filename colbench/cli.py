@@ -231,20 +231,12 @@ def check_value(tp: Any, value: Any, where: str) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
             return value.lower() in ("true", "yes", "1")
-    elif bare is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+    elif bare in (int, float):  # an int where a float is wanted is fine, not the reverse; never a bool
+        if isinstance(value, (int, float) if bare is float else int) and not isinstance(value, bool):
+            return bare(value)
         if isinstance(value, str):
             try:
-                return int(value)
-            except ValueError:
-                pass
-    elif bare is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
+                return bare(value)
             except ValueError:
                 pass
     elif bare is str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 import pytest
+from local_http import stop_process
 
 
 @dataclass
@@ -98,12 +99,7 @@ def _colbench_server(*args: str):
             time.sleep(0.3)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=20)
         log.close()
 
 

@@ -7,8 +7,30 @@
     server = FakeServer(); ...; server.close()
 """
 
+import json
+import subprocess
 import threading
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def send_json(handler: BaseHTTPRequestHandler, obj, status: int = 200) -> None:
+    """Answer the handler's request with `obj` as a JSON body."""
+    data = json.dumps(obj).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """Terminate a server process, killing it if it does not exit within `timeout` s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class LocalServer:

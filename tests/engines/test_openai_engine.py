@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-from local_http import LocalServer
+from local_http import LocalServer, stop_process
 
 from engines import EngineError, EngineOptions, SamplingParams
 from engines.base import BatchError
@@ -77,12 +77,7 @@ def served_tiny(tiny_path, tmp_path_factory):
             time.sleep(0.5)
         yield str(model_dir), f"http://127.0.0.1:{port}/v1"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=15)
         log.close()
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import base64
 import io
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from local_http import LocalServer, send_json
 from PIL import Image
 
 from colbench.scoring.render import DEFAULT_CHROMIUM, RenderPool
@@ -85,7 +85,7 @@ def test_colour_name(hex_colour, name):
 # ---------------------------------------------------------------- VLM over a real OpenAI-compatible server
 
 
-class _ChatServer:
+class _ChatServer(LocalServer):
     """A real HTTP server speaking the chat-completions protocol; records request bodies."""
 
     REPLY = "Make the header a dark blue bar. ```html\n<div>never code</div>\n``` " + "Also bigger photos. " * 40
@@ -98,20 +98,13 @@ class _ChatServer:
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.bodies.append(body)
-                data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"], "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": outer.REPLY}, "finish_reason": "stop"}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, {"id": "x", "object": "chat.completion", "model": body["model"], "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": outer.REPLY}, "finish_reason": "stop"}]})
 
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        super().__init__(Handler)
 
 
 def test_vlm_sends_screenshots_and_dialogue_over_the_openai_protocol(pool, tmp_path):
@@ -124,7 +117,7 @@ def test_vlm_sends_screenshots_and_dialogue_over_the_openai_protocol(pool, tmp_p
                              SimRequest(TASK, with_latest("Which photos do you want?"))])
         sim.close()
     finally:
-        server.httpd.shutdown()
+        server.close()
     assert len(server.bodies) == 2
     by_images = sorted(server.bodies, key=lambda b: -sum(isinstance(m["content"], list) and len(m["content"]) for m in b["messages"]))
     with_page, without_page = by_images

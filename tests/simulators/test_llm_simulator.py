@@ -122,35 +122,27 @@ def test_a_reply_that_fails_on_its_own_fails_only_that_reply(tasks):
     """A real OpenAI-compatible server (loopback) answering one dialogue with a reply of the
     wrong shape: that human turn fails with the reason, the other is a normal reply."""
     import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     from engines import EngineOptions, load_engine
+    from local_http import LocalServer, send_json
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             bad = tasks[0].description in body["messages"][0]["content"]
-            reply = {"choices": [{"message": "oops"}]} if bad else {
-                "choices": [{"index": 0, "message": {"content": "It is 12 dollars."}, "finish_reason": "stop"}]}
-            data = json.dumps(reply).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, {"choices": [{"message": "oops"}]} if bad else {
+                "choices": [{"index": 0, "message": {"content": "It is 12 dollars."}, "finish_reason": "stop"}]})
 
         def log_message(self, *args):
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    engine = load_engine(f"openai:m@http://127.0.0.1:{httpd.server_address[1]}/v1", EngineOptions(max_retries=0))
+    server = LocalServer(Handler)
+    engine = load_engine(f"openai:m@{server.url}", EngineOptions(max_retries=0))
     try:
         bad, good = LLMSimulator(engine).reply([SimRequest(t, [Turn("agent", "What is the fee?")]) for t in tasks])
     finally:
         engine.close()
-        httpd.shutdown()
-        httpd.server_close()
+        server.close()
     assert good == SimReply("It is 12 dollars.")
     assert bad.failed and bad.error.startswith("ReplyError: ") and "'message' is a str (oops)" in bad.error
