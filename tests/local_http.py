@@ -13,9 +13,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def send_json(handler: BaseHTTPRequestHandler, obj, status: int = 200) -> None:
-    """Answer the handler's request with `obj` as a JSON body."""
-    data = json.dumps(obj).encode()
+def send_json(handler: BaseHTTPRequestHandler, status: int, payload) -> None:
+    """Answer the handler's request with HTTP `status` and `payload` as a JSON body."""
+    data = json.dumps(payload).encode()
     handler.send_response(status)
     handler.send_header("Content-Type", "application/json")
     handler.send_header("Content-Length", str(len(data)))

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-from local_http import LocalServer, stop_process
+from local_http import LocalServer, send_json, stop_process
 
 from engines import EngineError, EngineOptions, SamplingParams
 from engines.base import BatchError
@@ -434,15 +434,6 @@ def raw():
     yield make
     for s in servers:
         s.close()
-
-
-def send_json(handler, status, payload):
-    data = json.dumps(payload).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
 
 
 @pytest.mark.parametrize("interval, deadline", [

@@ -98,7 +98,7 @@ class _ChatServer(LocalServer):
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.bodies.append(body)
-                send_json(self, {"id": "x", "object": "chat.completion", "model": body["model"], "choices": [
+                send_json(self, 200, {"id": "x", "object": "chat.completion", "model": body["model"], "choices": [
                     {"index": 0, "message": {"role": "assistant", "content": outer.REPLY}, "finish_reason": "stop"}]})
 
             def log_message(self, *args):

@@ -131,7 +131,7 @@ def test_a_reply_that_fails_on_its_own_fails_only_that_reply(tasks):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             bad = tasks[0].description in body["messages"][0]["content"]
-            send_json(self, {"choices": [{"message": "oops"}]} if bad else {
+            send_json(self, 200, {"choices": [{"message": "oops"}]} if bad else {
                 "choices": [{"index": 0, "message": {"content": "It is 12 dollars."}, "finish_reason": "stop"}]})
 
         def log_message(self, *args):
