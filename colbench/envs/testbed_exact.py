@@ -863,7 +863,7 @@ def format_table(p: Prediction) -> str:
 
 # ---- the agreement a critic needs: noisy exact critics between the oracle and chance -----------
 
-SIGMAS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0)  # noise scales, on Q* in success probability
+SIGMAS = (0.0, 0.05, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0)  # noise scales, on Q* in success probability
 FAMILIES = ("ties_broken", "ties_kept")  # the noise per (history, c, action), or per (history, c, value of Q*)
 
 
