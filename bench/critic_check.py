@@ -2,10 +2,13 @@
 variant's critic ranked its stage-2 candidates, overall and per agent turn, against the
 test bed's A* (sweet.critic.oracle.exact_advantages), with c (`sweet`) and without
 (`sweet_no_info`). It tells a wrong critic from a stage 2 that cannot use a right ranking.
+Beside it, the agreement the exact solver says a critic needs for stage 2 to reach MT-DPO
+(`agreement_needed`: colbench.envs.testbed_exact.agreement_needed, once per spec).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -87,3 +90,41 @@ def checks_table(checks: dict[str, dict]) -> str:
                      if str(t) in c["per_turn"] else "n/a" for t in turns]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def agreement_needed(spec: str, setup, out: Path) -> dict:
+    """The exact solver's agreement with A* a critic needs for per-turn DPO to reach MT-DPO,
+    per KL level and noise family (colbench.envs.testbed_exact.agreement_needed, its
+    `to_json`; seconds on `default`), cached in OUT/agreement_needed.json under its settings."""
+    from colbench.envs import testbed_exact
+
+    key = {"spec": spec, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates}
+    cache = out / "agreement_needed.json"
+    if cache.exists() and (d := json.loads(cache.read_text())).get("key") == key:
+        return d["agreement_needed"]
+    needed = testbed_exact.agreement_needed(spec, episodes_per_task=setup.episodes_per_task,
+                                            candidates=setup.candidates).to_json()
+    out.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"key": key, "agreement_needed": needed}, indent=2))
+    return needed
+
+
+def needed_table(needed: dict) -> str:
+    """The solver's needed agreement per KL level (overall, and per turn at that noise),
+    and the solver's own learned critics by the same measure, to read beside the checks."""
+    levels = list(needed["mtdpo"])
+    names = {"ties_broken": "Q* + noise per action", "ties_kept": "Q* + noise per value of Q* (ties kept)"}
+
+    def cell(n: dict) -> str:
+        if n["status"] == "none":
+            return "none suffices (the oracle is below MT-DPO)"
+        turns = ", ".join(f"turn {t} {v:.2f}" for t, v in n["per_turn"].items())
+        return f"{'<= ' if n['status'] == 'grid_end' else ''}{n['agreement']:.2f} ({turns})"
+
+    lines = ["| critic family | " + " | ".join(f"KL {k} (MT-DPO {needed['mtdpo'][k]:.3f})" for k in levels) + " |",
+             "|---|" + "---|" * len(levels)]
+    for family, f in needed["families"].items():
+        lines.append(f"| {names.get(family, family)} | " + " | ".join(cell(f["needed"][k]) for k in levels) + " |")
+    learned = "; ".join(f"{name} {a['overall']:.2f} (" + ", ".join(f"turn {t} {v:.2f}" for t, v in a["per_turn"].items())
+                        + f"; ties split {a['ties_split']:.2f})" for name, a in needed["learned"].items())
+    return "\n".join(lines + ["", f"The solver's own learned critics, same measure in the population: {learned}."])

@@ -54,7 +54,10 @@ curves). The final policies' success_rate/tests_passed are today's fields (their
 
 results.md also checks each SWEET-RL critic's stage-2 rankings against the exact advantage
 A* (sweet.critic.oracle.exact_advantages, for the spec), overall and per turn: the share of
-candidate pairs it orders as A* does, and how often its top candidate is A*-best.
+candidate pairs it orders as A* does, and how often its top candidate is A*-best; beside it
+the agreement the exact solver says a critic needs for stage 2 to reach MT-DPO per KL level
+(summary.json "critic_agreement_needed", colbench.envs.testbed_exact.agreement_needed,
+cached in OUT/agreement_needed.json).
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.critic_check import checks_table, critic_vs_oracle
+from bench.critic_check import agreement_needed, checks_table, critic_vs_oracle, needed_table
 from bench.frontier import (  # the protocol's maths, tables and plot
     LEVELS,
     PREDICTED,
@@ -560,6 +563,10 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     checks = critic_vs_oracle(args.out, seeds, policies, setup, folders) if setup.env == "testbed" else {}
     if checks:
         text += "\n\nStage-2 rankings against the exact advantage A* (1.00 = the oracle's ranking):\n\n" + checks_table(checks)
+        summary["critic_agreement_needed"] = agreement_needed(args.spec, setup, args.out)
+        text += ("\n\nThe agreement (pairs ordered as A*) a critic needs for stage 2 to reach MT-DPO, per the exact "
+                 "solver (population limit; colbench.envs.testbed_exact --agreement):\n\n"
+                 + needed_table(summary["critic_agreement_needed"]))
     print("\n" + text)
     for s, r in results.items():
         for n in names:

@@ -63,6 +63,20 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     assert "| sweet | 1.00 (of 2) | 0.75 (of 4) | 0.00 (of 3) |" in table  # per turn 0, 2, 3
 
 
+def test_the_solvers_needed_agreement_is_computed_once_and_tabled_beside_the_check(tmp_path):
+    setup = TestbedSetup.for_spec("default")
+    needed = learning.agreement_needed("default", setup, tmp_path)
+    assert json.loads((tmp_path / "agreement_needed.json").read_text())["agreement_needed"] == needed
+    (tmp_path / "agreement_needed.json").write_text(json.dumps({"key": {"spec": "default", "episodes_per_task":
+                                                               setup.episodes_per_task, "candidates": setup.candidates},
+                                                               "agreement_needed": {**needed, "spec": "cached"}}))
+    assert learning.agreement_needed("default", setup, tmp_path)["spec"] == "cached"  # read back, not recomputed
+    table = learning.needed_table(needed)
+    # on `default` the exact critic is below MT-DPO at KL 0.5 and 1 (0.624, 0.697 against 0.646, 0.716)
+    assert "| Q* + noise per action | none suffices (the oracle is below MT-DPO) | none suffices" in table
+    assert "The solver's own learned critics, same measure in the population: sweet 1.00 (turn 0 1.00" in table
+
+
 def test_sweet_variants_rank_the_candidates_the_first_finished_variant_sampled(tmp_path):
     sd = tmp_path / "seed0"
     from sweet.core.trainer import mark_finished
