@@ -125,6 +125,7 @@ def needed_table(needed: dict) -> str:
              "|---|" + "---|" * len(levels)]
     for family, f in needed["families"].items():
         lines.append(f"| {names.get(family, family)} | " + " | ".join(cell(f["needed"][k]) for k in levels) + " |")
-    learned = "; ".join(f"{name} {a['overall']:.2f} (" + ", ".join(f"turn {t} {v:.2f}" for t, v in a["per_turn"].items())
+    learned = "; ".join(f"{name} {a['overall']:.2f} ("
+                        + ", ".join(f"turn {t} {v:.2f}" for t, v in a["per_turn"].items())
                         + f"; ties split {a['ties_split']:.2f})" for name, a in needed["learned"].items())
     return "\n".join(lines + ["", f"The solver's own learned critics, same measure in the population: {learned}."])

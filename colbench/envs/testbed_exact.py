@@ -45,7 +45,10 @@ pair accuracy 1.000 / 0.920 (1.000 / 0.921); sweet_oracle 0.697 / 0.783. The KL-
 move by about ±0.01 with how the K-episode pairing weights the tasks (K = 2: mtdpo 0.704),
 which the theory does not state. `--spec long` (3 facts, 5 turns): warm start 0.370,
 optimum 0.785, mtdpo 0.553 / 0.660, sweet_oracle 0.607 / 0.731 (+0.054 / +0.071),
-sweet 0.568 / 0.653, sweet_no_info 0.521 / 0.567, RFT 0.493 at KL 0.19.
+sweet 0.568 / 0.653, sweet_no_info 0.521 / 0.567, RFT 0.493 at KL 0.19. `--agreement`: on
+`default` no agreement suffices at KL 0.5 / 1 (the oracle is below mtdpo) and KL 2 takes
+1.00; on `long` a critic that keeps the oracle's ties needs 0.71 / 0.70 / 0.81 at KL
+0.5 / 1 / 2, and one whose noise splits them falls below mtdpo even at agreement 1.00.
 """
 
 from __future__ import annotations
@@ -1028,7 +1031,8 @@ class AgreementNeeded:
                      "reached": {f"{k:.1f}": round(v, 3) for k, v in r.reached.items()}} for r in rows]
 
         return {"spec": self.spec, "draws": self.draws,
-                "families": {f: {"curve": curve(rows), "needed": {f"{k:.1f}": n.to_json() for k, n in self.needed[f].items()}}
+                "families": {f: {"curve": curve(rows),
+                                 "needed": {f"{k:.1f}": n.to_json() for k, n in self.needed[f].items()}}
                              for f, rows in self.curves.items()},
                 "mtdpo": {f"{k:.1f}": round(p.success, 4) for k, p in self.mtdpo.items()},
                 "learned": {name: a.to_json() for name, a in self.learned.items()}}
@@ -1064,8 +1068,10 @@ def format_agreement(a: AgreementNeeded) -> str:
              f"{a.draws} draws; agreement = share of candidate pairs with differing A* ordered as A*, "
              "ties split = share of pairs with equal A* scored apart (* = some draws stop short of that KL)"]
     for family, rows in a.curves.items():
-        lines += ["", f"noise fixed per history, c and {'value of Q* (ties kept)' if family == 'ties_kept' else 'action'}:",
-                  f"{'σ':>6}{'agreement':>11}" + "".join(f"{'turn ' + str(t):>8}" for t in turns) + f"{'ties split':>12}"
+        per = "value of Q* (ties kept)" if family == "ties_kept" else "action"
+        lines += ["", f"noise fixed per history, c and {per}:",
+                  f"{'σ':>6}{'agreement':>11}" + "".join(f"{'turn ' + str(t):>8}" for t in turns)
+                  + f"{'ties split':>12}"
                   + "".join(f"{'KL ' + format(k, 'g'):>10}" for k in levels)]
         for r in rows:
             lines.append(f"{r.sigma:>6.2f}{r.agreement.overall:>11.3f}"
@@ -1099,7 +1105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=56, help="train tasks per sampled data set (--finite)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the sampled data sets (--finite)")
     parser.add_argument("--agreement", action="store_true",
-                        help="also the agreement with A* a critic needs for per-turn DPO to reach MT-DPO (noisy exact critics)")
+                        help="also the agreement with A* a critic needs for per-turn DPO to reach MT-DPO "
+                        "(noisy exact critics)")
     args = parser.parse_args(argv)
     try:
         ts.spec(args.spec)

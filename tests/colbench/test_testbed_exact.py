@@ -201,12 +201,14 @@ def test_noisy_critics_go_from_the_oracle_towards_chance(default_agreement):
     assert set(a.curves) == set(te.FAMILIES) and [r.sigma for r in a.curves["ties_broken"]] == list(te.SIGMAS)
     for family, rows in a.curves.items():
         oracle = rows[0]  # σ 0: the oracle itself, agreement 1, the same stage 2 as sweet_oracle
-        assert oracle.sigma == 0 and oracle.agreement.overall == 1.0 and set(oracle.agreement.per_turn.values()) == {1.0}
+        assert oracle.sigma == 0 and oracle.agreement.overall == 1.0
+        assert set(oracle.agreement.per_turn.values()) == {1.0}
         for k in te.KL_LEVELS:
             assert oracle.success[k] == pytest.approx(base.methods["sweet_oracle"][k].success, abs=1e-12)
         # one draw of ε serves every σ: agreement can only fall along the grid
         agreement = [r.agreement.overall for r in rows]
-        assert all(x >= y - 1e-12 for x, y in zip(agreement, agreement[1:])) and agreement[-1] < 0.8, (family, agreement)
+        assert all(x >= y - 1e-12 for x, y in zip(agreement, agreement[1:])), (family, agreement)
+        assert agreement[-1] < 0.8, (family, agreement)
     assert all(r.agreement.ties_split == 1.0 for r in a.curves["ties_broken"][1:])
     assert all(r.agreement.ties_split == 0.0 for r in a.curves["ties_kept"])
     # far noisier than Q*'s 0-1 range: a coin flip per pair
@@ -218,7 +220,9 @@ def test_noisy_critics_go_from_the_oracle_towards_chance(default_agreement):
 
 
 def test_needed_agreement_interpolates_where_stage2_falls_below_mtdpo():
-    row = lambda sigma, agree, s: te.NoisyCritic(sigma, te.Agreement(agree, {0: agree}, 0.0), {1.0: s}, {1.0: 1.0})  # noqa: E731
+    def row(sigma: float, agree: float, s: float) -> te.NoisyCritic:
+        return te.NoisyCritic(sigma, te.Agreement(agree, {0: agree}, 0.0), {1.0: s}, {1.0: 1.0})
+
     curve = [row(0.0, 1.0, 0.80), row(0.1, 0.9, 0.70), row(0.2, 0.8, 0.60)]
     n = te.needed_agreement(curve, 1.0, 0.65)  # halfway from 0.70 to 0.60: agreement 0.85, σ 0.15
     assert n.status == "interpolated" and n.agreement == pytest.approx(0.85) and n.sigma == pytest.approx(0.15)
@@ -241,7 +245,8 @@ def test_needed_agreement_on_default_matches_its_table(default_agreement):
                 i = max(i for i, r in enumerate(rows) if r.sigma <= n.sigma)  # n lies between rows i and i + 1
                 sigmas = [r.sigma for r in rows[i: i + 2]]
                 assert np.interp(n.sigma, sigmas, [r.success[k] for r in rows[i: i + 2]]) == pytest.approx(target)
-                assert np.interp(n.sigma, sigmas, [r.agreement.overall for r in rows[i: i + 2]]) == pytest.approx(n.agreement)
+                agreement = [r.agreement.overall for r in rows[i: i + 2]]
+                assert np.interp(n.sigma, sigmas, agreement) == pytest.approx(n.agreement)
                 assert all(r.success[k] >= target for r in rows[: i + 1]) and rows[i + 1].success[k] < target
     assert a.needed["ties_broken"][0.5].status == "none" and a.needed["ties_broken"][1.0].status == "none"
     assert set(a.learned) == {"sweet", "sweet_no_info"}
