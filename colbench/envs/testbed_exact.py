@@ -244,7 +244,7 @@ def build(spec: str | TestbedSpec) -> Bed:
     bed = Bed(s, cs, pc, nodes, legal, logp0, fi, np.array([r[1] for r in rows]),
               np.array([r[2] for r in rows], dtype=float), [r[3] for r in rows])
     # π0 may give an action no mass (p_ask 1: never answers early): such rows never occur
-    keep = np.isfinite(_flat(bed, logp0)[fi]).all(axis=1)
+    keep = np.isfinite(np.append(logp0.ravel(), 0.0)[fi]).all(axis=1)  # not _flat: it zeroes the -inf
     bed.fi, bed.c, bed.success = bed.fi[keep], bed.c[keep], bed.success[keep]
     bed.known = [k for k, ok in zip(bed.known, keep) if ok]
     for m in range(len(bed.fi)):

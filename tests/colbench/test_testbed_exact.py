@@ -46,6 +46,23 @@ def test_tiny_spec_by_hand():
         assert low.reached and high.reached and WARM < low.success < high.success <= Q_ASK
 
 
+def test_an_explorer_that_never_answers_early_gives_impossible_dialogues_no_mass():
+    """p_ask 1 (the warm start's copy phase) or 0: π0 gives some actions no mass; those
+    dialogues are dropped, so probabilities sum to 1 and success is the hand value."""
+    from dataclasses import replace
+
+    always = replace(TINY, p_ask=1.0)  # ask or the vague question, half each, then answer
+    bed = te.build(always)
+    ev = te.evaluate(bed, bed.logp0)
+    assert (bed.pc[bed.c] * ev.prob).sum() == pytest.approx(1.0)
+    assert ev.success == pytest.approx(0.5 * Q_ASK + 0.5 * Q_VAGUE)
+    never = te.build(replace(TINY, p_ask=0.0))
+    assert te.evaluate(never, never.logp0).success == pytest.approx(Q_ANSWER)
+    # default: questions uniform on both turns, never answering early: 0.60625 (docs/testbed.md)
+    default = te.build(replace(ts.spec("default"), p_ask=1.0))
+    assert te.evaluate(default, default.logp0).success == pytest.approx(0.60625)
+
+
 def test_exact_advantage_by_hand():
     unlucky = "def f(x):\n    return x * 3\n"  # stated, no docstring, the guess (2) wrong: V* = 1 by asking
     lucky = 'def f(x):\n    return x * int("2")\n'  # not stated, but the guess is right: V* = 1 by answering
