@@ -9,11 +9,22 @@ red below, number shown), the episode's reward, and for the states SWEET-RL stag
 sampled (candidates.jsonl) the candidates ranked by the score the critic gave them.
 Dialogue text is untrusted model output: everything is HTML-escaped and the page
 loads nothing from anywhere.
+
+Above the dialogues, the credit split (`credit_split`): over the critic's own pairs in
+the episodes file (the pairing it was trained with, from its resolved config) whose two
+trajectories have the same number of agent turns, so that both answer on the same turn,
+how much of the Bradley-Terry margin Σ_t A(chosen) − Σ_t A(rejected) comes from the last
+agent turn (the answer) and how much from the turns before it (the questions), and how
+many pairs each part alone orders right. A critic that explains outcomes by the answer
+alone (the earlier turns ordering pairs at chance) gives stage 2 nothing to rank
+questions by, however well it fits its pairs (docs/testbed.md, "Where the learned critic
+puts its credit").
 """
 
 from __future__ import annotations
 
 import html
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +32,7 @@ from typing import Sequence
 
 from colbench.episodes import load_episodes
 from sweet.core.config import parse_configs
-from sweet.core.records import episode_states, read_candidates
+from sweet.core.records import episode_states, make_trajectory_pairs, read_candidates
 from sweet.core.runs import run_cli, trainer_run
 from sweet.core.tokens import text_ids
 from sweet.critic.model import CriticScorer, CriticSpec, load_training_info
@@ -35,6 +46,8 @@ class InspectConfig:
     candidates: str = field(default="", metadata={"help": "stage-2 candidates.jsonl (optional): ranked candidates per state"})
     tasks: str = field(default="builtin:train", metadata={"help": "the episodes' tasks (for the training-time information c)"})
     max_episodes: int = field(default=60, metadata={"help": "show at most this many episodes (most-sampled tasks first)"})
+    credit_split: bool = field(default=True, metadata={
+        "help": "score every episode of the critic's training pairs for the credit split (last turn vs earlier turns)"})
     device: str = field(default="", metadata={"help": "torch device (default: cuda if available)"})
 
     def __post_init__(self) -> None:
@@ -78,6 +91,70 @@ def score_episodes(scorer, episodes, info_of: dict[str, str]) -> list[list[float
         out.append(flat[i:i + n])
         i += n
     return out
+
+
+@dataclass
+class CreditSplit:
+    """Where a critic's Bradley-Terry margin on trajectory pairs of equal length sits: per
+    pair, the margin Σ_t A(o_t, a_t, c) of the chosen minus the rejected, split into the last
+    agent turn's terms (`last`: the answer) and the earlier turns' (`earlier`), as means over
+    pairs, and the share of pairs each part alone orders right (a tie counts half)."""
+
+    pairs: int
+    earlier: float
+    last: float
+    ordered_by_earlier: float
+    ordered_by_last: float
+
+    @property
+    def last_share(self) -> float:
+        """The last turn's share of the mean margin (may leave [0, 1] when the parts disagree)."""
+        total = self.earlier + self.last
+        return self.last / total if total else float("nan")
+
+    def to_json(self) -> dict:
+        return {"pairs": self.pairs, "earlier": self.earlier, "last": self.last, "last_share": self.last_share,
+                "ordered_by_earlier": self.ordered_by_earlier, "ordered_by_last": self.ordered_by_last}
+
+    def line(self) -> str:
+        return (f"critic credit on {self.pairs} trajectory pairs of equal length (its pairing): mean margin {self.earlier + self.last:+.2f}, "
+                f"{self.last_share:.0%} of it on the last turn (answer {self.last:+.2f}, earlier turns "
+                f"{self.earlier:+.2f}); pairs ordered by the earlier turns alone {self.ordered_by_earlier:.2f}, "
+                f"by the last turn alone {self.ordered_by_last:.2f}")
+
+
+def credit_split(pairs, advantages: dict[str, Sequence[float]]) -> CreditSplit:
+    """The CreditSplit of trajectory `pairs` (sweet.core.records.Pair of episodes) given each
+    episode's per-turn advantages (`advantages[episode_id]`, in agent-turn order); pairs
+    whose trajectories differ in length are left out (there the last turn of the shorter
+    is an early answer: a decision, not the answer's content)."""
+    pairs = [p for p in pairs if len(advantages[p.chosen.episode_id]) == len(advantages[p.rejected.episode_id])]
+    if not pairs:
+        raise ValueError("credit_split: no pairs")
+
+    def parts(ep) -> tuple[float, float]:
+        advs = advantages[ep.episode_id]
+        return float(sum(advs[:-1])), float(advs[-1])
+
+    def hit(d: float) -> float:
+        return 1.0 if d > 0 else 0.5 if d == 0 else 0.0
+
+    earlier = last = by_earlier = by_last = 0.0
+    for pair in pairs:
+        (ce, cl), (re_, rl) = parts(pair.chosen), parts(pair.rejected)
+        earlier, last = earlier + ce - re_, last + cl - rl
+        by_earlier, by_last = by_earlier + hit(ce - re_), by_last + hit(cl - rl)
+    n = len(pairs)
+    return CreditSplit(n, earlier / n, last / n, by_earlier / n, by_last / n)
+
+
+def training_pairs(critic_dir: str, episodes) -> list:
+    """The critic's trajectory pairs among `episodes`, with the pairing settings of its run
+    (critic_dir/config.json, written by sweet.train_critic; the paper's 1.0 / 0.0 if absent)."""
+    config = Path(critic_dir) / "config.json"
+    settings = json.loads(config.read_text()).get("critic", {}) if config.exists() else {}
+    return make_trajectory_pairs(episodes, settings.get("success_threshold") or 1.0,
+                                 settings.get("min_reward_gap") or 0.0)
 
 
 def read_candidate_rows(path: str) -> dict[tuple[str, int], list[tuple[float, str]]]:
@@ -170,10 +247,29 @@ def main(cfg: InspectConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     note = (f"critic {cfg.critic}; episodes {cfg.episodes}; A(o_t, a_t, c) per agent turn "
             f"(green > 0 > red); stage-2 candidates from {cfg.candidates or '(none given)'}.")
+    if cfg.credit_split:
+        split = score_credit_split(scorer, cfg, spec.env, info_of)
+        if split is not None:
+            (out / "credit_split.json").write_text(json.dumps(split.to_json(), indent=2))
+            print(split.line())
+            note += " " + split.line() + "."
     page = out / "index.html"
     page.write_text(render_html(views, "SWEET-RL critic: per-turn credit", note))
     print(f"credit inspector: {page} ({len(views)} episodes, {sum(1 for _ in candidates)} stage-2 states)")
     return page
+
+
+def score_credit_split(scorer, cfg: InspectConfig, env: str, info_of: dict[str, str]) -> CreditSplit | None:
+    """The credit split over the equal-length pairs the critic's pairing makes from the whole
+    episodes file (None when there are none)."""
+    episodes = load_episodes(cfg.episodes, env=env)
+    pairs = [p for p in training_pairs(cfg.critic, episodes) if p.task_id in info_of
+             and len(p.chosen.agent_turns) == len(p.rejected.agent_turns)]
+    if not pairs:
+        return None
+    paired = list({id(e): e for p in pairs for e in (p.chosen, p.rejected)}.values())
+    advantages = {ep.episode_id: advs for ep, advs in zip(paired, score_episodes(scorer, paired, info_of))}
+    return credit_split(pairs, advantages)
 
 
 def cli(argv: list[str] | None = None) -> Path:

@@ -95,3 +95,55 @@ def test_bad_candidates_file_names_the_line(critic_dir, synthetic_files, tmp_pat
                              str(tmp_path / "o"), "--candidates", str(bad), "--tasks", str(tasks)])
     with pytest.raises(ValueError, match="--critic is required"):
         inspect_critic.cli(["--episodes", str(episodes_path), "--output", str(tmp_path / "o")])
+
+
+def _episode(seed: int, n_agent_turns: int):
+    from colbench.types import Turn
+
+    turns = []
+    for k in range(n_agent_turns):
+        turns += [Turn("agent", f"a{k}"), Turn("human", f"h{k}")]
+    return Episode(task_id="t", env="testbed", agent="a", seed=seed, turns=turns[:-1])
+
+
+def test_credit_split_sums_each_part_of_the_margin_and_leaves_out_unequal_lengths():
+    from sweet.core.records import Pair
+    from sweet.critic.inspect import credit_split
+
+    eps = {name: _episode(i, n) for i, (name, n) in enumerate((("w1", 3), ("l1", 3), ("w2", 3), ("l2", 3), ("short", 1)))}
+    adv = {eps["w1"].episode_id: [0.5, 0.0, -1.0], eps["l1"].episode_id: [0.0, 0.0, -4.0],   # answer decides
+           eps["w2"].episode_id: [0.0, 0.0, -2.0], eps["l2"].episode_id: [1.0, 0.5, -3.0],   # questions disagree
+           eps["short"].episode_id: [-9.0]}
+    pairs = [Pair(eps["w1"], eps["l1"], "t"), Pair(eps["w2"], eps["l2"], "t"), Pair(eps["w1"], eps["short"], "t")]
+    split = credit_split(pairs, adv)
+    assert split.pairs == 2  # the pair with the one-turn episode is left out
+    # pair 1: earlier 0.5 - 0 = +0.5, last -1 - -4 = +3; pair 2: earlier 0 - 1.5 = -1.5, last -2 - -3 = +1
+    assert split.earlier == pytest.approx((0.5 - 1.5) / 2) and split.last == pytest.approx((3 + 1) / 2)
+    assert split.ordered_by_earlier == 0.5 and split.ordered_by_last == 1.0
+    assert split.last_share == pytest.approx(2.0 / 1.5)
+    assert "2 trajectory pairs of equal length" in split.line()
+    with pytest.raises(ValueError, match="no pairs"):
+        credit_split([Pair(eps["w1"], eps["short"], "t")], adv)
+
+
+def test_inspector_writes_the_credit_split_of_the_critics_pairs(critic_dir, synthetic_files, tmp_path):
+    from sweet.core.records import load_episodes
+    from sweet.critic import inspect as inspect_critic
+    from sweet.critic.model import CriticScorer, load_training_info
+
+    episodes_path, tasks = synthetic_files
+    inspect_critic.cli(["--critic", str(critic_dir), "--episodes", str(episodes_path), "--output",
+                        str(tmp_path / "out"), "--tasks", str(tasks), "--max_episodes", "2"])
+    episodes = load_episodes(episodes_path, env="backend")
+    pairs = [p for p in inspect_critic.training_pairs(str(critic_dir), episodes)
+             if len(p.chosen.agent_turns) == len(p.rejected.agent_turns)]
+    assert pairs, "the synthetic episodes should give equal-length pairs"
+    written = json.loads((tmp_path / "out" / "credit_split.json").read_text())
+    scorer = CriticScorer.load(critic_dir, device="cpu")
+    info = load_training_info(str(tasks), env="backend")
+    paired = list({id(e): e for p in pairs for e in (p.chosen, p.rejected)}.values())
+    advs = {ep.episode_id: a for ep, a in zip(paired, inspect_critic.score_episodes(scorer, paired, info))}
+    expected = inspect_critic.credit_split(pairs, advs)
+    assert written["pairs"] == len(pairs) == expected.pairs
+    assert written["last"] == pytest.approx(expected.last, abs=1e-3)
+    assert written["earlier"] == pytest.approx(expected.earlier, abs=1e-3)
