@@ -3,7 +3,9 @@ variant's critic ranked its stage-2 candidates, overall and per agent turn, agai
 test bed's A* (sweet.critic.oracle.exact_advantages), with c (`sweet`) and without
 (`sweet_no_info`). It tells a wrong critic from a stage 2 that cannot use a right ranking.
 Beside it, the agreement the exact solver says a critic needs for stage 2 to reach MT-DPO
-(`agreement_needed`: colbench.envs.testbed_exact.agreement_needed, once per spec).
+(`agreement_needed`: colbench.envs.testbed_exact.agreement_needed, once per spec), and
+where each learned critic puts its credit on its own pairs, the answer or the questions
+(`credit_splits`: sweet.critic.inspect.credit_split, per seed and pooled).
 """
 
 from __future__ import annotations
@@ -129,3 +131,50 @@ def needed_table(needed: dict) -> str:
                         + ", ".join(f"turn {t} {v:.2f}" for t, v in a["per_turn"].items())
                         + f"; ties split {a['ties_split']:.2f})" for name, a in needed["learned"].items())
     return "\n".join(lines + ["", f"The solver's own learned critics, same measure in the population: {learned}."])
+
+
+def credit_splits(out: Path, seeds: list[int], policies: list[str], setup) -> dict[str, dict]:
+    """Per SWEET-RL variant with a learned critic (OUT/seed<S>/critic_<name>): the credit
+    split of that critic on the equal-length pairs its pairing makes from the seed's
+    episodes (sweet.critic.inspect.credit_split), per seed and pooled over seeds
+    (pair-weighted means)."""
+    from colbench.episodes import load_episodes
+    from sweet.critic.inspect import score_credit_split
+    from sweet.critic.model import CriticScorer, load_training_info
+
+    info = load_training_info(setup.train_tasks, env=setup.env)
+    found: dict[str, dict] = {}
+    for name in policies:
+        per_seed = {}
+        for seed in seeds:
+            critic = out / f"seed{seed}" / f"critic_{name}"
+            if not (critic / "critic_config.json").exists():
+                continue
+            episodes = load_episodes(out / f"seed{seed}" / "episodes.jsonl", env=setup.env)
+            split = score_credit_split(CriticScorer.load(critic), str(critic), episodes, info)
+            if split is not None:
+                per_seed[str(seed)] = split.to_json()
+        if per_seed:
+            found[name] = {"pooled": pool_splits(list(per_seed.values())), "per_seed": per_seed}
+    return found
+
+
+def pool_splits(splits: list[dict]) -> dict:
+    """Credit splits (CreditSplit.to_json) of several seeds as one: pair-weighted means,
+    the answer's share of the pooled mean margin."""
+    n = sum(v["pairs"] for v in splits)
+    pooled = {k: sum(v[k] * v["pairs"] for v in splits) / n
+              for k in ("earlier", "last", "ordered_by_earlier", "ordered_by_last")}
+    total = pooled["earlier"] + pooled["last"]
+    return {"pairs": n, **pooled, "last_share": pooled["last"] / total if total else None}
+
+
+def credit_table(splits: dict[str, dict]) -> str:
+    lines = ["| critic of | equal-length pairs | mean margin | share on the answer | ordered by the answer alone "
+             "| ordered by the questions alone |", "|---|---|---|---|---|---|"]
+    for name, s in splits.items():
+        p = s["pooled"]
+        share = "n/a" if p["last_share"] is None else f"{p['last_share']:.0%}"
+        lines.append(f"| {name} | {p['pairs']} | {p['earlier'] + p['last']:+.2f} | {share} | "
+                     f"{p['ordered_by_last']:.2f} | {p['ordered_by_earlier']:.2f} |")
+    return "\n".join(lines)

@@ -57,7 +57,9 @@ A* (sweet.critic.oracle.exact_advantages, for the spec), overall and per turn: t
 candidate pairs it orders as A* does, and how often its top candidate is A*-best; beside it
 the agreement the exact solver says a critic needs for stage 2 to reach MT-DPO per KL level
 (summary.json "critic_agreement_needed", colbench.envs.testbed_exact.agreement_needed,
-cached in OUT/agreement_needed.json).
+cached in OUT/agreement_needed.json), and each learned critic's credit split: how much of
+its margin on its own pairs sits on the answer and how much on the questions
+(summary.json "critic_credit", sweet/critic/inspect.py).
 """
 
 from __future__ import annotations
@@ -76,7 +78,14 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.critic_check import agreement_needed, checks_table, critic_vs_oracle, needed_table
+from bench.critic_check import (
+    agreement_needed,
+    checks_table,
+    credit_splits,
+    credit_table,
+    critic_vs_oracle,
+    needed_table,
+)
 from bench.frontier import (  # the protocol's maths, tables and plot
     LEVELS,
     PREDICTED,
@@ -567,6 +576,12 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
         text += ("\n\nThe agreement (pairs ordered as A*) a critic needs for stage 2 to reach MT-DPO, per the exact "
                  "solver (population limit; colbench.envs.testbed_exact --agreement):\n\n"
                  + needed_table(summary["critic_agreement_needed"]))
+    splits = credit_splits(args.out, seeds, policies, setup)
+    if splits:
+        summary["critic_credit"] = splits
+        text += ("\n\nWhere each learned critic puts its margin on its own pairs of equal length (the answer: the "
+                 "last agent turn; the questions: the turns before it; sweet/critic/inspect.py), pooled over seeds:\n\n"
+                 + credit_table(splits))
     print("\n" + text)
     for s, r in results.items():
         for n in names:

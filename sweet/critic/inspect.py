@@ -248,7 +248,7 @@ def main(cfg: InspectConfig) -> Path:
     note = (f"critic {cfg.critic}; episodes {cfg.episodes}; A(o_t, a_t, c) per agent turn "
             f"(green > 0 > red); stage-2 candidates from {cfg.candidates or '(none given)'}.")
     if cfg.credit_split:
-        split = score_credit_split(scorer, cfg, spec.env, info_of)
+        split = score_credit_split(scorer, cfg.critic, load_episodes(cfg.episodes, env=spec.env), info_of)
         if split is not None:
             (out / "credit_split.json").write_text(json.dumps(split.to_json(), indent=2))
             print(split.line())
@@ -259,11 +259,10 @@ def main(cfg: InspectConfig) -> Path:
     return page
 
 
-def score_credit_split(scorer, cfg: InspectConfig, env: str, info_of: dict[str, str]) -> CreditSplit | None:
-    """The credit split over the equal-length pairs the critic's pairing makes from the whole
-    episodes file (None when there are none)."""
-    episodes = load_episodes(cfg.episodes, env=env)
-    pairs = [p for p in training_pairs(cfg.critic, episodes) if p.task_id in info_of
+def score_credit_split(scorer, critic_dir: str, episodes, info_of: dict[str, str]) -> CreditSplit | None:
+    """The credit split of the critic in `critic_dir` (its `scorer`) over the equal-length
+    pairs its pairing makes from `episodes` (None when there are none)."""
+    pairs = [p for p in training_pairs(critic_dir, episodes) if p.task_id in info_of
              and len(p.chosen.agent_turns) == len(p.rejected.agent_turns)]
     if not pairs:
         return None

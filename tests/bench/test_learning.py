@@ -77,6 +77,20 @@ def test_the_solvers_needed_agreement_is_computed_once_and_tabled_beside_the_che
     assert "The solver's own learned critics, same measure in the population: sweet 1.00 (turn 0 1.00" in table
 
 
+def test_credit_splits_pool_over_seeds_by_pairs_and_table_the_answers_share():
+    from bench.critic_check import credit_table, pool_splits
+
+    seeds = [{"pairs": 10, "earlier": 1.0, "last": 3.0, "ordered_by_earlier": 0.5, "ordered_by_last": 1.0},
+             {"pairs": 30, "earlier": -1.0, "last": 5.0, "ordered_by_earlier": 0.7, "ordered_by_last": 0.9}]
+    pooled = pool_splits(seeds)
+    assert pooled["pairs"] == 40
+    assert pooled["earlier"] == pytest.approx((10 - 30) / 40) and pooled["last"] == pytest.approx((30 + 150) / 40)
+    assert pooled["ordered_by_earlier"] == pytest.approx(0.65) and pooled["ordered_by_last"] == pytest.approx(0.925)
+    assert pooled["last_share"] == pytest.approx(4.5 / 4.0)  # the questions' terms point the other way
+    table = credit_table({"sweet": {"pooled": pooled, "per_seed": {}}})
+    assert "| sweet | 40 | +4.00 | 112% | 0.93 | 0.65 |" in table
+
+
 def test_sweet_variants_rank_the_candidates_the_first_finished_variant_sampled(tmp_path):
     sd = tmp_path / "seed0"
     from sweet.core.trainer import mark_finished
