@@ -13,7 +13,9 @@ Steps (each skipped when its output exists, so an interrupted run resumes):
      from the train split, never the test tasks) is the policy (early stopping);
   5. evaluate warm start vs SWEET-RL on held-out tasks: leaderboard + report;
   6. the per-turn credit inspector (sweet/critic/inspect.py): an HTML page with the
-     critic's advantage on every agent turn and the ranked stage-2 candidates.
+     critic's advantage on every agent turn and the ranked stage-2 candidates, and the
+     critic's credit split: how much of its margin on its own pairs sits on the answer and
+     how much on the questions (summary.json "critic_credit").
 It prints both policies' held-out success with 95% intervals beside the exact solver's
 warm start and optimum (colbench.envs.testbed_exact), the share of the distance to the
 optimum SWEET-RL closed, and whether the warm start passed its checks at once, and writes
@@ -114,6 +116,12 @@ def main(cfg: DemoConfig) -> Path:
               f"{summary['optimum']:.3f}; SWEET-RL closed {summary['gap_closed']:.0%} of the measured warm start's "
               f"distance to the optimum")
     print(warm_start_checks(out / "warm_start"))
+    credit = out / "inspect" / "credit_split.json"
+    if credit.exists():  # where the critic put its credit: the answer, or the questions (sweet/critic/inspect.py)
+        split = inspect_critic.CreditSplit(**{k: v for k, v in json.loads(credit.read_text()).items()
+                                              if k != "last_share"})
+        summary["critic_credit"] = split.to_json()
+        print(split.line())
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"summary: {out / 'summary.json'}")
     (out / "timings.json").write_text(json.dumps(setup.timings, indent=2))

@@ -33,6 +33,11 @@ def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     page = (out / "inspect" / "index.html").read_text()
     assert "per-turn credit inspector: " + str(out / "inspect" / "index.html") in res.stdout
     assert page.count("A = ") >= 8 and "stage 2:" in page
+    # ... and where the critic's margin on its own pairs sits (answer vs questions), printed and kept
+    credit = summary["critic_credit"]
+    assert credit == json.loads((out / "inspect" / "credit_split.json").read_text()) and credit["pairs"] >= 1
+    assert 0.0 <= credit["ordered_by_earlier"] <= 1.0 and 0.0 <= credit["ordered_by_last"] <= 1.0
+    assert f"critic credit on {credit['pairs']} trajectory pairs of equal length" in res.stdout.split("=== results")[1]
     # the warm start learned the dialogue format from the scripted explorer
     warm_metrics = [json.loads(line) for line in (out / "warm_start" / "behave" / "metrics.jsonl").read_text().splitlines()]
     nll = [m["loss/nll"] for m in warm_metrics if "loss/nll" in m]
