@@ -3,7 +3,7 @@ variant's critic ranked its stage-2 candidates, overall and per agent turn, agai
 test bed's A* (sweet.critic.oracle.exact_advantages), with c (`sweet`) and without
 (`sweet_no_info`). It tells a wrong critic from a stage 2 that cannot use a right ranking.
 Beside it, the agreement the exact solver says a critic needs for stage 2 to reach MT-DPO
-(`agreement_needed`: colbench.envs.testbed_exact.agreement_needed, once per spec), and
+(`agreement_needed`: colbench.envs.testbed_agreement.agreement_needed, once per spec), and
 where each learned critic puts its credit on its own pairs, the answer or the questions
 (`credit_splits`: sweet.critic.inspect.credit_split, per seed and pooled).
 """
@@ -96,15 +96,15 @@ def checks_table(checks: dict[str, dict]) -> str:
 
 def agreement_needed(spec: str, setup, out: Path) -> dict:
     """The exact solver's agreement with A* a critic needs for per-turn DPO to reach MT-DPO,
-    per KL level and noise family (colbench.envs.testbed_exact.agreement_needed, its
+    per KL level and noise family (colbench.envs.testbed_agreement.agreement_needed, its
     `to_json`; seconds on `default`), cached in OUT/agreement_needed.json under its settings."""
-    from colbench.envs import testbed_exact
+    from colbench.envs import testbed_agreement
 
     key = {"spec": spec, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates}
     cache = out / "agreement_needed.json"
     if cache.exists() and (d := json.loads(cache.read_text())).get("key") == key:
         return d["agreement_needed"]
-    needed = testbed_exact.agreement_needed(spec, episodes_per_task=setup.episodes_per_task,
+    needed = testbed_agreement.agreement_needed(spec, episodes_per_task=setup.episodes_per_task,
                                             candidates=setup.candidates).to_json()
     out.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps({"key": key, "agreement_needed": needed}, indent=2))

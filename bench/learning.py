@@ -56,7 +56,7 @@ results.md also checks each SWEET-RL critic's stage-2 rankings against the exact
 A* (sweet.critic.oracle.exact_advantages, for the spec), overall and per turn: the share of
 candidate pairs it orders as A* does, and how often its top candidate is A*-best; beside it
 the agreement the exact solver says a critic needs for stage 2 to reach MT-DPO per KL level
-(summary.json "critic_agreement_needed", colbench.envs.testbed_exact.agreement_needed,
+(summary.json "critic_agreement_needed", colbench.envs.testbed_agreement.agreement_needed,
 cached in OUT/agreement_needed.json), and each learned critic's credit split: how much of
 its margin on its own pairs sits on the answer and how much on the questions
 (summary.json "critic_credit", sweet/critic/inspect.py).
@@ -574,7 +574,7 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
         text += "\n\nStage-2 rankings against the exact advantage A* (1.00 = the oracle's ranking):\n\n" + checks_table(checks)
         summary["critic_agreement_needed"] = agreement_needed(args.spec, setup, args.out)
         text += ("\n\nThe agreement (pairs ordered as A*) a critic needs for stage 2 to reach MT-DPO, per the exact "
-                 "solver (population limit; colbench.envs.testbed_exact --agreement):\n\n"
+                 "solver (population limit; python -m colbench.envs.testbed_agreement):\n\n"
                  + needed_table(summary["critic_agreement_needed"]))
     splits = credit_splits(args.out, seeds, policies, setup)
     if splits:
