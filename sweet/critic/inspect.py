@@ -47,7 +47,7 @@ class InspectConfig:
     tasks: str = field(default="builtin:train", metadata={"help": "the episodes' tasks (for the training-time information c)"})
     max_episodes: int = field(default=60, metadata={"help": "show at most this many episodes (most-sampled tasks first)"})
     credit_split: bool = field(default=True, metadata={
-        "help": "score every episode of the critic's training pairs for the credit split (last turn vs earlier turns)"})
+        "help": "score every episode of the critic's pairs for the credit split (last turn vs earlier turns)"})
     device: str = field(default="", metadata={"help": "torch device (default: cuda if available)"})
 
     def __post_init__(self) -> None:
@@ -117,8 +117,8 @@ class CreditSplit:
                 "ordered_by_earlier": self.ordered_by_earlier, "ordered_by_last": self.ordered_by_last}
 
     def line(self) -> str:
-        return (f"critic credit on {self.pairs} trajectory pairs of equal length (its pairing): mean margin {self.earlier + self.last:+.2f}, "
-                f"{self.last_share:.0%} of it on the last turn (answer {self.last:+.2f}, earlier turns "
+        return (f"critic credit on {self.pairs} trajectory pairs of equal length (its pairing): mean margin "
+                f"{self.earlier + self.last:+.2f}, {self.last_share:.0%} of it on the last turn (answer {self.last:+.2f}, earlier turns "
                 f"{self.earlier:+.2f}); pairs ordered by the earlier turns alone {self.ordered_by_earlier:.2f}, "
                 f"by the last turn alone {self.ordered_by_last:.2f}")
 
@@ -153,8 +153,8 @@ def training_pairs(critic_dir: str, episodes) -> list:
     (critic_dir/config.json, written by sweet.train_critic; the paper's 1.0 / 0.0 if absent)."""
     config = Path(critic_dir) / "config.json"
     settings = json.loads(config.read_text()).get("critic", {}) if config.exists() else {}
-    return make_trajectory_pairs(episodes, settings.get("success_threshold") or 1.0,
-                                 settings.get("min_reward_gap") or 0.0)
+    threshold, gap = settings.get("success_threshold"), settings.get("min_reward_gap")
+    return make_trajectory_pairs(episodes, 1.0 if threshold is None else threshold, 0.0 if gap is None else gap)
 
 
 def read_candidate_rows(path: str) -> dict[tuple[str, int], list[tuple[float, str]]]:
