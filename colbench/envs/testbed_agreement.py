@@ -28,13 +28,14 @@ from typing import Sequence
 
 import numpy as np
 
-from colbench.envs import testbed_spec as ts
 from colbench.envs.testbed_exact import (
     Bed,
     KL_LEVELS,
     Point,
     Prediction,
+    add_solver_arguments,
     build,
+    check_solver_arguments,
     flow,
     oracle_scores,
     per_turn_grad,
@@ -274,21 +275,10 @@ def format_agreement(a: AgreementNeeded) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m colbench.envs.testbed_agreement",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--spec", default="default", help=f"a preset: {', '.join(ts.PRESETS)}")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--episodes-per-task", type=int, default=8, help="K episodes per task behind the pairs")
-    parser.add_argument("--candidates", type=int, default=8, help="stage-2 candidates per state")
-    parser.add_argument("--beta", type=float, default=0.1, help="DPO β")
+    add_solver_arguments(parser)
     parser.add_argument("--draws", type=int, default=4, help="noise draws per σ")
     args = parser.parse_args(argv)
-    try:
-        ts.spec(args.spec)
-    except ValueError as e:
-        parser.error(str(e))
-    for name, value in (("--episodes-per-task", args.episodes_per_task - 1), ("--candidates", args.candidates - 2),
-                        ("--draws", args.draws - 1)):
-        if value < 0:
-            parser.error(f"{name}: too small")
+    check_solver_arguments(parser, args, {"--draws": args.draws - 1})
     a = agreement_needed(args.spec, draws=args.draws, episodes_per_task=args.episodes_per_task,
                          candidates=args.candidates, beta=args.beta)
     print(json.dumps(a.to_json()) if args.json else format_agreement(a).lstrip("\n"))

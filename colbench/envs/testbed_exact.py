@@ -857,26 +857,37 @@ def format_table(p: Prediction) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m colbench.envs.testbed_exact", description=__doc__.split("\n\n")[0])
+def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags the solver's command lines share (this module's, colbench.envs.testbed_agreement's)."""
     parser.add_argument("--spec", default="default", help=f"a preset: {', '.join(ts.PRESETS)}")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--episodes-per-task", type=int, default=8, help="K episodes per task behind the pairs")
     parser.add_argument("--candidates", type=int, default=8, help="stage-2 candidates per state")
     parser.add_argument("--beta", type=float, default=0.1, help="DPO β")
+
+
+def check_solver_arguments(parser: argparse.ArgumentParser, args, more: dict[str, int]) -> None:
+    """A bad --spec, or a flag below its least value (`more`: flag -> its value minus its
+    least), is one line from argparse."""
+    try:
+        ts.spec(args.spec)
+    except ValueError as e:
+        parser.error(str(e))
+    for name, value in {"--episodes-per-task": args.episodes_per_task - 1, "--candidates": args.candidates - 2,
+                        **more}.items():
+        if value < 0:
+            parser.error(f"{name}: too small")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m colbench.envs.testbed_exact", description=__doc__.split("\n\n")[0])
+    add_solver_arguments(parser)
     parser.add_argument("--finite", type=int, default=0, metavar="REPS",
                         help="also train on REPS sampled data sets of --tasks x --episodes-per-task (0: population only)")
     parser.add_argument("--tasks", type=int, default=56, help="train tasks per sampled data set (--finite)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the sampled data sets (--finite)")
     args = parser.parse_args(argv)
-    try:
-        ts.spec(args.spec)
-    except ValueError as e:
-        parser.error(str(e))
-    for name, value in (("--finite", args.finite), ("--tasks", args.tasks - 1), ("--episodes-per-task", args.episodes_per_task - 1),
-                        ("--candidates", args.candidates - 2)):
-        if value < 0:
-            parser.error(f"{name}: too small")
+    check_solver_arguments(parser, args, {"--finite": args.finite, "--tasks": args.tasks - 1})
     p = predict(args.spec, episodes_per_task=args.episodes_per_task, candidates=args.candidates, beta=args.beta)
     finite = (predict_finite(args.spec, args.finite, args.tasks, args.episodes_per_task, args.seed,
                              candidates=args.candidates, beta=args.beta) if args.finite else None)
