@@ -28,14 +28,17 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
              A* differ, the share ordered as A*: the one decision where a question's
              worth depends on what was already asked (ask for the constant still
              missing, not again for a known one), so the only one that tests whether
-             the critic reads the dialogue rather than the question's wording."""
+             the critic reads the dialogue rather than the question's wording;
+      ties_split: of candidate pairs whose A* are EQUAL, the share the critic scores
+             apart: stage 2 turns each into a preference the exact critic would not give
+             (the solver: what limits stage 2 for a critic with continuous scores)."""
     from colbench.protocols import ANSWER_MARKER
     from sweet.algorithms.sweet_rl import SweetConfig, load_states, read_candidates, state_key
     from sweet.critic.oracle import exact_advantages
 
     checks = {}
     for name in policies:  # a policy without stage-2 candidates (no critic) has nothing to check
-        agree = pairs = top = top_n = last = last_n = q_agree = q_pairs = 0.0
+        agree = pairs = top = top_n = last = last_n = q_agree = q_pairs = ties = split = 0.0
         by_turn: dict[int, list[float]] = {}  # turn -> [agreeing, pairs]
         for seed in seeds:
             sd = out / f"seed{seed}"
@@ -54,7 +57,9 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
                 turn = by_turn.setdefault(state.turn_index, [0.0, 0.0])
                 for i in range(len(exact)):
                     for j in range(i + 1, len(exact)):
-                        if exact[i] != exact[j]:
+                        if exact[i] == exact[j]:  # equal worth: stage 2 makes it a pair if the critic splits it
+                            ties, split = ties + 1, split + float(critic[i] != critic[j])
+                        else:
                             d = (critic[i] - critic[j]) * (exact[i] - exact[j])
                             hit = 1.0 if d > 0 else 0.5 if critic[i] == critic[j] else 0.0
                             pairs, agree = pairs + 1, agree + hit
@@ -70,6 +75,7 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
             checks[name] = {"pairs": agree / pairs, "n_pairs": int(pairs), "top1": top / max(top_n, 1),
                             "n_states": int(top_n), "top1_last": last / last_n if last_n else None, "n_last": int(last_n),
                             "questions": q_agree / q_pairs if q_pairs else None, "n_questions": int(q_pairs),
+                            "ties_split": split / ties if ties else None, "n_ties": int(ties),
                             "per_turn": {str(t): {"pairs": a / n, "n_pairs": int(n)}
                                          for t, (a, n) in sorted(by_turn.items()) if n}}
     return checks
@@ -77,12 +83,13 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
 
 def checks_table(checks: dict[str, dict]) -> str:
     lines = ["| critic of | pairs ordered as A* | top candidate is A*-best | same, last turn | question pairs, "
-             "two turns before the end |", "|---|---|---|---|---|"]
+             "two turns before the end | equal-A* pairs scored apart |", "|---|---|---|---|---|---|"]
     for name, c in checks.items():
         last = "n/a" if c["top1_last"] is None else f"{c['top1_last']:.2f} (of {c['n_last']})"
         asks = "n/a" if c.get("questions") is None else f"{c['questions']:.2f} (of {c['n_questions']})"
+        apart = "n/a" if c.get("ties_split") is None else f"{c['ties_split']:.2f} (of {c['n_ties']})"
         lines.append(f"| {name} | {c['pairs']:.2f} (of {c['n_pairs']}) | {c['top1']:.2f} (of {c['n_states']}) | {last} "
-                     f"| {asks} |")
+                     f"| {asks} | {apart} |")
     turns = sorted({int(t) for c in checks.values() for t in c.get("per_turn", {})})
     if turns:
         lines += ["", "Pairs ordered as A*, per agent turn (0 = the first):", "",

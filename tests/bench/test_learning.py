@@ -56,10 +56,12 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     assert c["n_pairs"] == 9 and c["pairs"] == 5 / 9  # turn 0: 2 of 2 right; turn 2: 3 of 4; last turn: 0 of 3
     assert c["n_states"] == 3 and c["top1"] == 2 / 3 and c["n_last"] == 1 and c["top1_last"] == 0.0
     assert c["n_questions"] == 2 and c["questions"] == 0.5
+    # equal A*: (negative, vague) at turn 0, (positive, negative) and (vague, answer) at turn 2, all scored apart
+    assert c["n_ties"] == 3 and c["ties_split"] == 1.0
     assert c["per_turn"] == {"0": {"pairs": 1.0, "n_pairs": 2}, "2": {"pairs": 0.75, "n_pairs": 4},
                              "3": {"pairs": 0.0, "n_pairs": 3}}
     table = learning.checks_table(checks)
-    assert "| sweet | 0.56 (of 9) | 0.67 (of 3) | 0.00 (of 1) | 0.50 (of 2) |" in table
+    assert "| sweet | 0.56 (of 9) | 0.67 (of 3) | 0.00 (of 1) | 0.50 (of 2) | 1.00 (of 3) |" in table
     assert "| sweet | 1.00 (of 2) | 0.75 (of 4) | 0.00 (of 3) |" in table  # per turn 0, 2, 3
 
 
