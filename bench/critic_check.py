@@ -169,11 +169,12 @@ def credit_splits(out: Path, seeds: list[int], policies: list[str], setup) -> di
 def pool_splits(splits: list[dict]) -> dict:
     """Credit splits (CreditSplit.to_json) of several seeds as one: pair-weighted means,
     the answer's share of the pooled mean margin."""
+    from sweet.critic.inspect import CreditSplit
+
     n = sum(v["pairs"] for v in splits)
     pooled = {k: sum(v[k] * v["pairs"] for v in splits) / n
               for k in ("earlier", "last", "ordered_by_earlier", "ordered_by_last")}
-    total = pooled["earlier"] + pooled["last"]
-    return {"pairs": n, **pooled, "last_share": pooled["last"] / total if total else None}
+    return CreditSplit.from_json({"pairs": n, **pooled}).to_json()
 
 
 def credit_table(splits: dict[str, dict]) -> str:

@@ -113,13 +113,19 @@ class CreditSplit:
         return self.last / total if total else float("nan")
 
     def to_json(self) -> dict:
-        return {"pairs": self.pairs, "earlier": self.earlier, "last": self.last, "last_share": self.last_share,
+        share = self.last_share
+        return {"pairs": self.pairs, "earlier": self.earlier, "last": self.last,
+                "last_share": None if share != share else share,  # strict JSON: no NaN
                 "ordered_by_earlier": self.ordered_by_earlier, "ordered_by_last": self.ordered_by_last}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CreditSplit":
+        return cls(d["pairs"], d["earlier"], d["last"], d["ordered_by_earlier"], d["ordered_by_last"])
 
     def line(self) -> str:
         return (f"critic credit on {self.pairs} trajectory pairs of equal length (its pairing): mean margin "
-                f"{self.earlier + self.last:+.2f}, {self.last_share:.0%} of it on the last turn (answer {self.last:+.2f}, earlier turns "
-                f"{self.earlier:+.2f}); pairs ordered by the earlier turns alone {self.ordered_by_earlier:.2f}, "
+                f"{self.earlier + self.last:+.2f}, {self.last_share:.0%} of it on the last turn (answer "
+                f"{self.last:+.2f}, earlier turns {self.earlier:+.2f}); pairs ordered by the earlier turns alone {self.ordered_by_earlier:.2f}, "
                 f"by the last turn alone {self.ordered_by_last:.2f}")
 
 
@@ -236,39 +242,52 @@ def main(cfg: InspectConfig) -> Path:
     """Score the episodes with the critic and write the page; returns its path."""
     spec = CriticSpec.load(cfg.critic)
     candidates = read_candidate_rows(cfg.candidates)
-    episodes = pick_episodes(load_episodes(cfg.episodes, env=spec.env), candidates, cfg.max_episodes)
+    every = load_episodes(cfg.episodes, env=spec.env)
+    episodes = pick_episodes(every, candidates, cfg.max_episodes)
     info_of = load_training_info(cfg.tasks, env=spec.env)
     missing = sorted({ep.task_id for ep in episodes} - set(info_of))
     if missing:
         raise ValueError(f"{cfg.episodes}: tasks {missing[:3]} are not in --tasks {cfg.tasks}")
     scorer = CriticScorer.load(cfg.critic, device=cfg.device or None)
-    views = build_views(episodes, score_episodes(scorer, episodes, info_of), candidates)
+    pairs = credit_pairs(cfg.critic, every, info_of) if cfg.credit_split else []
+    # one scoring pass for the page's episodes and the split's (they overlap)
+    advantages = advantages_of(scorer, [*episodes, *(e for p in pairs for e in (p.chosen, p.rejected))], info_of)
+    views = build_views(episodes, [advantages[ep.episode_id] for ep in episodes], candidates)
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     note = (f"critic {cfg.critic}; episodes {cfg.episodes}; A(o_t, a_t, c) per agent turn "
             f"(green > 0 > red); stage-2 candidates from {cfg.candidates or '(none given)'}.")
-    if cfg.credit_split:
-        split = score_credit_split(scorer, cfg.critic, load_episodes(cfg.episodes, env=spec.env), info_of)
-        if split is not None:
-            (out / "credit_split.json").write_text(json.dumps(split.to_json(), indent=2))
-            print(split.line())
-            note += " " + split.line() + "."
+    if pairs:
+        split = credit_split(pairs, advantages)
+        (out / "credit_split.json").write_text(json.dumps(split.to_json(), indent=2))
+        print(split.line())
+        note += " " + split.line() + "."
     page = out / "index.html"
     page.write_text(render_html(views, "SWEET-RL critic: per-turn credit", note))
     print(f"credit inspector: {page} ({len(views)} episodes, {sum(1 for _ in candidates)} stage-2 states)")
     return page
 
 
+def credit_pairs(critic_dir: str, episodes, info_of: dict[str, str]) -> list:
+    """The pairs the critic's pairing makes from `episodes` whose task has c and whose two
+    trajectories have the same number of agent turns (the credit split's pairs)."""
+    return [p for p in training_pairs(critic_dir, episodes) if p.task_id in info_of
+            and len(p.chosen.agent_turns) == len(p.rejected.agent_turns)]
+
+
+def advantages_of(scorer, episodes, info_of: dict[str, str]) -> dict[str, list[float]]:
+    """episode_id -> the critic's per-turn advantages, each episode scored once."""
+    unique = list({ep.episode_id: ep for ep in episodes}.values())
+    return {ep.episode_id: advs for ep, advs in zip(unique, score_episodes(scorer, unique, info_of))}
+
+
 def score_credit_split(scorer, critic_dir: str, episodes, info_of: dict[str, str]) -> CreditSplit | None:
-    """The credit split of the critic in `critic_dir` (its `scorer`) over the equal-length
-    pairs its pairing makes from `episodes` (None when there are none)."""
-    pairs = [p for p in training_pairs(critic_dir, episodes) if p.task_id in info_of
-             and len(p.chosen.agent_turns) == len(p.rejected.agent_turns)]
+    """The credit split of the critic in `critic_dir` (its `scorer`) over its `credit_pairs`
+    from `episodes` (None when there are none)."""
+    pairs = credit_pairs(critic_dir, episodes, info_of)
     if not pairs:
         return None
-    paired = list({id(e): e for p in pairs for e in (p.chosen, p.rejected)}.values())
-    advantages = {ep.episode_id: advs for ep, advs in zip(paired, score_episodes(scorer, paired, info_of))}
-    return credit_split(pairs, advantages)
+    return credit_split(pairs, advantages_of(scorer, [e for p in pairs for e in (p.chosen, p.rejected)], info_of))
 
 
 def cli(argv: list[str] | None = None) -> Path:

@@ -118,8 +118,7 @@ def main(cfg: DemoConfig) -> Path:
     print(warm_start_checks(out / "warm_start"))
     credit = out / "inspect" / "credit_split.json"
     if credit.exists():  # where the critic put its credit: the answer, or the questions (sweet/critic/inspect.py)
-        split = inspect_critic.CreditSplit(**{k: v for k, v in json.loads(credit.read_text()).items()
-                                              if k != "last_share"})
+        split = inspect_critic.CreditSplit.from_json(json.loads(credit.read_text()))
         summary["critic_credit"] = split.to_json()
         print(split.line())
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
