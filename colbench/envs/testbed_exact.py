@@ -392,6 +392,48 @@ def expected_success_on(spec: str | TestbedSpec, tasks: Sequence, policy: str = 
     return sum(per_c[c_of_reference(bed.spec, t.hidden)] for t in tasks) / len(tasks)
 
 
+# Simple rules a policy could learn, each uniform over the actions it allows: how far one
+# lesson goes. Rule(history, action, n_facts, last_turn) -> allowed; the last turn answers.
+def _never_early(h: tuple, a: int, n: int, last: bool) -> bool:
+    return (a == n + 1) == last
+
+
+def _no_repeat(h: tuple, a: int, n: int, last: bool) -> bool:
+    return _never_early(h, a, n, last) and (last or a not in {b for b, _ in h})
+
+
+def _sides_first(h: tuple, a: int, n: int, last: bool) -> bool:
+    return _no_repeat(h, a, n, last) and (last or a < n or all(b < n for b, _ in h) and len(h) > 0)
+
+
+RULES = {
+    "never answer early": _never_early,  # what a critic that only blames early answers teaches
+    "and never repeat a question": _no_repeat,  # visible in the dialogue: needs no c
+    "and ask a side before the vague question": _sides_first,
+}
+
+
+def rule_policy(bed: Bed, allowed) -> np.ndarray:
+    """The tabular policy uniform over the legal actions `allowed(h, a, n, last)` keeps at
+    each history (log-probs [N, A]); a history where it keeps none follows π0."""
+    n, logpi = bed.spec.facts, bed.logp0.copy()
+    for i, h in enumerate(bed.nodes):
+        keep = [a for a in range(n + 2) if bed.legal[i, a] and allowed(h, a, n, len(h) == bed.spec.turns - 1)]
+        if keep:
+            logpi[i] = -np.inf
+            logpi[i, keep] = -math.log(len(keep))
+    return logpi
+
+
+def rule_points(bed: Bed) -> dict[str, Point]:
+    """Success and KL from the warm start of each of RULES (a policy, not a method: no flag)."""
+    out = {}
+    for name, allowed in RULES.items():
+        ev = evaluate(bed, rule_policy(bed, allowed))
+        out[name] = Point(ev.success, ev.kl, True)
+    return out
+
+
 def rft_round(bed: Bed, logpi: np.ndarray) -> np.ndarray:
     """One round of RFT in the population limit: π ∝ π_old·Q/V, i.e. π_old conditioned on
     success, fitted per history (histories no success visits keep π_old)."""
@@ -797,6 +839,7 @@ class Prediction:
     rft_rounds: list[tuple[float, float]]  # (success, KL) after 1, 2 rounds of ideal RFT
     pair_accuracy: dict[str, float]  # the learned critics' on the trajectory pairs
     critics: dict[str, Critic] = field(default_factory=dict, repr=False)  # the learned critics themselves
+    rules: dict[str, Point] = field(default_factory=dict)  # simple rules' success and KL (RULES)
 
     def to_json(self) -> dict:
         out: dict = {"spec": self.spec, "warm_start": round(self.warm_start, 4), "optimum": round(self.optimum, 4)}
@@ -808,6 +851,7 @@ class Prediction:
                           for name, points in self.methods.items()}
         out["rft_rounds"] = [{"success": round(s, 4), "kl": round(k, 4)} for s, k in self.rft_rounds]
         out["pair_accuracy"] = {k: round(v, 4) for k, v in self.pair_accuracy.items()}
+        out["rules"] = {k: {"success": round(p.success, 4), "kl": round(p.kl, 4)} for k, p in self.rules.items()}
         return out
 
 
@@ -830,7 +874,7 @@ def predict(spec: str | TestbedSpec, levels: Sequence[float] = KL_LEVELS, episod
                         ("sweet_oracle", oracle_scores(bed))):
         methods[name] = flow(bed, per_turn_grad(bed, stage2_measure(bed, score, candidates), beta), levels)
     return Prediction(bed.spec.name, warm, best, methods, rounds,
-                      {name: c.pair_accuracy for name, c in critics.items()}, critics)
+                      {name: c.pair_accuracy for name, c in critics.items()}, critics, rule_points(bed))
 
 
 def _rft_points(bed: Bed, levels: Sequence[float], limit: tuple[float, float]) -> dict[float, Point]:
@@ -843,12 +887,19 @@ def _rft_points(bed: Bed, levels: Sequence[float], limit: tuple[float, float]) -
     return dict(sorted(points.items()))
 
 
+def _closed(p: Prediction, success: float) -> float:
+    return (success - p.warm_start) / (p.optimum - p.warm_start) if p.optimum > p.warm_start else float("nan")
+
+
 def format_table(p: Prediction) -> str:
     levels = list(next(iter(p.methods.values())))
     lines = [f"test-bed spec {p.spec!r} (colbench/envs/testbed_spec.py), population limit",
              f"warm start {p.warm_start:.3f}   optimum {p.optimum:.3f}   ideal RFT rounds: "
              + ", ".join(f"{s:.3f} at KL {k:.2f}" for s, k in p.rft_rounds),
              f"critic pair accuracy: with c {p.pair_accuracy['sweet']:.3f}, without c {p.pair_accuracy['sweet_no_info']:.3f}",
+             "simple rules, each uniform over the actions it allows (share of the way from warm start to optimum):",
+             *(f"  {name:<42} {pt.success:.3f} at KL {pt.kl:.2f} ({_closed(p, pt.success):.0%})"
+               for name, pt in p.rules.items()),
              "", "success at KL from the warm start (* = the method stops short of that KL: shown where it stops)",
              f"{'method':<15}" + "".join(f"{'KL ' + format(k, 'g'):>16}" for k in levels)]
     for name, points in p.methods.items():

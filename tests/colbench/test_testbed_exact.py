@@ -63,6 +63,29 @@ def test_an_explorer_that_never_answers_early_gives_impossible_dialogues_no_mass
     assert te.evaluate(default, default.logp0).success == pytest.approx(0.60625)
 
 
+def test_simple_rules_by_hand():
+    """RULES: uniform over what a rule allows. TINY has one question turn: never answering
+    early asks or asks the vague question, half each; asking a side before the vague
+    question leaves only the side question, the optimum."""
+    points = te.rule_points(te.build(TINY))
+    never_early, no_repeat, sides_first = (points[name] for name in te.RULES)
+    assert never_early.success == pytest.approx(0.5 * Q_ASK + 0.5 * Q_VAGUE)
+    assert never_early.kl == pytest.approx(2 * 0.5 * math.log(0.5 / PI0["ask"]))  # the answer turn is forced
+    assert no_repeat == never_early  # nothing to repeat in one question
+    assert sides_first.success == pytest.approx(Q_ASK) and sides_first.kl == pytest.approx(-math.log(PI0["ask"]))
+    # legacy (4 turns, every constant stated, the guess never right): three questions that
+    # never repeat ask both sides, so success is certain; never answering early is not enough
+    legacy = te.rule_points(te.build("legacy"))
+    assert legacy["and never repeat a question"].success == pytest.approx(1.0)
+    assert legacy["never answer early"].success < 0.5
+    # default: never answering early is the explorer with p_ask 1 (0.60625, by another road);
+    # not repeating a question, which needs no c, goes well past 40% of the way (docs/testbed.md)
+    default = te.rule_points(te.build("default"))
+    assert default["never answer early"].success == pytest.approx(0.60625)
+    assert default["and never repeat a question"].success == pytest.approx(0.678, abs=5e-4)
+    assert default["and ask a side before the vague question"].success == pytest.approx(0.700, abs=5e-4)
+
+
 def test_exact_advantage_by_hand():
     unlucky = "def f(x):\n    return x * 3\n"  # stated, no docstring, the guess (2) wrong: V* = 1 by asking
     lucky = 'def f(x):\n    return x * int("2")\n'  # not stated, but the guess is right: V* = 1 by answering
@@ -103,6 +126,7 @@ def test_default_spec_reproduces_the_theory(capsys):
     for kl in ("0.5", "1.0", "2.0"):
         assert out["rft"][kl] < out["mtdpo"][kl] and out["rft"][kl] < out["sweet"][kl]
         assert out["sweet_no_info"][kl] < out["sweet"][kl] <= out["optimum"]
+    assert list(out["rules"]) == list(te.RULES) and out["rules"]["never answer early"]["success"] == 0.6062
 
 
 @pytest.mark.slow
