@@ -28,6 +28,9 @@ Computed:
            the critic is A* given c (oracle), or the LM-head log-ratio critic
            A = log π_ψ/π0 fitted by Bradley-Terry on the same trajectory pairs, tabular
            over (history, c) or over histories alone.
+- Simple rules' success and KL (`RULES`: never answer early; and never repeat a question;
+  and ask a side before the vague question), each uniform over what it allows: how far
+  one lesson of a critic goes.
 A method that cannot reach a level (its flow converges first) is reported where it stops,
 and flagged (`reached`). `--finite REPS` also trains every method on REPS sampled data sets
 of the benchmark's budget (56 tasks x 8 episodes), evaluated exactly. The agreement with A*
