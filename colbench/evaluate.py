@@ -383,9 +383,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str]) -> int:
+    evaluate(parse_config(argv))
+    return 0
+
+
+def evaluate(config: EvalConfig) -> list[Any]:
+    """One evaluation run (what the CLI runs; a rerun resumes what config.output holds):
+    its leaderboard rows, also printed as a table. Bad input raises UserError."""
     from colbench.outdir import OutputLock
 
-    config = parse_config(argv)
     plan = prepare(config)
     if config.seeds > 1 and config.temperature == 0:
         print(f"warning: --seeds {config.seeds} at temperature 0 repeats the same greedy episodes", file=sys.stderr)
@@ -399,7 +405,7 @@ def _main(argv: Sequence[str]) -> int:
 
     print(leaderboard_markdown(rows))
     print(f"report: {plan.out_dir / 'report.html'}", file=sys.stderr)
-    return 0
+    return rows
 
 
 def _kept(plan: Plan) -> int:

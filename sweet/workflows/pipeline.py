@@ -302,16 +302,9 @@ def select_on_validation(run: Path, setup: TestbedSetup, out: Path) -> tuple[Pat
 def evaluate(agents: dict[str, str], setup: TestbedSetup, out: Path, seed_round: int = 0) -> list[dict]:
     """Leaderboard rows of `name=hf:<path>` agents on the held-out test tasks, sampled
     with the episode seeds of `seed_round` (colbench.rollout.episode_seeds)."""
-
-    argv = ["--env", setup.env, "--simulator", setup.simulator, "--tasks", setup.test_tasks,
-            "--seeds", str(setup.eval_seeds), "--temperature", str(setup.eval_temperature),
-            "--max-turns", str(setup.max_turns), "--max-new-tokens", str(setup.max_new_tokens), "--output", str(out),
-            "--seed-round", str(seed_round), "--no-progress"]
-    if setup.test_limit:
-        argv += ["--limit", str(setup.test_limit)]
-    for name, model in agents.items():
-        argv += ["--agent", f"{name}=hf:{model}"]
-    code = ev.main(argv)
-    if code:
-        raise RuntimeError(f"colbench.evaluate exited with {code}")
+    ev.evaluate(ev.EvalConfig(
+        output=str(out), env=setup.env, simulator=setup.simulator, tasks=setup.test_tasks,
+        agent=[f"{name}=hf:{model}" for name, model in agents.items()], limit=setup.test_limit or None,
+        seeds=setup.eval_seeds, seed_round=seed_round, temperature=setup.eval_temperature,
+        max_turns=setup.max_turns, max_new_tokens=setup.max_new_tokens, progress=False))
     return json.loads((out / "leaderboard.json").read_text())
