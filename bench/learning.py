@@ -41,9 +41,11 @@ Policies: warm_start, rft, mtdpo, sweet, loop, and the paper's SWEET-RL ablation
   sweet_no_info     critic without the training-time information (--training_info false)
   sweet_value_head  critic with a regression head instead of the LM-head advantage (--head value)
   sweet_sum         sum instead of mean over the action's tokens (--length_normalize false)
-and a diagnostic, not one of the paper's ablations (run only when --policies names it):
+and diagnostics, not the paper's ablations (run only when --policies names them):
   sweet_oracle      no critic: stage 2 ranks with the test bed's exact advantage (--critic oracle),
                     to tell a wrong critic from a stage 2 that cannot use a right ranking
+  sweet_anchor      SWEET-RL's critic, stage 2 with an NLL anchor on the states its critic
+                    leaves unranked (--anchor_coef 1): does likelihood displacement break it?
 
 Outputs in OUT: summary.json ({"spec", "seeds", "predicted": {"warm_start", "optimum"},
 "policies": {name: {"success_rate", "tests_passed", "samples", "train_wall_s", "budget",
@@ -107,6 +109,7 @@ class Policy(NamedTuple):
     algorithm: str
     critic_settings: tuple[tuple[str, object], ...] = ()  # a SWEET variant's critic settings (CriticConfig fields)
     oracle: bool = False  # no critic is trained: stage 2 ranks with --critic oracle
+    stage2_settings: tuple[tuple[str, object], ...] = ()  # stage-2 settings beside the protocol's (SweetConfig fields)
 
 
 POLICIES: dict[str, Policy] = {
@@ -118,8 +121,9 @@ POLICIES: dict[str, Policy] = {
     "sweet_value_head": Policy("sweet", (("head", "value"),)),
     "sweet_sum": Policy("sweet", (("length_normalize", False),)),
     "sweet_oracle": Policy("sweet", oracle=True),
+    "sweet_anchor": Policy("sweet", stage2_settings=(("anchor_coef", 1.0),)),
 }
-DIAGNOSTICS = ("sweet_oracle",)  # run only when --policies names them
+DIAGNOSTICS = ("sweet_oracle", "sweet_anchor")  # run only when --policies names them
 CURVE_KEY = {"rft": "loss/nll", "mtdpo": "loss/dpo", "sweet": "loss/dpo", "loop": "env/reward"}
 
 
@@ -190,9 +194,11 @@ def train_one(seed: int, name: str, warm: Path, out: Path, setup, proto: Protoco
         critic = None
         if algo == "sweet":
             critic = "oracle" if policy.oracle else train_critic(
-                episodes, str(warm), setup, sd / f"critic_{name}", seed=seed, extra=dict(policy.critic_settings))
+                episodes, str(warm), setup, sd / f"critic_{critic_owner(name)}", seed=seed,
+                extra=dict(policy.critic_settings))
         model = str(train_policy(algo, episodes, str(warm), setup, folder, critic=critic, seed=seed,
-                                 extra={**shared_candidates(sd, name, mult), **path}, lr_scale=mult))
+                                 extra={**shared_candidates(sd, name, mult), **dict(policy.stage2_settings), **path},
+                                 lr_scale=mult))
     except (ValueError, SystemExit) as e:  # RFT with no successful episode, LOOP with no reward variance:
         note = f"untrained ({e})"       # evaluated as the warm start, and said so
         print(f"seed {seed} {name}: {note}", flush=True)
@@ -219,6 +225,13 @@ def spaced(items: list, n: int) -> list:
         if i not in picked:
             picked = sorted(picked + [i])
     return [items[i] for i in picked]
+
+
+def critic_owner(name: str) -> str:
+    """The policy whose critic folder a SWEET variant uses: the first one with the same
+    critic settings (sweet_anchor trains no critic of its own: it uses sweet's)."""
+    mine = POLICIES[name].critic_settings
+    return next(o for o, p in POLICIES.items() if p.algorithm == "sweet" and not p.oracle and p.critic_settings == mine)
 
 
 def shared_candidates(sd: Path, name: str, mult: float = 1.0) -> dict[str, str]:

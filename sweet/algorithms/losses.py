@@ -4,7 +4,12 @@ shared by SWEET-RL stage 2 (per-turn pairs) and multi-turn DPO (trajectory pairs
     h      = β · [(log π_θ(y_w|x) − log π_ref(y_w|x)) − (log π_θ(y_l|x) − log π_ref(y_l|x))]
     L_DPO  = −log σ(h)
     L_NLL  = −log π_θ(y_w|x) / |y_w|          (chosen action only, per token)
-    L      = mean over pairs of  L_DPO + α · L_NLL
+    L      = mean over pairs of  L_DPO + α · L_NLL  [+ α_anchor · L_anchor]
+    L_anchor = −log π_θ(y_a|x_a) / |y_a|      (optional: one anchor action per pair)
+
+The anchor (SWEET-RL stage 2's `anchor_coef`, not in the paper) is an action the initial
+policy sampled at a state the critic leaves unranked; its NLL estimates KL(π_0‖π_θ) there
+up to a constant, holding the policy where the pairs say nothing.
 
 log π(y|x) is a sum over ACTION tokens only (for a trajectory: over every agent turn,
 each in its own recorded context); prompts and simulator tokens are never in it. The
@@ -41,13 +46,17 @@ def dpo_loss(
     *,
     beta: float = 0.1,
     nll_coef: float = 0.0,
+    anchor_logps: "torch.Tensor | None" = None,
+    anchor_token_counts: "torch.Tensor | None" = None,
+    anchor_coef: float = 0.0,
 ) -> tuple["torch.Tensor", dict[str, float]]:
     """DPO + α·NLL loss (module docstring) for a batch of B pairs.
 
     All tensors are [B]: summed log-probs over action tokens, and the chosen actions'
     token counts (for the per-token NLL). Returns the scalar loss and detached metrics:
     loss/dpo, loss/nll, rewards/{chosen,rejected,margin,accuracy}, logps/{chosen,rejected}.
-    rewards/* are the implicit DPO rewards β·(log π_θ − log π_ref).
+    rewards/* are the implicit DPO rewards β·(log π_θ − log π_ref). `anchor_logps` and
+    `anchor_token_counts` ([B], one anchor action per pair) add α_anchor·L_anchor (loss/anchor).
     """
     import torch.nn.functional as F
 
@@ -57,6 +66,11 @@ def dpo_loss(
     loss_dpo = -F.logsigmoid(margin).mean()
     loss_nll = (-policy_chosen_logps / chosen_token_counts.clamp(min=1)).mean()
     loss = loss_dpo + nll_coef * loss_nll
+    extra = {}
+    if anchor_logps is not None:
+        loss_anchor = (-anchor_logps / anchor_token_counts.clamp(min=1)).mean()
+        loss = loss + anchor_coef * loss_anchor
+        extra = {"loss/anchor": loss_anchor.item()}
     metrics = {
         "loss/dpo": loss_dpo.item(),
         "loss/nll": loss_nll.item(),
@@ -67,6 +81,7 @@ def dpo_loss(
         "rewards/accuracy": (margin > 0).float().mean().item(),
         "logps/chosen": policy_chosen_logps.mean().item(),
         "logps/rejected": policy_rejected_logps.mean().item(),
+        **extra,
     }
     return loss, metrics
 

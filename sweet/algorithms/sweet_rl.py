@@ -11,7 +11,12 @@ For every agent turn of the input episodes (a State: the recorded prompt o_t):
    `pairs_per_state` times (states whose candidates all tie are skipped and counted;
    a drawn pair with equal scores is dropped);
 4. train with DPO (sweet/algorithms/losses.py) on the action tokens only, NLL on the chosen action
-   (per token), reference log-probs precomputed with the initial policy.
+   (per token), reference log-probs precomputed with the initial policy;
+5. optionally (`--anchor_coef`, not in the paper) each pair also carries one anchor: a
+   candidate of a state whose candidates all tie (round-robin over those states), trained
+   with NLL, an estimate of KL(π_0‖π_θ) there. Those states give DPO no pair, so nothing
+   else holds the policy at them; on the test bed they are the last turns, whose answers
+   share tokens with the early answers the pairs push down (docs/testbed.md).
 Paper defaults: lr 2e-7 (full fine-tuning; with --lora 2e-6: the papers give no LoRA rate,
 10x is the usual rule), β 0.1, NLL coefficient 0.01, batch 8, 1 epoch, K = 16 candidates,
 4 pairs per state, the first 10% of the episodes file (`--episode_fraction 0.1`; the
@@ -103,9 +108,13 @@ class SweetConfig:
     pairs_per_state: int = field(default=4, metadata={"help": "top-half vs bottom-half pairs drawn per state (paper: 4)"})
     beta: float = field(default=0.1, metadata={"help": "DPO β (paper: 0.1)"})
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen action's per-token NLL (paper: 0.01)"})
+    anchor_coef: float = field(default=0.0, metadata={
+        "help": "α_anchor: weight of the per-token NLL of one anchor action per pair, drawn round-robin from the "
+                "states whose candidates all tie (an estimate of KL(π_0||π) where the critic ranks nothing; "
+                "not in the paper: 0)"})
 
     def __post_init__(self) -> None:
-        for name in ("beta", "nll_coef"):
+        for name in ("beta", "nll_coef", "anchor_coef"):
             check_range(self, name)  # finite
         check_range(self, "max_episodes", low=1)
         for name in ("episodes", "tasks"):
@@ -117,8 +126,8 @@ class SweetConfig:
             raise ValueError(f"SweetConfig.episode_fraction must be in (0, 1], got {self.episode_fraction}")
         if self.pairs_per_state < 1:
             raise ValueError(f"SweetConfig.pairs_per_state must be >= 1, got {self.pairs_per_state}")
-        if self.beta <= 0 or self.nll_coef < 0:
-            raise ValueError("SweetConfig: beta must be > 0 and nll_coef >= 0")
+        if self.beta <= 0 or self.nll_coef < 0 or self.anchor_coef < 0:
+            raise ValueError("SweetConfig: beta must be > 0, nll_coef and anchor_coef >= 0")
 
 
 @dataclass
@@ -309,6 +318,18 @@ def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs
     return pairs, metrics
 
 
+def anchor_candidates(scored: Sequence[tuple[State, Sequence[Candidate]]], n_pairs: int,
+                      rng: random.Random) -> list[tuple[State, Candidate]]:
+    """One anchor per pair: the first candidate of each state whose candidates all tie,
+    in a seeded order, repeated round-robin to `n_pairs` ([] when no state ties)."""
+    tied = [(state, cands[0]) for state, cands in scored
+            if cands and max(c.advantage for c in cands) == min(c.advantage for c in cands)]
+    if not tied:
+        return []
+    rng.shuffle(tied)
+    return [tied[i % len(tied)] for i in range(n_pairs)]
+
+
 def token_pair(tokenizer, pair: Pair[Candidate], prompt_token_ids: Sequence[int] | None) -> Pair:
     """The DPO example of an action pair: both actions in the context they were sampled from."""
 
@@ -317,6 +338,13 @@ def token_pair(tokenizer, pair: Pair[Candidate], prompt_token_ids: Sequence[int]
     eos = eos_id(tokenizer)
     seg = lambda c: Segment(ctx, action_ids(c.token_ids, eos, c.finish_reason))  # noqa: E731
     return Pair((seg(pair.chosen),), (seg(pair.rejected),), pair.task_id, pair.state)
+
+
+def token_action(tokenizer, state: State, cand: Candidate, prompt_token_ids: Sequence[int] | None) -> tuple[Segment]:
+    """An anchor's NLL example: the candidate in the context it was sampled from."""
+    ctx = context_ids(tokenizer, prompt_token_ids if prompt_token_ids is not None else state.prompt_token_ids,
+                      state.prompt)
+    return (Segment(ctx, action_ids(cand.token_ids, eos_id(tokenizer), cand.finish_reason)),)
 
 
 # ---- the run ------------------------------------------------------------------------------
@@ -440,5 +468,13 @@ def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand
         raise ValueError(f"no preference pairs: the critic scored every state's candidates equal ({path})")
     tokenizer = load_tokenizer(model_cfg.model)
     token_pairs = [token_pair(tokenizer, p, rows[state_key(p.state)].prompt_token_ids) for p in pairs]
+    anchors = None
+    if cfg.anchor_coef > 0:
+        drawn = anchor_candidates(scored, len(pairs), random.Random(train.seed + 1))
+        if drawn:
+            anchors = [token_action(tokenizer, s, c, rows[state_key(s)].prompt_token_ids) for s, c in drawn]
+            metrics["sweet/anchor_states"] = len({state_key(s) for s, _ in drawn})
+        else:
+            print("sweet: --anchor_coef > 0 but no state has all-tied candidates: no anchors")
     return train_dpo(token_pairs, model_cfg, train, tokenizer, beta=cfg.beta, nll_coef=cfg.nll_coef,
-                     run_config=run_config, first_metrics=metrics)
+                     run_config=run_config, first_metrics=metrics, anchors=anchors, anchor_coef=cfg.anchor_coef)

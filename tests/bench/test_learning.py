@@ -107,6 +107,13 @@ def test_sweet_variants_rank_the_candidates_the_first_finished_variant_sampled(t
     assert learning.shared_candidates(sd, "rft") == {} and learning.shared_candidates(sd, "loop") == {}
 
 
+def test_a_variant_with_sweets_critic_settings_uses_sweets_critic():
+    assert learning.critic_owner("sweet") == "sweet"
+    assert learning.critic_owner("sweet_anchor") == "sweet"  # only its stage 2 differs
+    assert learning.critic_owner("sweet_no_info") == "sweet_no_info"
+    assert dict(learning.POLICIES["sweet_anchor"].stage2_settings) == {"anchor_coef": 1.0}
+    assert "sweet_anchor" in learning.DIAGNOSTICS  # run only when named
+
 @pytest.mark.slow
 def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
     """`--jobs 2` runs (seed, policy) jobs in worker processes with one torch thread each;

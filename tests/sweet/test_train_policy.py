@@ -90,6 +90,23 @@ def test_pairs_are_top_half_vs_bottom_half_and_ties_are_skipped():
     assert m["sweet/critic_score_std"] > 0
 
 
+def test_anchors_come_from_the_tied_states_round_robin():
+    from sweet.algorithms.sweet_rl import anchor_candidates
+
+    s0, s1, s2, s3 = _state(0), _state(1), _state(2), _state(3)
+    scored = [(s0, _cands(s0, [0.9, 0.1])),  # ranked: never an anchor
+              (s1, _cands(s1, [0.2, 0.2, 0.2])),  # tied
+              (s2, _cands(s2, [1.0, 0.0])),
+              (s3, _cands(s3, [-1.0, -1.0]))]  # tied
+    drawn = anchor_candidates(scored, 5, random.Random(0))
+    assert len(drawn) == 5
+    assert {s.turn_index for s, _ in drawn} == {1, 3}
+    assert all(c.text == "c0" and c.state == s for s, c in drawn)  # the state's first candidate
+    assert [s.turn_index for s, _ in drawn[2:4]] == [s.turn_index for s, _ in drawn[:2]]  # round-robin
+    assert drawn == anchor_candidates(scored, 5, random.Random(0))
+    assert anchor_candidates(scored[:1] + scored[2:3], 5, random.Random(0)) == []
+
+
 # ---- rft -----------------------------------------------------------------------------------
 
 
@@ -198,6 +215,43 @@ def test_sweet_pairs_by_score_and_resumes_candidates(data, tmp_path):
     assert {"loss/dpo", "loss/nll", "rewards/margin", "rewards/accuracy", "logps/chosen", "logps/rejected"} <= logged
     _assert_trained(final, out, "loss/dpo")
 
+
+class FirstTurnOnly(LowIdsWin):
+    """Ranks the first agent turn's candidates (−mean ids); every later state's all tie."""
+
+    def score_states(self, items):
+        self.calls += 1
+        return [[low_ids_score(a) if item[0].turn_index == 0 else 0.0 for a in item[1]] for item in items]
+
+
+def test_sweet_anchor_trains_the_tied_states_candidates(data, tmp_path):
+    """--anchor_coef: the states the critic leaves unranked give each pair an NLL anchor; the
+    anchor is logged, counted, and changes the update (the same pairs without it end elsewhere)."""
+    from sweet.algorithms.sweet_rl import CandidateConfig, SweetConfig, SweetTrainConfig, main
+    from sweet.core.config import ModelConfig
+
+    episodes, tasks, eps = data
+    model = ModelConfig(model="tiny", dtype="float32", max_length=512, keep_head=64)
+    cand = CandidateConfig(num_candidates=4, max_new_tokens=8)
+    finals = {}
+    for coef in (0.0, 1.0):
+        out = tmp_path / f"anchor{coef}"
+        train = SweetTrainConfig(output_dir=str(out), report_to="none", learning_rate=1e-3, micro_batch_size=4,
+                                 save_steps=0)
+        cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", pairs_per_state=2, max_episodes=3,
+                          anchor_coef=coef)
+        finals[coef] = main(model, train, cfg, cand, scorer=FirstTurnOnly())
+        metrics = read_metrics(out)
+        later = sum(len(ep.agent_turns) - 1 for ep in eps[:3])
+        assert metrics[0]["sweet/tied_states"] == later
+        logged = {k for r in metrics for k in r}
+        if coef:
+            assert metrics[0]["sweet/anchor_states"] == later
+            assert all(r["loss/anchor"] > 0 for r in metrics if "loss/dpo" in r)
+        else:
+            assert "loss/anchor" not in logged and "sweet/anchor_states" not in metrics[0]
+    a, b = _weights(finals[0.0]), _weights(finals[1.0])
+    assert any(not torch.equal(a[k], b[k]) for k in a)
 
 def test_sweet_candidate_file_is_resumed_after_interruption(data, tmp_path):
     """A candidates file cut mid-line (crash) keeps its whole rows; only missing states are sampled."""

@@ -158,6 +158,42 @@ def test_multi_turn_dpo_step_by_hand(tmp_path, tiny_tokenizer):
         _assert_same(_sgd_delta(tmp_path, micro, 2, loss_fn, None, 2, tiny_tokenizer), want)
 
 
+def test_dpo_step_with_anchors_by_hand(tmp_path, tiny_tokenizer):
+    """SWEET-RL stage 2's anchor (`anchor_coef`): each pair also carries an action whose
+    per-token NLL is added with weight α_anchor, in the same forward pass; the step is the
+    same for any micro-batch."""
+    from sweet.algorithms.policy_trainer import dpo_loss_fn
+
+    segs = _segments(6, seed=3)
+    pairs = [Pair((segs[0],), (segs[1],), "t0"), Pair((segs[2],), (segs[3],), "t1")]
+    anchors = [(segs[4],), (segs[5],)]
+    pad, beta, alpha, alpha_anchor = int(tiny_tokenizer.pad_token_id), 0.1, 0.1, 2.0
+    ref = torch.tensor([[-25.0, -22.0], [-18.0, -30.0]], dtype=torch.float64)
+    loss_fn = dpo_loss_fn(pairs, ref, MODEL, pad, beta, alpha, anchors, alpha_anchor)
+    plain = dpo_loss_fn(pairs, ref, MODEL, pad, beta, alpha)
+
+    def by_hand(model):
+        one = lambda s: segment_logps(model, [s], pad_id=pad, max_length=MODEL.max_length,  # noqa: E731
+                                      keep_head=MODEL.keep_head)[0][0]
+        total = 0.0
+        for k, p in enumerate(pairs):
+            lc, lr, la = one(p.chosen[0]), one(p.rejected[0]), one(anchors[k][0])
+            h = beta * ((lc - ref[k, 0].item()) - (lr - ref[k, 1].item()))
+            total = (total + (-torch.nn.functional.logsigmoid(h)) + alpha * (-lc / len(p.chosen[0].action))
+                     + alpha_anchor * (-la / len(anchors[k][0].action)))
+        return total / len(pairs)
+
+    model = load_model(MODEL)
+    loss_sum, metrics = loss_fn(model, [0, 1])
+    assert loss_sum.item() / 2 == pytest.approx(by_hand(model).item(), rel=1e-5)
+    plain_sum, _ = plain(model, [0, 1])
+    assert (loss_sum - plain_sum).item() / 2 == pytest.approx(alpha_anchor * metrics["loss/anchor"] / 2, rel=1e-5)
+    assert metrics["loss/anchor"] > 0
+    want = _grad(by_hand)
+    for micro in (1, 2):
+        _assert_same(_sgd_delta(tmp_path, micro, 2, loss_fn, None, 2, tiny_tokenizer), want)
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_checkpoint_resume_restores_model_optimiser_scheduler(tmp_path, tiny_tokenizer, lora):
     """fit() with a checkpoint every step; a rerun from the first checkpoint ends on the same weights
