@@ -46,6 +46,8 @@ and diagnostics, not the paper's ablations (run only when --policies names them)
                     to tell a wrong critic from a stage 2 that cannot use a right ranking
   sweet_anchor      SWEET-RL's critic, stage 2 with an NLL anchor on the states its critic
                     leaves unranked (--anchor_coef 1): does likelihood displacement break it?
+  sweet_centred     a critic centred by 4 samples of the warm start per turn (--baseline_samples
+                    4, sweet/critic/baseline.py): does it credit the questions?
 
 Outputs in OUT: summary.json ({"spec", "seeds", "predicted": {"warm_start", "optimum"},
 "policies": {name: {"success_rate", "tests_passed", "samples", "train_wall_s", "budget",
@@ -122,8 +124,9 @@ POLICIES: dict[str, Policy] = {
     "sweet_sum": Policy("sweet", (("length_normalize", False),)),
     "sweet_oracle": Policy("sweet", oracle=True),
     "sweet_anchor": Policy("sweet", stage2_settings=(("anchor_coef", 1.0),)),
+    "sweet_centred": Policy("sweet", (("baseline_samples", 4),)),
 }
-DIAGNOSTICS = ("sweet_oracle", "sweet_anchor")  # run only when --policies names them
+DIAGNOSTICS = ("sweet_oracle", "sweet_anchor", "sweet_centred")  # run only when --policies names them
 CURVE_KEY = {"rft": "loss/nll", "mtdpo": "loss/dpo", "sweet": "loss/dpo", "loop": "env/reward"}
 
 
@@ -203,7 +206,8 @@ def train_one(seed: int, name: str, warm: Path, out: Path, setup, proto: Protoco
         note = f"untrained ({e})"       # evaluated as the warm start, and said so
         print(f"seed {seed} {name}: {note}", flush=True)
         model = str(warm)
-    return {"model": model, "folder": str(folder), "samples": count_samples(algo, episodes, folder),
+    return {"model": model, "folder": str(folder),
+            "samples": count_samples(algo, episodes, folder, critic if isinstance(critic, Path) else None),
             "train_wall_s": _train_wall(folder, t0, trained_before), "note": note, "mult": mult,
             "points": [(0, str(warm))] + ([] if note else spaced(snapshots(folder), proto.eval_points))}
 

@@ -18,7 +18,8 @@ agent turn (the answer) and how much from the turns before it (the questions), a
 many pairs each part alone orders right. A critic that explains outcomes by the answer
 alone (the earlier turns ordering pairs at chance) gives stage 2 nothing to rank
 questions by, however well it fits its pairs (docs/testbed.md, "Where the learned critic
-puts its credit").
+puts its credit"). A centred critic's advantages (`--baseline_samples`) are shown and split
+centred, as it was trained: A − mean_k A(o_t, a_k, c) over its state's baseline samples.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from sweet.core.config import parse_configs
 from sweet.core.records import episode_states, make_trajectory_pairs, read_candidates
 from sweet.core.runs import run_cli, trainer_run
 from sweet.core.tokens import text_ids
+from sweet.critic.baseline import as_generated, read_baselines, state_key_of
 from sweet.critic.model import CriticScorer, CriticSpec, load_training_info
 
 
@@ -251,7 +253,8 @@ def main(cfg: InspectConfig) -> Path:
     scorer = CriticScorer.load(cfg.critic, device=cfg.device or None)
     pairs = credit_pairs(cfg.critic, every, info_of) if cfg.credit_split else []
     # one scoring pass for the page's episodes and the split's (they overlap)
-    advantages = advantages_of(scorer, [*episodes, *(e for p in pairs for e in (p.chosen, p.rejected))], info_of)
+    advantages = advantages_of(scorer, [*episodes, *(e for p in pairs for e in (p.chosen, p.rejected))], info_of,
+                               read_baselines(cfg.critic))
     views = build_views(episodes, [advantages[ep.episode_id] for ep in episodes], candidates)
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -275,10 +278,35 @@ def credit_pairs(critic_dir: str, episodes, info_of: dict[str, str]) -> list:
             and len(p.chosen.agent_turns) == len(p.rejected.agent_turns)]
 
 
-def advantages_of(scorer, episodes, info_of: dict[str, str]) -> dict[str, list[float]]:
-    """episode_id -> the critic's per-turn advantages, each episode scored once."""
+def advantages_of(scorer, episodes, info_of: dict[str, str], baselines: dict[str, tuple] | None = None
+                  ) -> dict[str, list[float]]:
+    """episode_id -> the critic's per-turn advantages, each episode scored once. A centred
+    critic's (`baselines`: sweet.critic.baseline.read_baselines) are centred as in its
+    training, A − mean_k A(o_t, a_k, c), on every turn whose state has samples."""
     unique = list({ep.episode_id: ep for ep in episodes}.values())
-    return {ep.episode_id: advs for ep, advs in zip(unique, score_episodes(scorer, unique, info_of))}
+    raw = score_episodes(scorer, unique, info_of)
+    if baselines:
+        raw = centre_by_baselines(scorer, unique, raw, info_of, baselines)
+    return {ep.episode_id: advs for ep, advs in zip(unique, raw)}
+
+
+def centre_by_baselines(scorer, episodes, raw: list[list[float]], info_of: dict[str, str],
+                        baselines: dict[str, tuple]) -> list[list[float]]:
+    """Subtract from each turn's A the mean A of its state's baseline samples (the key the
+    critic was trained with: c, or "" for a critic without it)."""
+    eos = scorer.spec.eos_token_id
+    items, where = [], []
+    for e, ep in enumerate(episodes):
+        for t, state in enumerate(episode_states(ep, info_of[ep.task_id])):
+            key = state_key_of(state.prompt, state.training_info if scorer.spec.training_info else "")
+            if key in baselines:
+                generated = [as_generated(a, eos) for a in baselines[key]]
+                items.append((state, [g for g, _ in generated], [r for _, r in generated]))
+                where.append((e, t))
+    out = [list(a) for a in raw]
+    for (e, t), scores in zip(where, scorer.score_states(items)):
+        out[e][t] -= sum(scores) / len(scores)
+    return out
 
 
 def score_credit_split(scorer, critic_dir: str, episodes, info_of: dict[str, str]) -> CreditSplit | None:
@@ -287,7 +315,8 @@ def score_credit_split(scorer, critic_dir: str, episodes, info_of: dict[str, str
     pairs = credit_pairs(critic_dir, episodes, info_of)
     if not pairs:
         return None
-    return credit_split(pairs, advantages_of(scorer, [e for p in pairs for e in (p.chosen, p.rejected)], info_of))
+    return credit_split(pairs, advantages_of(scorer, [e for p in pairs for e in (p.chosen, p.rejected)], info_of,
+                                             read_baselines(critic_dir)))
 
 
 def cli(argv: list[str] | None = None) -> Path:

@@ -71,11 +71,12 @@ from sweet.core.config import (
     save_resolved_config,
 )
 from sweet.core.fingerprint import begin_run
-from sweet.core.models import load_model, load_tokenizer, set_seed
+from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
 from sweet.core.records import group_by_task, make_trajectory_pairs
 from sweet.core.runs import trainer_run
 from sweet.core.scoring import REFERENCE_CACHE, ReferenceCache, sharded_scores
 from sweet.core.trainer import Trainer, mark_finished
+from sweet.critic.baseline import baseline_index, centred, sample_baselines
 from sweet.critic.model import (
     DEFAULT_HEADER,
     HEADS,
@@ -115,6 +116,13 @@ class CriticConfig:
     header: str = field(default=DEFAULT_HEADER, metadata={"help": "header around c in the critic's prompt"})
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns that carry no token_ids (published data)"})
     eval_batch_size: int = field(default=8, metadata={"help": "turns per forward pass when computing π_ref and held-out scores"})
+    baseline_samples: int = field(default=0, metadata={
+        "help": "K: centre each turn's advantage by the mean of K actions of the initial policy at its state, "
+                "A − (1/K)·Σ_k A(o_t, a_k, c) (sweet/critic/baseline.py: an advantage has zero mean under its "
+                "policy, so a turn whose action the policy always takes carries no credit); 0: the paper's A"})
+    baseline_sampler: str = field(default="", metadata={"help": "engine spec of the policy the baseline samples come "
+                                                                "from (default: hf:<--model>, the critic's initial model)"})
+    baseline_max_new_tokens: int = field(default=512, metadata={"help": "max tokens per baseline sample"})
 
     def __post_init__(self) -> None:
         fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
@@ -128,6 +136,8 @@ class CriticConfig:
             raise ValueError(f"CriticConfig.nll_coef must be >= 0, got {self.nll_coef}")
         if self.max_pairs < 0 or self.eval_batch_size < 1:
             raise ValueError("CriticConfig.max_pairs must be >= 0 and eval_batch_size >= 1")
+        if self.baseline_samples < 0 or self.baseline_max_new_tokens < 1:
+            raise ValueError("CriticConfig.baseline_samples must be >= 0 and baseline_max_new_tokens >= 1")
         if self.head not in HEADS:
             raise ValueError(f"CriticConfig.head must be one of {HEADS}, got {self.head!r}")
         if self.head == "value" and self.nll_coef > 0:
@@ -161,15 +171,19 @@ class CriticTrainConfig(TrainConfig):
 class CriticData:
     """Every turn once, indexed. Episodes are numbered 0..E-1.
 
-    turns:         every agent turn of every paired episode.
+    turns:         every agent turn of every paired episode, then (centred critic) the
+                   baseline actions that are not among them.
     episode_turns: episode -> indices into `turns`, in turn order.
     train_pairs / eval_pairs: (chosen episode, rejected episode).
+    baseline:      centred critic: episode turn -> K indices into `turns` of its baseline
+                   actions (sweet/critic/baseline.py); None: the paper's uncentred A.
     """
 
     turns: list[CriticTurn]
     episode_turns: list[list[int]]
     train_pairs: list[tuple[int, int]]
     eval_pairs: list[tuple[int, int]]
+    baseline: list[list[int]] | None = None
 
 
 def _load_all(paths: str, env: str) -> list:
@@ -295,23 +309,50 @@ def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: Cr
     return sums
 
 
+def turn_advantages(logp, ref_sums, data: CriticData, turn_idx: list[int], needed: list[int], ccfg: CriticConfig):
+    """A of `turn_idx` (centred by their baselines when the critic is) from `logp`, the Σ over
+    a of log π_θ (value head: of v) of `needed` = turn_idx + their baseline turns, [len(needed)]."""
+    import torch
+
+    n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in needed], device=logp.device, dtype=logp.dtype)
+    adv = per_turn_advantage(logp, ref_sums[needed], n_tokens, ccfg.beta, ccfg.length_normalize)
+    if data.baseline is None:
+        return adv
+    pos = {t: i for i, t in enumerate(needed)}
+    base = torch.tensor([[pos[b] for b in data.baseline[t]] for t in turn_idx], device=logp.device)
+    return centred(adv, base)
+
+
+def needed_turns(data: CriticData, turn_idx: list[int]) -> list[int]:
+    """`turn_idx` first, then the baseline turns they need that are not among them."""
+    if data.baseline is None:
+        return list(turn_idx)
+    seen, extra = set(turn_idx), []
+    for t in turn_idx:
+        for b in data.baseline[t]:
+            if b not in seen:
+                seen.add(b)
+                extra.append(b)
+    return list(turn_idx) + extra
+
+
 def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[int, int]], ccfg: CriticConfig,
                mcfg: ModelConfig, device) -> tuple[Any, Any, Any]:
-    """One forward over every turn of the pairs' episodes. Returns per pair [P]:
-    L_BT, NLL of the chosen trajectory's actions (token mean; 0 for the value head),
-    and the margin."""
+    """One forward over every turn of the pairs' episodes (and their baseline actions).
+    Returns per pair [P]: L_BT, NLL of the chosen trajectory's actions (token mean; 0 for
+    the value head), and the margin."""
     import torch
 
 
     episodes = sorted({e for pair in pairs for e in pair})
     slot = {e: k for k, e in enumerate(episodes)}
     turn_idx = [t for e in episodes for t in data.episode_turns[e]]
+    needed = needed_turns(data, turn_idx)
     traj = torch.tensor([slot[e] for e in episodes for _ in data.episode_turns[e]], device=device)
-    batch = critic_batch(tokenizer, [data.turns[t] for t in turn_idx], ccfg.header, mcfg.max_length, mcfg.keep_head,
+    batch = critic_batch(tokenizer, [data.turns[t] for t in needed], ccfg.header, mcfg.max_length, mcfg.keep_head,
                          ccfg.training_info)
     logp = action_sums(model, batch.to(device), ccfg.head)  # Σ over a_t of log π_θ (value head: of v)
-    n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in turn_idx], device=device, dtype=logp.dtype)
-    advantages = per_turn_advantage(logp, ref_sums[turn_idx], n_tokens, ccfg.beta, ccfg.length_normalize)
+    advantages = turn_advantages(logp, ref_sums, data, turn_idx, needed, ccfg)
     scores = trajectory_scores(advantages, traj, len(episodes))
     chosen = torch.tensor([slot[c] for c, _ in pairs], device=device)
     rejected = torch.tensor([slot[r] for _, r in pairs], device=device)
@@ -319,7 +360,9 @@ def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[i
     if ccfg.head == "value":
         nll = torch.zeros(len(episodes), device=device)
     else:
-        nll = -trajectory_scores(logp, traj, len(episodes)) / trajectory_scores(n_tokens, traj, len(episodes))
+        n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in turn_idx], device=device, dtype=logp.dtype)
+        n = len(turn_idx)
+        nll = -trajectory_scores(logp[:n], traj, len(episodes)) / trajectory_scores(n_tokens, traj, len(episodes))
     return bt, nll[chosen], (scores[chosen] - scores[rejected]).detach()
 
 
@@ -333,9 +376,9 @@ def evaluate(accelerator, model, tokenizer, data: CriticData, ref_sums, ccfg: Cr
         return {}
     episodes = sorted({e for pair in data.eval_pairs for e in pair})
     turn_idx = [t for e in episodes for t in data.episode_turns[e]]
-    logp = sharded_action_sums(accelerator, model, tokenizer, data.turns, turn_idx, mcfg, ccfg)
-    n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in turn_idx], device=logp.device, dtype=logp.dtype)
-    adv = per_turn_advantage(logp, ref_sums[turn_idx], n_tokens, ccfg.beta, ccfg.length_normalize)
+    needed = needed_turns(data, turn_idx)
+    logp = sharded_action_sums(accelerator, model, tokenizer, data.turns, needed, mcfg, ccfg)
+    adv = turn_advantages(logp, ref_sums, data, turn_idx, needed, ccfg)
     slot = {e: k for k, e in enumerate(episodes)}
     traj = torch.tensor([slot[e] for e in episodes for _ in data.episode_turns[e]], device=logp.device)
     scores = trajectory_scores(adv, traj, len(episodes))
@@ -361,6 +404,28 @@ def critic_loss_fn(data: CriticData, ref_sums, ccfg: CriticConfig, mcfg: ModelCo
     return loss_fn
 
 
+def attach_baselines(data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig, tokenizer, out: Path, seed: int) -> None:
+    """The centred critic's baseline actions (sweet/critic/baseline.py): sampled once by the
+    main process (kept in output_dir, resumable), read by every process, indexed into `data`."""
+    from sweet.core.trainer import process_state
+
+    proc = process_state()
+    sampler = ccfg.baseline_sampler or "hf:" + resolve_model_path(mcfg.model)
+    args = (data.turns, sampler, ccfg.baseline_samples, ccfg.baseline_max_new_tokens, int(tokenizer.eos_token_id),
+            out, seed)
+    if proc.is_main_process:
+        sample_baselines(*args, dtype=mcfg.dtype)
+    proc.wait_for_everyone()
+    samples = sample_baselines(*args, dtype=mcfg.dtype)  # every state is there now: nothing is drawn
+    n = len(data.turns)
+    data.baseline = baseline_index(data.turns, n, samples)
+    same = sum(all(data.turns[b].action_ids == data.turns[t].action_ids for b in row)
+               for t, row in enumerate(data.baseline))
+    proc.print(f"critic: centred by {ccfg.baseline_samples} samples of {sampler} per turn; {same} of {n} turns' "
+               f"samples all equal the action taken (their centred advantage is 0); {len(data.turns) - n} "
+               "other baseline actions scored")
+
+
 def _value_model(mcfg: ModelConfig):
     """θ for head='value': the initial LM (LoRA-wrapped when asked) + a zero value head."""
     from sweet.core.value_head import ValueHeadModel
@@ -380,6 +445,8 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
     if tokenizer.eos_token_id is None:
         raise ValueError(f"model {mcfg.model!r}: tokenizer has no eos token (needed to end every action)")
     data = build_data(ccfg, tokenizer, tcfg.seed)
+    if ccfg.baseline_samples:
+        attach_baselines(data, ccfg, mcfg, tokenizer, out, tcfg.seed)
     set_seed(tcfg.seed)  # the initial model (LoRA adapters) is rebuilt identically on a resume
     trainer = Trainer(mcfg, tcfg, tokenizer, model=_value_model(mcfg) if ccfg.head == "value" else None,
                       run_config=resolved_config(critic=ccfg, model=mcfg, train=tcfg), name="critic")

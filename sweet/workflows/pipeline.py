@@ -19,6 +19,7 @@ from colbench import evaluate as ev
 from colbench.cli import make_configs
 from colbench.envs import testbed_spec
 from colbench.envs.testbed_spec import SHIPPED_SPEC
+from colbench.jsonl import read_rows
 from colbench.rollout import episode_seeds
 from colbench.tasks import load_tasks
 from engines import SamplingParams
@@ -27,6 +28,8 @@ from sweet.core.records import read_candidates
 from sweet.core.rollouts import policy_episodes
 from sweet.core.trainer import finished
 from sweet.critic import train as critic_train
+from sweet.critic.baseline import SAMPLES_FILE as BASELINE_SAMPLES
+from sweet.critic.baseline import BaselineRow
 
 
 @dataclass
@@ -213,10 +216,11 @@ def train_critic(episodes: Path, base_model: str, setup: TestbedSetup, out: Path
     return out
 
 
-def count_samples(algorithm: str, episodes: Path, out: Path) -> dict[str, int]:
+def count_samples(algorithm: str, episodes: Path, out: Path, critic: Path | None = None) -> dict[str, int]:
     """What a trained policy consumed, counted from the files: episodes it learned
-    from (offline: the collected file; LOOP: the episodes it generated) and stage-2
-    candidates it sampled (SWEET-RL)."""
+    from (offline: the collected file; LOOP: the episodes it generated) and the actions
+    sampled from the policy without the human: SWEET-RL's stage-2 candidates, plus a
+    centred critic's baseline samples (`critic`/baseline_samples.jsonl)."""
     def lines(path: Path) -> int:
         return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0
 
@@ -225,6 +229,8 @@ def count_samples(algorithm: str, episodes: Path, out: Path) -> dict[str, int]:
     candidates = 0
     if algorithm == "sweet":
         candidates = sum(len(row.candidates) for row in read_candidates(out / "candidates.jsonl").values())
+        if critic is not None and (critic / BASELINE_SAMPLES).exists():
+            candidates += sum(len(r.actions) for r in read_rows(critic / BASELINE_SAMPLES, BaselineRow.from_json))
     return {"episodes": lines(episodes), "candidates": candidates}
 
 
