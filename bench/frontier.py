@@ -229,6 +229,16 @@ def paths_of(results: dict[int, dict[str, dict]], names: list[str], warm: Path):
 
 
 PREDICTED = ("rft", "mtdpo", "sweet", "sweet_no_info", "sweet_oracle")  # the policies the solver models
+# The solver's `sweet` critic is tabular over (history, c) with the answer's content no
+# choice of the policy: a forced action, whose log-ratio is 0. The paper's LM-head critic
+# has no such constraint; the centred critic (sweet/critic/baseline.py) enforces it, so
+# `sweet` is also the solver's prediction for `sweet_centred`.
+PREDICTED_AS = {"sweet_centred": "sweet"}
+
+
+def solver_name(policy: str) -> str:
+    """The solver's method that predicts `policy` (itself, or PREDICTED_AS)."""
+    return PREDICTED_AS.get(policy, policy)
 
 
 def prediction(spec: str, setup, finite_reps: int, out: Path) -> dict:

@@ -100,6 +100,7 @@ from bench.frontier import (  # the protocol's maths, tables and plot
     paths_of,
     plot_frontier,
     prediction,
+    solver_name,
     tasks_of,
     training_path,
 )
@@ -434,7 +435,7 @@ def summarise(results: dict[int, dict[str, dict]], names: list[str], boot=None, 
     out = {"seeds": len(results), "policies": policies}
     if paths is None:
         return out
-    pred = {n: (predicted["warm_start"] if n == "warm_start" else predicted["methods"].get(n)) if predicted else None
+    pred = {n: (predicted["warm_start"] if n == "warm_start" else predicted["methods"].get(solver_name(n))) if predicted else None
             for n in names}
     for name in names:
         policies[name].update({"kl": final_kl(paths[name]), "at_kl": boot.at_kl(paths[name]),
@@ -575,7 +576,7 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     results, hp = run_all(seeds, policies, warm, args.out, setup, jobs=args.jobs, proto=proto)
 
     names = ["warm_start", *policies]
-    with_prediction = [n for n in names if n in PREDICTED]
+    with_prediction = [n for n in names if solver_name(n) in PREDICTED]
     predicted = prediction(args.spec, setup, proto.predict_finite, args.out) if setup.env == "testbed" else None
     boot, paths = paths_of(results, names, warm)
     summary = {"spec": args.spec, **summarise(results, names, boot, paths, predicted), "hp": hp}

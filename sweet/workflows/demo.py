@@ -55,6 +55,9 @@ class DemoConfig:
     seed: int = field(default=0, metadata={"help": "random seed"})
     spec: str = field(default="default", metadata={
         "help": "test-bed preset (colbench/envs/testbed_spec.py): default, long, or legacy (the earlier bed)"})
+    critic_baseline_samples: int = field(default=0, metadata={
+        "help": "K: the critic's advantages centred by K warm-start actions per turn (sweet/critic/baseline.py; "
+                "0: the paper's uncentred critic)"})
     smoke: bool = field(default=False, metadata={
         "help": "a 1-2 minute run of every step at toy sizes (tests); trains on the scripted dialogues"})
 
@@ -85,7 +88,8 @@ def main(cfg: DemoConfig) -> Path:
         episodes = Path(warm).parent / "scripted_episodes.jsonl"
     say(2)
     with timed(setup, "critic"):
-        critic = train_critic(episodes, str(warm), setup, out / "critic", seed=cfg.seed)
+        critic = train_critic(episodes, str(warm), setup, out / "critic", seed=cfg.seed,
+                              extra={"baseline_samples": cfg.critic_baseline_samples})
     say(3)
     with timed(setup, "policy"):
         run = train_policy("sweet", episodes, str(warm), setup, out / "sweet", critic=critic, seed=cfg.seed,

@@ -87,3 +87,10 @@ def test_pairs_are_antisymmetric_and_carry_the_predicted_gap():
     assert back["measured_gap"] == pytest.approx(-one["measured_gap"])
     assert back["ci95"] == pytest.approx([-one["ci95"][1], -one["ci95"][0]])
     assert back["predicted_gap"] == pytest.approx(-one["predicted_gap"])
+
+
+def test_the_centred_critic_is_predicted_by_the_solvers_sweet():
+    from bench.frontier import PREDICTED, solver_name
+
+    assert solver_name("sweet_centred") == "sweet" and solver_name("mtdpo") == "mtdpo"
+    assert solver_name("sweet_anchor") not in PREDICTED  # its stage 2 has no tabular counterpart
