@@ -129,7 +129,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             if _key(old.get(k)) != _key(new.get(k))]
 
 
-WORK_MARKERS = ("finished.json", "final", "candidates.jsonl")  # with checkpoint-* and logged metrics
+WORK_MARKERS = ("finished.json", "final", "candidates.jsonl", "baseline_samples.jsonl")  # with checkpoint-* and logged metrics
 
 
 def holds_work(out: Path) -> bool:

@@ -187,3 +187,36 @@ def test_centred_critic_trains_end_to_end(tmp_path, synthetic_files, fresh_accel
             assert centred[ep.episode_id][t] == pytest.approx(want, abs=1e-4)
             n_zero += taken[(ep.episode_id, t)] == first[key]
     assert 0 < n_zero < sum(len(ep.agent_turns) for ep in episodes)
+
+
+def test_centred_critic_on_two_cpu_processes_matches_one(tmp_path, synthetic_files, fresh_accelerate):
+    """The main process's samples are read by both processes (here: the one-process run's,
+    so that only the training differs), and 2 processes (gloo) end on the weights of 1."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    root = Path(__file__).resolve().parents[2]
+    args = lambda out: ["--episodes", str(synthetic_files[0]), "--tasks", str(synthetic_files[1]),  # noqa: E731
+                        "--output_dir", str(out), "--num_epochs", "1", "--batch_size", "4", "--micro_batch_size", "2",
+                        "--learning_rate", "2e-3", "--eval_fraction", "0.2", "--max_pairs", "8", "--max_length", "512",
+                        "--report_to", "none", "--baseline_samples", "2", "--baseline_max_new_tokens", "6"]
+    one = tmp_path / "one"
+    final = cli(args(one))
+    ddp = tmp_path / "ddp"
+    ddp.mkdir()
+    for name in (SAMPLES_FILE, "baseline_samples.settings.json"):
+        shutil.copy(one / name, ddp / name)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(root / "sweet/configs/ddp_cpu_2proc.yaml"), "--main_process_port", "29653", "-m", "sweet.train_critic",
+           *args(ddp)]
+    proc = subprocess.run(cmd, cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 process(es) (MULTI_CPU)" in proc.stdout and "baseline samples" not in proc.stderr  # nothing drawn
+    assert json.loads((ddp / "final_metrics.json").read_text()) == pytest.approx(final, abs=1e-4)
+    w1, w2 = load_file(str(one / "final" / "model.safetensors")), load_file(str(ddp / "final" / "model.safetensors"))
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-4) for k in w1)
