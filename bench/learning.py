@@ -369,15 +369,15 @@ def search(seed: int, policies: list[str], warm: Path, out: Path, setup, proto: 
     (interpolated as on the test tasks; a level the path does not reach counts at its
     largest KL), on the first seed only; ties go to the earlier multiplier (1.0 first)."""
     rule = (f"learning rate = base x m, m in {[round(m, 3) for m in proto.hp_grid]}, chosen per method on seed "
-            f"{seed}'s validation "
-            f"tasks ({proto.val_episodes} episodes each) by the highest mean success at KL "
+            f"{seed}'s validation tasks ({f'the first {setup.val_limit}, ' if setup.val_limit else ''}"
+            f"{proto.val_episodes} episodes each) by the highest mean success at KL "
             f"{', '.join(map(str, LEVELS))}; then used for every seed")
     if len(proto.hp_grid) == 1:
         return {"rule": f"no search (--hp-grid {proto.hp_grid[0]:g})", "grid": list(proto.hp_grid),
                 "choice": {n: proto.hp_grid[0] for n in policies}, "validation": {}}
     if not setup.val_tasks:
         raise ValueError(f"--hp-grid: the spec {setup.spec!r} has no validation tasks; give --hp-grid 1")
-    val = replace(setup, test_tasks=setup.val_tasks, eval_seeds=proto.val_episodes, test_limit=None)
+    val = replace(setup, test_tasks=setup.val_tasks, eval_seeds=proto.val_episodes, test_limit=setup.val_limit)
     calls = [((n, m), train_one, (seed, n, warm, out, setup, proto, m)) for n in policies for m in proto.hp_grid]
     runs = pool.map(calls)
     sd_runs = {"warm_start": {"points": [(0, str(warm))]}}
@@ -510,6 +510,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--train-limit", "--train_limit", type=int, default=None,
                    help="collect on the first N train tasks only (quick checks)")
     p.add_argument("--test-limit", "--test_limit", type=int, default=None, help="evaluate on the first N test tasks")
+    p.add_argument("--val-limit", "--val_limit", type=int, default=None,
+                   help="search on the first N validation tasks only (quick checks; default: all)")
     d = Protocol()
     p.add_argument("--path-epochs", type=int, default=d.path_epochs,
                    help="epochs of each offline method's training path (RFT, MT-DPO, SWEET-RL stage 2)")
@@ -560,7 +562,7 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     setup = TestbedSetup.for_spec(args.spec)
     if args.episodes_per_task:
         setup.episodes_per_task = args.episodes_per_task
-    setup.train_limit, setup.test_limit = args.train_limit, args.test_limit
+    setup.train_limit, setup.test_limit, setup.val_limit = args.train_limit, args.test_limit, args.val_limit
     grid = args.hp_grid or (Protocol.hp_grid if setup.val_tasks else (1.0,))  # legacy: no validation tasks
     proto = Protocol(path_epochs=args.path_epochs, snapshot_steps=args.snapshot_steps, hp_grid=grid,
                      val_episodes=args.val_episodes, predict_finite=args.predict_finite, eval_points=args.eval_points)

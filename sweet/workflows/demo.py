@@ -75,8 +75,8 @@ def main(cfg: DemoConfig) -> Path:
     out = Path(cfg.output_dir)
     setup = TestbedSetup.for_spec(cfg.spec, episodes_per_task=cfg.episodes_per_task)
     if cfg.smoke:
-        setup = TestbedSetup.for_spec(cfg.spec, episodes_per_task=2, train_limit=8, test_limit=4, eval_seeds=1,
-                                      candidates=2, max_new_tokens=48, stage2_episodes=16)
+        setup = TestbedSetup.for_spec(cfg.spec, episodes_per_task=2, train_limit=8, test_limit=4, val_limit=8,
+                                      eval_seeds=1, candidates=2, max_new_tokens=48, stage2_episodes=16)
     steps = ["warm start", "collect episodes", "train critic", "train policy (SWEET-RL)", "evaluate",
              "per-turn credit inspector"]
     say = lambda i: print(f"\n=== [{i + 1}/{len(steps)}] {steps[i]} ===", flush=True)  # noqa: E731

@@ -56,6 +56,7 @@ class TestbedSetup:
     stage2_episodes: int = 112  # SWEET stage 2 uses the first N episodes' states (paper: the first 10%)
     train_limit: int | None = None  # collect on the first N train tasks only (smoke runs)
     test_limit: int | None = None  # evaluate on the first N test tasks only (smoke runs)
+    val_limit: int | None = None  # validate on the first N validation tasks only (smoke runs)
     timings: dict[str, float] = field(default_factory=dict)
     spec: str = SHIPPED_SPEC  # the test-bed preset (colbench/envs/testbed_spec.py) the task sources name
     val_tasks: str | None = None  # validation tasks, drawn from the train split (non-legacy specs)
@@ -294,12 +295,12 @@ def select_on_validation(run: Path, setup: TestbedSetup, out: Path) -> tuple[Pat
                     if p.is_dir() and not p.name.endswith(".tmp")), key=lambda sp: sp[0])
     if not setup.val_tasks or not snaps:
         return run / "final", {"model": str(run / "final"), "rule": "final model (no validation tasks)"}
-    val = replace(setup, test_tasks=setup.val_tasks, eval_seeds=1, test_limit=None)
+    val = replace(setup, test_tasks=setup.val_tasks, eval_seeds=1, test_limit=setup.val_limit)
     rows = evaluate({f"step-{step}": str(path) for step, path in snaps}, val, out / "validation")
     success = {r["agent"]: r["metrics"]["success_rate"]["value"] for r in rows}
     best_step, best = max(snaps, key=lambda sp: (success[f"step-{sp[0]}"], -sp[0]))
     record = {"model": str(best), "step": best_step, "rule": "highest validation success, ties to the earlier step",
-              "validation_tasks": setup.val_tasks, "validation_success": success}
+              "validation_tasks": setup.val_tasks, "validation_limit": setup.val_limit, "validation_success": success}
     out.mkdir(parents=True, exist_ok=True)
     record_path.write_text(json.dumps(record, indent=2))
     return best, record

@@ -67,7 +67,7 @@ def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
     from colbench.envs import testbed_exact
 
     summary = run_bench(tmp_path / "out", "--policies", "rft,mtdpo", "--hp-grid", "1,3", "--predict-finite", "2",
-                        "--warm-start", str(smoke_warm_start))
+                        "--val-limit", "8", "--warm-start", str(smoke_warm_start))
     assert summary["spec"] == "default" and summary["seeds"] == 1
     check_schema(summary, ["warm_start", "rft", "mtdpo"])
     finite = testbed_exact.predict_finite("default", 2, 4, 8, candidates=8)
@@ -84,7 +84,11 @@ def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
     assert hp["grid"] == [1.0, 3.0] and hp["choice"] == {"rft": 1.0, "mtdpo": 1.0}
     assert set(hp["validation"]["rft"]) == {"1", "3"} and "mean" in hp["validation"]["rft"]["3"]
     out = tmp_path / "out"
-    assert (out / "frontier.png").stat().st_size > 0 and (out / "seed0" / "validation").is_dir()
+    assert (out / "frontier.png").stat().st_size > 0
+    # the search ran on the first 8 validation tasks (--val-limit), 2 episodes each, and says so
+    val = json.loads((out / "seed0" / "validation" / "leaderboard.json").read_text())
+    assert {(r["n_tasks"], r["n_episodes"]) for r in val} == {(8, 16)}, val
+    assert "the first 8, 2 episodes each" in hp["rule"]
     text = (out / "results.md").read_text()
     assert "*KL 0.00" in text and "Pairs (gap a − b)" in text
 

@@ -21,6 +21,11 @@ def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     assert (out / "leaderboard" / "report.html").exists()
     assert (out / "critic" / "critic_config.json").exists()
     assert (out / "sweet" / "final" / "config.json").exists()
+    # the policy was chosen on the first 8 validation tasks (the smoke's val_limit), never on test tasks
+    selected = json.loads((out / "selection" / "selected.json").read_text())
+    assert selected["validation_tasks"] == "builtin:default/val" and selected["validation_limit"] == 8
+    val = json.loads((out / "selection" / "validation" / "leaderboard.json").read_text())
+    assert val and all(r["n_tasks"] == 8 for r in val)
     assert "leaderboard:" in res.stdout and "report with plots:" in res.stdout
     assert "sweet_rl success / warm_start success =" in res.stdout
     # summary.json: both policies' success as printed, the exact solver's optimum of the default bed
