@@ -15,6 +15,12 @@ from typing import Sequence
 import pytest
 from local_http import stop_process
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # under pytest-xdist (scripts/test.sh: 2 workers on 2 cores) each worker, and every process
+    # it starts, runs one torch/OpenMP thread: two workers of 2 threads each would contend for
+    # the same cores (OpenMP threads spin while they wait). Tests that set a count keep theirs.
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 
 @dataclass
 class ScriptedTestbedEpisode:
