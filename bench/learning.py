@@ -545,6 +545,10 @@ def main(argv: list[str] | None = None) -> dict:
             p.error(f"{flag} must be >= 1")
     if args.predict_finite < 0:
         p.error("--predict-finite must be >= 0")
+    for flag, value in (("--train-limit", args.train_limit), ("--test-limit", args.test_limit),
+                        ("--val-limit", args.val_limit)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be >= 1 (or left out: all tasks)")
     from sweet.core.config import flush_denormals
 
     flush_denormals()  # before any torch op starts the thread pool (its threads inherit the flag)

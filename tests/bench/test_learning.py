@@ -191,3 +191,12 @@ def test_runs_at_other_learning_rates_are_evaluated_under_their_own_names(tmp_pa
     names = {learning.point_name(learning.run_label("mtdpo", r), 8) for r in (base, scaled)}
     assert names == {"mtdpo.step-8", "mtdpo.lr3.step-8"}
     assert learning.point_name(learning.run_label("warm_start", {"points": []}), 0) == "warm_start"
+
+
+@pytest.mark.parametrize("flag", ["--train-limit", "--test-limit", "--val-limit"])
+def test_a_task_limit_below_one_is_a_one_line_usage_error(tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as stop:
+        learning.main([flag, "0", "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    assert f"{flag} must be >= 1 (or left out: all tasks)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before anything ran or was written
