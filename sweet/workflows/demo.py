@@ -19,7 +19,9 @@ Steps (each skipped when its output exists, so an interrupted run resumes):
      how much on the questions (summary.json "critic_credit").
 It prints both policies' held-out success with 95% intervals beside the exact solver's
 warm start and optimum (colbench.envs.testbed_exact), the share of the distance to the
-optimum SWEET-RL closed, and whether the warm start passed its checks at once, and writes
+optimum SWEET-RL closed, whether the warm start passed its checks at once, and each policy's
+dialogues as the solver's actions (colbench.envs.testbed_profile: early answers, the rate at
+which the second question repeats the first, ...; summary.json "dialogue"), and writes
 OUT/summary.json ({"warm_start": M, "sweet_rl": M, "optimum": v, ...}).
 
 The test bed is not ColBench: see colbench/envs/testbed_spec.py and docs/testbed.md.
@@ -31,7 +33,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colbench.envs import testbed_exact, testbed_spec
+from colbench.envs import testbed_exact, testbed_profile, testbed_spec
+from colbench.episodes import read_episodes
 from sweet.critic import inspect as inspect_critic
 from sweet.workflows.pipeline import (
     TestbedSetup,
@@ -131,6 +134,12 @@ def main(cfg: DemoConfig) -> Path:
         split = inspect_critic.CreditSplit.from_json(json.loads(credit.read_text()))
         summary["critic_credit"] = split.to_json()
         print(split.line())
+    if not testbed_spec.spec(cfg.spec).legacy:  # what each policy does turn by turn (colbench.envs.testbed_profile)
+        summary["dialogue"] = {}
+        for agent in ("warm_start", "sweet_rl"):
+            prof = testbed_profile.profile(cfg.spec, read_episodes(out / "leaderboard" / "episodes" / f"{agent}.jsonl"))
+            summary["dialogue"][agent] = prof.to_json()
+            print(f"{agent} dialogues: {prof.line()}")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"summary: {out / 'summary.json'}")
     (out / "timings.json").write_text(json.dumps(setup.timings, indent=2))

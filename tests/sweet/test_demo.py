@@ -43,6 +43,12 @@ def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     assert credit == json.loads((out / "inspect" / "credit_split.json").read_text()) and credit["pairs"] >= 1
     assert 0.0 <= credit["ordered_by_earlier"] <= 1.0 and 0.0 <= credit["ordered_by_last"] <= 1.0
     assert f"critic credit on {credit['pairs']} trajectory pairs of equal length" in res.stdout.split("=== results")[1]
+    # each policy's dialogues as the solver's actions, printed and kept; the success they count is the leaderboard's
+    for agent in ("warm_start", "sweet_rl"):
+        prof = summary["dialogue"][agent]
+        assert prof["episodes"] == rows[0]["n_episodes"] and prof["success"]["value"] == by_agent[agent]["value"]
+        assert f"{agent} dialogues: success {prof['success']['value']:.3f}" in res.stdout
+        assert 0.0 <= prof["faithful"]["value"] <= 1.0
     # the warm start learned the dialogue format from the scripted explorer
     warm_metrics = [json.loads(line) for line in (out / "warm_start" / "behave" / "metrics.jsonl").read_text().splitlines()]
     nll = [m["loss/nll"] for m in warm_metrics if "loss/nll" in m]
