@@ -42,6 +42,9 @@ class TrainingPath:
     success:  [P, T]  per point and task, the sum of the episodes' successes
     log_ratio:[P, T]  the same episodes' summed log π(τ) − log π0(τ)
     count:    [P, T]  their number
+    repeat:   [P, T]  of those that asked twice, how many repeated the first question in the
+                      second (colbench.envs.testbed_profile; None off the spec beds)
+    twice:    [P, T]  how many asked twice
     """
 
     tasks: tuple[str, ...]
@@ -49,12 +52,18 @@ class TrainingPath:
     success: np.ndarray
     log_ratio: np.ndarray
     count: np.ndarray
+    repeat: np.ndarray | None = None
+    twice: np.ndarray | None = None
 
-    def points(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(KL [..., P], success [..., P]) of every point with task `weights` [..., T]
-        (how often each task was drawn; all ones = the data itself)."""
+    def points(self, weights: np.ndarray, quantity: str = "success") -> tuple[np.ndarray, np.ndarray]:
+        """(KL [..., P], the quantity [..., P]) of every point with task `weights` [..., T]
+        (how often each task was drawn; all ones = the data itself). quantity: "success",
+        or "repeat" (the repeat rate among the episodes that asked twice)."""
         n = weights @ self.count.T
-        return (weights @ self.log_ratio.T) / np.maximum(n, 1e-12), (weights @ self.success.T) / np.maximum(n, 1e-12)
+        kl = (weights @ self.log_ratio.T) / np.maximum(n, 1e-12)
+        if quantity == "repeat":
+            return kl, (weights @ self.repeat.T) / np.maximum(weights @ self.twice.T, 1e-12)
+        return kl, (weights @ self.success.T) / np.maximum(n, 1e-12)
 
 
 def interpolate(kl: np.ndarray, success: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -92,18 +101,19 @@ class Bootstrap:
             self.weights[s] = counts[:, start:start + n]  # [B, T_s]
             start += n
 
-    def value(self, paths: dict[int, TrainingPath], level: float, weights: dict[int, np.ndarray] | None = None
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def value(self, paths: dict[int, TrainingPath], level: float, weights: dict[int, np.ndarray] | None = None,
+              quantity: str = "success") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(success, reached, KL) of a policy at `level`: each seed's interpolated value, then
         the seeds' mean weighted by their drawn clusters; reached only where every seed reached.
-        `weights` None: the resamples ([B]); else those task weights (e.g. all ones: the data)."""
+        `weights` None: the resamples ([B]); else those task weights (e.g. all ones: the data).
+        quantity "repeat": the repeat rate instead of success (TrainingPath.points)."""
         weights = self.weights if weights is None else weights
         values, reached, kls, masses = [], [], [], []
         for s in self.seeds:
             path = paths[s]
             if path.tasks != self.tasks[s]:
                 raise ValueError(f"seed {s}: a path's test tasks differ from the others' (pairing needs the same)")
-            v, r, k = interpolate(*path.points(weights[s]), level)
+            v, r, k = interpolate(*path.points(weights[s], quantity), level)
             values.append(v)
             reached.append(r)
             kls.append(k)
@@ -116,13 +126,18 @@ class Bootstrap:
         return {s: np.ones(len(self.tasks[s])) for s in self.seeds}
 
     def at_kl(self, paths: dict[int, TrainingPath], levels: Sequence[float] = LEVELS) -> dict[str, dict]:
-        """{"0.5": {"success_rate": {"value", "ci95"}, "reached": bool, "kl": k}, ...}."""
+        """{"0.5": {"success_rate": {"value", "ci95"}, "reached": bool, "kl": k}, ...}, and
+        "repeat_rate" {"value", "ci95"} beside success where the paths count repeats."""
         out = {}
+        repeats = all(p.repeat is not None for p in paths.values())
         for level in levels:
             value, reached, kl = self.value(paths, level, self.ones())
             boots, _, _ = self.value(paths, level)
             out[f"{level:.1f}"] = {"success_rate": _metric(float(value), boots), "reached": bool(reached),
                                    "kl": float(kl)}
+            if repeats:
+                value = self.value(paths, level, self.ones(), "repeat")[0]
+                out[f"{level:.1f}"]["repeat_rate"] = _metric(float(value), self.value(paths, level, None, "repeat")[0])
         return out
 
     def gap(self, a: dict[int, TrainingPath], b: dict[int, TrainingPath], level: float) -> dict:
@@ -198,15 +213,20 @@ def log_ratios(model: str, warm: str, episodes, file: Path) -> list[float]:
     return ratios
 
 
-def training_path(points: list[tuple[int, str]], files: list[str], warm: Path, tasks: tuple[str, ...]):
+def training_path(points: list[tuple[int, str]], files: list[str], warm: Path, tasks: tuple[str, ...],
+                  spec: str | None = None):
     """A seed's path (bench/frontier.py TrainingPath) from its points' evaluation episodes:
     per point and test task, the successes, the log-ratios against the warm start (the warm
-    start itself: 0) and the episode count."""
+    start itself: 0) and the episode count; with a (non-legacy) test-bed `spec`, also how
+    many asked twice and repeated their first question (colbench.envs.testbed_profile)."""
+    from colbench.envs import testbed_profile, testbed_spec
     from sweet.core.records import load_episodes
 
     index = {t: i for i, t in enumerate(tasks)}
     shape = (len(points), len(tasks))
     success, ratio, count = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    s = testbed_spec.spec(spec) if spec is not None and not testbed_spec.spec(spec).legacy else None
+    repeat, twice = (np.zeros(shape), np.zeros(shape)) if s is not None else (None, None)
     for k, ((step, model), file) in enumerate(zip(points, files)):
         eps = load_episodes(file, env="testbed")
         ratios = [0.0] * len(eps) if step == 0 else log_ratios(model, str(warm), eps, Path(file))
@@ -217,13 +237,17 @@ def training_path(points: list[tuple[int, str]], files: list[str], warm: Path, t
             success[k, j] += float(ep.success)
             ratio[k, j] += r
             count[k, j] += 1
-    return TrainingPath(tasks, tuple(step for step, _ in points), success, ratio, count)
+            if s is not None and (rep := testbed_profile.asked_twice_repeat(s, ep)) is not None:
+                repeat[k, j] += float(rep)
+                twice[k, j] += 1
+    return TrainingPath(tasks, tuple(step for step, _ in points), success, ratio, count, repeat, twice)
 
 
-def paths_of(results: dict[int, dict[str, dict]], names: list[str], warm: Path):
-    """(the paired bootstrap over every seed's test tasks, {policy: {seed: TrainingPath}})."""
+def paths_of(results: dict[int, dict[str, dict]], names: list[str], warm: Path, spec: str | None = None):
+    """(the paired bootstrap over every seed's test tasks, {policy: {seed: TrainingPath}});
+    `spec`: count repeats too (training_path)."""
     clusters = {s: tasks_of(r["warm_start"]["eval_episodes"]) for s, r in results.items()}
-    paths = {n: {s: training_path(r[n]["points"], r[n]["point_episodes"], warm, clusters[s])
+    paths = {n: {s: training_path(r[n]["points"], r[n]["point_episodes"], warm, clusters[s], spec)
                  for s, r in results.items()} for n in names}
     return Bootstrap(clusters), paths
 
@@ -251,7 +275,7 @@ def prediction(spec: str, setup, finite_reps: int, out: Path) -> dict:
     key = {"spec": spec, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates,
            "finite_reps": finite_reps, "n_tasks": setup.n_train}
     cache = out / "prediction.json"
-    if cache.exists() and (d := json.loads(cache.read_text())).get("key") == key:
+    if cache.exists() and (d := json.loads(cache.read_text())).get("key") == key and "policy_class" in d:
         return d
     p = testbed_exact.predict(spec, episodes_per_task=setup.episodes_per_task, candidates=setup.candidates).to_json()
     methods = {m: p[m] for m in PREDICTED}
@@ -260,30 +284,77 @@ def prediction(spec: str, setup, finite_reps: int, out: Path) -> dict:
                                               candidates=setup.candidates)
         methods = {m: {f"{k:.1f}": round(v[0], 4) for k, v in by.items()} for m, by in finite.items()}
     d = {"key": key, "source": "predict_finite" if finite_reps else "predict",
-         "warm_start": p["warm_start"], "optimum": p["optimum"], "methods": methods, "solver": p}
+         "warm_start": p["warm_start"], "optimum": p["optimum"], "methods": methods, "solver": p,
+         "policy_class": policy_classes(spec, setup)}
     out.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(d, indent=2))
     return d
+
+
+def policy_classes(spec: str, setup) -> dict:
+    """The solver's flows with the logits tied over the turn alone (a policy blind to the
+    dialogue, colbench.envs.testbed_policy_class) beside the tabular ones: per class and
+    method, success and the repeat rate at each KL level (population limit)."""
+    from colbench.envs import testbed_exact, testbed_policy_class
+
+    _, preds = testbed_policy_class.predict_classes(spec, ("history", "turn"), episodes_per_task=setup.episodes_per_task,
+                                                    candidates=setup.candidates)
+    bed = testbed_exact.build(spec)
+    return {"warm_start_repeat_rate": round(testbed_policy_class.repeat_rate(bed, bed.logp0), 4),
+            **{p.name: {"optimum": round(p.optimum, 4), "methods": {m: p.to_json()[m] for m in p.methods},
+                        "repeat_rate": p.to_json()["repeat_rate"]} for p in preds}}
 
 
 def _ci(m: dict) -> str:
     return f"{m['value']:.3f} [{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]"
 
 
+def _num(x) -> str:
+    return "n/a" if x is None else format(x, ".3f")
+
+
 def kl_table(summary: dict) -> str:
-    """Success at KL 0.5 / 1 / 2 with 95% intervals, the solver's prediction beside it;
+    """Success at KL 0.5 / 1 / 2 with 95% intervals, the solver's prediction beside it (and,
+    where computed, its prediction for a policy blind to the dialogue: `blind`);
     `*KL k`: the path never got there, shown at its largest KL k."""
     levels = ["0.5", "1.0", "2.0"]
-    lines = ["| policy | final KL | " + " | ".join(f"KL {k}: measured [95% CI] | predicted" for k in levels) + " |",
-             "|---|---|" + "---|---|" * len(levels)]
+    blind = any("predicted_blind" in m for m in summary["policies"].values())
+    head = " | predicted | blind" if blind else " | predicted"
+    lines = ["| policy | final KL | " + " | ".join(f"KL {k}: measured [95% CI]{head}" for k in levels) + " |",
+             "|---|---|" + ("---|---|---|" if blind else "---|---|") * len(levels)]
     for name, m in summary["policies"].items():
         cells = []
         for k in levels:
             at = m["at_kl"][k]
             flag = "" if at["reached"] else f" *KL {at['kl']:.2f}"
             pred = m["predicted"] if not isinstance(m["predicted"], dict) else m["predicted"].get(k)
-            cells.append(f"{_ci(at['success_rate'])}{flag} | {'n/a' if pred is None else format(pred, '.3f')}")
+            cell = f"{_ci(at['success_rate'])}{flag} | {_num(pred)}"
+            if blind:
+                b = m.get("predicted_blind")
+                cell += f" | {_num(b if not isinstance(b, dict) else b.get(k))}"
+            cells.append(cell)
         lines.append(f"| {name} | {m['kl']:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def repeat_table(summary: dict) -> str:
+    """The repeat rate (P(second question = first | two asked)) at matched KL, measured with
+    95% intervals, beside the solver's for a tabular policy and for one blind to the dialogue."""
+    levels = ["0.5", "1.0", "2.0"]
+    lines = ["| policy | " + " | ".join(f"KL {k}: measured [95% CI] | tabular | blind" for k in levels) + " |",
+             "|---|" + "---|---|---|" * len(levels)]
+    for name, m in summary["policies"].items():
+        if "repeat_rate" not in m["at_kl"]["0.5"]:
+            continue
+        pr = m.get("predicted_repeat") or {}
+        cells = []
+        for k in levels:
+            at = m["at_kl"][k]
+            flag = "" if at["reached"] else f" *KL {at['kl']:.2f}"
+            tab, bl = (pr.get(c) for c in ("history", "turn"))
+            cells.append(f"{_ci(at['repeat_rate'])}{flag} | {_num(tab if not isinstance(tab, dict) else tab.get(k))} | "
+                         f"{_num(bl if not isinstance(bl, dict) else bl.get(k))}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -100,6 +100,7 @@ from bench.frontier import (  # the protocol's maths, tables and plot
     paths_of,
     plot_frontier,
     prediction,
+    repeat_table,
     solver_name,
     tasks_of,
     training_path,
@@ -437,9 +438,19 @@ def summarise(results: dict[int, dict[str, dict]], names: list[str], boot=None, 
         return out
     pred = {n: (predicted["warm_start"] if n == "warm_start" else predicted["methods"].get(solver_name(n))) if predicted else None
             for n in names}
+    classes = (predicted or {}).get("policy_class")
     for name in names:
         policies[name].update({"kl": final_kl(paths[name]), "at_kl": boot.at_kl(paths[name]),
                                "predicted": pred[name]})
+        if classes:  # the solver's flows for a policy blind to the dialogue, and both repeat rates
+            m = solver_name(name)
+            if name == "warm_start":
+                w = classes["warm_start_repeat_rate"]
+                policies[name].update({"predicted_blind": predicted["warm_start"],
+                                       "predicted_repeat": {"history": w, "turn": w}})
+            elif m in classes["turn"]["methods"]:  # (rft is not tied: its one-round limit has no flow)
+                policies[name].update({"predicted_blind": classes["turn"]["methods"][m],
+                                       "predicted_repeat": {c: classes[c]["repeat_rate"][m] for c in ("history", "turn")}})
     out["predicted"] = ({"warm_start": predicted["warm_start"], "optimum": predicted["optimum"],
                          "source": predicted["source"]} if predicted else None)
     out["pairs"] = pairs(boot, {n: paths[n] for n in names}, pred)
@@ -584,7 +595,7 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     names = ["warm_start", *policies]
     with_prediction = [n for n in names if solver_name(n) in PREDICTED]
     predicted = prediction(args.spec, setup, proto.predict_finite, args.out) if setup.env == "testbed" else None
-    boot, paths = paths_of(results, names, warm)
+    boot, paths = paths_of(results, names, warm, setup.spec if setup.env == "testbed" else None)
     summary = {"spec": args.spec, **summarise(results, names, boot, paths, predicted), "hp": hp}
     folders = {n: {s: r[n]["folder"] for s, r in results.items()} for n in policies}
     text = (f"test-bed spec {args.spec!r}; hyper-parameters: {hp['rule']} (chosen "
@@ -593,6 +604,10 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
             + (predicted["source"] if predicted else "none") + f", {', '.join(with_prediction) or 'no policy'}; "
             + (f"warm start {predicted['warm_start']:.3f}, optimum {predicted['optimum']:.3f}" if predicted else "")
             + "):\n\n" + kl_table(summary) + "\n\nPairs (gap a − b):\n\n" + pairs_table(summary))
+    if any("repeat_rate" in m["at_kl"]["0.5"] for m in summary["policies"].values()):
+        text += ("\n\nHow often the second question repeats the first (of the dialogues that ask twice), at matched "
+                 "KL; the solver's for a tabular policy and for one blind to the dialogue (python -m "
+                 "colbench.envs.testbed_policy_class):\n\n" + repeat_table(summary))
     checks = critic_vs_oracle(args.out, seeds, policies, setup, folders) if setup.env == "testbed" else {}
     if checks:
         text += "\n\nStage-2 rankings against the exact advantage A* (1.00 = the oracle's ranking):\n\n" + checks_table(checks)

@@ -53,9 +53,16 @@ class DialogueProfile:
         return "  ".join(f"{k} {m.value:.3f} [{m.low:.3f}, {m.high:.3f}]" for k, m in self.metrics.items())
 
 
-def _actions(s: ts.TestbedSpec, ep: Episode) -> list[int]:
+def episode_actions(s: ts.TestbedSpec, ep: Episode) -> list[int]:
+    """The solver's action of each question the episode asked (its last agent turn, the answer, not included)."""
     messages = [t.content for t in ep.turns]
     return [a for a, _ in abstract_history(s, messages[:-1])] if messages else []
+
+
+def asked_twice_repeat(s: ts.TestbedSpec, ep: Episode) -> bool | None:
+    """Whether the episode's second question repeats its first (None: it asked fewer than two)."""
+    acts = episode_actions(s, ep)
+    return acts[0] == acts[1] if len(acts) >= 2 else None
 
 
 def profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> DialogueProfile:
@@ -69,14 +76,14 @@ def profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> Dialogue
 
     twice = 0
     for ep in episodes:
-        acts = _actions(s, ep)
+        acts = episode_actions(s, ep)
         texts = [t.content for t in ep.turns]
         told = ts.told_values(s, texts[1::2])
         add("success", ep.task_id, float(ep.success))
         add("early", ep.task_id, float(len(acts) < s.turns - 1))
         add("vague_first", ep.task_id, float(bool(acts) and acts[0] == s.facts))
         add("faithful", ep.task_id, float(bool(texts) and ts.answer_values(s, texts[-1]) == ts.guess_values(s, told)))
-        if len(acts) >= 2:
+        if len(acts) >= 2:  # as asked_twice_repeat
             twice += 1
             add("repeat", ep.task_id, float(acts[0] == acts[1]))
     return DialogueProfile(len(episodes), twice, {k: bootstrap_ci(list(values[k].values())) for k in FIELDS})

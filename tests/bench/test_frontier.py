@@ -94,3 +94,21 @@ def test_the_centred_critic_is_predicted_by_the_solvers_sweet():
 
     assert solver_name("sweet_centred") == "sweet" and solver_name("mtdpo") == "mtdpo"
     assert solver_name("sweet_anchor") not in PREDICTED  # its stage 2 has no tabular counterpart
+
+
+def test_the_repeat_rate_is_pooled_over_the_dialogues_that_asked_twice_and_interpolated_in_kl():
+    # one seed, two tasks, a 2-point path: KL 0 then 1; task 0 asked twice 4 and 2 times, task 1 none then 2
+    path = frontier.TrainingPath(("t0", "t1"), (0, 1), success=np.zeros((2, 2)),
+                                 log_ratio=np.array([[0.0, 0.0], [4.0, 4.0]]), count=np.full((2, 2), 4.0),
+                                 repeat=np.array([[2.0, 0.0], [0.0, 1.0]]), twice=np.array([[4.0, 0.0], [2.0, 2.0]]))
+    boot = frontier.Bootstrap({0: path.tasks}, n_boot=50)
+    kl, rate = path.points(np.ones(2), "repeat")
+    assert kl.tolist() == [0.0, 1.0] and rate.tolist() == [0.5, 0.25]  # 2/4, then (0 + 1)/(2 + 2)
+    v, reached, _ = boot.value({0: path}, 0.5, boot.ones(), "repeat")
+    assert v == pytest.approx(0.375) and reached
+    at = boot.at_kl({0: path})
+    assert at["0.5"]["repeat_rate"]["value"] == pytest.approx(0.375)
+    assert at["0.5"]["repeat_rate"]["ci95"][0] <= 0.375 <= at["0.5"]["repeat_rate"]["ci95"][1]
+    # a path without repeat counts (the legacy bed) has no repeat rate
+    plain = frontier.TrainingPath(path.tasks, path.steps, path.success, path.log_ratio, path.count)
+    assert "repeat_rate" not in boot.at_kl({0: plain})["0.5"]

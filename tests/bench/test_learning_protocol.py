@@ -91,6 +91,22 @@ def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
     assert "the first 8, 2 episodes each" in hp["rule"]
     text = (out / "results.md").read_text()
     assert "*KL 0.00" in text and "Pairs (gap a − b)" in text
+    # the repeat rate at matched KL, measured on the same episodes as success, beside the solver's
+    # for a tabular policy and for one blind to the dialogue (colbench.envs.testbed_policy_class)
+    from colbench.envs import testbed_policy_class, testbed_profile
+    from colbench.episodes import read_episodes
+
+    warm = summary["policies"]["warm_start"]
+    episodes = read_episodes(out / "seed0" / "eval" / "episodes" / "warm_start.jsonl")
+    assert warm["at_kl"]["0.5"]["repeat_rate"]["value"] == pytest.approx(
+        testbed_profile.profile("default", episodes).metrics["repeat"].value)
+    check_metric(warm["at_kl"]["1.0"]["repeat_rate"])
+    assert warm["predicted_repeat"] == {"history": 0.3333, "turn": 0.3333}
+    _, (blind,) = testbed_policy_class.predict_classes("default", ("turn",))
+    assert summary["policies"]["mtdpo"]["predicted_blind"] == blind.to_json()["mtdpo"]
+    assert summary["policies"]["mtdpo"]["predicted_repeat"]["turn"] == blind.to_json()["repeat_rate"]["mtdpo"]
+    assert "predicted_blind" not in summary["policies"]["rft"]  # RFT's one-round limit is not a flow to tie
+    assert "How often the second question repeats the first" in text and "| tabular | blind" in text
 
 
 @pytest.mark.slow
