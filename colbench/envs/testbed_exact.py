@@ -34,7 +34,9 @@ Computed:
 A method that cannot reach a level (its flow converges first) is reported where it stops,
 and flagged (`reached`). `--finite REPS` also trains every method on REPS sampled data sets
 of the benchmark's budget (56 tasks x 8 episodes), evaluated exactly. The agreement with A*
-a critic needs for per-turn DPO to reach MT-DPO is colbench/envs/testbed_agreement.py.
+a critic needs for per-turn DPO to reach MT-DPO is colbench/envs/testbed_agreement.py; what
+each method reaches when the policy cannot tell some histories apart (e.g. blind to which
+question it asked) is colbench/envs/testbed_policy_class.py.
 
 Figures (`--spec default`; shared/reference/testbed-theory.md in brackets): warm start
 0.490 (0.490), optimum 0.784 (0.784), one round of RFT 0.556 at KL 0.073 (0.556 at 0.07),
