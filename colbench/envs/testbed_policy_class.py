@@ -141,18 +141,26 @@ def _r(x: float) -> float | None:
     return None if x != x else round(x, 4)
 
 
+TIED_METHODS = ("mtdpo", "sweet", "sweet_no_info", "sweet_oracle")  # RFT's one-round limit is no flow to tie
+
+
 def predict_classes(spec: str | TestbedSpec, classes: Sequence[str] = tuple(CLASSES),
                     levels: Sequence[float] = tx.KL_LEVELS, episodes_per_task: int = 8, candidates: int = 8,
-                    beta: float = 0.1, critic_steps: int = 400) -> tuple[float, list[ClassPrediction]]:
+                    beta: float = 0.1, critic_steps: int = 400,
+                    methods: Sequence[str] = TIED_METHODS) -> tuple[float, list[ClassPrediction]]:
     """The warm start's success and, per policy class, what mtdpo, sweet (the LM-head critic
     with c, fitted on the trajectory pairs as in `testbed_exact.predict`), sweet_no_info and
-    sweet_oracle reach at each KL level when the policy's logits are tied within the class."""
+    sweet_oracle (or those of them in `methods`) reach at each KL level when the policy's
+    logits are tied within the class."""
+    bad = [m for m in methods if m not in TIED_METHODS]
+    if bad or not methods:
+        raise ValueError(f"methods: {', '.join(bad) or '(none)'}; one or more of {', '.join(TIED_METHODS)}")
     bed = tx.build(spec)
     pairs = tx.trajectory_pairs(bed, episodes_per_task)
-    critics = {"sweet": tx.fit_critic(bed, pairs, True, critic_steps).score,
-               "sweet_no_info": tx.fit_critic(bed, pairs, False, critic_steps).score,
-               "sweet_oracle": tx.oracle_scores(bed)}
-    grads = {"mtdpo": tx.mtdpo_grad(bed, pairs, beta),
+    fits = {"sweet": True, "sweet_no_info": False}
+    critics = {m: (tx.oracle_scores(bed) if m == "sweet_oracle" else tx.fit_critic(bed, pairs, fits[m], critic_steps).score)
+               for m in methods if m != "mtdpo"}
+    grads = {**({"mtdpo": tx.mtdpo_grad(bed, pairs, beta)} if "mtdpo" in methods else {}),
              **{m: tx.per_turn_grad(bed, tx.stage2_measure(bed, score, candidates), beta)
                 for m, score in critics.items()}}
     out = []

@@ -33,7 +33,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colbench.envs import testbed_exact, testbed_profile, testbed_spec
+from colbench.envs import testbed_exact, testbed_policy_class, testbed_profile, testbed_spec
 from colbench.episodes import read_episodes
 from sweet.critic import inspect as inspect_critic
 from sweet.workflows.pipeline import (
@@ -128,6 +128,10 @@ def main(cfg: DemoConfig) -> Path:
         print(f"exact solver ({cfg.spec!r} bed): warm start {summary['predicted_warm_start']:.3f}, optimum "
               f"{summary['optimum']:.3f}; SWEET-RL closed {summary['gap_closed']:.0%} of the measured warm start's "
               f"distance to the optimum")
+        blind = summary["predicted_blind"]
+        print(f"exact solver, for a policy blind to which question it asked (testbed_policy_class): SWEET-RL "
+              f"{blind['sweet_rl']['0.5']:.3f} at KL 0.5, at most {blind['ceiling']:.3f} "
+              f"({blind['ceiling_closed']:.1%} of the distance), repeat rate {blind['repeat_rate']['0.5']:.2f}")
     print(warm_start_checks(out / "warm_start"))
     credit = out / "inspect" / "credit_split.json"
     if credit.exists():  # where the critic put its credit: the answer, or the questions (sweet/critic/inspect.py)
@@ -155,7 +159,9 @@ def main_job_summary(rows: list[dict], spec: str) -> dict:
     """OUT/summary.json: {"warm_start": M, "sweet_rl": M, "optimum": v} with M =
     {"value", "ci95"} (held-out success), the optimum and the warm start's success as the
     exact solver computes them (colbench.envs.testbed_exact; None on the legacy bed, whose
-    optimum is 1), and the share of the warm start's distance to the optimum closed."""
+    optimum is 1), the share of the warm start's distance to the optimum closed, and
+    "predicted_blind": SWEET-RL's success per KL level, its ceiling and repeat rate for a
+    policy blind to the dialogue (colbench.envs.testbed_policy_class, the turn class)."""
     m = {r["agent"]: r["metrics"]["success_rate"] for r in rows}
     out: dict = {"spec": spec, "warm_start": m["warm_start"], "sweet_rl": m["sweet_rl"]}
     if testbed_spec.spec(spec).legacy:
@@ -164,8 +170,16 @@ def main_job_summary(rows: list[dict], spec: str) -> dict:
     bed = testbed_exact.build(spec)
     best = testbed_exact.optimum(bed)[0]
     warm = m["warm_start"]["value"]
-    out.update(optimum=round(best, 4), predicted_warm_start=round(testbed_exact.evaluate(bed, bed.logp0).success, 4),
+    predicted_warm = testbed_exact.evaluate(bed, bed.logp0).success
+    out.update(optimum=round(best, 4), predicted_warm_start=round(predicted_warm, 4),
                gap_closed=(m["sweet_rl"]["value"] - warm) / (best - warm) if best > warm else None)
+    # what SWEET-RL can reach if the policy cannot read which question it asked (the turn class)
+    _, (blind,) = testbed_policy_class.predict_classes(spec, ("turn",), methods=("sweet",))
+    levels = {f"{k:.1f}": p.success for k, p in blind.methods["sweet"].items()}
+    ceiling = max(levels.values())
+    out["predicted_blind"] = {"sweet_rl": {k: round(v, 4) for k, v in levels.items()}, "ceiling": round(ceiling, 4),
+                              "ceiling_closed": round((ceiling - predicted_warm) / (best - predicted_warm), 4),
+                              "repeat_rate": {f"{k:.1f}": round(v, 4) for k, v in blind.repeat_rate["sweet"].items()}}
     return out
 
 

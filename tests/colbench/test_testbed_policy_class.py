@@ -98,3 +98,12 @@ def test_unknown_class_and_cli(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["turn"]["classes"] == 3 and out["turn"]["mtdpo"]["0.5"] < 0.62
     assert set(out["turn"]["repeat_rate"]) == {"mtdpo", "sweet", "sweet_no_info", "sweet_oracle"}
+
+
+def test_a_subset_of_methods_gives_the_same_values():
+    _, (full,) = pc.predict_classes("default", ("turn",))
+    _, (one,) = pc.predict_classes("default", ("turn",), methods=("sweet",))
+    assert list(one.methods) == ["sweet"]
+    assert {k: p.success for k, p in one.methods["sweet"].items()} == {k: p.success for k, p in full.methods["sweet"].items()}
+    with pytest.raises(ValueError, match="rft"):
+        pc.predict_classes("default", ("turn",), methods=("rft",))
