@@ -26,7 +26,7 @@ from colbench.envs.testbed import TestbedEnv, answer_constants, make_tasks, told
 from colbench.envs.testbed_spec import SHIPPED_SPEC
 from colbench.types import STOP_ANSWERED, Episode, Turn
 from engines import SamplingParams, load_engine
-from simulators.testbed import scripted_dialogue
+from simulators.testbed import optimal_dialogue, scripted_dialogue
 from sweet.algorithms import rft
 from sweet.core.config import ModelConfig, parse_configs
 from sweet.core.models import load_tokenizer
@@ -50,6 +50,16 @@ class WarmStartConfig:
     micro_batch_size: int | None = field(default=None, metadata={"help": "examples per forward pass (default: batch_size; "
                                                                          "the update does not depend on it)"})
     seed: int = field(default=0, metadata={"help": "random seed"})
+    teacher: str = field(default="explorer", metadata={
+        "help": "whose dialogues to imitate: explorer (the warm start's) or optimal (the exact solver's optimal "
+                "agent on a spec bed: a reference point, not a method, since it uses the solver)"})
+
+    def __post_init__(self):
+        if self.teacher not in TEACHERS:
+            raise ValueError(f"WarmStartConfig.teacher: {self.teacher!r}; one of {', '.join(TEACHERS)}")
+
+
+TEACHERS = ("explorer", "optimal")
 
 
 def spec_env(spec: str) -> TestbedEnv:
@@ -57,8 +67,10 @@ def spec_env(spec: str) -> TestbedEnv:
     return TestbedEnv() if testbed_spec.spec(spec).legacy else TestbedEnv(spec=spec)
 
 
-def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = SHIPPED_SPEC) -> list[Episode]:
-    """`n` scripted explorer episodes on the test bed's train tasks of `spec`, tokenised."""
+def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = SHIPPED_SPEC,
+                      teacher: str = "explorer") -> list[Episode]:
+    """`n` scripted episodes (the explorer's, or with teacher "optimal" the solver's optimal
+    agent's) on the test bed's train tasks of `spec`, tokenised."""
 
     env = spec_env(spec)
     tasks = make_tasks("train", spec=spec)
@@ -67,7 +79,7 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = SH
     for i in range(n):
         task = tasks[i % len(tasks)]
         turns: list[Turn] = []
-        for role, text in _dialogue(task, rng, p_ask):
+        for role, text in (optimal_dialogue(task) if teacher == "optimal" else _dialogue(task, rng, p_ask)):
             if role == "agent":
                 prompt = env.agent_messages(task, turns)
                 turns.append(Turn("agent", text, prompt=prompt, prompt_token_ids=template_ids(tokenizer, prompt),
@@ -167,10 +179,10 @@ def main(cfg: WarmStartConfig) -> Path:
     if not episodes_path.exists():
         tokenizer = load_tokenizer(cfg.model)
         p_ask = testbed_spec.spec(cfg.spec).p_ask if cfg.p_ask is None else cfg.p_ask
-        episodes = scripted_episodes(tokenizer, cfg.n_dialogues, p_ask, cfg.seed, cfg.spec)
+        episodes = scripted_episodes(tokenizer, cfg.n_dialogues, p_ask, cfg.seed, cfg.spec, cfg.teacher)
         write_episodes(episodes, episodes_path)
         success = sum(e.success for e in episodes) / len(episodes)
-        print(f"warm start: {len(episodes)} scripted dialogues, explorer success rate {success:.2f}")
+        print(f"warm start: {len(episodes)} scripted dialogues, {cfg.teacher} success rate {success:.2f}")
     model_cfg = ModelConfig(model=cfg.model, max_length=512, keep_head=64)
     train = rft.RFTTrainConfig(output_dir=str(out), learning_rate=cfg.learning_rate, num_epochs=cfg.epochs,
                                batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size or cfg.batch_size, seed=cfg.seed,

@@ -91,3 +91,23 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
     accuracy.update({"copy-2": 0.5, "copy-3": 0.5, "copy-4": 0.5})
     with pytest.raises(RuntimeError, match="copy phase did not reach"):
         pipeline.warm_start(tmp_path / "other", seed=0)
+
+
+def test_the_optimal_teacher_imitates_the_solvers_optimal_agent():
+    """--teacher optimal: the dialogues are the exact solver's optimal agent's, their scored
+    success is the solver's optimum on those tasks, and they never repeat a question."""
+    from colbench.envs import testbed_exact, testbed_profile
+    from colbench.envs.testbed import make_tasks
+    from sweet.core.models import load_tokenizer
+    from sweet.workflows.warm_start import WarmStartConfig, scripted_episodes
+
+    eps = scripted_episodes(load_tokenizer("tiny"), 56, 0.75, seed=0, spec="default", teacher="optimal")
+    tasks = make_tasks("train", spec="default")
+    for ep in eps[:8]:
+        texts = [t.content for t in ep.turns]
+        assert all(texts[i] == testbed_exact.optimal_message("default", texts[:i]) for i in range(0, len(texts), 2))
+    assert sum(e.success for e in eps) / 56 == pytest.approx(testbed_exact.expected_success_on("default", tasks, "optimal"))
+    prof = testbed_profile.profile("default", eps)
+    assert prof.metrics["repeat"].value == 0.0 and prof.metrics["early"].value == 0.0
+    with pytest.raises(ValueError, match="teacher"):
+        WarmStartConfig(teacher="oracle")
