@@ -16,7 +16,8 @@ Each agent message is mapped to the solver's action (colbench.envs.testbed_exact
     faithful      the answer writes what the dialogue told and the fixed guess for the rest
                   (what the warm start was taught; below 1: the answers themselves broke)
 
-Each with a 95% bootstrap interval over tasks (colbench.stats.bootstrap_ci).
+Each with a 95% bootstrap interval over tasks (colbench.stats.bootstrap_ci, tasks in the
+leaderboard's order: success and its interval are the leaderboard's).
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ def profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> Dialogue
         values[field].setdefault(task, []).append(v)
 
     twice = 0
-    for ep in episodes:
+    # in the leaderboard's order (task, then seed: colbench.rollout), so that the bootstrap
+    # draws the same tasks and the success interval is the leaderboard's to the digit
+    for ep in sorted(episodes, key=lambda e: (e.task_id, e.seed)):
         acts = episode_actions(s, ep)
         texts = [t.content for t in ep.turns]
         told = ts.told_values(s, texts[1::2])

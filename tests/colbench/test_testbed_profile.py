@@ -65,3 +65,20 @@ def test_cli(tmp_path, capsys):
     with pytest.raises(SystemExit):
         tp.main([str(tmp_path / "missing.jsonl")])
     assert "missing.jsonl: no such episodes file" in capsys.readouterr().err
+
+
+def test_success_and_its_interval_are_the_leaderboards_whatever_the_file_order():
+    from colbench.stats import env_metrics
+
+    tasks = spec_tasks(S, "test")[:40]
+    rng = random.Random(1)
+    eps = []
+    for task in tasks:  # task, then seed: the order the leaderboard scores in (colbench.rollout)
+        for seed in (0, 1):
+            texts = [t for _, t in scripted_dialogue(task, rng, p_ask=S.p_ask)]
+            ep = _episode(task.task_id, texts, rng.random() < 0.5)
+            ep.seed = seed
+            eps.append(ep)
+    shuffled = eps[:]
+    random.Random(2).shuffle(shuffled)  # a file written as episodes finish
+    assert tp.profile(S, shuffled).metrics["success"] == env_metrics("testbed", eps)["success_rate"]
