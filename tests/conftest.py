@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +21,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # it starts, runs one torch/OpenMP thread: two workers of 2 threads each would contend for
     # the same cores (OpenMP threads spin while they wait). Tests that set a count keep theirs.
     os.environ["OMP_NUM_THREADS"] = "1"
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    # a suite started in the background of a non-interactive shell (`cmd &`) inherits SIGINT
+    # ignored, and so would every process a test starts: the Ctrl-C tests would then see a run
+    # that cannot be interrupted. A Python handler is reset to the default across exec, so the
+    # children start with SIGINT as a terminal gives it to them.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass
