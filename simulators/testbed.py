@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from colbench.envs import testbed_spec
+from colbench.envs.testbed_exact import optimal_message
 from colbench.protocols import ANSWER_MARKER
 from colbench.types import Task
 from simulators.base import SimReply, SimRequest
@@ -98,8 +99,6 @@ def optimal_dialogue(task: Task) -> list[tuple[str, str]]:
     """A dialogue of the exact solver's optimal agent (colbench.envs.testbed_exact:
     `optimal_message`) against the scripted human on a spec task, as (role, text) pairs:
     what imitating the optimal policy teaches (sweet.workflows.warm_start --teacher optimal)."""
-    from colbench.envs.testbed_exact import optimal_message  # numpy; only this function needs it
-
     if "spec" not in task.meta:
         raise ValueError(f"task {task.task_id}: the optimal agent needs a spec task (the legacy bed has none)")
     s = testbed_spec.task_spec(task)

@@ -464,12 +464,13 @@ class Point:
 
 
 def flow(bed: Bed, grad, levels: Sequence[float] = KL_LEVELS, max_steps: int = 4000,
-         step: float = 0.05, max_dkl: float = 0.02) -> dict[float, Point]:
+         step: float = 0.05, max_dkl: float = 0.02, on_step=None) -> dict[float, Point]:
     """Follow the gradient flow of a loss (`grad(logpi) -> dL/dθ`) from π0 in the tabular
     logits, in normalised steps whose KL increments stay small (the path, not the speed,
     is the flow's), recording success and KL; each level's success is interpolated where
     the path crosses it. A path that stops short (the loss converged, or max_steps) gives
-    its last point for the levels beyond, flagged not reached."""
+    its last point for the levels beyond, flagged not reached. `on_step(kl, logpi)`, if given,
+    sees each accepted point of the path."""
     theta = np.where(bed.legal, bed.logp0, 0.0)
     logpi = log_policy(bed, theta)
     last = evaluate(bed, logpi)
@@ -502,6 +503,8 @@ def flow(bed: Bed, grad, levels: Sequence[float] = KL_LEVELS, max_steps: int = 4
             out[todo[0]] = Point(last.success + f * (new.success - last.success), todo[0], True)
             todo.pop(0)
         theta, logpi, last = cand, new_logpi, new
+        if on_step is not None:
+            on_step(new.kl, new_logpi)
     for level in todo:
         out[level] = Point(last.success, last.kl, False)
     return out

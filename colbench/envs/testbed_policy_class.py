@@ -52,10 +52,9 @@ def tie_classes(bed: tx.Bed, name: str) -> np.ndarray:
         raise ValueError(f"unknown policy class {name!r}; one of {', '.join(CLASSES)}")
     ids: dict[object, int] = {}
     tie = np.array([ids.setdefault(CLASSES[name](h), len(ids)) for h in bed.nodes], dtype=np.int64)
+    pi0 = np.exp(bed.logp0)  # 0 where illegal, so legality is compared too
     for k in range(len(ids)):
-        rows = bed.logp0[tie == k]
-        if not (np.array_equal(rows == -np.inf, np.broadcast_to(rows[0] == -np.inf, rows.shape))
-                and np.allclose(np.where(np.isfinite(rows), rows, 0.0), np.where(np.isfinite(rows[0]), rows[0], 0.0))):
+        if not np.allclose(pi0[tie == k], pi0[tie == k][0]):
             raise ValueError(f"policy class {name!r}: the warm start differs between histories of one class")
     return tie
 
@@ -178,14 +177,8 @@ def predict_classes(spec: str | TestbedSpec, classes: Sequence[str] = tuple(CLAS
 def _flow_with_policies(bed: tx.Bed, grad, levels: Sequence[float]) -> tuple[dict[float, tx.Point], dict[float, np.ndarray]]:
     """`testbed_exact.flow`, and per level the first policy of the path at or past it (the
     path's last where it stops short), for the repeat rate."""
-    seen: list[tuple[float, np.ndarray]] = []
-
-    def recording(logpi: np.ndarray) -> np.ndarray:
-        seen.append((tx.evaluate(bed, logpi).kl, logpi))
-        return grad(logpi)
-
-    points = tx.flow(bed, recording, levels)
-    seen = seen or [(0.0, bed.logp0)]
+    seen: list[tuple[float, np.ndarray]] = [(0.0, bed.logp0)]
+    points = tx.flow(bed, grad, levels, on_step=lambda kl, logpi: seen.append((kl, logpi)))
     return points, {k: next((lp for kl, lp in seen if kl >= k), seen[-1][1]) for k in levels}
 
 

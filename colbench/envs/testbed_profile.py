@@ -60,10 +60,13 @@ def episode_actions(s: ts.TestbedSpec, ep: Episode) -> list[int]:
     return [a for a, _ in abstract_history(s, messages[:-1])] if messages else []
 
 
+def _repeats(acts: Sequence[int]) -> bool | None:
+    return acts[0] == acts[1] if len(acts) >= 2 else None
+
+
 def asked_twice_repeat(s: ts.TestbedSpec, ep: Episode) -> bool | None:
     """Whether the episode's second question repeats its first (None: it asked fewer than two)."""
-    acts = episode_actions(s, ep)
-    return acts[0] == acts[1] if len(acts) >= 2 else None
+    return _repeats(episode_actions(s, ep))
 
 
 def profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> DialogueProfile:
@@ -86,9 +89,9 @@ def profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> Dialogue
         add("early", ep.task_id, float(len(acts) < s.turns - 1))
         add("vague_first", ep.task_id, float(bool(acts) and acts[0] == s.facts))
         add("faithful", ep.task_id, float(bool(texts) and ts.answer_values(s, texts[-1]) == ts.guess_values(s, told)))
-        if len(acts) >= 2:  # as asked_twice_repeat
+        if (repeated := _repeats(acts)) is not None:
             twice += 1
-            add("repeat", ep.task_id, float(acts[0] == acts[1]))
+            add("repeat", ep.task_id, float(repeated))
     return DialogueProfile(len(episodes), twice, {k: bootstrap_ci(list(values[k].values())) for k in FIELDS})
 
 

@@ -57,6 +57,8 @@ class WarmStartConfig:
     def __post_init__(self):
         if self.teacher not in TEACHERS:
             raise ValueError(f"WarmStartConfig.teacher: {self.teacher!r}; one of {', '.join(TEACHERS)}")
+        if self.teacher == "optimal" and testbed_spec.spec(self.spec).legacy:
+            raise ValueError(f"WarmStartConfig.teacher: optimal needs a spec bed (--spec default, long), not {self.spec!r}")
 
 
 TEACHERS = ("explorer", "optimal")

@@ -111,3 +111,5 @@ def test_the_optimal_teacher_imitates_the_solvers_optimal_agent():
     assert prof.metrics["repeat"].value == 0.0 and prof.metrics["early"].value == 0.0
     with pytest.raises(ValueError, match="teacher"):
         WarmStartConfig(teacher="oracle")
+    with pytest.raises(ValueError, match="optimal needs a spec bed"):
+        WarmStartConfig(teacher="optimal", spec="legacy")
