@@ -170,8 +170,7 @@ def pairs(boot: Bootstrap, paths: dict[str, dict[int, TrainingPath]], predicted:
     predicted gap a − b (None where either has no prediction; a single number, the warm
     start's, holds at every level) and the measured one with its paired interval."""
     def pred(name: str, key: str) -> float | None:
-        p = predicted.get(name)
-        return p if isinstance(p, (int, float)) or p is None else p.get(key)
+        return _at_level(predicted.get(name), key)
 
     out = []
     for a, b in itertools.combinations(paths, 2):
@@ -309,6 +308,11 @@ def _ci(m: dict) -> str:
     return f"{m['value']:.3f} [{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]"
 
 
+def _at_level(p: dict[str, float] | float | None, key: str) -> float | None:
+    """A prediction at KL level `key`: per level, or one number for every level (the warm start's)."""
+    return p.get(key) if isinstance(p, dict) else p
+
+
 def _num(x) -> str:
     return "n/a" if x is None else format(x, ".3f")
 
@@ -327,11 +331,9 @@ def kl_table(summary: dict) -> str:
         for k in levels:
             at = m["at_kl"][k]
             flag = "" if at["reached"] else f" *KL {at['kl']:.2f}"
-            pred = m["predicted"] if not isinstance(m["predicted"], dict) else m["predicted"].get(k)
-            cell = f"{_ci(at['success_rate'])}{flag} | {_num(pred)}"
+            cell = f"{_ci(at['success_rate'])}{flag} | {_num(_at_level(m['predicted'], k))}"
             if blind:
-                b = m.get("predicted_blind")
-                cell += f" | {_num(b if not isinstance(b, dict) else b.get(k))}"
+                cell += f" | {_num(_at_level(m.get('predicted_blind'), k))}"
             cells.append(cell)
         lines.append(f"| {name} | {m['kl']:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -351,9 +353,8 @@ def repeat_table(summary: dict) -> str:
         for k in levels:
             at = m["at_kl"][k]
             flag = "" if at["reached"] else f" *KL {at['kl']:.2f}"
-            tab, bl = (pr.get(c) for c in ("history", "turn"))
-            cells.append(f"{_ci(at['repeat_rate'])}{flag} | {_num(tab if not isinstance(tab, dict) else tab.get(k))} | "
-                         f"{_num(bl if not isinstance(bl, dict) else bl.get(k))}")
+            cells.append(f"{_ci(at['repeat_rate'])}{flag} | {_num(_at_level(pr.get('history'), k))} | "
+                         f"{_num(_at_level(pr.get('turn'), k))}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
