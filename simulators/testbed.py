@@ -95,16 +95,17 @@ def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6) -> lis
         history += [text, _reply(task, text)]
 
 
-def optimal_dialogue(task: Task) -> list[tuple[str, str]]:
+def optimal_dialogue(task: Task, order: Sequence[int] | None = None) -> list[tuple[str, str]]:
     """A dialogue of the exact solver's optimal agent (colbench.envs.testbed_exact:
-    `optimal_message`) against the scripted human on a spec task, as (role, text) pairs:
-    what imitating the optimal policy teaches (sweet.workflows.warm_start --teacher optimal)."""
+    `optimal_message`; `order` relabels its facts) against the scripted human on a spec
+    task, as (role, text) pairs: what imitating the optimal policy teaches
+    (sweet.workflows.warm_start --teacher optimal, optimal_shuffled)."""
     if "spec" not in task.meta:
         raise ValueError(f"task {task.task_id}: the optimal agent needs a spec task (the legacy bed has none)")
     s = testbed_spec.task_spec(task)
     history: list[str] = []
     while True:
-        text = optimal_message(s, history)
+        text = optimal_message(s, history, order)
         if ANSWER_MARKER in text:
             return [("agent" if i % 2 == 0 else "human", t) for i, t in enumerate(history + [text])]
         history += [text, _reply(task, text)]

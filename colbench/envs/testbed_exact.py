@@ -332,12 +332,27 @@ def optimal_policy(spec: TestbedSpec) -> dict[tuple, int]:
     return optimum(build(spec))[1]
 
 
-def optimal_message(spec: str | TestbedSpec, history: Sequence[str]) -> str:
+def optimal_action(s: TestbedSpec, h: tuple, order: Sequence[int] | None = None) -> int:
+    """The optimal policy's action at node `h`; with `order` (a permutation of the facts),
+    the same agent with its facts relabelled, fact order[k] taking the part of fact k.
+    Every fact has the same probabilities, so a relabelled agent is as good; with a random
+    order per dialogue it asks a random side first, and what it asks next depends on which
+    question it asked (the fixed order needs only the turn and whether it was told)."""
+    order = tuple(range(s.facts)) if order is None else tuple(order)
+    if sorted(order) != list(range(s.facts)):
+        raise ValueError(f"order {order}: not a permutation of the {s.facts} facts")
+    rank = {f: k for k, f in enumerate(order)}
+    a = optimal_policy(s).get(tuple((rank.get(b, b), told) for b, told in h), s.facts + 1)
+    return order[a] if a < s.facts else a
+
+
+def optimal_message(spec: str | TestbedSpec, history: Sequence[str], order: Sequence[int] | None = None) -> str:
     """The optimal scripted agent's next message after a real dialogue: the question the
-    optimal policy asks, or its answer (what was told, the guess for the rest)."""
+    optimal policy asks, or its answer (what was told, the guess for the rest); `order`
+    relabels its facts (`optimal_action`)."""
     s = ts.spec(spec)
     h = abstract_history(s, history)
-    a = optimal_policy(s).get(h, s.facts + 1)
+    a = optimal_action(s, h, order)
     if a == s.facts + 1 or len(h) >= s.turns - 1:
         return ts.answer_text(s, ts.guess_values(s, ts.told_values(s, history[1::2])))
     return s.questions()[a]
@@ -380,19 +395,30 @@ def success_given_c(bed: Bed, logpi: np.ndarray) -> dict[C, float]:
     return dict(zip(bed.cs, per.tolist()))
 
 
+def optimal_logpi(bed: Bed, shuffled: bool = False) -> np.ndarray:
+    """The optimal agent's log-policy over the bed's nodes; `shuffled`: the mixture of its
+    relabelled copies (`optimal_action`), one order of the facts drawn per dialogue."""
+    orders = list(itertools.permutations(range(bed.spec.facts))) if shuffled else [None]
+    prob = np.zeros(bed.legal.shape)
+    for order in orders:
+        for i, h in enumerate(bed.nodes):
+            prob[i, optimal_action(bed.spec, h, order)] += 1.0 / len(orders)
+    with np.errstate(divide="ignore"):
+        return np.log(prob)
+
+
 def expected_success_on(spec: str | TestbedSpec, tasks: Sequence, policy: str = "explorer") -> float:
-    """The exact mean success of the explorer (π0) or the optimal policy on these tasks
-    (each task's c read from its reference): what rollouts of the real env estimate."""
+    """The exact mean success of the explorer (π0), the optimal policy or the optimal agent
+    with its facts in a random order per dialogue ("optimal_shuffled", `optimal_action`) on
+    these tasks (each task's c read from its reference): what rollouts of the real env
+    estimate."""
     bed = build(spec)
     if policy == "explorer":
         logpi = bed.logp0
-    elif policy == "optimal":
-        best = optimal_policy(bed.spec)
-        logpi = np.full(bed.legal.shape, -np.inf)
-        for i, h in enumerate(bed.nodes):
-            logpi[i, best[h]] = 0.0
+    elif policy in ("optimal", "optimal_shuffled"):
+        logpi = optimal_logpi(bed, shuffled=policy == "optimal_shuffled")
     else:
-        raise ValueError(f"policy must be 'explorer' or 'optimal', got {policy!r}")
+        raise ValueError(f"policy must be 'explorer', 'optimal' or 'optimal_shuffled', got {policy!r}")
     per_c = success_given_c(bed, logpi)
     return sum(per_c[c_of_reference(bed.spec, t.hidden)] for t in tasks) / len(tasks)
 

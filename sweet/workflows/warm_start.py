@@ -51,17 +51,20 @@ class WarmStartConfig:
                                                                          "the update does not depend on it)"})
     seed: int = field(default=0, metadata={"help": "random seed"})
     teacher: str = field(default="explorer", metadata={
-        "help": "whose dialogues to imitate: explorer (the warm start's) or optimal (the exact solver's optimal "
-                "agent on a spec bed: a reference point, not a method, since it uses the solver)"})
+        "help": "whose dialogues to imitate: explorer (the warm start's), optimal (the exact solver's optimal "
+                "agent on a spec bed: a reference point, not a method, since it uses the solver) or optimal_shuffled "
+                "(the same agent with its facts in a random order per dialogue: imitating it needs reading which "
+                "question was asked)"})
 
     def __post_init__(self):
         if self.teacher not in TEACHERS:
             raise ValueError(f"WarmStartConfig.teacher: {self.teacher!r}; one of {', '.join(TEACHERS)}")
-        if self.teacher == "optimal" and testbed_spec.spec(self.spec).legacy:
-            raise ValueError(f"WarmStartConfig.teacher: optimal needs a spec bed (--spec default, long), not {self.spec!r}")
+        if self.teacher != "explorer" and testbed_spec.spec(self.spec).legacy:
+            raise ValueError(f"WarmStartConfig.teacher: {self.teacher} needs a spec bed (--spec default, long), "
+                             f"not {self.spec!r}")
 
 
-TEACHERS = ("explorer", "optimal")
+TEACHERS = ("explorer", "optimal", "optimal_shuffled")
 
 
 def spec_env(spec: str) -> TestbedEnv:
@@ -71,8 +74,9 @@ def spec_env(spec: str) -> TestbedEnv:
 
 def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = SHIPPED_SPEC,
                       teacher: str = "explorer") -> list[Episode]:
-    """`n` scripted episodes (the explorer's, or with teacher "optimal" the solver's optimal
-    agent's) on the test bed's train tasks of `spec`, tokenised."""
+    """`n` scripted episodes (the explorer's; with teacher "optimal" the solver's optimal
+    agent's, "optimal_shuffled" that agent with a random order of the facts per dialogue)
+    on the test bed's train tasks of `spec`, tokenised."""
 
     env = spec_env(spec)
     tasks = make_tasks("train", spec=spec)
@@ -81,7 +85,7 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = SH
     for i in range(n):
         task = tasks[i % len(tasks)]
         turns: list[Turn] = []
-        for role, text in (optimal_dialogue(task) if teacher == "optimal" else _dialogue(task, rng, p_ask)):
+        for role, text in _teacher_dialogue(teacher, task, rng, p_ask):
             if role == "agent":
                 prompt = env.agent_messages(task, turns)
                 turns.append(Turn("agent", text, prompt=prompt, prompt_token_ids=template_ids(tokenizer, prompt),
@@ -100,6 +104,13 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = SH
 
 def _dialogue(task, rng, p_ask):
     return scripted_dialogue(task, rng, p_ask=p_ask)
+
+
+def _teacher_dialogue(teacher: str, task, rng: random.Random, p_ask: float):
+    if teacher == "explorer":
+        return _dialogue(task, rng, p_ask)
+    facts = testbed_spec.task_spec(task).facts
+    return optimal_dialogue(task, rng.sample(range(facts), facts) if teacher == "optimal_shuffled" else None)
 
 
 def copy_check_dialogues(n: int = 48, seed: int = 0, spec: str = SHIPPED_SPEC):

@@ -3,6 +3,7 @@ the theory's figures on the default spec, and agreement with Monte-Carlo rollout
 real env, scripted human and sandbox."""
 
 import json
+import itertools
 import math
 
 import pytest
@@ -134,6 +135,28 @@ def test_long_spec_puts_the_exact_critic_above_trajectory_dpo():
     p = te.predict("long")
     gaps = {k: p.methods["sweet_oracle"][k].success - p.methods["mtdpo"][k].success for k in te.KL_LEVELS}
     assert max(gaps.values()) >= 0.05, gaps
+
+
+@pytest.mark.parametrize("spec", ["default", "long"])
+def test_the_relabelled_optimal_agent_is_optimal_and_reads_its_questions(spec):
+    """Every order of the facts gives an optimal agent (the facts share their
+    probabilities), so their mixture ("optimal_shuffled") reaches the optimum exactly; its
+    second question depends on which side it asked first, so no policy that ignores the
+    question asked can imitate it."""
+    bed = te.build(spec)
+    s = bed.spec
+    best = te.optimum(bed)[0]
+    assert te.evaluate(bed, te.optimal_logpi(bed, shuffled=True)).success == pytest.approx(best, abs=1e-12)
+    assert all(te.optimal_action(s, h) == a for h, a in te.optimal_policy(s).items())
+    first = {te.optimal_action(s, (), order) for order in itertools.permutations(range(s.facts))}
+    assert first == set(range(s.facts))  # a random order asks a random side first
+    # told on fact 0 or on fact 1: the relabelled agents ask different next questions, never the same one again
+    for order in itertools.permutations(range(s.facts)):
+        q = te.optimal_action(s, (), order)
+        nxt = te.optimal_action(s, ((q, True),), order)
+        assert nxt != q and nxt < s.facts + 1
+    with pytest.raises(ValueError, match="not a permutation"):
+        te.optimal_action(s, (), (0, 0) + tuple(range(2, s.facts)))
 
 
 def _mc(spec: str, split: str, seeds: int):

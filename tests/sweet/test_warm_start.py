@@ -113,3 +113,34 @@ def test_the_optimal_teacher_imitates_the_solvers_optimal_agent():
         WarmStartConfig(teacher="oracle")
     with pytest.raises(ValueError, match="optimal needs a spec bed"):
         WarmStartConfig(teacher="optimal", spec="legacy")
+    with pytest.raises(ValueError, match="optimal_shuffled needs a spec bed"):
+        WarmStartConfig(teacher="optimal_shuffled", spec="legacy")
+
+
+def test_the_shuffled_optimal_teacher_asks_either_side_first_and_never_repeats():
+    """--teacher optimal_shuffled: each dialogue is the optimal agent's under one order of
+    the facts, both sides come first, none repeats or answers early, and the success
+    matches the solver's exact value of the shuffled agent within sampling noise."""
+    import itertools
+    import math
+
+    from colbench.envs import testbed_exact, testbed_profile
+    from colbench.envs.testbed import make_tasks
+    from sweet.core.models import load_tokenizer
+    from sweet.workflows.warm_start import scripted_episodes
+
+    n = 224
+    eps = scripted_episodes(load_tokenizer("tiny"), n, 0.75, seed=0, spec="default", teacher="optimal_shuffled")
+    firsts = set()
+    for ep in eps:
+        texts = [t.content for t in ep.turns]
+        firsts.add(texts[0])
+        assert any(all(texts[i] == testbed_exact.optimal_message("default", texts[:i], order)
+                       for i in range(0, len(texts), 2)) for order in itertools.permutations(range(2))), texts
+    assert len(firsts) == 2
+    prof = testbed_profile.profile("default", eps)
+    assert prof.metrics["repeat"].value == 0.0 and prof.metrics["early"].value == 0.0
+    tasks = make_tasks("train", spec="default")
+    exact = testbed_exact.expected_success_on("default", [tasks[i % len(tasks)] for i in range(n)], "optimal_shuffled")
+    rate = sum(e.success for e in eps) / n
+    assert abs(rate - exact) <= 1.96 * math.sqrt(exact * (1 - exact) / n), (rate, exact)
