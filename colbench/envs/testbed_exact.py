@@ -335,7 +335,8 @@ def optimal_policy(spec: TestbedSpec) -> dict[tuple, int]:
 def optimal_action(s: TestbedSpec, h: tuple, order: Sequence[int] | None = None) -> int:
     """The optimal policy's action at node `h`; with `order` (a permutation of the facts),
     the same agent with its facts relabelled, fact order[k] taking the part of fact k.
-    Every fact has the same probabilities, so a relabelled agent is as good; with a random
+    On the presets every fact has the same probabilities, so a relabelled agent is as good
+    (tests/colbench/test_testbed_exact.py checks it on default and long); with a random
     order per dialogue it asks a random side first, and what it asks next depends on which
     question it asked (the fixed order needs only the turn and whether it was told)."""
     order = tuple(range(s.facts)) if order is None else tuple(order)
