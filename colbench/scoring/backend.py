@@ -30,6 +30,11 @@ from typing import Any, Iterator, Sequence
 from colbench.scoring.sandbox import CallOutcome, SandboxPool
 from colbench.types import Score, Task
 
+# The rules that decide whether a test passes (value encoding, comparison, seeding). Bump it
+# when any of them changes: episodes and leaderboards record it, and cached reference
+# validations are keyed by it, so results scored under different rules never mix.
+SCORING_VERSION = 1
+
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 

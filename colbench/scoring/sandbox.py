@@ -96,6 +96,35 @@ STRONG_MECHANISMS = ("drop_privileges", "net_namespace", "pid_namespace", "mount
                      "private_tmp", "readonly_root", "no_new_privs")
 
 
+SANDBOX_SITE_ENV = "SWEET_SANDBOX_SITE"
+
+
+def sandbox_site() -> Path:
+    """The read-only folder of third-party libraries that sandboxed code may import
+    (never the project's own site-packages): $SWEET_SANDBOX_SITE, else <sys.prefix>/sandbox-site."""
+    return Path(os.environ.get(SANDBOX_SITE_ENV) or Path(sys.prefix) / "sandbox-site")
+
+
+def sandbox_libraries() -> dict[str, str]:
+    """{distribution name: version} of the libraries in `sandbox_site()` ({} when it is absent)."""
+    out: dict[str, str] = {}
+    site = sandbox_site()
+    if not site.is_dir():
+        return out
+    for meta in sorted(site.glob("*.dist-info/METADATA")):
+        name = version = None
+        for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("Name:"):
+                name = line.partition(":")[2].strip()
+            elif line.startswith("Version:"):
+                version = line.partition(":")[2].strip()
+            elif not line:
+                break
+        if name and version:
+            out[name.lower()] = version
+    return out
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     """Resource limits for one sandboxed answer (all its calls)."""
