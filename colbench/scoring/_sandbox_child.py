@@ -343,47 +343,304 @@ def _seccomp(iso: dict) -> None:
 
 
 # ---------------------------------------------------------------- value encoding
+#
+# Format (what colbench.scoring.backend compares): every value is a JSON object whose
+# "type" says how to compare it; "class" is the qualified name (module.qualname) of the
+# value's type wherever it is not the plain builtin the tag names.
+#
+#   none | bool value | int value (or hex) | float value ("nan"/"inf"/"-inf" as strings)
+#   complex real imag | str value | bytes hex | list/tuple/set items | dict items [[k, v]]
+#   decimal value (str) | fraction numerator denominator (int encodings)
+#   datetime/date/time value [fields as ints] utcoffset (microseconds or null)
+#   timedelta value [days, seconds, microseconds]
+#   class name                    a type object, by its qualified name
+#   enum class name value
+#   record class kind fields [[name, v]]   kind: namedtuple | dataclass | namespace | instance
+#   sequence class items          collections.deque, array.array
+#   ndarray class dtype shape items        dtype: numpy dtype kind ("i", "u", "f", ...)
+#   series class dtype name index items    dataframe class index columns [[name, dtype, items]]
+#   object class repr             anything else: never equal to anything (the fallback)
+#
+# Subclasses of the builtins (bool, int, float, complex, str, bytes, list, tuple, set,
+# dict) encode as their base type, with "class" noted; enums and namedtuples are the
+# exceptions. Type checks walk the real type's __mro__ (never isinstance, which consults
+# a user-defined __class__), so a class that only borrows a name (module "datetime",
+# qualname "datetime") is not a datetime. numpy and pandas are never imported here: their
+# values are recognised only when the code under test has imported them.
+
+MAX_ITEMS = 100_000  # elements of one numpy array / pandas object
+_TYPE_MRO = type.__dict__["__mro__"].__get__  # captured before untrusted code runs
+_TYPE_MODULE = type.__dict__["__module__"].__get__
+_TYPE_QUALNAME = type.__dict__["__qualname__"].__get__
+_BUILTIN_TAGS = ((bool, "bool"), (int, "int"), (float, "float"), (complex, "complex"), (str, "str"),
+                 (bytes, "bytes"), (bytearray, "bytes"), (dict, "dict"), (list, "list"), (tuple, "tuple"),
+                 (set, "set"), (frozenset, "set"))
+# Bases that hold no state of their own: a class from the code under test may mix them in
+# and still be compared by its fields.
+_STATELESS_BASES = {"builtins.object", "abc.ABC", "typing.Generic", "typing.Protocol"}
+USER_MODULE = "solution"  # the module the code under test runs as (run_job)
+
+
+def qualified_name(cls) -> str:
+    """module.qualname of a class, read with type's own descriptors (no user code runs)."""
+    try:
+        mod, qual = _TYPE_MODULE(cls), _TYPE_QUALNAME(cls)
+    except Exception:  # noqa: BLE001
+        return "?"
+    return f"{mod if type(mod) is str else '?'}.{qual if type(qual) is str else '?'}"[:300]
+
+
+def _module_class(modname: str, clsname: str):
+    """A class of an already-imported module (None if the module is not loaded)."""
+    mod = sys.modules.get(modname)
+    cls = getattr(mod, clsname, None) if mod is not None else None
+    return cls if type(cls) is type or isinstance(cls, type) else None
+
+
+class EncodeLimit(ValueError):
+    """A value too deep or too large to encode: the call fails (never the fallback)."""
+
+
+_ATOMS = {type(None): lambda x: {"type": "none"}, bool: lambda x: {"type": "bool", "value": x},
+          str: lambda x: {"type": "str", "value": x}}
 
 
 def encode(x, depth: int = 0, seen: frozenset = frozenset()):
-    """Python value -> plain-data, type-tagged JSON. Runs here, in the sandbox: the
-    parent never sees a live object, so a rigged __eq__ cannot fool the comparison."""
+    """Python value -> plain-data, type-tagged JSON (format above). Runs here, in the
+    sandbox: the parent never sees a live object, so a rigged __eq__ cannot fool the
+    comparison. Raises EncodeLimit (a ValueError) past MAX_DEPTH levels or MAX_ITEMS
+    array elements; anything else that goes wrong while reading a value (a raising
+    property, __iter__, tzinfo, ...) makes that value the never-equal {"type": "object"};
+    our own timeout still fails the call."""
     if depth > MAX_DEPTH:
-        raise ValueError("value nested too deeply")
-    if x is None:
-        return {"type": "none"}
-    if isinstance(x, bool):
-        return {"type": "bool", "value": bool(x)}
-    if isinstance(x, int):
-        x = int(x)
-        if x.bit_length() > 10_000:
-            return {"type": "int", "hex": hex(x)}
-        return {"type": "int", "value": x}
-    if isinstance(x, float):
-        return {"type": "float", "value": _enc_float(float(x))}
-    if isinstance(x, complex):
-        return {"type": "complex", "real": _enc_float(x.real), "imag": _enc_float(x.imag)}
-    if isinstance(x, str):
-        return {"type": "str", "value": str.__str__(x)}
-    if isinstance(x, (bytes, bytearray)):
-        return {"type": "bytes", "hex": bytes(x).hex()}
-    if isinstance(x, (list, tuple, set, frozenset, dict)):
-        if id(x) in seen:
-            return {"type": "object", "repr": "<cycle>"}
-        seen = seen | {id(x)}
-        if isinstance(x, dict):
-            items = [[encode(k, depth + 1, seen), encode(v, depth + 1, seen)] for k, v in list(x.items())]
-            return {"type": "dict", "items": items}
-        items = [encode(v, depth + 1, seen) for v in list(x)]
-        if isinstance(x, (set, frozenset)):
-            items.sort(key=lambda e: json.dumps(e, sort_keys=True))
-            return {"type": "set", "items": items}
-        return {"type": "tuple" if isinstance(x, tuple) else "list", "items": items}
+        raise EncodeLimit("value nested too deeply")
+    cls = type(x)
+    atom = _ATOMS.get(cls)
+    if atom is not None:
+        return atom(x)
+    if cls is int or cls is float:
+        return _encode_builtin(x, cls, cls.__name__, None)
+    if id(x) in seen:
+        return {"type": "object", "class": qualified_name(cls), "repr": "<cycle>"}
+    try:
+        mro = _TYPE_MRO(cls)
+        enc = _encode_known(x, cls, mro, depth, seen | {id(x)})
+    except EncodeLimit:
+        raise
+    except Exception:  # noqa: BLE001 - hostile properties, __iter__, ...: fall back
+        enc = None
+    return enc if enc is not None else _fallback(x, cls)
+
+
+def _fallback(x, cls) -> dict:
     try:
         r = repr(x)
-    except BaseException as e:  # noqa: BLE001 - untrusted __repr__
+    except Exception as e:  # noqa: BLE001 - untrusted __repr__
         r = f"<unrepresentable {type(e).__name__}>"
-    return {"type": "object", "class": type(x).__name__, "repr": str(r)[:1000]}
+    return {"type": "object", "class": qualified_name(cls), "repr": str.__str__(r)[:1000] if isinstance(r, str) else "?"}
+
+
+def _tagged(enc: dict, cls, builtin) -> dict:
+    if cls is not builtin:
+        enc["class"] = qualified_name(cls)
+    return enc
+
+
+def _encode_known(x, cls, mro, depth, seen):
+    sub = lambda v: encode(v, depth + 1, seen)  # noqa: E731
+    name = qualified_name(cls)
+    enum_base = _module_class("enum", "Enum")
+    if enum_base is not None and enum_base in mro:
+        return {"type": "enum", "class": name, "name": str(x._name_), "value": sub(x._value_)}
+    if tuple in mro and cls is not tuple:
+        fields = getattr(cls, "_fields", None)
+        if type(fields) is tuple and all(type(f) is str for f in fields):
+            items = list(tuple.__iter__(x))
+            if len(items) == len(fields):
+                return {"type": "record", "class": name, "kind": "namedtuple",
+                        "fields": [[f, sub(v)] for f, v in zip(fields, items)]}
+    if type in mro:
+        return {"type": "class", "name": qualified_name(x)}
+    for base, tag in _BUILTIN_TAGS:
+        if base in mro:
+            return _tagged(_encode_builtin(x, base, tag, sub), cls, base)
+    kind = _stdlib_kind(mro)
+    if kind is not None:
+        return _encode_stdlib(x, kind, name, sub)
+    np_kind = _numpy_kind(mro)
+    if np_kind == "scalar":
+        v = x.item()
+        if type(v) is cls:  # e.g. longdouble: item() gives the same type back
+            v = complex(x) if x.dtype.kind == "c" else float(x)
+        enc = sub(v)
+        enc["class"] = name
+        return enc
+    if np_kind == "ndarray":
+        return _encode_ndarray(x, name, sub)
+    pd_kind = _pandas_kind(mro)
+    if pd_kind is not None:
+        return _encode_pandas(x, pd_kind, name, sub)
+    fields = _record_fields(x, cls, mro)
+    if fields is not None:
+        kind, items = fields
+        return {"type": "record", "class": name, "kind": kind, "fields": [[f, sub(v)] for f, v in items]}
+    return None
+
+
+def _encode_builtin(x, base, tag, sub) -> dict:
+    if tag == "bool":  # bool cannot be subclassed
+        return {"type": "bool", "value": x is True}
+    if tag == "int":
+        v = int.__int__(x)
+        return {"type": "int", "hex": hex(v)} if v.bit_length() > 10_000 else {"type": "int", "value": v}
+    if tag == "float":
+        return {"type": "float", "value": _enc_float(float.__float__(x))}
+    if tag == "complex":
+        return {"type": "complex", "real": _enc_float(complex.__dict__["real"].__get__(x)),
+                "imag": _enc_float(complex.__dict__["imag"].__get__(x))}
+    if tag == "str":
+        return {"type": "str", "value": str.__str__(x)}
+    if tag == "bytes":
+        return {"type": "bytes", "hex": base.hex(x)}
+    if tag == "dict":
+        return {"type": "dict", "items": [[sub(k), sub(v)] for k, v in list(dict.items(x))]}
+    items = [sub(v) for v in list(base.__iter__(x))]
+    if tag == "set":
+        items.sort(key=lambda e: json.dumps(e, sort_keys=True))
+    return {"type": tag, "items": items}
+
+
+_STDLIB = (("datetime", "datetime", "datetime"), ("datetime", "date", "date"), ("datetime", "time", "time"),
+           ("datetime", "timedelta", "timedelta"), ("decimal", "Decimal", "decimal"),
+           ("fractions", "Fraction", "fraction"), ("collections", "deque", "sequence"),
+           ("array", "array", "sequence"), ("builtins", "range", "sequence"),
+           ("types", "SimpleNamespace", "namespace"))
+
+
+def _stdlib_kind(mro):
+    for mod, clsname, kind in _STDLIB:  # datetime before date: datetime is a date subclass
+        c = _module_class(mod, clsname)
+        if c is not None and c in mro:
+            return kind
+    return None
+
+
+def _encode_stdlib(x, kind, name, sub) -> dict:
+    if kind in _DATETIME_FIELDS:
+        base = _module_class("datetime", kind)
+        enc = {"type": kind, "class": name,
+               "value": [int.__int__(getattr(base, f).__get__(x, base)) for f in _DATETIME_FIELDS[kind]]}
+        if kind in ("datetime", "time"):
+            enc["utcoffset"] = _timedelta_us(base.utcoffset(x))
+        return enc
+    if kind == "decimal":
+        return {"type": "decimal", "class": name, "value": _module_class("decimal", "Decimal").__str__(x)}
+    if kind == "fraction":
+        return {"type": "fraction", "class": name, "numerator": sub(int.__int__(x.numerator)),
+                "denominator": sub(int.__int__(x.denominator))}
+    if kind == "sequence":
+        _check_size(len(x))
+        return {"type": "sequence", "class": name, "items": [sub(v) for v in list(x)]}
+    # namespace: a SimpleNamespace is its attributes
+    d = object.__getattribute__(x, "__dict__")
+    return {"type": "record", "class": name, "kind": "namespace", "fields": [[str(k), sub(v)] for k, v in dict.items(d)]}
+
+
+_DATETIME_FIELDS = {"datetime": ("year", "month", "day", "hour", "minute", "second", "microsecond"),
+                    "date": ("year", "month", "day"), "time": ("hour", "minute", "second", "microsecond"),
+                    "timedelta": ("days", "seconds", "microseconds")}
+
+
+def _timedelta_us(td):
+    """A timedelta (a utcoffset) in microseconds; None stays None (naive)."""
+    if td is None:
+        return None
+    base = _module_class("datetime", "timedelta")
+    days, secs, us = (int.__int__(getattr(base, f).__get__(td, base)) for f in _DATETIME_FIELDS["timedelta"])
+    return (days * 86_400 + secs) * 1_000_000 + us
+
+
+def _numpy_kind(mro):
+    if sys.modules.get("numpy") is None:
+        return None
+    for c in mro:
+        n = qualified_name(c)
+        if n == "numpy.ndarray":
+            return "ndarray"
+        if n == "numpy.generic":
+            return "scalar"
+    return None
+
+
+def _check_size(n) -> None:
+    if int(n) > MAX_ITEMS:
+        raise EncodeLimit(f"value too large (more than {MAX_ITEMS} elements)")
+
+
+def _encode_ndarray(x, name, sub) -> dict:
+    _check_size(x.size)
+    shape = [int(d) for d in x.shape]
+    return {"type": "ndarray", "class": name, "dtype": str(x.dtype.kind), "shape": shape,
+            "items": [sub(v) for v in x.ravel().tolist()]}
+
+
+def _pandas_kind(mro):
+    if sys.modules.get("pandas") is None:
+        return None
+    for c in mro:
+        n = qualified_name(c)
+        if n.startswith("pandas.") and n.endswith((".Series", ".DataFrame")):
+            return n.rpartition(".")[2].lower()
+    return None
+
+
+def _encode_pandas(x, kind, name, sub) -> dict:
+    _check_size(x.size)
+    index = sub(x.index.tolist())
+    if kind == "series":
+        return {"type": "series", "class": name, "dtype": str(x.dtype.kind), "name": sub(x.name), "index": index,
+                "items": [sub(v) for v in x.tolist()]}
+    columns = []
+    for j, col in enumerate(x.columns.tolist()):
+        s = x.iloc[:, j]
+        columns.append([sub(col), str(s.dtype.kind), [sub(v) for v in s.tolist()]])
+    return {"type": "dataframe", "class": name, "index": index, "columns": columns}
+
+
+def _record_fields(x, cls, mro):
+    """(kind, [(name, value)]) for dataclasses and for instances of classes defined by the
+    code under test (module USER_MODULE, stateless mixins allowed): their state is their
+    fields. None for anything else (the fallback)."""
+    dc_fields = getattr(cls, "__dataclass_fields__", None)
+    dataclasses = sys.modules.get("dataclasses")
+    if type(dc_fields) is dict and dataclasses is not None:
+        return "dataclass", [(f.name, getattr(x, f.name)) for f in dataclasses.fields(x) if f.compare]
+    for c in mro:
+        n = qualified_name(c)
+        if not (n.startswith(USER_MODULE + ".") or n in _STATELESS_BASES):
+            return None
+    items = []
+    try:
+        d = object.__getattribute__(x, "__dict__")
+    except AttributeError:
+        d = {}
+    if type(d) is not dict:
+        return None
+    items.extend((str(k), v) for k, v in dict.items(d))
+    for c in mro:
+        cdict = type.__dict__["__dict__"].__get__(c)
+        slots = cdict.get("__slots__", ())
+        for slot in (slots,) if type(slots) is str else slots:
+            if type(slot) is not str or slot in ("__dict__", "__weakref__"):
+                continue
+            if slot.startswith("__") and not slot.endswith("__"):  # name mangling
+                slot = "_" + _TYPE_QUALNAME(c).rpartition(".")[2].lstrip("_") + slot
+            descr = cdict.get(slot)
+            try:
+                items.append((str(slot), descr.__get__(x, cls)))
+            except AttributeError:  # slot never set
+                pass
+    return "instance", items
 
 
 def _enc_float(f: float):

@@ -11,8 +11,10 @@ Departures from the reference implementation (deliberate):
   function's locals in our process: imports, helpers and recursion work; print/open are
   allowed (the sandbox contains them) instead of zeroing the answer;
 - floats compare with a tolerance (rel 1e-6, abs 1e-9) instead of exactly;
-- values are compared as plain data in this process, so objects with a rigged __eq__
-  never pass;
+- values are compared as plain data in this process, structurally (type tag, qualified
+  class name, fields or items; see `values_equal`), so objects with a rigged __eq__ never
+  pass, and datetimes, type objects, Decimals, enums, dataclasses, numpy arrays... compare
+  without ever being live objects here;
 - a test whose reference call fails is a task bug: it counts as failed for everyone and
   the reason is recorded in Score.detail.
 """
@@ -25,6 +27,9 @@ import math
 import re
 import threading
 from concurrent.futures import as_completed
+from datetime import date as _date
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any, Iterator, Sequence
 
 from colbench.scoring.sandbox import CallOutcome, SandboxPool
@@ -33,7 +38,14 @@ from colbench.types import Score, Task
 # The rules that decide whether a test passes (value encoding, comparison, seeding). Bump it
 # when any of them changes: episodes and leaderboards record it, and cached reference
 # validations are keyed by it, so results scored under different rules never mix.
-SCORING_VERSION = 1
+# 1: plain data only (builtin scalars and containers); anything else never equal.
+# 2: structural equality (values_equal): values encoded by qualified type name + fields or
+#    items, so datetime/date/time/timedelta, Decimal, Fraction, type objects, enums,
+#    namedtuples, dataclasses, instances of the code's own classes, numpy scalars and
+#    arrays, pandas Series/DataFrame compare (and references returning them are usable);
+#    numpy/pandas number scalars equal the Python numbers they hold; plus the sandbox's
+#    seeding.
+SCORING_VERSION = 2
 
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -53,61 +65,171 @@ def extract_code(text: str) -> str:
 
 # ---------------------------------------------------------------- value comparison
 
-_NUMERIC = ("int", "float")
+_NUMERIC = ("int", "float", "decimal", "fraction")
+# Tags compared by value alone, whatever the value's class (a subclass of a builtin, a
+# numpy scalar, a Decimal subclass): as Python's == does. Every other tag needs equal
+# "class" (qualified type names) on both sides.
+_CLASS_BLIND = frozenset(_NUMERIC + ("none", "bool", "complex", "str", "bytes", "list", "tuple", "set", "dict"))
+_EXACT_DECIMAL_EXPONENT = 1000  # Decimals beyond 10**±this compare as floats
 
 
-def _number(v: dict) -> int | float:
-    if v["type"] == "int":
-        return int(v["hex"], 16) if "hex" in v else v["value"]
-    x = v["value"]
-    return float(x) if isinstance(x, str) else x  # "nan", "inf", "-inf"
+def _int(v: dict) -> int:
+    if v.get("type") != "int":
+        raise ValueError("not an int encoding")
+    x = int(v["hex"], 16) if "hex" in v else v["value"]
+    if type(x) is not int:
+        raise ValueError("malformed int encoding")
+    return x
 
 
-def _close(x: int | float, y: int | float, rel_tol: float, abs_tol: float) -> bool:
-    if isinstance(x, int) and isinstance(y, int):
-        return x == y
-    x, y = float(x), float(y)
+def _number(v: dict) -> int | float | Fraction:
+    """The real number an encoded int/float/decimal/fraction stands for: int or Fraction
+    (exact), or float (binary floating point, nan and infinities included)."""
+    t = v["type"]
+    if t == "int":
+        return _int(v)
+    if t == "float":
+        x = v["value"]
+        return float(x) if isinstance(x, str) else x  # "nan", "inf", "-inf"
+    if t == "fraction":
+        return Fraction(_int(v["numerator"]), _int(v["denominator"]))
+    if t == "decimal":
+        try:
+            d = Decimal(v["value"])
+        except ArithmeticError as e:  # InvalidOperation: not a number string
+            raise ValueError("malformed decimal encoding") from e
+        if not d.is_finite():
+            return float("nan") if d.is_nan() else float(d)
+        exp = d.as_tuple().exponent
+        return Fraction(d) if abs(exp) <= _EXACT_DECIMAL_EXPONENT else float(d)
+    raise ValueError(f"not a number: {t}")
+
+
+def _close(x: int | float | Fraction, y: int | float | Fraction, rel_tol: float, abs_tol: float) -> bool:
+    if not isinstance(x, float) and not isinstance(y, float):
+        return x == y  # int / Fraction: exactly
+    try:
+        x, y = float(x), float(y)
+    except OverflowError:  # an exact number beyond the float range never equals a float
+        return False
     if math.isnan(x) or math.isnan(y):
         return math.isnan(x) and math.isnan(y)
     return math.isclose(x, y, rel_tol=rel_tol, abs_tol=abs_tol)  # infinities: equal only to themselves
 
 
+def _instant_us(v: dict) -> tuple[bool, int]:
+    """(aware, microseconds) of an encoded datetime or time: aware values as UTC, so two
+    aware values are equal when they name the same instant (as Python's == says)."""
+    f = [int(x) for x in v["value"]]
+    if v["type"] == "datetime":
+        days = _date(f[0], f[1], f[2]).toordinal()
+        f = [days, *f[3:]]
+    else:
+        f = [0, *f]
+    us = (((f[0] * 24 + f[1]) * 60 + f[2]) * 60 + f[3]) * 1_000_000 + f[4]
+    off = v.get("utcoffset")
+    return off is not None, us - (int(off) if off is not None else 0)
+
+
+def _timedelta_us(v: dict) -> int:
+    days, secs, us = (int(x) for x in v["value"])
+    return (days * 86_400 + secs) * 1_000_000 + us
+
+
+_INTEGER_KINDS = {"i": "int", "u": "int"}  # numpy dtype kinds: signed and unsigned integers alike
+
+
+def _dtype(kind: Any) -> Any:
+    return _INTEGER_KINDS.get(kind, kind)
+
+
 def canonical(v: dict) -> str:
-    """A string key for exact matching of set elements and dict keys; integral floats
-    normalise to ints, as Python hashes 1 and 1.0 alike."""
+    """A string key for exact matching of set elements and dict keys: values that
+    `values_equal` calls equal with zero tolerance get the same key (integral numbers of any
+    numeric type as ints, as Python hashes 1, 1.0, Decimal(1) and Fraction(1) alike; aware
+    datetimes as their UTC instant; class-blind tags without their class; unordered parts
+    sorted). Keys that differ may still hold tolerance-equal values (see `_match`)."""
+    return json.dumps(_canon(v), sort_keys=True)
 
-    def norm(x: Any) -> Any:
-        if isinstance(x, dict):
-            if x.get("type") == "float" and isinstance(x.get("value"), float) and x["value"].is_integer():
-                return {"type": "int", "value": int(x["value"])}
-            return {k: norm(val) for k, val in x.items()}
-        if isinstance(x, list):
-            return [norm(e) for e in x]
-        return x
 
-    return json.dumps(norm(v), sort_keys=True)
+def _canon(v: Any) -> Any:
+    if not isinstance(v, dict):
+        return [_canon(x) for x in v] if isinstance(v, list) else v
+    t = v.get("type")
+    try:
+        if t in _NUMERIC:
+            x = _number(v)
+            if isinstance(x, float) and math.isfinite(x) and x.is_integer():
+                x = int(x)
+            elif isinstance(x, Fraction):
+                if x.denominator == 1:
+                    x = int(x)
+                else:
+                    try:
+                        x = float(x) if Fraction(float(x)) == x else str(x)
+                    except OverflowError:
+                        x = str(x)
+            return {"type": "number", "value": x if not isinstance(x, float) or math.isfinite(x) else str(x)}
+        if t in ("datetime", "time"):
+            return {"type": t, "class": v.get("class"), "instant": _instant_us(v)}
+        if t == "timedelta":
+            return {"type": t, "class": v.get("class"), "us": _timedelta_us(v)}
+    except (ValueError, TypeError, KeyError, ArithmeticError, AttributeError):
+        pass  # malformed: keyed as it is (the comparison decides)
+    out = {k: _canon(x) for k, x in v.items() if not (k == "class" and t in _CLASS_BLIND)}
+    if t == "set":
+        out["items"] = sorted(out["items"], key=lambda e: json.dumps(e, sort_keys=True))
+    elif t in ("dict", "record"):
+        key = "items" if t == "dict" else "fields"
+        out[key] = sorted(out[key], key=lambda e: json.dumps(e, sort_keys=True))
+    return out
 
 
 def values_equal(a: dict, b: dict, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:
-    """Equality of two values in the sandbox's plain-data encoding.
+    """Equality of two values in the sandbox's plain-data encoding (format in
+    colbench/scoring/_sandbox_child.py, above `encode`). Structural: type tags, qualified
+    class names, fields and items; no object from the code under test ever exists here.
 
-    Rules (close to Python's ==, stricter where == hides bugs):
-    - int and float compare numerically; ints with each other exactly, anything with a
-      float within rel_tol/abs_tol; nan equals nan; inf only equals inf of the same sign;
+    Numbers (close to Python's ==, with a tolerance for binary floating point):
+    - int, float, Decimal, Fraction and numpy integer/floating scalars are one family,
+      compared by value whatever their class: exact numbers (int, Fraction, Decimal)
+      with each other exactly; anything with a float within rel_tol/abs_tol (so, unlike
+      ==, Decimal('0.1') equals 0.1); nan equals nan; inf only equals inf of the same sign.
+      numpy.float64(2.0) == 2 and numpy.int64(3) == 3, as == says;
     - bool is its own type: True != 1 (Python says equal; an answer returning True for a
-      count is wrong);
-    - list != tuple (as in Python); set == frozenset (as in Python); dict order ignored;
-    - complex compares part-wise with the tolerance; str and bytes exactly;
-    - {"type": "object"} (anything else: class instances, functions, ...) never equals
-      anything, itself included.
+      count is wrong); numpy.bool_ is a bool; complex compares part-wise with the tolerance.
+    Builtin containers and strings (as before, subclasses like theirs base):
+    - list != tuple (as in Python); set == frozenset; dict order ignored; str and bytes
+      exactly; OrderedDict/Counter/defaultdict compare as dicts, str subclasses as str.
+    Everything else needs the same qualified class name (module.qualname) on both sides,
+    stricter than == (no cross-type equality):
+    - datetime, date, time, timedelta: date != datetime; naive datetimes/times by their
+      fields, aware ones by UTC instant (as ==), naive != aware; timedeltas by duration;
+    - type objects (e.g. [int, str]) by qualified name;
+    - enums by class and member (an IntEnum member != its int), namedtuples, dataclasses
+      (fields with compare=True), SimpleNamespace and instances of classes defined by the
+      code under test ("record": class + field names + field values; a namedtuple !=
+      a plain tuple). Reference and answer run in separate sandboxes, so their classes
+      match by name, never by identity;
+    - collections.deque, array.array, range: class + items in order;
+    - numpy arrays: dtype kind (signed and unsigned ints alike; int != float arrays) +
+      shape + items (ints exactly, floats with the tolerance); pandas Series: dtype kind,
+      name, index and items; DataFrame: index and columns (name, dtype kind, items), in order;
+    - {"type": "object"} (the one fallback: functions, generators, exceptions, instances of
+      library classes, cycles, values whose reading raised) never equals anything, itself
+      included.
     Set elements and dict keys are matched exactly (see `canonical`), then, for small
-    containers, with the tolerance.
+    containers, with the tolerance. Raises ValueError, TypeError, KeyError or
+    ArithmeticError on a malformed encoding.
     """
     ta, tb = a.get("type"), b.get("type")
     if ta in _NUMERIC and tb in _NUMERIC:
         return _close(_number(a), _number(b), rel_tol, abs_tol)
     if ta != tb or ta == "object":
         return False
+    if ta not in _CLASS_BLIND and a.get("class") != b.get("class"):
+        return False
+    eq = lambda x, y: values_equal(x, y, rel_tol, abs_tol)  # noqa: E731
     if ta == "none":
         return True
     if ta in ("bool", "str"):
@@ -116,19 +238,40 @@ def values_equal(a: dict, b: dict, rel_tol: float = 1e-6, abs_tol: float = 1e-9)
         return a["hex"] == b["hex"]
     if ta == "complex":
         return all(_close(float(a[k]), float(b[k]), rel_tol, abs_tol) for k in ("real", "imag"))
-    if ta in ("list", "tuple"):
-        return len(a["items"]) == len(b["items"]) and all(
-            values_equal(x, y, rel_tol, abs_tol) for x, y in zip(a["items"], b["items"])
-        )
+    if ta in ("list", "tuple", "sequence"):
+        return _pairwise(a["items"], b["items"], eq)
     if ta == "set":
-        return _match(a["items"], b["items"], lambda x, y: values_equal(x, y, rel_tol, abs_tol), lambda x: x)
+        return _match(a["items"], b["items"], eq, lambda x: x)
     if ta == "dict":
-        return _match(
-            a["items"], b["items"],
-            lambda x, y: values_equal(x[0], y[0], rel_tol, abs_tol) and values_equal(x[1], y[1], rel_tol, abs_tol),
-            lambda kv: kv[0],
-        )
+        return _match(a["items"], b["items"], lambda x, y: eq(x[0], y[0]) and eq(x[1], y[1]), lambda kv: kv[0])
+    if ta in ("datetime", "time"):
+        return _instant_us(a) == _instant_us(b)
+    if ta == "date":
+        return [int(x) for x in a["value"]] == [int(x) for x in b["value"]]
+    if ta == "timedelta":
+        return _timedelta_us(a) == _timedelta_us(b)
+    if ta == "class":
+        return a["name"] == b["name"]
+    if ta == "enum":
+        return a["name"] == b["name"] and eq(a["value"], b["value"])
+    if ta == "record":
+        fa, fb = dict(a["fields"]), dict(b["fields"])
+        return a.get("kind") == b.get("kind") and fa.keys() == fb.keys() and all(eq(fa[k], fb[k]) for k in fa)
+    if ta == "ndarray":
+        return (_dtype(a["dtype"]) == _dtype(b["dtype"]) and list(a["shape"]) == list(b["shape"])
+                and _pairwise(a["items"], b["items"], eq))
+    if ta == "series":
+        return (_dtype(a["dtype"]) == _dtype(b["dtype"]) and eq(a["name"], b["name"]) and eq(a["index"], b["index"])
+                and _pairwise(a["items"], b["items"], eq))
+    if ta == "dataframe":
+        return eq(a["index"], b["index"]) and _pairwise(
+            a["columns"], b["columns"],
+            lambda x, y: eq(x[0], y[0]) and _dtype(x[1]) == _dtype(y[1]) and _pairwise(x[2], y[2], eq))
     return False
+
+
+def _pairwise(xs: list, ys: list, eq) -> bool:
+    return len(xs) == len(ys) and all(eq(x, y) for x, y in zip(xs, ys))
 
 
 def _match(xs: list, ys: list, eq, key, greedy_max: int = 200) -> bool:
@@ -162,14 +305,21 @@ def _match(xs: list, ys: list, eq, key, greedy_max: int = 200) -> bool:
 
 def render(v: Any, limit: int = 200) -> str:
     """A short human-readable form of an encoded value, for reports."""
-    s = json.dumps(v, ensure_ascii=False) if not (isinstance(v, dict) and "type" in v) else _render(v)
+    try:
+        s = _render(v) if isinstance(v, dict) and "type" in v else json.dumps(v, ensure_ascii=False)
+    except Exception:  # noqa: BLE001 - a malformed encoding: show it raw
+        s = json.dumps(v, ensure_ascii=False, default=str)
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
 def _render(v: dict) -> str:
     t = v["type"]
-    if t in ("int", "float"):
-        return repr(_number(v))
+    cls = v.get("class")
+    if t in _NUMERIC:
+        x = _number(v)
+        text = {"decimal": f"Decimal('{v['value']}')", "fraction": f"Fraction({x.numerator}, {x.denominator})"
+                if isinstance(x, Fraction) else repr(x)}.get(t, repr(x))
+        return f"{_short(cls)}({text})" if cls and t in ("int", "float") else text
     if t == "none":
         return "None"
     if t in ("bool", "str"):
@@ -183,7 +333,48 @@ def _render(v: dict) -> str:
         return {"list": f"[{inner}]", "tuple": f"({inner}{',' if len(v['items']) == 1 else ''})", "set": f"{{{inner}}}"}[t]
     if t == "dict":
         return "{" + ", ".join(f"{_render(k)}: {_render(x)}" for k, x in v["items"]) + "}"
-    return f"<object {v.get('repr', '')}>"
+    if t in ("datetime", "date", "time", "timedelta"):
+        f = [int(x) for x in v["value"]]
+        if t == "timedelta":
+            text = ", ".join(f"{k}={x}" for k, x in zip(("days", "seconds", "microseconds"), f) if x)
+        else:
+            keep = 3 if t == "date" else len(f)
+            while keep > (5 if t == "datetime" else 2) and f[keep - 1] == 0:  # as repr: drop zero seconds/us
+                keep -= 1
+            text = ", ".join(map(str, f[:keep]))
+            if v.get("utcoffset") is not None:
+                text += f", utcoffset={v['utcoffset'] / 1e6:g}s"
+        return f"{cls}({text})"
+    if t == "class":
+        name = v["name"]
+        return f"<class '{name.removeprefix('builtins.')}'>"
+    if t == "enum":
+        return f"<{cls}.{v['name']}: {_render(v['value'])}>"
+    if t == "record":
+        return f"{cls}(" + ", ".join(f"{k}={_render(x)}" for k, x in v["fields"]) + ")"
+    if t == "sequence":
+        return f"{cls}([" + ", ".join(_render(x) for x in v["items"]) + "])"
+    if t == "ndarray":
+        return f"{_short(cls)}({_nested([_render(x) for x in v['items']], list(v['shape']))}, kind={v['dtype']!r})"
+    if t == "series":
+        return (f"Series({_render({'type': 'list', 'items': v['items']})}, index={_render(v['index'])}, "
+                f"name={_render(v['name'])})")
+    if t == "dataframe":
+        cols = ", ".join(f"{_render(n)}: {_render({'type': 'list', 'items': items})}" for n, _, items in v["columns"])
+        return f"DataFrame({{{cols}}}, index={_render(v['index'])})"
+    return f"<object {cls + ' ' if cls else ''}{v.get('repr', '')}>".replace("  ", " ")
+
+
+def _short(cls: str | None) -> str:
+    return (cls or "").rpartition(".")[2]
+
+
+def _nested(items: list[str], shape: list[int]) -> str:
+    """Flat rendered items as nested lists of `shape` (row-major)."""
+    if len(shape) <= 1:
+        return "[" + ", ".join(items) + "]" if shape else (items[0] if items else "[]")
+    step = len(items) // shape[0] if shape[0] else 0
+    return "[" + ", ".join(_nested(items[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])) + "]"
 
 
 # ---------------------------------------------------------------- scoring
@@ -283,7 +474,7 @@ def _score_one(task: Task, ref: list[CallOutcome], got: list[CallOutcome]) -> Sc
                 row["passed"] = values_equal(r.value, a.value)
                 if not row["passed"]:
                     row["expected"], row["got"] = render(r.value), render(a.value)
-            except (RecursionError, ValueError, TypeError, KeyError) as e:  # malformed value: a failed test
+            except (RecursionError, ValueError, TypeError, KeyError, ArithmeticError, AttributeError) as e:  # malformed
                 row["error"] = f"cannot compare values: {type(e).__name__}"
         n_pass += row["passed"]
         rows.append(row)

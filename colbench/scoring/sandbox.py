@@ -406,31 +406,80 @@ def _valid_scalar(v: dict) -> bool:
     if t == "bool":
         return isinstance(v.get("value"), bool)
     if t == "int":
-        x = v.get("value", v.get("hex"))
-        return (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, str) and "hex" in v)
+        return _is_int(v)
     if t == "float":
         return _is_float(v.get("value"))
     if t == "complex":
         return _is_float(v.get("real")) and _is_float(v.get("imag"))
-    if t == "str":
+    if t in ("str", "decimal"):
         return isinstance(v.get("value"), str)
     if t == "bytes":
         return isinstance(v.get("hex"), str)
+    if t in _FIELD_COUNTS:
+        f = v.get("value")
+        return (isinstance(f, list) and len(f) == _FIELD_COUNTS[t] and all(_is_plain_int(x) for x in f)
+                and (t not in ("datetime", "time") or v.get("utcoffset") is None or _is_plain_int(v["utcoffset"])))
+    if t == "class":
+        return isinstance(v.get("name"), str)
     return t == "object"
 
 
+_FIELD_COUNTS = {"datetime": 7, "date": 3, "time": 4, "timedelta": 3}
+
+
+def _is_plain_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_int(v: Any) -> bool:
+    if not isinstance(v, dict) or v.get("type") != "int":
+        return False
+    x = v.get("value", v.get("hex"))
+    return _is_plain_int(x) or (isinstance(x, str) and "hex" in v)
+
+
+def _valid_items(items: Any, depth: int) -> bool:
+    return isinstance(items, list) and all(_valid_value(x, depth + 1) for x in items)
+
+
 def _valid_value(v: Any, depth: int = 0) -> bool:
-    """Whether v is a well-formed plain-data encoding (it came from an untrusted process)."""
+    """Whether v is a well-formed encoding (format: _sandbox_child.py, above `encode`); it
+    came from an untrusted process."""
     if depth > 200 or not isinstance(v, dict) or not isinstance(v.get("type"), str):
         return False
+    if "class" in v and not isinstance(v["class"], str):
+        return False
     t = v["type"]
-    if t in ("list", "tuple", "set"):
-        return isinstance(v.get("items"), list) and all(_valid_value(x, depth + 1) for x in v["items"])
+    if t in ("list", "tuple", "set", "sequence"):
+        return _valid_items(v.get("items"), depth)
     if t == "dict":
         items = v.get("items")
         return isinstance(items, list) and all(
             isinstance(kv, list) and len(kv) == 2 and _valid_value(kv[0], depth + 1) and _valid_value(kv[1], depth + 1)
             for kv in items
+        )
+    if t == "fraction":
+        return _is_int(v.get("numerator")) and _is_int(v.get("denominator"))
+    if t == "enum":
+        return isinstance(v.get("name"), str) and _valid_value(v.get("value"), depth + 1)
+    if t == "record":
+        fields = v.get("fields")
+        return isinstance(v.get("kind"), str) and isinstance(fields, list) and all(
+            isinstance(f, list) and len(f) == 2 and isinstance(f[0], str) and _valid_value(f[1], depth + 1)
+            for f in fields
+        )
+    if t == "ndarray":
+        shape = v.get("shape")
+        return (isinstance(v.get("dtype"), str) and isinstance(shape, list) and all(_is_plain_int(d) for d in shape)
+                and _valid_items(v.get("items"), depth))
+    if t == "series":
+        return (isinstance(v.get("dtype"), str) and _valid_value(v.get("name"), depth + 1)
+                and _valid_value(v.get("index"), depth + 1) and _valid_items(v.get("items"), depth))
+    if t == "dataframe":
+        cols = v.get("columns")
+        return _valid_value(v.get("index"), depth + 1) and isinstance(cols, list) and all(
+            isinstance(c, list) and len(c) == 3 and _valid_value(c[0], depth + 1) and isinstance(c[1], str)
+            and _valid_items(c[2], depth) for c in cols
         )
     return _valid_scalar(v)
 

@@ -161,7 +161,7 @@ def test_module_imports_helpers_recursion_and_print():
 def test_plain_data_encoding():
     source = "class C:\n    def __repr__(self):\n        return 'C()'\n\ncyc = []\ncyc.append(cyc)\n"
     calls = ["float('nan')", "-float('inf')", "{3, 1, 2}", "frozenset({'b', 'a'})", "{(1, 2): None}", "b'\\x00a'",
-             "2 ** 40000", "1j", "C()", "cyc", "True"]
+             "2 ** 40000", "1j", "C()", "cyc", "True", "len"]
     v = [o.value for o in run_calls(source, calls, FAST)]
     assert v[0] == {"type": "float", "value": "nan"} and v[1] == {"type": "float", "value": "-inf"}
     assert v[2] == {"type": "set", "items": [{"type": "int", "value": i} for i in (1, 2, 3)]}
@@ -170,9 +170,10 @@ def test_plain_data_encoding():
     assert v[5] == {"type": "bytes", "hex": "0061"}
     assert int(v[6]["hex"], 16) == 2 ** 40000
     assert v[7] == {"type": "complex", "real": 0.0, "imag": 1.0}
-    assert v[8] == {"type": "object", "class": "C", "repr": "C()"}
-    assert v[9]["items"][0] == {"type": "object", "repr": "<cycle>"}
+    assert v[8] == {"type": "record", "class": "solution.C", "kind": "instance", "fields": []}  # the code's own class
+    assert v[9]["items"][0] == {"type": "object", "class": "builtins.list", "repr": "<cycle>"}
     assert v[10] == {"type": "bool", "value": True}
+    assert v[11] == {"type": "object", "class": "builtins.builtin_function_or_method", "repr": "<built-in function len>"}
 
 
 def test_errors_are_reported_per_call():
