@@ -70,7 +70,7 @@ _NUMERIC = ("int", "float", "decimal", "fraction")
 # numpy scalar, a Decimal subclass): as Python's == does. Every other tag needs equal
 # "class" (qualified type names) on both sides.
 _CLASS_BLIND = frozenset(_NUMERIC + ("none", "bool", "complex", "str", "bytes", "list", "tuple", "set", "dict"))
-_EXACT_DECIMAL_EXPONENT = 1000  # Decimals beyond 10**±this compare as floats
+_EXACT_DECIMAL_EXPONENT = 10_000  # Decimals beyond 10**±this compare as floats (inexact)
 
 
 def _int(v: dict) -> int:
