@@ -212,8 +212,8 @@ def test_hostile_values_never_crash_the_scoring(pool):
 # ---------------------------------------------------------------- numpy and pandas
 
 
-def _sandbox_imports(module: str) -> bool:
-    return run_calls(f"import {module}", ["1"], LIMITS)[0].ok
+def _sandbox_imports(module: str, limits: SandboxLimits = LIMITS) -> bool:
+    return run_calls(f"import {module}", ["1"], limits)[0].ok
 
 
 @pytest.fixture(scope="module")
@@ -239,13 +239,20 @@ def test_numpy_values_in_the_sandbox(pool, sandbox_numpy):
     assert passed(pool, t, python, floats, flat) == [[True, True], [False, True], [False, True]]
 
 
+PANDAS_LIMITS = SandboxLimits(cpu_seconds_per_call=5.0, wall_seconds_per_call=10.0, wall_seconds_total=30.0,
+                              memory_mb=1024)  # importing pandas takes ~0.5 s and more than 256 MB
+
+
 @pytest.fixture(scope="module")
-def sandbox_pandas():
-    if not _sandbox_imports("pandas"):
+def pandas_pool():
+    if not _sandbox_imports("pandas", PANDAS_LIMITS):
         pytest.skip("pandas is not importable in the sandbox")
+    with SandboxPool(workers=2, limits=PANDAS_LIMITS) as p:
+        yield p
 
 
-def test_pandas_values_in_the_sandbox(pool, sandbox_pandas):
+def test_pandas_values_in_the_sandbox(pandas_pool):
+    pool = pandas_pool
     ref = ("import pandas as pd\n\ndef table(n):\n"
            "    return pd.DataFrame({'x': list(range(n)), 'y': [i / 3 for i in range(n)]})\n\n"
            "def col(n):\n    return table(n)['y']\n")
