@@ -547,8 +547,11 @@ def _static_reference_problem(task: Task) -> str | None:
 def _compare_runs(task: Task, first: Sequence[Any], second: Sequence[Any]) -> str | None:
     """Why a reference's two runs do not give usable expected values, or None.
 
-    Values arrive in the sandbox's plain-data encoding ({"type": ..., ...}); the two runs
-    must agree exactly (zero tolerance; sets and dicts compare without order)."""
+    Values arrive in the sandbox's type-tagged encoding ({"type": ..., ...}; compared
+    structurally, see colbench.scoring.backend.values_equal); the two runs must agree
+    exactly (zero tolerance; sets and dicts compare without order). Any value the encoding
+    represents (builtins, datetimes, type objects, Decimal, enums, dataclasses, numpy,
+    pandas, ...) is usable; only the never-equal fallback is not (`_has_object`)."""
     from colbench.scoring.backend import render, values_equal
 
     if len(first) != len(task.tests) or len(second) != len(task.tests):
@@ -560,7 +563,8 @@ def _compare_runs(task: Task, first: Sequence[Any], second: Sequence[Any]) -> st
         if _is_none(a.value):
             return f"reference returned None on test {i} `{call}`"
         if _has_object(a.value):
-            return f"reference returned a value that is not plain data on test {i} `{call}`: {render(a.value)}"
+            return (f"reference returned a value that is not plain data (it never compares equal) on test {i} "
+                    f"`{call}`: {render(a.value)}")
         if not b.ok:
             return f"reference failed on the second run of test {i} `{call}`: {b.error}"
         if not values_equal(a.value, b.value, rel_tol=0.0, abs_tol=0.0):
@@ -574,7 +578,9 @@ def _is_none(value: Any) -> bool:
 
 
 def _has_object(value: Any) -> bool:
-    """Whether an encoded value holds something that is not plain data (never compares equal)."""
+    """Whether an encoded value holds the encoding's never-equal fallback, {"type": "object"}
+    (a function, generator, exception, library object, cycle, a value whose reading
+    raised), anywhere inside it: no answer could ever match such a reference."""
     if isinstance(value, dict):
         if value.get("type") == "object":
             return True
