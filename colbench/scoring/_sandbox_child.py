@@ -401,6 +401,7 @@ class EncodeLimit(ValueError):
     """A value too deep or too large to encode: the call fails (never the fallback)."""
 
 
+_CONTAINERS = {list: "list", tuple: "tuple", dict: "dict", set: "set", frozenset: "set"}
 _ATOMS = {type(None): lambda x: {"type": "none"}, bool: lambda x: {"type": "bool", "value": x},
           str: lambda x: {"type": "str", "value": x}}
 
@@ -418,10 +419,16 @@ def encode(x, depth: int = 0, seen: frozenset = frozenset()):
     atom = _ATOMS.get(cls)
     if atom is not None:
         return atom(x)
-    if cls is int or cls is float:
-        return _encode_builtin(x, cls, cls.__name__, None)
+    if cls is int:
+        return {"type": "int", "value": x} if x.bit_length() <= 10_000 else {"type": "int", "hex": hex(x)}
+    if cls is float:
+        return {"type": "float", "value": x if x - x == 0 else _enc_float(x)}  # x - x: nan for nan and inf
     if id(x) in seen:
         return {"type": "object", "class": qualified_name(cls), "repr": "<cycle>"}
+    tag = _CONTAINERS.get(cls)
+    if tag is not None:  # exact builtin containers: the common case, no user code to guard
+        seen = seen | {id(x)}
+        return _encode_builtin(x, cls, tag, lambda v: encode(v, depth + 1, seen))
     try:
         mro = _TYPE_MRO(cls)
         enc = _encode_known(x, cls, mro, depth, seen | {id(x)})
