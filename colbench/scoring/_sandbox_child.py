@@ -356,7 +356,7 @@ def _seccomp(iso: dict) -> None:
 #   class name                    a type object, by its qualified name
 #   enum class name value
 #   record class kind fields [[name, v]]   kind: namedtuple | dataclass | namespace | instance
-#   sequence class items          collections.deque, array.array
+#   sequence class items          collections.deque, array.array, range
 #   ndarray class dtype shape items        dtype: numpy dtype kind ("i", "u", "f", ...)
 #   series class dtype name index items    dataframe class index columns [[name, dtype, items]]
 #   object class repr             anything else: never equal to anything (the fallback)

@@ -198,7 +198,7 @@ def values_equal(a: dict, b: dict, rel_tol: float = 1e-6, abs_tol: float = 1e-9)
       numpy.float64(2.0) == 2 and numpy.int64(3) == 3, as == says;
     - bool is its own type: True != 1 (Python says equal; an answer returning True for a
       count is wrong); numpy.bool_ is a bool; complex compares part-wise with the tolerance.
-    Builtin containers and strings (as before, subclasses like theirs base):
+    Builtin containers and strings (as in version 1; their subclasses compare as the base):
     - list != tuple (as in Python); set == frozenset; dict order ignored; str and bytes
       exactly; OrderedDict/Counter/defaultdict compare as dicts, str subclasses as str.
     Everything else needs the same qualified class name (module.qualname) on both sides,
@@ -208,8 +208,9 @@ def values_equal(a: dict, b: dict, rel_tol: float = 1e-6, abs_tol: float = 1e-9)
     - type objects (e.g. [int, str]) by qualified name;
     - enums by class and member (an IntEnum member != its int), namedtuples, dataclasses
       (fields with compare=True), SimpleNamespace and instances of classes defined by the
-      code under test ("record": class + field names + field values; a namedtuple !=
-      a plain tuple). Reference and answer run in separate sandboxes, so their classes
+      code under test whose bases are its own classes or object ("record": class + kind + field names + field values, fields in
+      any order; a namedtuple != a plain tuple, a dataclass != a plain class of the same
+      name). Reference and answer run in separate sandboxes, so their classes
       match by name, never by identity;
     - collections.deque, array.array, range: class + items in order;
     - numpy arrays: dtype kind (signed and unsigned ints alike; int != float arrays) +
