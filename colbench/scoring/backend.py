@@ -316,11 +316,13 @@ def render(v: Any, limit: int = 200) -> str:
 def _render(v: dict) -> str:
     t = v["type"]
     cls = v.get("class")
+    if t == "decimal":
+        return f"Decimal('{v['value']}')"
+    if t == "fraction":
+        return f"Fraction({_render(v['numerator'])}, {_render(v['denominator'])})"
     if t in _NUMERIC:
-        x = _number(v)
-        text = {"decimal": f"Decimal('{v['value']}')", "fraction": f"Fraction({x.numerator}, {x.denominator})"
-                if isinstance(x, Fraction) else repr(x)}.get(t, repr(x))
-        return f"{_short(cls)}({text})" if cls and t in ("int", "float") else text
+        text = repr(_number(v))
+        return f"{cls}({text})" if cls else text
     if t == "none":
         return "None"
     if t in ("bool", "str"):

@@ -358,6 +358,8 @@ def test_render_new_types():
     assert render({"type": "list", "items": [enc("class", name="builtins.int"), enc("class", name="solution.A")]}) \
         == "[<class 'int'>, <class 'solution.A'>]"
     assert render(enc("decimal", "decimal.Decimal", value="1.50")) == "Decimal('1.50')"
+    assert render(enc("fraction", "fractions.Fraction", numerator=I(1), denominator=I(3))) == "Fraction(1, 3)"
+    assert render(F(2.5, "numpy.float64")) == "numpy.float64(2.5)"
     assert render(enc("record", "solution.P", kind="namedtuple", fields=[["x", I(1)]])) == "solution.P(x=1)"
     assert render(enc("enum", "solution.E", name="A", value=I(1))) == "<solution.E.A: 1>"
     assert render({"type": "date", "value": "garbage"}).startswith("{")  # malformed: shown raw, never raises
