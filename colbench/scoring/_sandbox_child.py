@@ -440,11 +440,12 @@ def encode(x, depth: int = 0, seen: frozenset = frozenset()):
 
 
 def _fallback(x, cls) -> dict:
+    """The one fallback: never equal to anything; the repr (capped) is only for reports."""
     try:
         r = repr(x)
     except Exception as e:  # noqa: BLE001 - untrusted __repr__
         r = f"<unrepresentable {type(e).__name__}>"
-    return {"type": "object", "class": qualified_name(cls), "repr": str.__str__(r)[:1000] if isinstance(r, str) else "?"}
+    return {"type": "object", "class": qualified_name(cls), "repr": str.__str__(r)[:1000]}
 
 
 def _tagged(enc: dict, cls, builtin) -> dict:
@@ -550,7 +551,8 @@ def _encode_stdlib(x, kind, name, sub) -> dict:
         return {"type": "sequence", "class": name, "items": [sub(v) for v in list(x)]}
     # namespace: a SimpleNamespace is its attributes
     d = object.__getattribute__(x, "__dict__")
-    return {"type": "record", "class": name, "kind": "namespace", "fields": [[str(k), sub(v)] for k, v in dict.items(d)]}
+    return {"type": "record", "class": name, "kind": "namespace",
+            "fields": [[str(k), sub(v)] for k, v in dict.items(d)]}
 
 
 _DATETIME_FIELDS = {"datetime": ("year", "month", "day", "hour", "minute", "second", "microsecond"),

@@ -208,8 +208,8 @@ def values_equal(a: dict, b: dict, rel_tol: float = 1e-6, abs_tol: float = 1e-9)
     - type objects (e.g. [int, str]) by qualified name;
     - enums by class and member (an IntEnum member != its int), namedtuples, dataclasses
       (fields with compare=True), SimpleNamespace and instances of classes defined by the
-      code under test whose bases are its own classes or object ("record": class + kind + field names + field values, fields in
-      any order; a namedtuple != a plain tuple, a dataclass != a plain class of the same
+      code under test whose bases are its own classes or object ("record": class + kind +
+      field names + field values, fields in any order; a namedtuple != a plain tuple, a dataclass != a plain class of the same
       name). Reference and answer run in separate sandboxes, so their classes
       match by name, never by identity;
     - collections.deque, array.array, range: class + items in order;

@@ -173,7 +173,8 @@ def test_plain_data_encoding():
     assert v[8] == {"type": "record", "class": "solution.C", "kind": "instance", "fields": []}  # the code's own class
     assert v[9]["items"][0] == {"type": "object", "class": "builtins.list", "repr": "<cycle>"}
     assert v[10] == {"type": "bool", "value": True}
-    assert v[11] == {"type": "object", "class": "builtins.builtin_function_or_method", "repr": "<built-in function len>"}
+    assert v[11] == {"type": "object", "class": "builtins.builtin_function_or_method",
+                     "repr": "<built-in function len>"}
 
 
 def test_errors_are_reported_per_call():

@@ -56,7 +56,8 @@ def test_datetime_reference_passes_the_same_datetime_and_fails_another(pool):
             "    d = dt.date(*start).toordinal() + days\n"
             "    return dt.datetime.combine(dt.date.fromordinal(d), dt.time(9, 30))\n")
     other_minute = DEADLINE.replace("9, 30", "9, 31")
-    as_date = "import datetime\n\ndef deadline(start, days):\n    return datetime.date(*start) + datetime.timedelta(days)\n"
+    as_date = ("import datetime\n\ndef deadline(start, days):\n"
+               "    return datetime.date(*start) + datetime.timedelta(days)\n")
     aware = DEADLINE.replace("9, 30)", "9, 30, tzinfo=timezone.utc)").replace("timedelta\n", "timedelta, timezone\n")
     as_text = "def deadline(start, days):\n    return '2024-03-01 09:30:00'\n"
     assert passed(pool, t, same, other_minute, as_date, aware, as_text) == [
@@ -143,7 +144,8 @@ def test_decimal_fraction_timedelta_enum_namedtuple_dataclass_nested(pool):
 
 
 def test_the_codes_own_classes_compare_by_qualified_name_and_fields(pool):
-    ref = ("class Account:\n    def __init__(self, owner, balance):\n        self.owner, self.balance = owner, balance\n\n"
+    ref = ("class Account:\n    def __init__(self, owner, balance):\n"
+           "        self.owner, self.balance = owner, balance\n\n"
            "def open_account(owner):\n    return Account(owner, 0.0)\n")
     slots = ("class Account:\n    __slots__ = ('owner', 'balance')\n\n"
              "def open_account(owner):\n    a = Account()\n    a.balance, a.owner = 0, owner\n    return a\n")
