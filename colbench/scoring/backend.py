@@ -209,9 +209,9 @@ def values_equal(a: dict, b: dict, rel_tol: float = 1e-6, abs_tol: float = 1e-9)
     - enums by class and member (an IntEnum member != its int), namedtuples, dataclasses
       (fields with compare=True), SimpleNamespace and instances of classes defined by the
       code under test whose bases are its own classes or object ("record": class + kind +
-      field names + field values, fields in any order; a namedtuple != a plain tuple, a dataclass != a plain class of the same
-      name). Reference and answer run in separate sandboxes, so their classes
-      match by name, never by identity;
+      field names + field values, fields in any order; a namedtuple != a plain tuple, a
+      dataclass != a plain class of the same name). Reference and answer run in separate
+      sandboxes, so their classes match by name, never by identity;
     - collections.deque, array.array, range: class + items in order;
     - numpy arrays: dtype kind (signed and unsigned ints alike; int != float arrays) +
       shape + items (ints exactly, floats with the tolerance); pandas Series: dtype kind,
