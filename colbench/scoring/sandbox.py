@@ -81,6 +81,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from colbench.scoring import _sandbox_child as _child  # its constants only (stdlib, as this module)
+
 logger = logging.getLogger(__name__)
 
 CHILD_SCRIPT = str(Path(__file__).with_name("_sandbox_child.py"))
@@ -270,7 +272,7 @@ def sweep_stale_scratch(base: str | None = None) -> list[str]:
 
 
 def _pid_alive(pid: int) -> bool:
-    # as colbench.outdir.pid_alive; this module imports nothing from the project (stdlib only)
+    # as colbench.outdir.pid_alive; this module imports nothing else from the project (stdlib only)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -285,11 +287,16 @@ def _child_config(limits: SandboxLimits, scratch: str) -> dict:
     # misbehave with them; also how the tests exercise the fallback).
     return {**asdict(limits), "scratch_dir": os.path.join(scratch, "work"),
             "namespaces": os.environ.get("SWEET_SANDBOX_NO_NAMESPACES") != "1",
-            "minimal_root": os.environ.get("SWEET_SANDBOX_NO_MINIMAL_ROOT") != "1"}
+            "minimal_root": os.environ.get("SWEET_SANDBOX_NO_MINIMAL_ROOT") != "1",
+            "site": os.path.realpath(sandbox_site()) if sandbox_site().is_dir() else None}
 
 
 def _child_env() -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # no secrets from our environment
+    return dict(_child.SANDBOX_ENV)  # built from scratch: nothing from our environment
+
+
+def _child_argv(*args: str) -> list[str]:
+    return [sys.executable, *_child.INTERPRETER_FLAGS, CHILD_SCRIPT, *args]
 
 
 def _child_stderr():
@@ -303,7 +310,7 @@ class _ExecProc:
         r, w = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", CHILD_SCRIPT, str(w), json.dumps(cfg)],
+                _child_argv(str(w), json.dumps(cfg)),
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=_child_stderr(),
                 pass_fds=(w,), start_new_session=True,  # own process group: killpg reaches all of it
                 env=_child_env(), cwd="/",
@@ -526,7 +533,7 @@ class _Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", CHILD_SCRIPT, "zygote", str(theirs.fileno())],
+                _child_argv("zygote", str(theirs.fileno())),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=_child_stderr(),
                 pass_fds=(theirs.fileno(),), start_new_session=True, env=_child_env(), cwd="/",
             )
@@ -652,7 +659,7 @@ class SandboxPool:
     """Runs many sandboxed jobs in parallel (one sandbox per job, `workers` at a time).
 
     zygote: fork each sandbox from a pre-started interpreter (about 2-3x faster than a
-            fresh `python -I -S` per answer, same isolation); falls back to fresh
+            fresh interpreter per answer, same isolation); falls back to fresh
             interpreters if the zygote cannot run.
 
     A crashed, hung or killed sandbox gives failed outcomes for its job; `run_many` never
