@@ -248,3 +248,15 @@ def test_published_references_that_need_libraries_or_seeds_run_twice_alike():
         first, second = (run_calls(rec["ground_truth"], calls) for _ in range(2))
         assert all(o.ok for o in first + second), (row, [o.error for o in first + second if not o.ok])
         assert all(values_equal(a.value, b.value, rel_tol=0.0, abs_tol=0.0) for a, b in zip(first, second)), row
+
+
+def test_the_loader_accepts_a_reference_that_draws_random_numbers(tmp_path):
+    """Run twice by the loader's check, a seeded draw gives the same values (it used to be
+    rejected as nondeterministic)."""
+    from colbench.tasks import load_tasks
+
+    source = "import random\n\ndef dice(n):\n    return [random.randint(1, 10 ** 9) for _ in range(n)]\n"
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"problem_description": "Roll. The signature of the function is: def dice(n)",
+                                "ground_truth": source, "test_cases": {"test1": "dice(3)", "test2": "dice(4)"}}) + "\n")
+    assert [t.tests for t in load_tasks(str(rows))] == [("dice(3)", "dice(4)")]
