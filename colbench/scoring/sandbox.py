@@ -12,12 +12,29 @@ plain-data, type-tagged JSON encoding inside the sandbox, so this process only e
 parses JSON (a rigged `__eq__` never runs here). Failures are data, never exceptions:
 a timeout, crash, kill or garbage output gives failed CallOutcomes.
 
+Libraries: the stdlib, plus the third-party libraries in `sandbox_site()` (pinned in
+scripts/sandbox-libraries.txt, installed there by scripts/setup.sh: numpy, pandas, scipy,
+beautifulsoup4, ...), which the sandbox sees read-only at /sandbox-site (on sys.path in
+every fallback mode too). Their native thread pools (OpenBLAS, OpenMP, MKL, ...) run one
+thread, so a sandbox stays within its process and memory caps on any core count.
+
+Seeds: every sandbox runs with PYTHONHASHSEED=0 (str hashes, so set orders, are the same
+in every sandbox), and `random`'s and numpy's global RNGs are seeded (0) right after
+their import and again before the module body and before each call: a reference that
+draws random numbers is deterministic, an answer drawing the same numbers the same way
+gets the same values, and a call's result never depends on the calls before it. numpy
+is imported only by code that asks for it. Not seeded: `random.SystemRandom`,
+`os.urandom`, `numpy.random.default_rng()` without a seed, clocks.
+
 Threat model and the mechanism that stops each threat (child side in _sandbox_child.py):
 
 | threat                                    | mechanism                                              |
 |-------------------------------------------|--------------------------------------------------------|
-| crash/corrupt the evaluator's interpreter | separate process, `python -I -S` (no env vars, no site, |
-|                                           | no repo on sys.path); results only as JSON on a pipe    |
+| crash/corrupt the evaluator's interpreter | separate process, `python -s -S -P` with an environment |
+|                                           | built from scratch (no env vars of ours, no site, no    |
+|                                           | repo or venv on sys.path); results only as JSON on a pipe|
+| importing the project, torch, the venv    | sys.path = the stdlib + the allowed libraries' folder   |
+|                                           | (above), grafted read-only at /sandbox-site            |
 | infinite loop, signal-handler tricks      | per-call itimers in the child + parent deadline per    |
 |                                           | call and per answer; RLIMIT_CPU (SIGXCPU then SIGKILL) |
 | fork bomb, leftover processes             | RLIMIT_NPROC under a unique unprivileged uid; PID ns   |
@@ -26,7 +43,8 @@ Threat model and the mechanism that stops each threat (child side in _sandbox_ch
 | memory bomb, disk filling, fd exhaustion  | RLIMIT_AS, RLIMIT_FSIZE + size-capped tmpfs, NOFILE    |
 | killing the evaluator / other sandboxes   | PID ns (cannot name them) + other uid (EPERM)          |
 | reading files (repo, task files holding   | mount ns + chroot into a minimal read-only root: /usr, |
-| reference solutions, /work, /home)        | /etc, the stdlib dirs, 5 /dev nodes, fresh /proc       |
+| reference solutions, /work, /home)        | /etc, the stdlib dirs, /sandbox-site, 5 /dev nodes,    |
+|                                           | fresh /proc                                            |
 | writing files (repo, /tmp), leaving junk  | that root is read-only; scratch = private size-capped  |
 |                                           | tmpfs (/tmp, /dev/shm) that dies with the namespace    |
 | network (exfiltration, local services)    | new network ns: no interfaces up, not even loopback    |
@@ -37,12 +55,16 @@ Threat model and the mechanism that stops each threat (child side in _sandbox_ch
 | chroot escape)                            | or capset + locked securebits); no user ns in a chroot |
 | kernel attack surface, inspection tools   | seccomp deny list (ptrace, bpf, io_uring, keyctl,      |
 |                                           | userfaultfd, mount, unshare, ...) -> EPERM; optional   |
-| secrets in the environment                | minimal environment (PATH, LANG, HOME, TMPDIR)         |
+| secrets in the environment                | minimal environment (PATH, LANG, HOME, TMPDIR, the     |
+|                                           | hash seed, one-thread settings of native thread pools) |
 | flooding our memory with output           | stdout/stderr to /dev/null; result lines size-capped   |
 
 Speed: SandboxPool forks each sandbox from a pre-started "zygote" interpreter (it never
 holds a job's source; every sandbox still gets fresh namespaces, uid and limits), which
-skips the ~30-60 ms interpreter start; run_calls starts a fresh interpreter. Killed
+skips the ~30-60 ms interpreter start; run_calls starts a fresh interpreter. The zygote
+imports no library: importing numpy costs a sandbox ~0.2-0.3 s, but pre-importing it
+would add ~13-15 ms to every sandbox's fork and teardown, a loss unless over ~6% of the
+jobs import numpy (0.3% of the published references do; docs/benchmarks.md). Killed
 sandboxes are reaped in the background. Not done: cgroups (memory is capped per
 process by RLIMIT_AS, not per sandbox); seccomp is a deny list, not an allow list.
 
