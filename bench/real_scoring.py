@@ -13,11 +13,11 @@ lines) that did not.
 Sandboxed: `score_backend` with an empty reference cache, so each row runs two sandboxes
 (reference, answer), with the allowed libraries and the same seeds in both. Unsafe: what the
 published evaluator does, in this process: exec the reference and the answer as modules,
-evaluate each call in both with a per-call alarm, compare with ==. It is fast and unsafe
-(a row can kill, hang or read this process), has only the venv's libraries and no seeds,
-so rows that draw random numbers or import a library the venv lacks fail there. The ratio
-is the price of isolation on real rows. Needs the sandbox's libraries (scripts/setup.sh)
-for the rows that import numpy or bs4.
+evaluate each call in both with a per-call alarm, compare with ==. It is fast and unsafe (a
+row can kill, hang or read this process; it runs in a scratch folder, as rows write files),
+has only the venv's libraries and no seeds, so rows that draw random numbers or import a
+library the venv lacks fail there. The ratio is the price of isolation on real rows. Needs
+the sandbox's libraries (scripts/setup.sh) for the rows that import numpy or bs4.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import io
 import os
 import signal
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -68,8 +69,9 @@ def unsafe_inprocess(tasks, seconds: float) -> tuple[float, list[float]]:
     old = signal.signal(signal.SIGALRM, _on_alarm)
     rewards = []
     start = time.perf_counter()
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:  # in a scratch folder: references write files (sqlite databases) where they run
+        with tempfile.TemporaryDirectory(prefix="real-scoring-") as scratch, contextlib.chdir(scratch), \
+                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             for t in tasks:
                 ref, ans = types.ModuleType("reference"), types.ModuleType("answer")
                 ok_ref, _ = _guarded(lambda: exec(compile(t.hidden, "<reference>", "exec"), ref.__dict__), seconds)

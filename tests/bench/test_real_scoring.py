@@ -17,6 +17,8 @@ ROWS = [
     ("import math\n\ndef helper(x):\n    return math.sqrt(x)\n\ndef roots(xs):\n    return [helper(x) for x in xs]\n",
      ["roots([4, 9])", "roots([])", "roots([2.25])"]),
     ("import random\n\ndef dice(n):\n    return [random.randint(1, 6) for _ in range(n)]\n", ["dice(3)", "dice(10)"]),
+    ("def touch():\n    with open('sweet_real_scoring_probe.txt', 'w') as fh:\n        fh.write('x')\n    return 1\n",
+     ["touch()"]),
 ]
 
 
@@ -31,11 +33,12 @@ def _write_rows(path: Path) -> None:
 def test_real_scoring_bench_runs_both_ways_and_prints_the_ratio_last(tmp_path):
     rows = tmp_path / "rows.jsonl"
     _write_rows(rows)
-    res = subprocess.run([sys.executable, "bench/real_scoring.py", "--tasks", str(rows), "--limit", "3",
+    res = subprocess.run([sys.executable, "bench/real_scoring.py", "--tasks", str(rows), "--limit", "4",
                           "--workers", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
-    assert lines[0].startswith(f"3 rows of {rows}")
+    assert lines[0].startswith(f"4 rows of {rows}")
+    assert not (ROOT / "sweet_real_scoring_probe.txt").exists()  # the unsafe way ran in a scratch folder
     assert re.fullmatch(r"ratio sandbox pool / unsafe in-process time: \d+\.\dx", lines[-1]), lines[-1]
     box = next(line for line in lines if line.startswith("sandbox pool"))
     assert "mean reward 1.000, success 1.000; rows not passing: none" in box  # the seeded dice agree

@@ -8,7 +8,6 @@ skips without ../shared/data/colbench-test/.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
