@@ -3,8 +3,9 @@
 Run as `python -s -S -P _sandbox_child.py RESULT_FD CONFIG_JSON` (one sandbox), or as
 `... zygote CTRL_FD` (a pre-started process forking one sandbox per request), with
 SANDBOX_ENV as its whole environment; stdlib only (no site, no repo on sys.path; the
-folder of allowed libraries, CONFIG_JSON's "site", is appended to sys.path). The parent writes one JSON job {"source", "calls"}
-on stdin (the sandbox's fd 0) and closes it; results come back as JSON lines on RESULT_FD:
+folder of allowed libraries, CONFIG_JSON's "site", is appended to sys.path). The parent
+writes one JSON job {"source", "calls"} on stdin (the sandbox's fd 0) and closes it;
+results come back as JSON lines on RESULT_FD:
 
     {"event": "ready", "isolation": {...}}        (sent before any untrusted code runs)
     {"event": "module", "ok": bool, "error": str|null}
@@ -237,7 +238,6 @@ def _minimal_root(root: str, tmpfs_mb: int, iso: dict, pinned: dict[str, int], s
             grafted.append(real)
     if site in pinned:
         _graft(SITE_IN_ROOT, root, pinned[site])
-        sys.path[sys.path.index(site)] = SITE_IN_ROOT
     os.makedirs(root + "/dev", 0o755, exist_ok=True)
     for name in DEV_NODES:
         if os.path.exists("/dev/" + name):
@@ -251,6 +251,8 @@ def _minimal_root(root: str, tmpfs_mb: int, iso: dict, pinned: dict[str, int], s
         except OSError:
             iso["private_proc"] = False
     _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    if site in pinned:  # (only now: a failure above falls back to the host's paths)
+        sys.path[sys.path.index(site)] = SITE_IN_ROOT
     os.chroot(root)  # C has no CAP_SYS_CHROOT after setuid: it cannot climb out
     os.chdir("/")
 
@@ -583,7 +585,7 @@ def _isolated_interpreter() -> bool:
     """Started as INTERPRETER_FLAGS say, with SANDBOX_ENV's one PYTHON* variable and hash seed."""
     f = sys.flags
     return bool(f.no_user_site and f.no_site and f.safe_path and not f.ignore_environment
-                and sys.flags.hash_randomization == 0 and os.environ.get("PYTHONHASHSEED") == HASH_SEED
+                and f.hash_randomization == 0 and os.environ.get("PYTHONHASHSEED") == HASH_SEED
                 and not [k for k in os.environ if k.startswith("PYTHON") and k != "PYTHONHASHSEED"])
 
 

@@ -26,8 +26,9 @@ PUBLISHED = REPO.parent / "shared" / "data" / "colbench-test" / "backend_test.js
 DEFAULT = SandboxLimits()  # the libraries must work under the default memory cap
 FULL = sandbox.isolation_report()
 needs_isolation = pytest.mark.skipif(not all(FULL.values()), reason=f"full isolation unavailable here: {FULL}")
-needs_libraries = pytest.mark.skipif(not {"numpy", "beautifulsoup4"} <= set(sandbox_libraries()),
-                                     reason=f"no sandbox libraries at {sandbox_site()} (scripts/setup.sh installs them)")
+needs_libraries = pytest.mark.skipif(
+    not {"numpy", "beautifulsoup4"} <= set(sandbox_libraries()),
+    reason=f"no sandbox libraries at {sandbox_site()} (scripts/setup.sh installs them)")
 
 
 def value(outcome):
@@ -83,8 +84,8 @@ def test_interpreter_flags_and_an_environment_built_from_scratch(monkeypatch):
     monkeypatch.setenv("PYTHONSTARTUP", str(REPO / "sweet_startup.py"))
     monkeypatch.setenv("PYTHONHASHSEED", "12345")
     monkeypatch.setenv("SWEET_SECRET_TOKEN", "do-not-leak")
-    source = ("import os, sys\n\ndef flags():\n    f = sys.flags\n"
-              "    return [f.isolated, f.ignore_environment, f.no_user_site, f.no_site, f.safe_path, f.hash_randomization]\n")
+    source = ("import os, sys\n\ndef flags():\n    f = sys.flags\n    return [f.isolated, f.ignore_environment, "
+              "f.no_user_site, f.no_site, f.safe_path, f.hash_randomization]\n")
     calls = ["flags()", "dict(os.environ)", "[p for p in sys.path if 'python3' not in p and not p.endswith('.zip')]"]
     with SandboxPool(workers=1, limits=DEFAULT) as fresh_pool:  # a zygote started under this environment
         for outs in (run_calls(source, calls, DEFAULT), fresh_pool.run_many([(source, calls)])[0]):
@@ -112,7 +113,8 @@ def test_torch_and_the_project_stay_invisible(runner):
 def test_numpy_and_bs4_work_under_the_default_memory_cap(runner):
     source = (
         "import numpy as np\nfrom bs4 import BeautifulSoup\n\n"
-        "def solve():\n    a = np.array([[3.0, 1.0], [1.0, 2.0]])\n    return np.linalg.solve(a, np.array([9.0, 8.0])).tolist()\n\n"
+        "def solve():\n    a = np.array([[3.0, 1.0], [1.0, 2.0]])\n"
+        "    return np.linalg.solve(a, np.array([9.0, 8.0])).tolist()\n\n"
         "def corr():\n    return np.corrcoef([0.1, 0.2, 0.3], [0.2, 0.4, 0.7])[0, 1]\n\n"
         "def scripts(html):\n    return [s.get('src') for s in BeautifulSoup(html, 'html.parser').find_all('script')]\n"
     )
