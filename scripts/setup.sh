@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up, sourced by scripts/demo.sh and scripts/test.sh:
-#   .venv at the repo root, this package with its test extra, Debian chromium, tiny models.
+#   .venv at the repo root, this package with its test extra, the sandbox's libraries
+#   (.venv/sandbox-site), Debian chromium, tiny models.
 # Safe to run twice: each step is skipped when already done.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +28,22 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --no-deps "openenv==0.10.0"
   rm -f .venv/.sweet-installed-*
   touch "$stamp"
+fi
+
+# The libraries sandboxed code may import (scripts/sandbox-libraries.txt, pinned): their own
+# read-only folder, never the venv's site-packages (torch and the project stay invisible there).
+# Installed beside, then swapped in; reinstalled only when the list or the interpreter changed.
+SITE="${SWEET_SANDBOX_SITE:-.venv/sandbox-site}"
+site_stamp="$SITE/.sweet-installed-$( (cat scripts/sandbox-libraries.txt; .venv/bin/python -VV) | sha1sum | cut -c1-12)"
+if [ ! -f "$site_stamp" ]; then
+  echo "[setup] installing the sandbox's libraries into $SITE"
+  rm -rf "$SITE.new"
+  # (pip compiles the bytecode now: the sandbox sees the folder read-only and cannot write it)
+  .venv/bin/python -m pip install -q --no-deps --only-binary=:all: --no-warn-conflicts \
+    --target "$SITE.new" -r scripts/sandbox-libraries.txt
+  rm -rf "$SITE"
+  mv "$SITE.new" "$SITE"
+  touch "$site_stamp"
 fi
 
 # Debian chromium for rendering (Playwright drives it; its own browser download needs the internet).

@@ -1,9 +1,11 @@
 """Child side of the sandbox (see colbench/scoring/sandbox.py for the threat model).
 
-Run as `python -I -S _sandbox_child.py RESULT_FD CONFIG_JSON` (one sandbox), or as
-`... zygote CTRL_FD` (a pre-started process forking one sandbox per request); stdlib
-only (no site, no repo on sys.path). The parent writes one JSON job {"source", "calls"}
-on stdin (the sandbox's fd 0) and closes it; results come back as JSON lines on RESULT_FD:
+Run as `python -s -S -P _sandbox_child.py RESULT_FD CONFIG_JSON` (one sandbox), or as
+`... zygote CTRL_FD` (a pre-started process forking one sandbox per request), with
+SANDBOX_ENV as its whole environment; stdlib only (no site, no repo on sys.path; the
+folder of allowed libraries, CONFIG_JSON's "site", is appended to sys.path). The parent
+writes one JSON job {"source", "calls"} on stdin (the sandbox's fd 0) and closes it;
+results come back as JSON lines on RESULT_FD:
 
     {"event": "ready", "isolation": {...}}        (sent before any untrusted code runs)
     {"event": "module", "ok": bool, "error": str|null}
@@ -47,6 +49,18 @@ UID_BASE = 1_000_000  # sandbox uid = UID_BASE + pid of A: unique among live san
 # World-writable places that get a private, size-capped tmpfs (gone when the ns dies).
 PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 MAX_DEPTH = 100  # nesting depth of encoded values
+SEED = 0  # random's and numpy's global RNGs, before the module body and before each call
+HASH_SEED = "0"  # PYTHONHASHSEED: str hashes, hence set and dict-of-str orders, alike in every sandbox
+# Native thread pools of the allowed libraries (OpenBLAS, OpenMP, MKL, ...) run one thread:
+# the sandbox's caps (RLIMIT_NPROC, RLIMIT_AS, its CPU time) hold whatever the core count.
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS", "GOTO_NUM_THREADS", "RAYON_NUM_THREADS")
+# The whole environment of the sandbox interpreter (the parent passes nothing of its own).
+# PYTHONHASHSEED is the one PYTHON* variable: the interpreter runs without -E/-I to honour
+# it, and -s -S -P keep user site, site and the script's folder off sys.path instead.
+SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": HASH_SEED,
+               **{name: "1" for name in THREAD_VARS}}
+INTERPRETER_FLAGS = ("-s", "-S", "-P")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 LINUX = sys.platform.startswith("linux")  # elsewhere: process, rlimits, timers only (warned)
@@ -106,22 +120,32 @@ def _unshare_as_user(iso: dict) -> None:
     _unshare(iso)
 
 
-def _setup_mounts(iso: dict, tmpfs_mb: int, minimal: bool = True) -> None:
+def _setup_mounts(iso: dict, tmpfs_mb: int, minimal: bool = True, site: str | None = None) -> None:
     """In the private mount ns (run in B, pid 1 of the new PID ns). Preferred: a minimal,
     read-only root holding only /usr, /etc, the stdlib dirs and a few /dev nodes, plus a
     private scratch tmpfs and a fresh /proc, entered with chroot (stops: reading the repo,
     task files with reference solutions, /work, /home, other users' files; writing
     anything that outlives the sandbox). Fallback: the host root remounted read-only with
-    private tmpfs over the world-writable dirs."""
+    private tmpfs over the world-writable dirs. `site` (on sys.path): the allowed libraries'
+    folder, grafted read-only at SITE_IN_ROOT in the minimal root (no host path shows)."""
     try:
         _mount(None, "/", None, MS_REC | MS_PRIVATE)  # our mounts never propagate to the host
     except OSError:
         iso["mount_namespace"] = False  # unusable: mounting would leak to the host, so do not
         return
+    pinned = _pin_import_dirs()
+    try:
+        _mount_roots(iso, tmpfs_mb, minimal, pinned, site)
+    finally:
+        for fd in pinned.values():
+            os.close(fd)
+
+
+def _mount_roots(iso: dict, tmpfs_mb: int, minimal: bool, pinned: dict[str, int], site: str | None) -> None:
     try:
         if not minimal:
             raise OSError("minimal root disabled (SWEET_SANDBOX_NO_MINIMAL_ROOT)")
-        _minimal_root("/tmp", tmpfs_mb, iso)  # staged on a fresh tmpfs over /tmp (private)
+        _minimal_root("/tmp", tmpfs_mb, iso, pinned, site)  # staged on a fresh tmpfs over /tmp (private)
         iso["minimal_root"] = iso["private_tmp"] = iso["readonly_root"] = True
         return
     except OSError as e:
@@ -138,14 +162,21 @@ def _setup_mounts(iso: dict, tmpfs_mb: int, minimal: bool = True) -> None:
             if os.path.isdir(d):
                 _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
         iso["private_tmp"] = True
-        _expose_import_path()
+        _expose_import_path(pinned)
         _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
         iso["readonly_root"] = True
     except OSError:
         pass  # whatever is missing shows in the isolation report and the warning
 
 
-def _expose_import_path() -> None:
+def _pin_import_dirs() -> dict[str, int]:
+    """{dir: O_PATH fd} of sys.path's directories (the stdlib's, the allowed libraries'),
+    opened before our tmpfs mounts may hide them (a library folder under /tmp, say)."""
+    return {d: os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for d in dict.fromkeys(sys.path)
+            if os.path.isdir(d) and not os.path.islink(d)}
+
+
+def _expose_import_path(pinned: dict[str, int]) -> None:
     """Fallback only. Make the stdlib importable after dropping privileges even when the
     interpreter lives in a directory the sandbox uid cannot traverse (pyenv under /root,
     mode 700): bind each sys.path dir read-only under the private /tmp and point sys.path
@@ -154,10 +185,10 @@ def _expose_import_path() -> None:
     os.mkdir(base, 0o755)
     new_path = []
     for i, p in enumerate(sys.path):
-        if os.path.isdir(p):
+        if p in pinned or os.path.isdir(p):
             target = f"{base}/{i}"
             os.mkdir(target, 0o755)
-            _mount(p, target, None, MS_BIND | MS_REC)
+            _mount(f"/proc/self/fd/{pinned[p]}" if p in pinned else p, target, None, MS_BIND | MS_REC)
             _remount_readonly(target)
             p = target
         new_path.append(p)
@@ -167,17 +198,19 @@ def _expose_import_path() -> None:
 
 ROOT_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc")
 DEV_NODES = ("null", "zero", "random", "urandom", "full")
+SITE_IN_ROOT = "/sandbox-site"  # where the allowed libraries' folder appears in the minimal root
 
 
-def _graft(src: str, root: str) -> None:
-    """Make `src` appear, read-only, at the same path inside `root` (symlinks copied)."""
+def _graft(src: str, root: str, fd: int | None = None) -> None:
+    """Make `src` appear, read-only, at the same path inside `root` (symlinks copied).
+    `fd`: src opened before any mount (see _pin_import_dirs), bound from there."""
     dst = root + src
-    if os.path.islink(src):
+    if fd is None and os.path.islink(src):
         os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
         os.symlink(os.readlink(src), dst)
-    elif os.path.isdir(src):
+    elif fd is not None or os.path.isdir(src):
         os.makedirs(dst, 0o755, exist_ok=True)
-        _mount(src, dst, None, MS_BIND | MS_REC)
+        _mount(src if fd is None else f"/proc/self/fd/{fd}", dst, None, MS_BIND | MS_REC)
         _remount_readonly(dst)
 
 
@@ -190,24 +223,26 @@ def _remount_readonly(path: str) -> None:
     _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | keep)
 
 
-def _minimal_root(root: str, tmpfs_mb: int, iso: dict) -> None:
+def _minimal_root(root: str, tmpfs_mb: int, iso: dict, pinned: dict[str, int], site: str | None = None) -> None:
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    for d in ("/tmp", "/dev/shm"):  # the only writable places: size-capped, gone with the ns;
+        os.makedirs(root + d, 0o755, exist_ok=True)  # mounted first: a graft may lie under them
+        _mount("tmpfs", root + d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
     grafted: list[str] = []
-    for d in ROOT_DIRS + tuple(p for p in sys.path if os.path.isdir(p)):
-        real = os.path.realpath(d) if not os.path.islink(d) else d
+    for d in ROOT_DIRS + tuple(p for p in sys.path if p != site and (p in pinned or os.path.lexists(p))):
+        real = d if os.path.islink(d) else os.path.realpath(d)
         if any(real == g or real.startswith(g + "/") for g in grafted):
             continue  # already inside a grafted tree (stdlib under /usr)
-        if os.path.lexists(d):
-            _graft(d, root)
+        if d in pinned or os.path.lexists(d):
+            _graft(d, root, pinned.get(d))
             grafted.append(real)
-    os.makedirs(root + "/dev", 0o755)
+    if site in pinned:
+        _graft(SITE_IN_ROOT, root, pinned[site])
+    os.makedirs(root + "/dev", 0o755, exist_ok=True)
     for name in DEV_NODES:
         if os.path.exists("/dev/" + name):
             open(f"{root}/dev/{name}", "w").close()
             _mount("/dev/" + name, f"{root}/dev/{name}", None, MS_BIND)
-    for d in ("/tmp", "/dev/shm"):  # the only writable places: size-capped, gone with the ns
-        os.makedirs(root + d, 0o755, exist_ok=True)
-        _mount("tmpfs", root + d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
     os.makedirs(root + "/proc", 0o755)
     if iso.get("pid_namespace"):
         try:  # a user namespace may not mount proc (masked host /proc): then there is none
@@ -216,6 +251,8 @@ def _minimal_root(root: str, tmpfs_mb: int, iso: dict) -> None:
         except OSError:
             iso["private_proc"] = False
     _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    if site in pinned:  # (only now: a failure above falls back to the host's paths)
+        sys.path[sys.path.index(site)] = SITE_IN_ROOT
     os.chroot(root)  # C has no CAP_SYS_CHROOT after setuid: it cannot climb out
     os.chdir("/")
 
@@ -720,16 +757,71 @@ def _guarded(fn, cfg):
         return False, _error_text(e)
 
 
+# ---------------------------------------------------------------- seeds
+
+# Modules holding a global RNG -> the name of their seeding function. Seeded only when
+# imported (no sandbox pays for importing numpy): right after their import, and again
+# before the module body and before each call, so a call never depends on earlier ones.
+SEEDED_MODULES = {"random": "seed", "numpy.random.mtrand": "seed"}  # np.random.seed is mtrand.seed
+
+
+def seed_rngs() -> None:
+    """Reset every imported global RNG of SEEDED_MODULES to SEED."""
+    for name, fn in SEEDED_MODULES.items():
+        mod = sys.modules.get(name)
+        if mod is not None:
+            getattr(mod, fn)(SEED)
+
+
+class _SeedingLoader:
+    """Wraps a SEEDED_MODULES module's loader: the module's RNG is seeded once it has loaded."""
+
+    def __init__(self, loader, name: str):
+        self._loader, self._name = loader, name
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        getattr(module, SEEDED_MODULES[self._name])(SEED)
+
+    def __getattr__(self, attr):  # get_source, is_package, ... of the real loader
+        return getattr(self._loader, attr)
+
+
+class SeedOnImport:
+    """Meta-path finder: the modules of SEEDED_MODULES load through a _SeedingLoader."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in SEEDED_MODULES:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _SeedingLoader(spec.loader, name)
+                return spec
+        return None
+
+
 def run_job(fd: int, job: dict, cfg: dict, iso: dict) -> None:
-    """Execute the source as a module, then each call; stream one result line each."""
+    """Execute the source as a module, then each call; stream one result line each.
+    random's and numpy's global RNGs start from SEED for the body and for each call."""
     _send(fd, {"event": "ready", "isolation": iso}, cfg["max_output_bytes"])
+    sys.meta_path.insert(0, SeedOnImport())
     mod = types.ModuleType("solution")  # __name__ != "__main__": `if __name__ == ...` blocks stay off
     sys.modules["solution"] = mod  # dataclasses, pickle and friends look the module up
+    seed_rngs()
     ok, err = _guarded(lambda: exec(compile(job["source"], "<solution>", "exec"), mod.__dict__), cfg)
     _send(fd, {"event": "module", "ok": ok, "error": None if ok else err}, cfg["max_output_bytes"])
     for i, call in enumerate(job["calls"]):
         if not ok:
             break
+        seed_rngs()
         good, res = _guarded(lambda c=call: encode(eval(compile(c, "<test>", "eval"), mod.__dict__)), cfg)
         rec = {"i": i, "ok": good, "value": res if good else None, "error": None if good else res}
         _send(fd, rec, cfg["max_output_bytes"])
@@ -755,15 +847,26 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def _isolated_interpreter() -> bool:
+    """Started as INTERPRETER_FLAGS say, with SANDBOX_ENV's one PYTHON* variable and hash seed."""
+    f = sys.flags
+    return bool(f.no_user_site and f.no_site and f.safe_path and not f.ignore_environment
+                and f.hash_randomization == 0 and os.environ.get("PYTHONHASHSEED") == HASH_SEED
+                and not [k for k in os.environ if k.startswith("PYTHON") and k != "PYTHONHASHSEED"])
+
+
 def sandbox(fd: int, cfg: dict) -> None:
     """Process A (see the module docstring): job on fd 0, results on `fd`. Never returns."""
     job = json.loads(_read_all(0))  # read the source before anything else; then close stdin
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.close(null)
-    iso = {"process": True, "isolated_interpreter": True, "rlimits": True}
+    iso = {"process": True, "isolated_interpreter": _isolated_interpreter(), "rlimits": True}
     os.environ.clear()
-    os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "_SANDBOX_A_PID": str(os.getpid())})
+    os.environ.update({**SANDBOX_ENV, "_SANDBOX_A_PID": str(os.getpid())})
+    site = cfg.get("site") if cfg.get("site") and os.path.isdir(cfg["site"]) else None
+    if site:
+        sys.path.append(site)  # before the mounts: they graft or expose every sys.path dir
     root = os.geteuid() == 0
     if cfg.get("namespaces", True) and LINUX:
         _unshare(iso) if root else _unshare_as_user(iso)
@@ -776,13 +879,13 @@ def sandbox(fd: int, cfg: dict) -> None:
             os._exit(_shell_code(os.waitstatus_to_exitcode(status)))
         # B: pid 1. Mount, then fork C and reap.
         if iso.get("mount_namespace"):
-            _setup_mounts(iso, max(16, 4 * cfg["file_size_mb"]), cfg.get("minimal_root", True))
+            _setup_mounts(iso, max(16, 4 * cfg["file_size_mb"]), cfg.get("minimal_root", True), site)
         c = os.fork()
         if c:
             os.close(fd)
             os._exit(_shell_code(_reap_until(c)))
     elif iso.get("mount_namespace"):
-        _setup_mounts(iso, max(16, 4 * cfg["file_size_mb"]), cfg.get("minimal_root", True))
+        _setup_mounts(iso, max(16, 4 * cfg["file_size_mb"]), cfg.get("minimal_root", True), site)
     # C: the untrusted code's process.
     if iso.get("private_tmp"):
         scratch = "/tmp/work"  # on the private tmpfs; else the parent's host-side scratch dir

@@ -12,12 +12,29 @@ plain-data, type-tagged JSON encoding inside the sandbox, so this process only e
 parses JSON (a rigged `__eq__` never runs here). Failures are data, never exceptions:
 a timeout, crash, kill or garbage output gives failed CallOutcomes.
 
+Libraries: the stdlib, plus the third-party libraries in `sandbox_site()` (pinned in
+scripts/sandbox-libraries.txt, installed there by scripts/setup.sh: numpy, pandas, scipy,
+beautifulsoup4, ...), which the sandbox sees read-only at /sandbox-site (on sys.path in
+every fallback mode too). Their native thread pools (OpenBLAS, OpenMP, MKL, ...) run one
+thread, so a sandbox stays within its process and memory caps on any core count.
+
+Seeds: every sandbox runs with PYTHONHASHSEED=0 (str hashes, so set orders, are the same
+in every sandbox), and `random`'s and numpy's global RNGs are seeded (0) right after
+their import and again before the module body and before each call: a reference that
+draws random numbers is deterministic, an answer drawing the same numbers the same way
+gets the same values, and a call's result never depends on the calls before it. numpy
+is imported only by code that asks for it. Not seeded: `random.SystemRandom`,
+`os.urandom`, `numpy.random.default_rng()` without a seed, clocks.
+
 Threat model and the mechanism that stops each threat (child side in _sandbox_child.py):
 
 | threat                                    | mechanism                                              |
 |-------------------------------------------|--------------------------------------------------------|
-| crash/corrupt the evaluator's interpreter | separate process, `python -I -S` (no env vars, no site, |
-|                                           | no repo on sys.path); results only as JSON on a pipe    |
+| crash/corrupt the evaluator's interpreter | separate process, `python -s -S -P` with an environment |
+|                                           | built from scratch (no env vars of ours, no site, no    |
+|                                           | repo or venv on sys.path); results only as JSON on a pipe|
+| importing the project, torch, the venv    | sys.path = the stdlib + the allowed libraries' folder   |
+|                                           | (above), grafted read-only at /sandbox-site            |
 | infinite loop, signal-handler tricks      | per-call itimers in the child + parent deadline per    |
 |                                           | call and per answer; RLIMIT_CPU (SIGXCPU then SIGKILL) |
 | fork bomb, leftover processes             | RLIMIT_NPROC under a unique unprivileged uid; PID ns   |
@@ -26,7 +43,8 @@ Threat model and the mechanism that stops each threat (child side in _sandbox_ch
 | memory bomb, disk filling, fd exhaustion  | RLIMIT_AS, RLIMIT_FSIZE + size-capped tmpfs, NOFILE    |
 | killing the evaluator / other sandboxes   | PID ns (cannot name them) + other uid (EPERM)          |
 | reading files (repo, task files holding   | mount ns + chroot into a minimal read-only root: /usr, |
-| reference solutions, /work, /home)        | /etc, the stdlib dirs, 5 /dev nodes, fresh /proc       |
+| reference solutions, /work, /home)        | /etc, the stdlib dirs, /sandbox-site, 5 /dev nodes,    |
+|                                           | fresh /proc                                            |
 | writing files (repo, /tmp), leaving junk  | that root is read-only; scratch = private size-capped  |
 |                                           | tmpfs (/tmp, /dev/shm) that dies with the namespace    |
 | network (exfiltration, local services)    | new network ns: no interfaces up, not even loopback    |
@@ -37,12 +55,16 @@ Threat model and the mechanism that stops each threat (child side in _sandbox_ch
 | chroot escape)                            | or capset + locked securebits); no user ns in a chroot |
 | kernel attack surface, inspection tools   | seccomp deny list (ptrace, bpf, io_uring, keyctl,      |
 |                                           | userfaultfd, mount, unshare, ...) -> EPERM; optional   |
-| secrets in the environment                | minimal environment (PATH, LANG, HOME, TMPDIR)         |
+| secrets in the environment                | minimal environment (PATH, LANG, HOME, TMPDIR, the     |
+|                                           | hash seed, one-thread settings of native thread pools) |
 | flooding our memory with output           | stdout/stderr to /dev/null; result lines size-capped   |
 
 Speed: SandboxPool forks each sandbox from a pre-started "zygote" interpreter (it never
 holds a job's source; every sandbox still gets fresh namespaces, uid and limits), which
-skips the ~30-60 ms interpreter start; run_calls starts a fresh interpreter. Killed
+skips the ~30-60 ms interpreter start; run_calls starts a fresh interpreter. The zygote
+imports no library: importing numpy costs a sandbox ~0.2-0.3 s, but pre-importing it
+would add ~13-15 ms to every sandbox's fork and teardown, a loss unless over ~6% of the
+jobs import numpy (0.3% of the published references do; docs/benchmarks.md). Killed
 sandboxes are reaped in the background. Not done: cgroups (memory is capped per
 process by RLIMIT_AS, not per sandbox); seccomp is a deny list, not an allow list.
 
@@ -80,6 +102,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+from colbench.scoring import _sandbox_child as _child  # its constants only (stdlib, as this module)
 
 logger = logging.getLogger(__name__)
 
@@ -270,7 +294,7 @@ def sweep_stale_scratch(base: str | None = None) -> list[str]:
 
 
 def _pid_alive(pid: int) -> bool:
-    # as colbench.outdir.pid_alive; this module imports nothing from the project (stdlib only)
+    # as colbench.outdir.pid_alive; this module imports nothing else from the project (stdlib only)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -285,11 +309,16 @@ def _child_config(limits: SandboxLimits, scratch: str) -> dict:
     # misbehave with them; also how the tests exercise the fallback).
     return {**asdict(limits), "scratch_dir": os.path.join(scratch, "work"),
             "namespaces": os.environ.get("SWEET_SANDBOX_NO_NAMESPACES") != "1",
-            "minimal_root": os.environ.get("SWEET_SANDBOX_NO_MINIMAL_ROOT") != "1"}
+            "minimal_root": os.environ.get("SWEET_SANDBOX_NO_MINIMAL_ROOT") != "1",
+            "site": os.path.realpath(sandbox_site()) if sandbox_site().is_dir() else None}
 
 
 def _child_env() -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # no secrets from our environment
+    return dict(_child.SANDBOX_ENV)  # built from scratch: nothing from our environment
+
+
+def _child_argv(*args: str) -> list[str]:
+    return [sys.executable, *_child.INTERPRETER_FLAGS, CHILD_SCRIPT, *args]
 
 
 def _child_stderr():
@@ -303,7 +332,7 @@ class _ExecProc:
         r, w = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", CHILD_SCRIPT, str(w), json.dumps(cfg)],
+                _child_argv(str(w), json.dumps(cfg)),
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=_child_stderr(),
                 pass_fds=(w,), start_new_session=True,  # own process group: killpg reaches all of it
                 env=_child_env(), cwd="/",
@@ -575,7 +604,7 @@ class _Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", CHILD_SCRIPT, "zygote", str(theirs.fileno())],
+                _child_argv("zygote", str(theirs.fileno())),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=_child_stderr(),
                 pass_fds=(theirs.fileno(),), start_new_session=True, env=_child_env(), cwd="/",
             )
@@ -701,7 +730,7 @@ class SandboxPool:
     """Runs many sandboxed jobs in parallel (one sandbox per job, `workers` at a time).
 
     zygote: fork each sandbox from a pre-started interpreter (about 2-3x faster than a
-            fresh `python -I -S` per answer, same isolation); falls back to fresh
+            fresh interpreter per answer, same isolation); falls back to fresh
             interpreters if the zygote cannot run.
 
     A crashed, hung or killed sandbox gives failed outcomes for its job; `run_many` never
