@@ -174,16 +174,24 @@ def read_episodes(path: Path, *, repair: bool = False) -> list[Episode]:
     return episodes
 
 
-def load_episodes(source: str | Path, env: str = "backend", *, limit: int | None = None) -> list[Episode]:
+def load_episodes(source: str | Path, env: str = "backend", *, limit: int | None = None,
+                  on_error: str = "skip", usable_only: bool = False) -> list[Episode]:
     """The one episode loader: our runner's JSONL (Episode records), or the published
     offline trajectories (rows with `task`, `dialogue_history`, `answer`, `reward`; a
     file or `hf:<dataset id>`, read by `colbench.tasks.load_trajectories`), told apart
-    by the first row. `limit` keeps the first episodes. Bad rows raise ValueError
-    naming file:line; a truncated last line of our own files is skipped with a warning."""
+    by the first row. `limit` keeps the first episodes. A bad line of our own files
+    raises ValueError naming file:line (a truncated last line is skipped with a warning).
+
+    Published rows are read and their tasks validated as evaluation reads tasks
+    (`load_trajectories`): with on_error "skip" (default) bad rows and trajectories of
+    unusable tasks are dropped with one warning line naming how many and the list's
+    file; "raise" stops naming each. usable_only (what trainers want): also drop our
+    runner's episodes of unusable tasks (stop reason "unusable_task", scored 0 without
+    being played), with one warning line."""
     from colbench.tasks import load_trajectories
 
     if str(source).startswith("hf:"):
-        return load_trajectories(str(source), env=env, limit=limit)
+        return load_trajectories(str(source), env=env, limit=limit, on_error=on_error)
     path = Path(source)
     if not path.is_file():
         raise FileNotFoundError(f"episode file not found: {path}")
@@ -196,9 +204,21 @@ def load_episodes(source: str | Path, env: str = "backend", *, limit: int | None
     except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
         published = False  # read_episodes names the bad line
     if published:
-        return load_trajectories(str(path), env=env, limit=limit)
+        return load_trajectories(str(path), env=env, limit=limit, on_error=on_error)
     episodes = read_episodes(path)
-    return episodes[:limit] if limit is not None else episodes
+    episodes = episodes[:limit] if limit is not None else episodes
+    if usable_only:
+        placeholders = [ep for ep in episodes if ep.stop_reason == STOP_UNUSABLE]
+        if placeholders:
+            if on_error == "raise":
+                raise ValueError(f"{path}: {len(placeholders)} episodes of unusable tasks (first {placeholders[0].task_id!r}, "
+                                 f"{placeholders[0].meta.get('where', '')}: {placeholders[0].meta.get(UNUSABLE, '')})")
+            warnings.warn(f"{path}: skipping {len(placeholders)} of {len(episodes)} episodes of unusable tasks "
+                          f"(scored 0, never played; their rows and reasons are in each episode's meta, first "
+                          f"{placeholders[0].meta.get('where', '')}: {placeholders[0].meta.get(UNUSABLE, '')})",
+                          stacklevel=2)
+            episodes = [ep for ep in episodes if ep.stop_reason != STOP_UNUSABLE]
+    return episodes
 
 
 @dataclass(eq=False)
