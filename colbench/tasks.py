@@ -331,19 +331,40 @@ def validate_references(tasks: Sequence[Task], workers: int | None = None, *,
     """
     bad: dict[str, str] = {}
     runnable = []
+    same: dict[tuple[str, tuple[str, ...]], list[Task]] = {}  # one run per distinct (reference, tests)
     store = _ValidationCache.open() if cache else None
     for t in tasks:
         reason = _static_reference_problem(t)
         if reason:
             bad[t.task_id] = reason
             continue
+        content = (t.hidden, tuple(t.tests))
+        if content in same:
+            same[content].append(t)
+            continue
         hit = store.get(t) if store is not None else None
         if hit is None:
             runnable.append(t)
+            same[content] = [t]
         elif hit[0] is not None:
             bad[t.task_id] = hit[0]
+            same[content] = [t]
+        else:
+            same[content] = [t]
+    try:
+        _run_validation(runnable, bad, store, workers, progress)
+    finally:  # copies share their first's verdict (also when interrupted: what is known)
+        for group in same.values():
+            if group[0].task_id in bad:
+                for t in group[1:]:
+                    bad[t.task_id] = bad[group[0].task_id]
+    return bad
+
+
+def _run_validation(runnable: Sequence[Task], bad: dict[str, str], store: "_ValidationCache | None",
+                    workers: int | None, progress: bool | None) -> None:
     if not runnable:
-        return bad
+        return
     from colbench.scoring.sandbox import SandboxPool  # the sandbox starts processes: import late
 
     pool = SandboxPool(workers=workers)
@@ -367,7 +388,6 @@ def validate_references(tasks: Sequence[Task], workers: int | None = None, *,
         if bar is not None:
             bar.close()
         pool.close()
-    return bad
 
 
 VALIDATION_STATS = {"sandbox_jobs": 0}  # jobs validate_references sent to a sandbox pool (this process)
@@ -533,15 +553,17 @@ def _file_rows(path: Path, limit: int | None) -> Iterator[_Row]:
     raise ValueError(f"{path}: unsupported file type {suffix!r} (expected .jsonl, .json or .parquet)")
 
 
-def _jsonl_rows(path: Path, limit: int | None) -> Iterator[_Row]:
+def _jsonl_rows(path: Path, limit: int | None, name: str | None = None) -> Iterator[_Row]:
+    """One _Row per non-blank line; a line that does not decode is a row with its error
+    (never the end of the file). `name` replaces the path in "file:line" locations."""
     count = 0
-    with path.open("r", encoding="utf-8") as f:
+    with path.open("r", encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if limit is not None and count >= limit:
                 return
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
+            where = f"{name or path}:{lineno}"
             try:
                 yield _Row(where, count, json.loads(line))
             except json.JSONDecodeError as e:
@@ -571,7 +593,21 @@ def _parquet_rows(path: Path, limit: int | None) -> Iterator[_Row]:
 
 
 def _hf_rows(dataset_id: str, data_file: str | None, limit: int | None, split: str = "train") -> Iterator[_Row]:
-    """Rows of a Hugging Face dataset (downloads on first use; never used in tests)."""
+    """Rows of a Hugging Face dataset (downloads on first use; never used in tests). A JSONL
+    data file (the published ColBench files) is downloaded as is and read line by line like a
+    local file, so one bad line is one unusable row, never the end of the load."""
+    if data_file is not None and data_file.endswith(".jsonl"):
+        try:
+            from huggingface_hub import hf_hub_download
+        except ImportError:
+            pass
+        else:
+            local = hf_hub_download(repo_id=dataset_id, filename=data_file, repo_type="dataset")
+            return _jsonl_rows(Path(local), limit, name=f"hf:{dataset_id}/{data_file}")
+    return _hf_dataset_rows(dataset_id, data_file, limit, split)
+
+
+def _hf_dataset_rows(dataset_id: str, data_file: str | None, limit: int | None, split: str) -> Iterator[_Row]:
     from datasets import load_dataset
 
     if data_file is not None:

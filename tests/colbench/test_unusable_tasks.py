@@ -254,3 +254,19 @@ def test_published_test_split_reference_scores_one(tmp_path):
         f"{row['n_unusable_tasks']} unusable: " + "; ".join(f"{u['where']}: {u['reason']}"
                                                             for u in row["unusable_tasks"])
         + f" ({time.time() - t0:.0f} s)")
+
+
+def test_hf_source_is_read_line_by_line_like_a_file(mixed, cache, monkeypatch):
+    """The published data: the hub download is replaced by our own file (no network here);
+    the rest (reading, validation, the unusable rows' names) is the real loader."""
+    import huggingface_hub
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download",
+                        lambda repo_id, filename, repo_type: asked.append((repo_id, filename, repo_type)) or str(mixed))
+    tasks = load_tasks("hf:facebook/collaborative_agent_bench[test]")
+    assert asked == [("facebook/collaborative_agent_bench", "backend_tasks/test.jsonl", "dataset")]
+    name = "hf:facebook/collaborative_agent_bench/backend_tasks/test.jsonl"
+    assert [t.meta["where"] for t in tasks] == [f"{name}:{n}" for n in sorted(ROWS)]
+    assert [t.meta["split"] for t in tasks] == ["test"] * 7
+    assert sum(not is_usable(t) for t in tasks) == 5
