@@ -111,6 +111,9 @@ def test_evaluate_runs_the_good_rows_counts_all_and_names_the_bad(mixed, cache, 
     assert len(episodes) == 7 and len(placeholders) == 5
     assert all(ep.reward == 0 and ep.turns == [] and ep.meta["where"].startswith(str(mixed)) for ep in placeholders)
     assert all(ep.meta["scoring_version"] == SCORING_VERSION for ep in episodes)
+    # behaviour is measured on the played episodes; the placeholders show in the stop reasons only
+    assert row["behaviour"]["stop_reasons"] == {"answered": 2, STOP_UNUSABLE: 5}
+    assert row["behaviour"]["mean_turns"] == 1.0 and row["behaviour"]["scoring_errors"] == 0
     # the strict flag stops before any episode, one line naming every row
     capsys.readouterr()
     assert main(["--env", "backend", "--agent", "reference", "--tasks", str(mixed), "--output",
