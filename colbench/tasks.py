@@ -334,23 +334,23 @@ def validate_references(tasks: Sequence[Task], workers: int | None = None, *,
     same: dict[tuple[str, tuple[str, ...]], list[Task]] = {}  # one run per distinct (reference, tests)
     store = _ValidationCache.open() if cache else None
     for t in tasks:
-        reason = _static_reference_problem(t)
-        if reason:
-            bad[t.task_id] = reason
-            continue
         content = (t.hidden, tuple(t.tests))
         if content in same:
             same[content].append(t)
             continue
+        same[content] = [t]
         hit = store.get(t) if store is not None else None
-        if hit is None:
-            runnable.append(t)
-            same[content] = [t]
-        elif hit[0] is not None:
-            bad[t.task_id] = hit[0]
-            same[content] = [t]
+        if hit is not None:  # the cache holds static verdicts too: a hit parses nothing
+            if hit[0] is not None:
+                bad[t.task_id] = hit[0]
+            continue
+        reason = _static_reference_problem(t)
+        if reason:
+            bad[t.task_id] = reason
+            if store is not None:
+                store.put(t, reason)
         else:
-            same[content] = [t]
+            runnable.append(t)
     try:
         _run_validation(runnable, bad, store, workers, progress)
     finally:  # copies share their first's verdict (also when interrupted: what is known)
