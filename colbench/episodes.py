@@ -16,6 +16,17 @@ holding the env's answer marker ends the dialogue (stop "answered"); otherwise t
 simulated human replies. After `max_turns` agent turns, the last agent message is
 the answer (stop "turn_limit"). In single-turn mode the first message is the answer.
 
+Unusable tasks (`Task.meta["unusable"]`, see colbench.tasks): the agent and the simulator
+never see them; each gets an episode scored 0 with stop reason "unusable_task", the reason
+and the row's file:line in `meta` and `Score.error`, written like any other, so the task
+stays in the denominator. A stored episode that no longer matches its task (a placeholder
+for a task that is usable now, a played episode of a task now unusable, another reason)
+is dropped from the file and redone.
+
+Every scored episode records `meta["scoring_version"]` (colbench.scoring.backend
+SCORING_VERSION): the rules it was scored under. `rescore_file` rescores a file's stored
+answers under the current rules.
+
 Failures end only their own episode, recorded on it, never replaced silently:
 - simulator failure: the human turn is recorded with failed=True and its error,
   `n_simulator_failures` counts it, and the episode stops ("simulator_error"). Its
@@ -30,6 +41,7 @@ Failures end only their own episode, recorded on it, never replaced silently:
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -44,12 +56,83 @@ from colbench.types import (
     STOP_SIMULATOR_ERROR,
     STOP_SINGLE_TURN,
     STOP_TURN_LIMIT,
+    STOP_UNUSABLE,
     Episode,
     Score,
     Task,
     Turn,
 )
 from engines.base import BatchError, EngineError
+
+UNUSABLE = "unusable"  # Task.meta / Episode.meta key (colbench.tasks.UNUSABLE)
+SCORING_VERSION_KEY = "scoring_version"
+
+
+def current_scoring_version() -> int:
+    """The version of the scoring rules this code scores under (colbench.scoring.backend)."""
+    from colbench.scoring.backend import SCORING_VERSION
+
+    return SCORING_VERSION
+
+
+def episode_scoring_version(ep: Episode) -> int:
+    """The rules an episode was scored under; 1 for episodes written before the field existed."""
+    return int(ep.meta.get(SCORING_VERSION_KEY, 1))
+
+
+def unusable_episode(task: Task, agent: str, seed: int) -> Episode:
+    """The episode of an unusable task: reward 0, the reason and file:line recorded, nothing played."""
+    reason, where = task.meta[UNUSABLE], str(task.meta.get("where", ""))
+    return Episode(task_id=task.task_id, env=task.env, agent=agent, seed=seed, stop_reason=STOP_UNUSABLE,
+                   score=Score(0.0, False, detail={UNUSABLE: reason, "where": where},
+                               error=f"unusable task ({where}): {reason}"),
+                   meta={UNUSABLE: reason, "where": where, SCORING_VERSION_KEY: current_scoring_version()})
+
+
+def matches_task(ep: Episode, task: Task) -> bool:
+    """Whether a stored episode still stands for `task` as loaded now (a placeholder exactly
+    when the task is unusable, for the same reason)."""
+    reason = task.meta.get(UNUSABLE)
+    if ep.stop_reason == STOP_UNUSABLE:
+        return bool(reason) and ep.meta.get(UNUSABLE) == reason
+    return not reason and ep.score is not None
+
+
+def write_episodes(path: Path, episodes: Sequence[Episode]) -> None:
+    """Replace an episodes file atomically (a reader sees the old file or the new one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for ep in episodes:
+            f.write(ep.dumps() + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def rescore_file(env: Environment, path: Path, tasks: Sequence[Task]) -> int:
+    """Rescore, under the current rules, the stored answers of the episodes in `path`
+    scored under other rules (episodes of tasks not in `tasks`, or unusable now, are
+    dropped: a rerun redoes them). Rewrites the file atomically; returns how many were
+    rescored."""
+    version = current_scoring_version()
+    by_id = {t.task_id: t for t in tasks}
+    kept, todo = [], []
+    for ep in read_episodes(path, repair=True):
+        if episode_scoring_version(ep) == version:
+            kept.append(ep)
+        elif ep.stop_reason != STOP_UNUSABLE and ep.task_id in by_id and not by_id[ep.task_id].meta.get(UNUSABLE):
+            todo.append(ep)
+    played = [ep for ep in todo if ep.stop_reason != STOP_ENGINE_ERROR]
+    if played:
+        scores = env.score([by_id[ep.task_id] for ep in played], [ep.answer for ep in played])
+        for ep, sc in zip(played, scores):
+            ep.score = sc
+    for ep in todo:
+        ep.meta[SCORING_VERSION_KEY] = version
+    write_episodes(path, kept + todo)
+    return len(todo)
 
 
 @dataclass
@@ -91,16 +174,24 @@ def read_episodes(path: Path, *, repair: bool = False) -> list[Episode]:
     return episodes
 
 
-def load_episodes(source: str | Path, env: str = "backend", *, limit: int | None = None) -> list[Episode]:
+def load_episodes(source: str | Path, env: str = "backend", *, limit: int | None = None,
+                  on_error: str = "skip", usable_only: bool = False) -> list[Episode]:
     """The one episode loader: our runner's JSONL (Episode records), or the published
     offline trajectories (rows with `task`, `dialogue_history`, `answer`, `reward`; a
     file or `hf:<dataset id>`, read by `colbench.tasks.load_trajectories`), told apart
-    by the first row. `limit` keeps the first episodes. Bad rows raise ValueError
-    naming file:line; a truncated last line of our own files is skipped with a warning."""
+    by the first row. `limit` keeps the first episodes. A bad line of our own files
+    raises ValueError naming file:line (a truncated last line is skipped with a warning).
+
+    Published rows are read and their tasks validated as evaluation reads tasks
+    (`load_trajectories`): with on_error "skip" (default) bad rows and trajectories of
+    unusable tasks are dropped with one warning line naming how many and the list's
+    file; "raise" stops naming each. usable_only (what trainers want): also drop our
+    runner's episodes of unusable tasks (stop reason "unusable_task", scored 0 without
+    being played), with one warning line."""
     from colbench.tasks import load_trajectories
 
     if str(source).startswith("hf:"):
-        return load_trajectories(str(source), env=env, limit=limit)
+        return load_trajectories(str(source), env=env, limit=limit, on_error=on_error)
     path = Path(source)
     if not path.is_file():
         raise FileNotFoundError(f"episode file not found: {path}")
@@ -113,9 +204,21 @@ def load_episodes(source: str | Path, env: str = "backend", *, limit: int | None
     except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
         published = False  # read_episodes names the bad line
     if published:
-        return load_trajectories(str(path), env=env, limit=limit)
+        return load_trajectories(str(path), env=env, limit=limit, on_error=on_error)
     episodes = read_episodes(path)
-    return episodes[:limit] if limit is not None else episodes
+    episodes = episodes[:limit] if limit is not None else episodes
+    if usable_only:
+        placeholders = [ep for ep in episodes if ep.stop_reason == STOP_UNUSABLE]
+        if placeholders:
+            if on_error == "raise":
+                raise ValueError(f"{path}: {len(placeholders)} episodes of unusable tasks (first {placeholders[0].task_id!r}, "
+                                 f"{placeholders[0].meta.get('where', '')}: {placeholders[0].meta.get(UNUSABLE, '')})")
+            warnings.warn(f"{path}: skipping {len(placeholders)} of {len(episodes)} episodes of unusable tasks "
+                          f"(scored 0, never played; their rows and reasons are in each episode's meta, first "
+                          f"{placeholders[0].meta.get('where', '')}: {placeholders[0].meta.get(UNUSABLE, '')})",
+                          stacklevel=2)
+            episodes = [ep for ep in episodes if ep.stop_reason != STOP_UNUSABLE]
+    return episodes
 
 
 @dataclass(eq=False)
@@ -169,9 +272,17 @@ def run_episodes(
     out_path = Path(out_path) if out_path is not None else None
     done = {ep.episode_id: ep for ep in read_episodes(out_path, repair=True)} if out_path else {}
     order = [(t, s) for t in tasks for s in seeds]
+    stale = {f"{t.task_id}/{agent.name}/{s}" for t, s in order
+             if f"{t.task_id}/{agent.name}/{s}" in done and not matches_task(done[f"{t.task_id}/{agent.name}/{s}"], t)}
+    if stale:  # the task changed status since (now usable, or unusable): redo its episodes
+        write_episodes(out_path, [ep for eid, ep in done.items() if eid not in stale])
+        for eid in stale:
+            del done[eid]
+    placeholders = [unusable_episode(t, agent.name, s) for t, s in order
+                    if t.meta.get(UNUSABLE) and f"{t.task_id}/{agent.name}/{s}" not in done]
     todo = [_new(env, t, agent, s, simulator) for t, s in order
-            if f"{t.task_id}/{agent.name}/{s}" not in done]
-    bar = _progress_bar(len(order), len(order) - len(todo), agent.name, progress)
+            if f"{t.task_id}/{agent.name}/{s}" not in done and not t.meta.get(UNUSABLE)]
+    bar = _progress_bar(len(order), len(order) - len(todo) - len(placeholders), agent.name, progress)
     writer = _Writer(out_path)
 
     def save(scored: Sequence[_Live]) -> None:  # each episode as soon as it is scored
@@ -182,6 +293,12 @@ def run_episodes(
             bar.update(len(scored))
 
     try:
+        if placeholders:
+            writer.write(placeholders)
+            for ep in placeholders:
+                done[ep.episode_id] = ep
+            if bar is not None:
+                bar.update(len(placeholders))
         limit = config.max_concurrent or len(todo) or 1
         active: list[_Live] = []
         while todo or active:
@@ -320,6 +437,9 @@ def _score(env: Environment, finished: Sequence[_Live], save) -> None:
     With `env.score_iter`, episodes are saved in the step's order as soon as they and
     those before them are scored (the file's order stays the same from run to run); an
     interruption (Ctrl-C) saves every episode already scored before it propagates."""
+    version = current_scoring_version()
+    for lv in finished:
+        lv.episode.meta[SCORING_VERSION_KEY] = version
     save([lv for lv in finished if lv.episode.score is not None])
     todo = [lv for lv in finished if lv.episode.score is None]
     if not todo:

@@ -39,6 +39,13 @@ unknown task ids, a value of the wrong type in flags or --config YAML) ends with
 error line, exit code 2, before any model loads (`--debug` adds the traceback);
 docs/bad-input.md lists every case.
 
+Unusable task rows (bad JSON, a missing field, a reference that fails validation) never
+stop the run: each scores 0 for every agent (never played), stays in the denominator, and
+the leaderboard counts and names them (file:line and reason); `--strict-tasks` stops
+instead, naming each. Episodes and leaderboards record the scoring version; a rerun into a
+folder whose episodes were scored under another version stops naming both, unless
+`--rescore` rescores their stored answers.
+
 OpenAI-compatible agents and simulators are bounded by --request_timeout (one deadline
 per request, body included), --max_retries and --max_reply_mb; a reply that cannot be
 used fails its own episode, and the leaderboard counts engine errors with the first
@@ -107,6 +114,12 @@ class EvalConfig:
     dtype: str = field(default="auto", metadata={"help": "hf/vllm dtype: auto, bfloat16, float16, float32"})
     batch_size: int = field(default=16, metadata={"help": "hf engines: sequences per forward batch"})
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
+    strict_tasks: bool = field(default=False, metadata={
+        "help": "stop (exit 2) on any unusable task row, naming each; default: an unusable row scores 0 for "
+                "every agent, stays in the denominator and is named in the leaderboard"})
+    rescore: bool = field(default=False, metadata={
+        "help": "rescore, under this code's scoring rules, the stored answers of episodes in --output scored "
+                "under another scoring version (default: refuse such a folder)"})
 
     def __post_init__(self) -> None:
         if not self.output:
@@ -180,21 +193,27 @@ def prepare(config: EvalConfig) -> Plan:
     try:
         from colbench.tasks import load_tasks
 
-        tasks = load_tasks(config.tasks, env=config.env, limit=config.limit)
+        on_error = "raise" if config.strict_tasks else "keep"
+        tasks = load_tasks(config.tasks, env=config.env, limit=config.limit, on_error=on_error)
         # Replay rows may cover more than the --limit'ed tasks: check their ids against all.
-        known_ids = {t.task_id for t in (load_tasks(config.tasks, env=config.env, validate=False)
+        known_ids = {t.task_id for t in (load_tasks(config.tasks, env=config.env, validate=False, on_error=on_error)
                                          if replays and config.limit else tasks)}
     except (OSError, ValueError, KeyError, LookupError) as e:
         raise UsageError(f"--tasks {config.tasks}: " + str(e).replace("\n", "; ")) from None
     if not tasks:
         raise UsageError(f"--tasks {config.tasks}: no tasks")
-    _check_turns(config, tasks)
+    from colbench.tasks import is_usable
+
+    playable = [t for t in tasks if is_usable(t)]
+    if playable:
+        _check_turns(config, playable)
     for file in replays:
         check_agent_spec(f"replay:{file}", known_ids)
-        _check_replay_covers(file, tasks)
+        _check_replay_covers(file, playable)
     out_dir = Path(config.output)
     _check_previous_config(out_dir, config)
     _check_episode_files(out_dir, [n for n, _ in agents])
+    _check_scoring_versions(out_dir, [n for n, _ in agents], config.rescore)
     from colbench.rollout import episode_seeds
 
     return Plan(tasks=tasks, agents=agents, baseline=baseline, seeds=episode_seeds(config.seed_round, config.seeds),
@@ -243,6 +262,37 @@ def _check_episode_files(out_dir: Path, names: Sequence[str]) -> None:
                 raise UsageError(f"{e}; fix or remove the file to rerun those episodes") from None
 
 
+def _old_scoring_versions(out_dir: Path, names: Sequence[str]) -> dict[str, set[int]]:
+    """{agent: the scoring versions of its stored episodes other than this code's}."""
+    import warnings
+
+    from colbench.episodes import current_scoring_version, episode_scoring_version, read_episodes
+
+    now = current_scoring_version()
+    out = {}
+    for name in names:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            old = {episode_scoring_version(ep) for ep in read_episodes(out_dir / "episodes" / f"{file_slug(name)}.jsonl")}
+        if old - {now}:
+            out[name] = old - {now}
+    return out
+
+
+def _check_scoring_versions(out_dir: Path, names: Sequence[str], rescore: bool) -> None:
+    """Episodes scored under other scoring rules never mix with new ones: refuse the folder
+    (one line naming it and both versions) unless --rescore."""
+    from colbench.episodes import current_scoring_version
+
+    old = _old_scoring_versions(out_dir, names)
+    if old and not rescore:
+        versions = sorted(set().union(*old.values()))
+        raise UsageError(f"--output {out_dir} holds episodes scored under scoring version "
+                         f"{', '.join(map(str, versions))} (agent {next(iter(old))!r}); this code scores under version "
+                         f"{current_scoring_version()}: rerun with --rescore to rescore their stored answers, "
+                         "or use a new --output DIR")
+
+
 def _check_previous_config(out_dir: Path, config: EvalConfig) -> None:
     """Episodes in DIR are reused by id, so they must come from the same settings."""
     path = out_dir / "config.json"
@@ -261,7 +311,7 @@ def _check_previous_config(out_dir: Path, config: EvalConfig) -> None:
 def run(config: EvalConfig, plan: Plan) -> list[Any]:
     """Run every agent (reusing finished episodes), then write the reports."""
     from colbench.envs import make_env
-    from colbench.episodes import EpisodeConfig, read_episodes
+    from colbench.episodes import EpisodeConfig, matches_task, read_episodes
     from colbench.report import build_row, write_reports
     from colbench.rollout import rollout
     from engines.base import EngineOptions, SamplingParams
@@ -284,11 +334,14 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
     simulator = None
     episodes: dict[str, list[Any]] = {}
     _claim_episode_files(plan, config, episode_config)
+    if config.rescore:
+        _rescore(plan, env)
     try:
         for name, spec in plan.agents:
             path = plan.out_dir / "episodes" / f"{file_slug(name)}.jsonl"
-            wanted = {f"{t.task_id}/{name}/{s}" for t in plan.tasks for s in plan.seeds}
-            have = {ep.episode_id: ep for ep in read_episodes(path) if ep.episode_id in wanted}
+            wanted = {f"{t.task_id}/{name}/{s}": t for t in plan.tasks for s in plan.seeds}
+            have = {ep.episode_id: ep for ep in read_episodes(path)
+                    if ep.episode_id in wanted and matches_task(ep, wanted[ep.episode_id])}
             if len(have) == len(wanted):  # finished earlier: no model to load
                 episodes[name] = [have[f"{t.task_id}/{name}/{s}"] for t in plan.tasks for s in plan.seeds]
                 print(f"{name}: reusing {len(have)} finished episodes from {path}", file=sys.stderr)
@@ -322,6 +375,18 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
         if simulator is not None:
             simulator.close()
         env.close()
+
+
+def _rescore(plan: Plan, env: Any) -> None:
+    """--rescore: rescore the stored answers of episodes scored under other rules."""
+    from colbench.episodes import current_scoring_version, rescore_file
+
+    old = _old_scoring_versions(plan.out_dir, [n for n, _ in plan.agents])
+    for name in old:
+        path = plan.out_dir / "episodes" / f"{file_slug(name)}.jsonl"
+        n = rescore_file(env, path, plan.tasks)
+        print(f"{name}: rescored {n} stored answers in {path} under scoring version {current_scoring_version()} "
+              f"(were {', '.join(map(str, sorted(old[name])))})", file=sys.stderr)
 
 
 def _claim_episode_files(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
@@ -360,10 +425,18 @@ def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
         "episode": dataclasses.asdict(episode_config),
         "seeds": plan.seeds,
         "n_tasks": len(plan.tasks),
+        "n_unusable_tasks": sum(1 for t in plan.tasks if t.meta.get("unusable")),
+        "scoring_version": _scoring_version(),
         "server": dataclasses.asdict(server_defaults()),  # openai: engines' timeout, retries, reply cap
         "python": sys.version.split()[0],
     }
     (plan.out_dir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
+
+
+def _scoring_version() -> int:
+    from colbench.episodes import current_scoring_version
+
+    return current_scoring_version()
 
 
 def _thumbnails(tasks: Sequence[Any], episodes: dict[str, list[Any]]) -> str | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from colbench.stats import Metric, behaviour_stats, env_metrics
-from colbench.types import Episode, Task
+from colbench.types import STOP_UNUSABLE, Episode, Task
 
 # Metric display order and labels.
 METRIC_LABELS = {
@@ -49,11 +49,20 @@ class LeaderboardRow:
     metrics: dict[str, Metric]
     behaviour: dict[str, Any] = field(default_factory=dict)
     baseline: bool = False
+    # tasks whose row is unusable (scored 0, in n_tasks): [{"task_id", "where", "reason"}]
+    unusable: list[dict[str, str]] = field(default_factory=list)
+    scoring_version: int | None = None  # the rules its episodes were scored under
+
+    @property
+    def n_unusable(self) -> int:
+        return len(self.unusable)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "agent": self.agent, "spec": self.spec, "env": self.env, "baseline": self.baseline,
             "n_tasks": self.n_tasks, "n_episodes": self.n_episodes,
+            "n_unusable_tasks": self.n_unusable, "unusable_tasks": self.unusable,
+            "scoring_version": self.scoring_version,
             "metrics": {k: m.to_json() for k, m in self.metrics.items()},
             "behaviour": self.behaviour,
         }
@@ -61,11 +70,40 @@ class LeaderboardRow:
 
 def build_row(agent: str, spec: str, env: str, episodes: Sequence[Episode],
               baseline: Sequence[Episode] | None = None, is_baseline: bool = False) -> LeaderboardRow:
+    """One agent's row. Episodes of unusable tasks (stop reason "unusable_task") count in
+    every denominator, scored 0, and are listed in `unusable`."""
+    from colbench.episodes import current_scoring_version, episode_scoring_version
+
+    unusable: dict[str, dict[str, str]] = {}
+    for ep in episodes:
+        if ep.stop_reason == STOP_UNUSABLE and ep.task_id not in unusable:
+            unusable[ep.task_id] = {"task_id": ep.task_id, "where": str(ep.meta.get("where", "")),
+                                    "reason": str(ep.meta.get("unusable", ""))}
+    versions = {episode_scoring_version(ep) for ep in episodes}
     return LeaderboardRow(
         agent=agent, spec=spec, env=env,
         n_tasks=len({ep.task_id for ep in episodes}), n_episodes=len(episodes),
         metrics=env_metrics(env, episodes, baseline), behaviour=behaviour_stats(episodes), baseline=is_baseline,
+        unusable=sorted(unusable.values(), key=lambda u: _where_key(u["where"])),
+        scoring_version=versions.pop() if len(versions) == 1 else current_scoring_version(),
     )
+
+
+def _where_key(where: str) -> tuple[str, int]:
+    head, _, tail = where.rpartition(":")
+    return (head, int(tail)) if tail.isdigit() else (where, 0)
+
+
+def unusable_lines(rows: Sequence[LeaderboardRow]) -> list[str]:
+    """The unusable tasks, said once (they are the same for every agent): a summary line
+    (how many of how many, the best success possible) and one line per task."""
+    row = max(rows, key=lambda r: r.n_unusable, default=None)
+    if row is None or not row.n_unusable:
+        return []
+    ceiling = 100 * (row.n_tasks - row.n_unusable) / max(1, row.n_tasks)
+    head = (f"Unusable tasks: {row.n_unusable} of {row.n_tasks} (scored 0 for every agent, counted in every "
+            f"denominator: the best possible success is {ceiling:.1f}%):")
+    return [head] + [f"- {u['where']} ({u['task_id']}): {u['reason']}" for u in row.unusable]
 
 
 def _pct(m: Metric, metric: str) -> str:
@@ -102,8 +140,13 @@ def leaderboard_markdown(rows: Sequence[LeaderboardRow]) -> str:
         cells += [_behaviour_cell(k, r.behaviour.get(k)) for k in BEHAVIOUR_LABELS]
         lines.append("| " + " | ".join(cells) + " |")
     note = "Metrics: value [95% bootstrap CI over tasks], percent except CLIP similarity (cosine)."
+    versions = sorted({r.scoring_version for r in rows if r.scoring_version is not None})
+    if versions:
+        note += f" Scoring version {', '.join(map(str, versions))}."
     errors = [_engine_errors_line(r) for r in rows if r.behaviour.get("engine_errors")]
-    return "\n".join(lines) + "\n\n" + note + "\n" + "".join(f"\n{e}\n" for e in errors)
+    unusable = unusable_lines(rows)
+    return ("\n".join(lines) + "\n\n" + note + "\n" + "".join(f"\n{e}\n" for e in errors)
+            + ("\n" + "\n".join(unusable) + "\n" if unusable else ""))
 
 
 def _engine_errors_line(row: LeaderboardRow) -> str:
@@ -254,9 +297,14 @@ def report_html(rows: Sequence[LeaderboardRow], episodes_by_agent: dict[str, Seq
     if thumbs:
         imgs.append(("Final renders next to targets", thumbs))
     body = [f"<h1>ColBench {html.escape(env)} evaluation</h1>", _table_html(leaderboard_markdown(rows)),
-            "<p>Metrics: value [95% bootstrap CI over tasks]; percent except CLIP similarity.</p>"]
+            "<p>Metrics: value [95% bootstrap CI over tasks]; percent except CLIP similarity. Scoring version "
+            + html.escape(", ".join(sorted({str(r.scoring_version) for r in rows}))) + ".</p>"]
     body += [f"<p class='error'>{html.escape(_engine_errors_line(r))}</p>" for r in rows
              if r.behaviour.get("engine_errors")]
+    unusable = unusable_lines(rows)
+    if unusable:
+        body.append(f"<h2>Unusable tasks</h2><p class='error'>{html.escape(unusable[0])}</p><ul>"
+                    + "".join(f"<li>{html.escape(u[2:])}</li>" for u in unusable[1:]) + "</ul>")
     for title, b64 in imgs:
         body.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
                     f"src='data:image/png;base64,{b64}'>")

@@ -145,7 +145,8 @@ class EpisodeStore:
             raise UsageError(f"--env: unknown environment {config.env!r}; known: {', '.join(env_names())}")
         check_simulator_spec(config.simulator, config.env)
         try:
-            tasks = load_tasks(config.tasks, env=config.env, limit=config.limit)
+            # an unusable row cannot be played: served tasks are the usable ones (each skipped row logged)
+            tasks = load_tasks(config.tasks, env=config.env, limit=config.limit, on_error="skip")
         except (OSError, ValueError, KeyError, LookupError) as e:
             raise UsageError(f"--tasks {config.tasks}: " + str(e).replace("\n", "; ")) from None
         if not tasks:

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from colbench.types import STOP_ENGINE_ERROR, Episode
+from colbench.types import STOP_ENGINE_ERROR, STOP_UNUSABLE, Episode
 
 N_BOOTSTRAP = 2000
 BOOTSTRAP_SEED = 0
@@ -106,9 +106,14 @@ def _asked(ep: Episode) -> int:
 
 
 def behaviour_stats(episodes: Sequence[Episode]) -> dict[str, float | int | dict[str, int]]:
-    """How an agent behaves: dialogue length, asking vs answering, simulator replies."""
+    """How an agent behaves: dialogue length, asking vs answering, simulator replies. Over
+    the episodes it played: those of unusable tasks (never played) count in `stop_reasons` only."""
     if not episodes:
         return {}
+    stop_reasons = dict(sorted(Counter(ep.stop_reason for ep in episodes).items()))
+    episodes = [ep for ep in episodes if ep.stop_reason != STOP_UNUSABLE]
+    if not episodes:
+        return {"stop_reasons": stop_reasons}
     agent_turns = [t for ep in episodes for t in ep.agent_turns]
     replies = [t for ep in episodes for t in ep.turns if t.role == "human" and not t.failed]
     dont_know = sum(1 for t in replies if DONT_KNOW.search(t.content))
@@ -127,7 +132,7 @@ def behaviour_stats(episodes: Sequence[Episode]) -> dict[str, float | int | dict
                               and ep.stop_reason != STOP_ENGINE_ERROR),
         "engine_errors": len(engine_failed),
         "first_engine_error": _engine_error(engine_failed[0]) if engine_failed else None,
-        "stop_reasons": dict(sorted(Counter(ep.stop_reason for ep in episodes).items())),
+        "stop_reasons": stop_reasons,
     }
 
 

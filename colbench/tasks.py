@@ -29,14 +29,46 @@ the sandbox (never in this process). A reference must succeed, return a non-None
 value on every test and return the same values both times; otherwise its expected
 outputs are meaningless and the task is reported. Every problem names the file, the
 line (row number for .json/.parquet/hf sources) and the field or the reason.
+
+Unusable rows (`on_error`, the same for every source):
+
+    "keep"  (default) an unusable row never stops the others: it becomes a task flagged
+            `meta["unusable"] = reason` (with `meta["where"] = "file:line"`), kept in
+            place so the denominator stays the source's row count (1,000 for the paper's
+            test set). The runner (colbench.episodes) scores it 0 for every agent without
+            running the agent or the simulator, with stop reason "unusable_task"; the
+            leaderboard counts and names these rows. A row that did not even decode, or
+            lacks a field, becomes a placeholder (no reference, no tests) whose id is its
+            own `task_id` when it has a usable one, else "<env>-row<N>" (its row number:
+            stable from its location); a reference that fails validation keeps its task
+            (and id) with the flag. One warning line says how many and the first reason.
+    "skip"  drop unusable rows (each logged, then a summary): what trainers want, see
+            `usable_tasks`, which also writes the list of skipped rows.
+    "raise" one TaskFormatError, one line per unusable row ("file:line: reason").
+
+Validation cache: a reference's verdict is stored on disk, keyed by the reference source
+and its tests, the scoring rules (`SCORING_VERSION`, which covers the sandbox's seeding),
+the sandbox's libraries (`sandbox_libraries()`), its limits, the number of runs and the
+Python version, so a second load of the same rows (by any entry point) runs no sandbox.
+Location: $SWEET_COLBENCH_CACHE, else $XDG_CACHE_HOME/sweet-colbench, else
+~/.cache/sweet-colbench (`SWEET_COLBENCH_CACHE=off` disables it); entries under
+validation/<2 hex>/<sha256>.json, each written atomically (concurrent loaders are safe).
+A corrupt entry is recomputed with one warning; transient outcomes (a timeout, a crashed
+sandbox) are never cached. Loading shows progress bars (reading rows, validating) when
+it takes more than a couple of seconds.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import json
 import logging
+import os
+import platform
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -54,6 +86,13 @@ HF_TRAJECTORY_FILE = "colbench_code_offline_15k_llama8b.jsonl"
 PAPER_TEST_SIZE = 1000  # the paper evaluates on the first 1,000 rows of the test file
 VALIDATION_CHUNK = 256  # tasks per sandbox batch (progress bar granularity)
 MAX_LISTED_PROBLEMS = 10
+UNUSABLE = "unusable"  # Task.meta key: why the row cannot be used (absent: usable)
+ON_ERROR = ("keep", "skip", "raise")
+VALIDATION_RUNS = 2  # each reference runs twice; the two runs must agree
+CACHE_ENV = "SWEET_COLBENCH_CACHE"
+PROGRESS_DELAY_S = 2.0  # a progress bar appears only when loading takes longer than this
+# Sandbox errors that may be the machine's load, not the reference: never cached.
+TRANSIENT_ERRORS = ("TimeoutError", "sandbox crashed")
 
 
 class TaskFormatError(ValueError):
@@ -85,8 +124,9 @@ def load_tasks(
     *,
     split: str | None = None,
     limit: int | None = None,
-    on_error: str = "raise",
+    on_error: str = "keep",
     validate: bool = True,
+    progress: bool | None = None,
 ) -> list[Task]:
     """Load tasks from a local file, a bundled set or the published dataset.
 
@@ -94,12 +134,19 @@ def load_tasks(
               `Task.meta["split"]` for local files.
     limit:    read only the first `limit` rows of the source (the paper's test set is
               the first 1,000 rows, applied by default for the published test split).
-    on_error: "raise" -> one TaskFormatError listing every bad row (file:line: reason);
-              "skip"  -> log each bad row as a warning, then a summary, and drop it.
-    validate: backend only: run each reference twice on its tests in the sandbox.
+    on_error: what an unusable row (bad JSON, a missing or wrong field, a duplicate id,
+              a reference that fails validation) does, see the module docstring:
+              "keep"  -> (default) one task per row, the unusable ones flagged
+                         `meta["unusable"]` (reason) and `meta["where"]` (file:line), in
+                         source order; one warning line;
+              "skip"  -> log each unusable row as a warning, then a summary, and drop it;
+              "raise" -> one TaskFormatError listing every unusable row (file:line: reason).
+    validate: backend only: run each reference twice on its tests in the sandbox (the
+              verdicts are cached on disk, see `validation_cache_dir`).
+    progress: show progress bars (None: when loading takes over PROGRESS_DELAY_S seconds).
     """
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     if env == "testbed" and source.startswith("builtin:"):
@@ -110,21 +157,61 @@ def load_tasks(
         return make_tasks(named, n=limit, spec=spec)
     rows, split = _task_rows(source, env, split, limit)
     tasks: list[Task] = []
-    problems: list[tuple[str, str]] = []
-    n_rows = 0
-    for row in rows:
-        n_rows += 1
+    for row in _progress(rows, progress, "reading tasks", "row"):
         try:
             tasks.append(_row_to_task(row, env, split))
         except _RowProblem as p:
-            problems.append((row.where, str(p)))
-    tasks = _drop_duplicates(tasks, problems)
-    if validate and env == "backend" and tasks:
-        bad = validate_references(tasks)
-        problems.extend((t.meta["where"], bad[t.task_id]) for t in tasks if t.task_id in bad)
-        tasks = [t for t in tasks if t.task_id not in bad]
-    _handle_problems(problems, on_error, source, n_rows)
-    return tasks
+            tasks.append(_placeholder(row, env, split, str(p)))
+    tasks = _flag_duplicates(tasks)
+    if validate and env == "backend":
+        usable = [t for t in tasks if is_usable(t)]
+        bad = validate_references(usable, progress=progress) if usable else {}
+        tasks = [mark_unusable(t, bad[t.task_id]) if is_usable(t) and t.task_id in bad else t for t in tasks]
+    problems = [(t.meta["where"], t.meta[UNUSABLE]) for t in tasks if not is_usable(t)]
+    _handle_problems(problems, on_error, source, len(tasks))
+    return [t for t in tasks if is_usable(t)] if on_error == "skip" else tasks
+
+
+def is_usable(task: Task) -> bool:
+    """Whether a task can be played and scored (False: `meta["unusable"]` says why)."""
+    return not task.meta.get(UNUSABLE)
+
+
+def mark_unusable(task: Task, reason: str) -> Task:
+    """A copy of `task` flagged unusable with `reason` (kept in the denominator, scored 0)."""
+    return dataclasses.replace(task, meta={**task.meta, UNUSABLE: reason})
+
+
+def unusable_rows(tasks: Iterable[Task]) -> list[dict[str, str]]:
+    """[{"task_id", "where", "reason"}] of the unusable tasks, in order: what reports list."""
+    return [{"task_id": t.task_id, "where": str(t.meta.get("where", "")), "reason": t.meta[UNUSABLE]}
+            for t in tasks if not is_usable(t)]
+
+
+def usable_tasks(tasks: Sequence[Task], *, source: str, list_path: str | Path | None = None) -> list[Task]:
+    """The usable tasks (what trainers learn from: an unusable task has no reference to
+    learn from). When some are not, their list (JSONL rows task_id, where, reason) is
+    written to `list_path` (default: the cache folder's unusable/ list for `source`) and
+    ONE warning line names how many and where the list is."""
+    bad = unusable_rows(tasks)
+    if not bad:
+        return list(tasks)
+    path = Path(list_path) if list_path is not None else _default_list_path(source)
+    try:
+        _atomic_write(path, "".join(json.dumps(b, ensure_ascii=False) + "\n" for b in bad))
+        where = f"listed in {path}"
+    except OSError as e:
+        where = f"list not written ({path}: {e.strerror or e}); first: {bad[0]['where']}: {bad[0]['reason']}"
+    log.warning("skipping %d unusable of %d tasks from %s (no usable reference to learn from); %s",
+                len(bad), len(tasks), source, where)
+    return [t for t in tasks if is_usable(t)]
+
+
+def _default_list_path(source: str) -> Path:
+    root = validation_cache_dir() or Path(tempfile.gettempdir()) / "sweet-colbench"
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(source.rstrip("]")).name)[:60]
+    digest = hashlib.sha256(source.encode()).hexdigest()[:10]
+    return root / "unusable" / f"{name}-{digest}.jsonl"
 
 
 def load_trajectories(
@@ -132,7 +219,9 @@ def load_trajectories(
     env: str = "backend",
     *,
     limit: int | None = None,
-    on_error: str = "raise",
+    on_error: str = "skip",
+    validate: bool = True,
+    list_path: str | Path | None = None,
 ) -> list[Episode]:
     """Load published offline trajectories as scored Episodes.
 
@@ -143,9 +232,16 @@ def load_trajectories(
     agent was given) and `output` (its raw generation); later "user" turns are the
     simulated human. The episode's agent is "offline", its seed the row index, and the
     task itself is kept in `meta["task"]` (the SWEET critic needs the hidden reference).
+
+    The embedded tasks are read and validated as `load_tasks` does (same checks, same
+    on-disk cache, backend only when `validate`). on_error: "skip" (default; "keep" is
+    the same here: a trajectory of an unusable task has no reference to learn from) drops
+    bad rows and the trajectories of unusable tasks with ONE warning line naming how
+    many and the file listing them (`list_path`, default in the cache folder, see
+    `usable_tasks`); "raise" -> one TaskFormatError naming every such row.
     """
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     if source.startswith("hf:"):
@@ -156,12 +252,31 @@ def load_trajectories(
     episodes: list[Episode] = []
     problems: list[tuple[str, str]] = []
     n_rows = 0
-    for row in rows:
+    for row in _progress(rows, None, "reading trajectories", "row"):
         n_rows += 1
         try:
             episodes.append(_row_to_episode(row, env))
         except _RowProblem as p:
             problems.append((row.where, str(p)))
+    if validate and env == "backend" and episodes:
+        first: dict[str, Task] = {}
+        for ep in episodes:
+            first.setdefault(ep.task_id, Task.from_json(ep.meta["task"]))
+        bad = validate_references(list(first.values()))
+        problems += [(ep.meta["where"], f"task {ep.task_id}: {bad[ep.task_id]}") for ep in episodes
+                     if ep.task_id in bad]
+        episodes = [ep for ep in episodes if ep.task_id not in bad]
+    if problems and on_error != "raise":
+        problems.sort(key=lambda p: _where_key(p[0]))
+        rows_out = [{"task_id": "", "where": w, "reason": r} for w, r in problems]
+        path = Path(list_path) if list_path is not None else _default_list_path(source + "#trajectories")
+        try:
+            _atomic_write(path, "".join(json.dumps(b, ensure_ascii=False) + "\n" for b in rows_out))
+            where = f"listed in {path}"
+        except OSError as e:
+            where = f"list not written ({path}: {e.strerror or e}); first: {problems[0][0]}: {problems[0][1]}"
+        log.warning("skipping %d unusable of %d trajectories from %s; %s", len(problems), n_rows, source, where)
+        return episodes
     _handle_problems(problems, on_error, source, n_rows)
     return episodes
 
@@ -203,38 +318,172 @@ def stable_task_id(env: str, description: str, hidden: str) -> str:
     return f"{env}-{digest[:12]}"
 
 
-def validate_references(tasks: Sequence[Task], workers: int | None = None) -> dict[str, str]:
+def validate_references(tasks: Sequence[Task], workers: int | None = None, *,
+                        progress: bool | None = None, cache: bool = True) -> dict[str, str]:
     """Run each backend reference twice on its tests in the sandbox (`workers` sandboxes
-    at a time; default: one per CPU).
+    at a time; default: one per CPU), unless the on-disk cache holds its verdict.
 
     Returns {task_id: reason} for the tasks whose reference does not parse, fails or
-    returns None on some test, or returns different values on the two runs.
+    returns None on some test, returns something that is not plain data, or returns
+    different values on the two runs. Verdicts are cached (see the module docstring)
+    except transient ones (a timeout or a crashed sandbox: maybe the machine's load).
+    `VALIDATION_STATS["sandbox_jobs"]` counts the jobs sent to the sandbox pool.
     """
     bad: dict[str, str] = {}
     runnable = []
+    same: dict[tuple[str, tuple[str, ...]], list[Task]] = {}  # one run per distinct (reference, tests)
+    store = _ValidationCache.open() if cache else None
     for t in tasks:
+        content = (t.hidden, tuple(t.tests))
+        if content in same:
+            same[content].append(t)
+            continue
+        same[content] = [t]
+        hit = store.get(t) if store is not None else None
+        if hit is not None:  # the cache holds static verdicts too: a hit parses nothing
+            if hit[0] is not None:
+                bad[t.task_id] = hit[0]
+            continue
         reason = _static_reference_problem(t)
         if reason:
             bad[t.task_id] = reason
+            if store is not None:
+                store.put(t, reason)
         else:
             runnable.append(t)
+    try:
+        _run_validation(runnable, bad, store, workers, progress)
+    finally:  # copies share their first's verdict (also when interrupted: what is known)
+        for group in same.values():
+            if group[0].task_id in bad:
+                for t in group[1:]:
+                    bad[t.task_id] = bad[group[0].task_id]
+    return bad
+
+
+def _run_validation(runnable: Sequence[Task], bad: dict[str, str], store: "_ValidationCache | None",
+                    workers: int | None, progress: bool | None) -> None:
     if not runnable:
-        return bad
+        return
     from colbench.scoring.sandbox import SandboxPool  # the sandbox starts processes: import late
 
     pool = SandboxPool(workers=workers)
+    bar = _bar(len(runnable), progress, "validating references", "task")
     try:
-        chunks = [runnable[i : i + VALIDATION_CHUNK] for i in range(0, len(runnable), VALIDATION_CHUNK)]
-        for chunk in _progress(chunks, len(runnable) > VALIDATION_CHUNK):
+        for i in range(0, len(runnable), VALIDATION_CHUNK):
+            chunk = runnable[i : i + VALIDATION_CHUNK]
             jobs = [(t.hidden, list(t.tests)) for t in chunk]
-            results = pool.run_many(jobs + jobs)  # both runs in one batch: runs overlap
+            VALIDATION_STATS["sandbox_jobs"] += len(jobs) * VALIDATION_RUNS
+            results = pool.run_many(jobs * VALIDATION_RUNS)  # both runs in one batch: runs overlap
             for k, t in enumerate(chunk):
-                reason = _compare_runs(t, results[k], results[k + len(chunk)])
+                runs = [results[k + r * len(chunk)] for r in range(VALIDATION_RUNS)]
+                reason = _compare_runs(t, runs[0], runs[1])
                 if reason:
                     bad[t.task_id] = reason
+                if store is not None and not _transient(runs):
+                    store.put(t, reason)
+            if bar is not None:
+                bar.update(len(chunk))
     finally:
+        if bar is not None:
+            bar.close()
         pool.close()
-    return bad
+
+
+VALIDATION_STATS = {"sandbox_jobs": 0}  # jobs validate_references sent to a sandbox pool (this process)
+
+
+def _transient(runs: Sequence[Sequence[Any]]) -> bool:
+    return any(o.error and o.error.startswith(TRANSIENT_ERRORS) for run in runs for o in run)
+
+
+def validation_cache_dir() -> Path | None:
+    """The cache folder: $SWEET_COLBENCH_CACHE, else $XDG_CACHE_HOME/sweet-colbench, else
+    ~/.cache/sweet-colbench; None when $SWEET_COLBENCH_CACHE is "off" (or "0")."""
+    value = os.environ.get(CACHE_ENV)
+    if value is not None and value.strip().lower() in ("off", "0", "false", "no"):
+        return None
+    if value:
+        return Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sweet-colbench"
+
+
+def validation_fingerprint() -> dict[str, Any]:
+    """What, besides a reference and its tests, decides its validation verdict: the scoring
+    rules (SCORING_VERSION), the sandbox's libraries and limits, the runs, the Python version."""
+    from colbench.scoring.backend import SCORING_VERSION
+    from colbench.scoring.sandbox import SandboxLimits, sandbox_libraries
+
+    return {"scoring_version": SCORING_VERSION, "libraries": sandbox_libraries(),
+            "limits": dataclasses.asdict(SandboxLimits()), "runs": VALIDATION_RUNS,
+            "python": platform.python_version(), "implementation": sys.implementation.name}
+
+
+class _ValidationCache:
+    """Verdicts on disk: validation/<2 hex>/<sha256 of (fingerprint, reference, tests)>.json
+    holding {"reason": null | str}. Writes are atomic (a temp file renamed into place);
+    an unreadable entry is recomputed (one warning per process); a folder that cannot be
+    written costs the caching only (one warning)."""
+
+    warned: set[str] = set()
+
+    def __init__(self, root: Path):
+        self.root = root / "validation"
+        self.salt = json.dumps(validation_fingerprint(), sort_keys=True)
+
+    @classmethod
+    def open(cls) -> "_ValidationCache | None":
+        root = validation_cache_dir()
+        return cls(root) if root is not None else None
+
+    def path(self, task: Task) -> Path:
+        key = hashlib.sha256(json.dumps([self.salt, task.hidden, list(task.tests)]).encode()).hexdigest()
+        return self.root / key[:2] / f"{key}.json"
+
+    def get(self, task: Task) -> tuple[str | None] | None:
+        """(reason,) when cached (reason None: a valid reference), else None."""
+        path = self.path(task)
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+            reason = d["reason"]
+            if reason is not None and not isinstance(reason, str):
+                raise TypeError("reason")
+            return (reason,)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self._warn_once("corrupt", f"validation cache: unreadable entry {path} ({type(e).__name__}); "
+                                       "recomputing it (and any other unreadable entries, silently)")
+            return None
+
+    def put(self, task: Task, reason: str | None) -> None:
+        try:
+            _atomic_write(self.path(task), json.dumps({"reason": reason, "task_id": task.task_id}) + "\n")
+        except OSError as e:
+            self._warn_once("write", f"validation cache: cannot write in {self.root} ({e.strerror or e}); "
+                                     f"verdicts are not cached (set {CACHE_ENV} to another folder)")
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind not in self.warned:
+            self.warned.add(kind)
+            log.warning("%s", message)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` so that a reader sees the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 # ------------------------------------------------------------------------------ sources
@@ -304,15 +553,17 @@ def _file_rows(path: Path, limit: int | None) -> Iterator[_Row]:
     raise ValueError(f"{path}: unsupported file type {suffix!r} (expected .jsonl, .json or .parquet)")
 
 
-def _jsonl_rows(path: Path, limit: int | None) -> Iterator[_Row]:
+def _jsonl_rows(path: Path, limit: int | None, name: str | None = None) -> Iterator[_Row]:
+    """One _Row per non-blank line; a line that does not decode is a row with its error
+    (never the end of the file). `name` replaces the path in "file:line" locations."""
     count = 0
-    with path.open("r", encoding="utf-8") as f:
+    with path.open("r", encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if limit is not None and count >= limit:
                 return
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
+            where = f"{name or path}:{lineno}"
             try:
                 yield _Row(where, count, json.loads(line))
             except json.JSONDecodeError as e:
@@ -342,7 +593,21 @@ def _parquet_rows(path: Path, limit: int | None) -> Iterator[_Row]:
 
 
 def _hf_rows(dataset_id: str, data_file: str | None, limit: int | None, split: str = "train") -> Iterator[_Row]:
-    """Rows of a Hugging Face dataset (downloads on first use; never used in tests)."""
+    """Rows of a Hugging Face dataset (downloads on first use; never used in tests). A JSONL
+    data file (the published ColBench files) is downloaded as is and read line by line like a
+    local file, so one bad line is one unusable row, never the end of the load."""
+    if data_file is not None and data_file.endswith(".jsonl"):
+        try:
+            from huggingface_hub import hf_hub_download
+        except ImportError:
+            pass
+        else:
+            local = hf_hub_download(repo_id=dataset_id, filename=data_file, repo_type="dataset")
+            return _jsonl_rows(Path(local), limit, name=f"hf:{dataset_id}/{data_file}")
+    return _hf_dataset_rows(dataset_id, data_file, limit, split)
+
+
+def _hf_dataset_rows(dataset_id: str, data_file: str | None, limit: int | None, split: str) -> Iterator[_Row]:
     from datasets import load_dataset
 
     if data_file is not None:
@@ -519,16 +784,37 @@ def _turns(history: list) -> list[Turn]:
 # ------------------------------------------------------------------------------ checks
 
 
-def _drop_duplicates(tasks: list[Task], problems: list[tuple[str, str]]) -> list[Task]:
+def _flag_duplicates(tasks: list[Task]) -> list[Task]:
+    """A task id seen before: that row becomes an unusable placeholder (id from its row)."""
     first: dict[str, str] = {}
-    kept = []
+    out = []
     for t in tasks:
         if t.task_id in first:
-            problems.append((t.meta["where"], f"duplicate task_id {t.task_id!r} (first at {first[t.task_id]})"))
-        else:
-            first[t.task_id] = t.meta["where"]
-            kept.append(t)
-    return kept
+            reason = f"duplicate task_id {t.task_id!r} (first at {first[t.task_id]})"
+            t = Task(task_id=_row_id(t.env, t.meta["index"]), env=t.env, description=t.description, hidden="",
+                     meta={**t.meta, UNUSABLE: t.meta.get(UNUSABLE) or reason})
+            while t.task_id in first:  # a row id someone gave a real row
+                t = dataclasses.replace(t, task_id=t.task_id + "-dup")
+        first[t.task_id] = t.meta["where"]
+        out.append(t)
+    return out
+
+
+def _row_id(env: str, index: int) -> str:
+    return f"{env}-row{index + 1}"
+
+
+def _placeholder(row: _Row, env: str, split: str | None, reason: str) -> Task:
+    """The task of a row that cannot be used: scored 0, counted, named by its location."""
+    d = row.data if isinstance(row.data, dict) else {}
+    given = d.get("task_id")
+    task_id = given if isinstance(given, str) and given.strip() else _row_id(env, row.index)
+    description = d.get("problem_description", d.get("description"))
+    meta: dict[str, Any] = {"where": row.where, "index": row.index, UNUSABLE: reason}
+    if split is not None:
+        meta["split"] = split
+    return Task(task_id=task_id, env=env, description=description if isinstance(description, str) else "",
+                hidden="", tests=(), meta=meta)
 
 
 def _static_reference_problem(task: Task) -> str | None:
@@ -596,6 +882,11 @@ def _handle_problems(problems: list[tuple[str, str]], on_error: str, source: str
     problems.sort(key=lambda p: _where_key(p[0]))
     if on_error == "raise":
         raise TaskFormatError(problems)
+    if on_error == "keep":
+        where, reason = problems[0]
+        log.warning("%d of %d rows from %s are unusable (kept, scored 0 for every agent); first: %s: %s",
+                    len(problems), n_rows, source, where, reason)
+        return
     for where, reason in problems:
         log.warning("%s: %s", where, reason)
     log.warning("skipped %d of %d rows from %s", len(problems), n_rows, source)
@@ -606,9 +897,21 @@ def _where_key(where: str) -> tuple[str, int]:
     return (head, int(tail)) if tail.isdigit() else (where, 0)
 
 
-def _progress(items: list, show: bool) -> Iterable:
-    if not show:
+def _bar(total: int, show: bool | None, desc: str, unit: str):
+    """A tqdm bar on stderr (None when `show` is False); `show` None: only if the work
+    lasts over PROGRESS_DELAY_S seconds."""
+    if show is False:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, delay=0 if show else PROGRESS_DELAY_S,
+                dynamic_ncols=True, leave=bool(show))
+
+
+def _progress(items: Iterable, show: bool | None, desc: str, unit: str) -> Iterable:
+    if show is False:
         return items
     from tqdm.auto import tqdm
 
-    return tqdm(items, desc="validating references", unit="chunk")
+    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, delay=0 if show else PROGRESS_DELAY_S,
+                dynamic_ncols=True, leave=bool(show), mininterval=0.5)

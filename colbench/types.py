@@ -24,6 +24,7 @@ STOP_TURN_LIMIT = "turn_limit"  # max agent turns reached; the last message is t
 STOP_SINGLE_TURN = "single_turn"  # single-turn mode: the first message is the answer
 STOP_ENGINE_ERROR = "engine_error"  # the agent's engine failed for good
 STOP_SIMULATOR_ERROR = "simulator_error"  # the simulated human failed for good
+STOP_UNUSABLE = "unusable_task"  # the task's row is unusable (Task.meta["unusable"]): scored 0, never played
 
 
 @dataclass(frozen=True)

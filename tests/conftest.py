@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # it starts, runs one torch/OpenMP thread: two workers of 2 threads each would contend for
     # the same cores (OpenMP threads spin while they wait). Tests that set a count keep theirs.
     os.environ["OMP_NUM_THREADS"] = "1"
+
+# the loader's on-disk validation cache (colbench.tasks): one folder per test session, never the
+# user's ~/.cache (a test that studies the cache points it at its own folder)
+os.environ.setdefault("SWEET_COLBENCH_CACHE", tempfile.mkdtemp(prefix="sweet-colbench-cache-"))
 
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     # a suite started in the background of a non-interactive shell (`cmd &`) inherits SIGINT

@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 from colbench.agents import ModelAgent
 from colbench.envs import make_env
 from colbench.rollout import episode_seeds, rollout
-from colbench.tasks import load_tasks
+from colbench.tasks import load_tasks, usable_tasks
 from colbench.types import Episode
 from engines.base import SamplingParams
 from engines.hf import HFEngine
@@ -148,6 +148,9 @@ class LoopConfig:
     max_new_tokens: int = field(default=96, metadata={"help": "tokens per agent turn"})
     max_turns: int | None = field(default=None, metadata={"help": "agent turns per episode (default: the "
                                                                   "environment's own limit; ColBench 10, testbed 4)"})
+    strict_tasks: bool = field(default=False, metadata={
+        "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
+                "validation), naming each; default: skip them with one warning naming how many and the list"})
 
     def __post_init__(self) -> None:
         if self.k < 2:
@@ -583,7 +586,8 @@ def load_env_and_tasks(cfg: LoopConfig):
     env = make_env(cfg.env)
     if cfg.max_turns is not None:
         env.max_turns = cfg.max_turns
-    tasks = load_tasks(cfg.tasks, env=cfg.env, validate=False)
+    loaded = load_tasks(cfg.tasks, env=cfg.env, on_error="raise" if cfg.strict_tasks else "keep")
+    tasks = usable_tasks(loaded, source=cfg.tasks)  # no reference to score against: one warning
     if not tasks:
         raise ValueError(f"--tasks {cfg.tasks}: no tasks for env {cfg.env!r}")
     return env, tasks

@@ -53,6 +53,9 @@ class MTDPOConfig:
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen trajectory's per-token NLL"})
     max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes of the file"})
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns without token_ids (published data)"})
+    strict_tasks: bool = field(default=False, metadata={
+        "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
+                "validation), naming each; default: skip them with one warning naming how many and the list"})
 
     def __post_init__(self) -> None:
         fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
@@ -100,7 +103,8 @@ def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     if (done := finished_run(train, model=model_cfg, mtdpo=cfg)) is not None:
         return done
     run_config = save_resolved_config(train.output_dir, algorithm="mtdpo", model=model_cfg, train=train, mtdpo=cfg)
-    episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]
+    episodes = load_episodes(cfg.episodes, env=cfg.env, on_error="raise" if cfg.strict_tasks else "skip",
+                             usable_only=True)[: cfg.max_episodes]
     tokenizer = load_tokenizer(model_cfg.model)
     pairs = trajectory_pairs(episodes, cfg)
     print(f"mtdpo: {len(pairs)} trajectory pairs from {len(episodes)} episodes ({cfg.pairing} pairing)")

@@ -40,6 +40,9 @@ class RFTConfig:
     top_fraction: float | None = field(default=None, metadata={"help": f"and only the best fraction of all episodes by reward (default: the --env's: {defaults_help('rft_top_fraction')})"})
     max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes of the file"})
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns without token_ids (published data)"})
+    strict_tasks: bool = field(default=False, metadata={
+        "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
+                "validation), naming each; default: skip them with one warning naming how many and the list"})
 
     def __post_init__(self) -> None:
         fill_env_defaults(self, success_threshold="success_threshold", top_fraction="rft_top_fraction")
@@ -85,7 +88,8 @@ def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
     if (done := finished_run(train, model=model_cfg, rft=cfg)) is not None:
         return done
     run_config = save_resolved_config(train.output_dir, algorithm="rft", model=model_cfg, train=train, rft=cfg)
-    episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]
+    episodes = load_episodes(cfg.episodes, env=cfg.env, on_error="raise" if cfg.strict_tasks else "skip",
+                             usable_only=True)[: cfg.max_episodes]
     tokenizer = load_tokenizer(model_cfg.model)
     kept, segments = rft_segments(episodes, tokenizer, cfg.success_threshold, cfg.tokenize_missing_actions,
                                   cfg.top_fraction)

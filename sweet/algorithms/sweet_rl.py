@@ -112,6 +112,9 @@ class SweetConfig:
         "help": "α_anchor: weight of the per-token NLL of one anchor action per pair, drawn round-robin from the "
                 "states whose candidates all tie (an estimate of KL(π_0||π) where the critic ranks nothing; "
                 "not in the paper: 0)"})
+    strict_tasks: bool = field(default=False, metadata={
+        "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
+                "validation), naming each; default: skip them with one warning naming how many and the list"})
 
     def __post_init__(self) -> None:
         for name in ("beta", "nll_coef", "anchor_coef"):
@@ -360,8 +363,11 @@ def first_episodes(episodes: Sequence, cfg: SweetConfig) -> list:
 def load_states(cfg: SweetConfig) -> list[State]:
     """One State per agent turn of the episodes, with the task's training-time information."""
 
-    episodes = first_episodes(load_episodes(cfg.episodes, env=cfg.env), cfg)
-    info = load_training_info(cfg.tasks, env=cfg.env)
+    on_error = "raise" if cfg.strict_tasks else "skip"
+    episodes = first_episodes(load_episodes(cfg.episodes, env=cfg.env, on_error=on_error, usable_only=True), cfg)
+    unusable: set[str] = set()
+    info = load_training_info(cfg.tasks, env=cfg.env, strict=cfg.strict_tasks, unusable=unusable)
+    episodes = [ep for ep in episodes if ep.task_id not in unusable]  # no reference to learn from (warned)
     missing = sorted({ep.task_id for ep in episodes} - set(info))
     if missing:
         raise ValueError(f"{cfg.episodes}: tasks {missing[:5]} are not in --tasks {cfg.tasks}")

@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from colbench.tasks import load_tasks
+from colbench.tasks import is_usable, load_tasks, usable_tasks
 from colbench.types import Episode
 from sweet.core.config import ModelConfig
 from sweet.core.models import load_model, load_tokenizer
@@ -230,13 +230,20 @@ def pair_accuracy_and_margin(score_chosen: "torch.Tensor", score_rejected: "torc
 # ---- training-time information --------------------------------------------------------
 
 
-def load_training_info(tasks: str, env: str = "backend") -> dict[str, str]:
-    """task_id -> c for every task of `tasks` (any source `colbench.tasks.load_tasks`
-    reads: our Task records, published rows, `builtin:<split>`). c is the environment's
-    `training_info(task)`, or `task.hidden` when the environment cannot be built."""
+def load_training_info(tasks: str, env: str = "backend", *, strict: bool = False,
+                       unusable: set[str] | None = None) -> dict[str, str]:
+    """task_id -> c for every usable task of `tasks` (any source `colbench.tasks.load_tasks`
+    reads: our Task records, published rows, `builtin:<split>`), read and validated as
+    evaluation reads them (same loader, checks and cache). c is the environment's
+    `training_info(task)`, or `task.hidden` when the environment cannot be built.
+    Unusable tasks are skipped with one warning line (`usable_tasks`), their ids added to
+    `unusable` when given; `strict` stops at the first load naming each instead."""
 
     info_of = training_info_fn(env)
-    return {t.task_id: info_of(t) for t in load_tasks(tasks, env=env, validate=False)}
+    loaded = load_tasks(tasks, env=env, on_error="raise" if strict else "keep")
+    if unusable is not None:
+        unusable.update(t.task_id for t in loaded if not is_usable(t))
+    return {t.task_id: info_of(t) for t in usable_tasks(loaded, source=tasks)}
 
 
 def training_info_fn(env: str):

@@ -123,6 +123,9 @@ class CriticConfig:
     baseline_sampler: str = field(default="", metadata={"help": "engine spec of the policy the baseline samples come "
                                                                 "from (default: hf:<--model>, the critic's initial model)"})
     baseline_max_new_tokens: int = field(default=512, metadata={"help": "max tokens per baseline sample"})
+    strict_tasks: bool = field(default=False, metadata={
+        "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
+                "validation), naming each; default: skip them with one warning naming how many and the list"})
 
     def __post_init__(self) -> None:
         fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
@@ -186,10 +189,12 @@ class CriticData:
     baseline: list[list[int]] | None = None
 
 
-def _load_all(paths: str, env: str) -> list:
+def _load_all(paths: str, env: str, strict: bool = False) -> list:
+    """Episodes of every file; unusable tasks' episodes and rows are skipped (one warning
+    each file) unless `strict` (--strict_tasks)."""
     episodes = []
     for p in [p.strip() for p in paths.split(",") if p.strip()]:
-        episodes.extend(load_episodes(p, env=env))
+        episodes.extend(load_episodes(p, env=env, on_error="raise" if strict else "skip", usable_only=True))
     return episodes
 
 
@@ -211,9 +216,9 @@ def build_data(cfg: CriticConfig, tokenizer, seed: int) -> CriticData:
 
     if not cfg.episodes:
         raise ValueError("--episodes is required (episode JSONL file(s))")
-    pairs = _pairs(cfg, _load_all(cfg.episodes, cfg.env), cfg.episodes)
+    pairs = _pairs(cfg, _load_all(cfg.episodes, cfg.env, cfg.strict_tasks), cfg.episodes)
     if cfg.eval_episodes:
-        eval_pairs = _pairs(cfg, _load_all(cfg.eval_episodes, cfg.env), cfg.eval_episodes)
+        eval_pairs = _pairs(cfg, _load_all(cfg.eval_episodes, cfg.env, cfg.strict_tasks), cfg.eval_episodes)
     else:
         tasks = sorted({p.task_id for p in pairs})
         random.Random(seed).shuffle(tasks)
@@ -223,7 +228,7 @@ def build_data(cfg: CriticConfig, tokenizer, seed: int) -> CriticData:
         pairs = [p for p in pairs if p.task_id not in held]
     if cfg.max_pairs and len(pairs) > cfg.max_pairs:
         pairs = random.Random(seed).sample(pairs, cfg.max_pairs)
-    info = load_training_info(cfg.tasks, cfg.env) if cfg.tasks and cfg.training_info else {}
+    info = load_training_info(cfg.tasks, cfg.env, strict=cfg.strict_tasks) if cfg.tasks and cfg.training_info else {}
     info_of = training_info_fn(cfg.env) if cfg.training_info else None
     index: dict[int, int] = {}  # id(episode) -> episode number
     turns: list[CriticTurn] = []

@@ -21,7 +21,7 @@ from colbench.envs import testbed_spec
 from colbench.envs.testbed_spec import SHIPPED_SPEC
 from colbench.jsonl import read_rows
 from colbench.rollout import episode_seeds
-from colbench.tasks import load_tasks
+from colbench.tasks import load_tasks, usable_tasks
 from engines import SamplingParams
 from sweet.algorithms import load_algorithm
 from sweet.core.records import read_candidates
@@ -184,7 +184,8 @@ def timed(setup: TestbedSetup, name: str):
 
 def collect_episodes(model: str, setup: TestbedSetup, out_path: Path, seed: int = 0) -> Path:
     """K sampled episodes per train task with the model (resumable JSONL)."""
-    tasks = load_tasks(setup.train_tasks, env=setup.env, validate=False, limit=setup.train_limit)
+    tasks = usable_tasks(load_tasks(setup.train_tasks, env=setup.env, limit=setup.train_limit),
+                         source=setup.train_tasks)
     policy_episodes(f"hf:{model}", tasks, env=setup.env, simulator=setup.simulator,
                     sampling=SamplingParams(temperature=setup.temperature, max_new_tokens=setup.max_new_tokens),
                     seeds=episode_seeds(seed, setup.episodes_per_task), max_turns=setup.max_turns, out_path=out_path)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from colbench.episodes import load_episodes
 from colbench.rollout import episode_seeds
-from colbench.tasks import load_tasks
+from colbench.tasks import load_tasks, usable_tasks
 from engines import EngineOptions, SamplingParams
 from sweet.algorithms.sweet_rl import ORACLE_CRITIC, first_episodes
 from sweet.algorithms.sweet_rl import main as run_round
@@ -83,8 +83,10 @@ def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
 
 def collect_episodes(policy: Path, cfg, cand, rounds: RoundsConfig, path: Path, seed: int) -> Path:
     """Run the policy on the tasks of the round's episodes (resumable JSONL at `path`)."""
-    task_ids = {ep.task_id for ep in first_episodes(load_episodes(cfg.episodes, env=cfg.env), cfg)}
-    tasks = [t for t in load_tasks(cfg.tasks, env=cfg.env, validate=False) if t.task_id in task_ids]
+    on_error = "raise" if cfg.strict_tasks else "keep"
+    task_ids = {ep.task_id for ep in first_episodes(load_episodes(cfg.episodes, env=cfg.env, usable_only=True), cfg)}
+    loaded = load_tasks(cfg.tasks, env=cfg.env, on_error=on_error)
+    tasks = [t for t in usable_tasks(loaded, source=cfg.tasks) if t.task_id in task_ids]
     sampling = SamplingParams(temperature=cand.temperature, top_p=cand.top_p, max_new_tokens=cand.max_new_tokens)
     policy_episodes(f"hf:{policy}", tasks, env=cfg.env, simulator=rounds.simulator, sampling=sampling,
                     seeds=episode_seeds(seed, rounds.rollouts_per_task), max_turns=rounds.max_turns, out_path=path,

@@ -14,6 +14,7 @@ import pytest
 from colbench.agents import AgentRequest
 from colbench.envs.testbed import TestbedEnv, answer_text, make_tasks
 from colbench.episodes import EpisodeConfig, read_episodes, run_episodes
+from colbench.scoring.backend import SCORING_VERSION
 from colbench.types import STOP_ANSWERED, STOP_ENGINE_ERROR, STOP_SIMULATOR_ERROR, STOP_SINGLE_TURN, STOP_TURN_LIMIT
 from engines.base import EngineError, Sample
 from simulators.scripted import FlakySimulator, ScriptedBackendSimulator
@@ -231,7 +232,8 @@ def test_rollout_k_episodes_per_task_with_disjoint_round_seeds(env, tasks, tmp_p
     assert len(read_episodes(tmp_path / "r.jsonl")) == 4
     # an agent that answers at once is never given the simulator, so its episodes record none
     [ref] = rollout(env, tasks[:1], ReferenceAgent(env), sim)
-    assert ref.success and ref.meta == {} and sim.batches == [4]
+    assert ref.success and "simulator" not in ref.meta and sim.batches == [4]
+    assert ref.meta["scoring_version"] == SCORING_VERSION  # every scored episode records its rules
     # max_turns defaults to the environment's
     short = TestbedEnv(max_turns=2)
     [cut] = rollout(short, tasks[:1], ScriptedAgent(lambda t: 5), sim)

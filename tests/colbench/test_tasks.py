@@ -189,7 +189,7 @@ def test_bundled_frontend_sets_load():
 
 def test_malformed_rows_raise_naming_file_line_and_field():
     with pytest.raises(TaskFormatError) as exc:
-        load_tasks(str(MALFORMED))
+        load_tasks(str(MALFORMED), on_error="raise")
     msg = str(exc.value)
     assert f"{MALFORMED}:2: invalid JSON" in msg
     assert f"{MALFORMED}:3: missing field 'ground_truth'" in msg
@@ -218,7 +218,7 @@ def test_bad_references_are_caught_with_reasons(caplog):
     assert f"{BAD_REFS}:4: reference is nondeterministic on test 1 `dice(3)`" in text
     assert f"{BAD_REFS}:5: ground_truth does not parse" in text
     with pytest.raises(TaskFormatError) as exc:
-        load_tasks(str(BAD_REFS))
+        load_tasks(str(BAD_REFS), on_error="raise")
     assert [w for w, _ in exc.value.problems] == [f"{BAD_REFS}:{n}" for n in (2, 3, 4, 5)]
 
 
@@ -227,7 +227,7 @@ def test_duplicate_task_ids_are_errors(tmp_path):
     path = tmp_path / "dup.jsonl"
     path.write_text(line + "\n" + line + "\n")
     with pytest.raises(TaskFormatError, match=r"dup.jsonl:2: duplicate task_id .* \(first at .*dup.jsonl:1\)"):
-        load_tasks(str(path), validate=False)
+        load_tasks(str(path), validate=False, on_error="raise")
     assert len(load_tasks(str(path), validate=False, on_error="skip")) == 1
     with pytest.raises(ValueError, match="duplicate task_id"):
         tasks_by_id(load_tasks(str(OFFICIAL), validate=False) * 2)
@@ -276,7 +276,7 @@ def test_bad_trajectory_rows_name_line_and_field(tmp_path):
     path = tmp_path / "traj.jsonl"
     path.write_text("\n".join([rows[0], json.dumps({"task": broken["task"]}), json.dumps(broken)]) + "\n")
     with pytest.raises(TaskFormatError) as exc:
-        load_trajectories(str(path))
+        load_trajectories(str(path), on_error="raise")
     assert f"{path}:2: field 'dialogue_history': expected a list of turns" in str(exc.value)
     assert f"{path}:3: field 'dialogue_history[1].role'" in str(exc.value)
     assert len(load_trajectories(str(path), on_error="skip")) == 1
@@ -293,7 +293,7 @@ def test_our_task_records_load_with_their_meta(tmp_path):
         (t.task_id, t.hidden, t.tests, t.meta["a"], t.meta["b"]) for t in tasks]
     assert loaded[1].meta["where"] == f"{path}:2"
     with pytest.raises(TaskFormatError, match=r"tasks.jsonl:1: field 'env': the task is for 'testbed', not 'backend'"):
-        load_tasks(str(path), env="backend", validate=False)
+        load_tasks(str(path), env="backend", validate=False, on_error="raise")
     path.write_text(json.dumps({**tasks[0].to_json(), "tests": "f(1)"}) + "\n")
     with pytest.raises(TaskFormatError, match="tasks.jsonl:1: field 'tests': expected a list"):
-        load_tasks(str(path), env="testbed")
+        load_tasks(str(path), env="testbed", on_error="raise")
