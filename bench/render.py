@@ -80,9 +80,11 @@ def compare(pages: list[str], workers: int, timeout: float) -> tuple[list, list]
     same = sum(a.ok and b.ok and a.image.tobytes() == b.image.tobytes() for a, b in zip(pooled, fresh))
     failing = [f"{i + 1}: {(a.error if not a.ok else b.error)}" for i, (a, b) in enumerate(zip(pooled, fresh))
                if not (a.ok and b.ok)]
-    print(f"pages: {len(pages)}  (pool failures: {sum(not r.ok for r in pooled)}, fresh failures: {sum(not r.ok for r in fresh)})"
+    n_pool, n_fresh = sum(not r.ok for r in pooled), sum(not r.ok for r in fresh)
+    print(f"pages: {len(pages)}  (pool failures: {n_pool}, fresh failures: {n_fresh})"
           + (f"; failing pages (1-based): {'; '.join(failing)}" if failing else ""))
-    print(f"pool ({workers} contexts): {len(pages) / pool_s:6.2f} pages/s  ({pool_s:.1f} s; one-time start {startup:.1f} s)")
+    print(f"pool ({workers} contexts): {len(pages) / pool_s:6.2f} pages/s  ({pool_s:.1f} s; "
+          f"one-time start {startup:.1f} s)")
     print(f"fresh browser per page:  {len(pages) / fresh_s:6.2f} pages/s  ({fresh_s:.1f} s)")
     print(f"speed-up: {fresh_s / pool_s:.1f}x   identical screenshots both ways: {same}/{len(pages)}")
     return pooled, fresh

@@ -16,7 +16,7 @@ import pytest
 from colbench import tasks as loader
 from colbench.tasks import load_tasks, stable_task_id, websight_target_html
 
-PUBLISHED_FRONTEND = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "colbench-test" / "frontend_test.jsonl"
+PUBLISHED_FRONTEND = Path(__file__).resolve().parents[3] / "shared" / "data" / "colbench-test" / "frontend_test.jsonl"
 TAILWIND = '<link href="https://cdn.jsdelivr.net/npm/tailwindcss@2.2.19/dist/tailwind.min.css" rel="stylesheet">'
 
 
@@ -108,4 +108,5 @@ def test_published_targets_are_fixed_points_of_the_mapping():
         html = row["ground_truth"]
         assert websight_target_html(html) == html, i
         assert "source.unsplash.com" not in html, i
-        assert all(u.startswith("https://picsum.photos/id/48/") for u in re.findall(r"https://picsum\.photos/[^\s\"')]*", html)), i
+        photos = re.findall(r"https://picsum\.photos/[^\s\"')]*", html)
+        assert all(u.startswith("https://picsum.photos/id/48/") for u in photos), i
