@@ -48,15 +48,21 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="pool contexts rendering at once")
     ap.add_argument("--timeout", type=float, default=20.0, help="per-page render timeout (s)")
     args = ap.parse_args()
+    compare(load_pages(args.pages), args.workers, args.timeout)
 
+
+def compare(pages: list[str], workers: int, timeout: float) -> tuple[list, list]:
+    """Render `pages` with a pool of `workers` contexts, then with a fresh browser per page;
+    print both rates, the pool's one-time start, the failing pages (1-based) and the speed-up
+    (last line).
+    Returns the (pooled, fresh) RenderResults."""
     from colbench.scoring.render import RenderPool
     from colbench.scoring.tailwind import tailwind_rules
 
-    pages = load_pages(args.pages)
     tailwind_rules()  # index once for both ways: neither pays it below
 
     t0 = time.perf_counter()
-    pool = RenderPool(workers=args.workers, timeout_s=args.timeout)
+    pool = RenderPool(workers=workers, timeout_s=timeout)
     pool.render(pages[:1])  # start chromium and the contexts
     startup = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -67,16 +73,21 @@ def main() -> None:
     t0 = time.perf_counter()
     fresh = []
     for html in pages:  # the naive way: launch, render, close per page
-        with RenderPool(workers=1, timeout_s=args.timeout) as one:
+        with RenderPool(workers=1, timeout_s=timeout) as one:
             fresh.extend(one.render([html]))
     fresh_s = time.perf_counter() - t0
 
     same = sum(a.ok and b.ok and a.image.tobytes() == b.image.tobytes() for a, b in zip(pooled, fresh))
-    print(f"pages: {len(pages)}  (pool failures: {sum(not r.ok for r in pooled)}, fresh failures: {sum(not r.ok for r in fresh)})")
-    print(f"pool ({args.workers} contexts): {len(pages) / pool_s:6.2f} pages/s  ({pool_s:.1f} s; one-time start {startup:.1f} s)")
+    failing = [f"{i + 1}: {(a.error if not a.ok else b.error)}" for i, (a, b) in enumerate(zip(pooled, fresh))
+               if not (a.ok and b.ok)]
+    n_pool, n_fresh = sum(not r.ok for r in pooled), sum(not r.ok for r in fresh)
+    print(f"pages: {len(pages)}  (pool failures: {n_pool}, fresh failures: {n_fresh})"
+          + (f"; failing pages (1-based): {'; '.join(failing)}" if failing else ""))
+    print(f"pool ({workers} contexts): {len(pages) / pool_s:6.2f} pages/s  ({pool_s:.1f} s; "
+          f"one-time start {startup:.1f} s)")
     print(f"fresh browser per page:  {len(pages) / fresh_s:6.2f} pages/s  ({fresh_s:.1f} s)")
     print(f"speed-up: {fresh_s / pool_s:.1f}x   identical screenshots both ways: {same}/{len(pages)}")
-
+    return pooled, fresh
 
 if __name__ == "__main__":
     main()

@@ -9,6 +9,8 @@ Sources (the `source` argument):
                                             spec (testbed_spec.SHIPPED_SPEC, legacy for now)
     hf:facebook/collaborative_agent_bench   the published data (downloads; online users only);
                                             append [train] or [test] to pick the split
+    hf:HuggingFaceM4/WebSight[train|test]   frontend tasks as the paper builds them (streams;
+                                            online users only), see "Frontend source" below
 
 Official backend row (one JSON object per line):
 
@@ -19,6 +21,13 @@ Official backend row (one JSON object per line):
 
 Our own Task records (`Task.to_json()` rows: task_id, env, description, hidden, tests,
 meta), which trainers and tests write, load too, keeping their meta.
+
+Frontend source: the published ColBench data holds no frontend tasks; the paper builds them
+from WebSight v0.2 (`HuggingFaceM4/WebSight`, config "v0.2"): its first 20,000 rows, rows
+0-9,999 the train split and 10,000-19,999 the test split; `llm_generated_idea` is the
+description and `text`, with its image URLs mapped (`websight_target_html`), the target
+HTML. The paper evaluates the first 500 test tasks (the default for [test]; 100 for quick
+runs: limit=100). Only the rows read are streamed, never the whole set.
 
 Frontend rows carry the target HTML as `ground_truth` and no tests. Rows without a
 `task_id` get `"<env>-" + sha1(problem_description + ground_truth)[:12]`, stable across
@@ -84,6 +93,11 @@ HF_DATASET_ID = "facebook/collaborative_agent_bench"
 HF_TASK_FILES = {"train": "backend_tasks/train.jsonl", "test": "backend_tasks/test.jsonl"}
 HF_TRAJECTORY_FILE = "colbench_code_offline_15k_llama8b.jsonl"
 PAPER_TEST_SIZE = 1000  # the paper evaluates on the first 1,000 rows of the test file
+# Frontend tasks (module docstring, "Frontend source"): WebSight v0.2's first 20,000 rows.
+WEBSIGHT_ID = "HuggingFaceM4/WebSight"
+WEBSIGHT_CONFIG = "v0.2"
+WEBSIGHT_SPLITS = {"train": (0, 10_000), "test": (10_000, 20_000)}  # [start, stop) row numbers
+PAPER_FRONTEND_TEST_SIZE = 500  # the paper's frontend test set: the first 500 test tasks
 VALIDATION_CHUNK = 256  # tasks per sandbox batch (progress bar granularity)
 MAX_LISTED_PROBLEMS = 10
 UNUSABLE = "unusable"  # Task.meta key: why the row cannot be used (absent: usable)
@@ -529,13 +543,22 @@ def _task_rows(source: str, env: str, split: str | None, limit: int | None) -> t
         split = split or "train"
         if dataset_id == HF_DATASET_ID:
             if env != "backend":
-                raise ValueError(f"{HF_DATASET_ID} holds backend tasks only (frontend tasks come from WebSight)")
+                raise ValueError(f"{HF_DATASET_ID} holds backend tasks only (frontend tasks: hf:{WEBSIGHT_ID}[test])")
             if split not in HF_TASK_FILES:
                 raise ValueError(f"split must be one of {sorted(HF_TASK_FILES)}, got {split!r}")
             if split == "test" and limit is None:
                 log.info("using the first %d rows of the published test file, as the paper does", PAPER_TEST_SIZE)
                 limit = PAPER_TEST_SIZE
             return _hf_rows(dataset_id, HF_TASK_FILES[split], limit), split
+        if dataset_id == WEBSIGHT_ID:
+            if env != "frontend":
+                raise ValueError(f"{WEBSIGHT_ID} holds frontend tasks only (use env='frontend')")
+            if split not in WEBSIGHT_SPLITS:
+                raise ValueError(f"split must be one of {sorted(WEBSIGHT_SPLITS)}, got {split!r}")
+            if split == "test" and limit is None:
+                log.info("using the first %d frontend test tasks, as the paper does", PAPER_FRONTEND_TEST_SIZE)
+                limit = PAPER_FRONTEND_TEST_SIZE
+            return _websight_rows(split, limit), split
         return _hf_rows(dataset_id, None, limit, split=split), split
     return _file_rows(Path(source), limit), split
 
@@ -620,6 +643,56 @@ def _hf_dataset_rows(dataset_id: str, data_file: str | None, limit: int | None, 
         ds = ds.select(range(min(limit, len(ds))))
     for i, row in enumerate(ds):
         yield _Row(f"{name}:{i + 1}", i, row, columnar=True)
+
+
+def _websight_rows(split: str, limit: int | None) -> Iterator[_Row]:
+    """The frontend tasks of a split, built from WebSight v0.2 as the paper does (module
+    docstring): streams rows [start, stop) of the one "train" split the set has, reading no
+    row past the last one needed (downloads; never used in tests without a stand-in)."""
+    from itertools import islice
+
+    from datasets import load_dataset
+
+    start, stop = WEBSIGHT_SPLITS[split]
+    if limit is not None:
+        stop = min(stop, start + limit)
+    stream = load_dataset(WEBSIGHT_ID, WEBSIGHT_CONFIG, split="train", streaming=True)
+    name = f"hf:{WEBSIGHT_ID}[{split}]"
+    for i, raw in enumerate(islice(stream, start, stop)):
+        yield _Row(f"{name}:{i + 1}", i, websight_task_row(raw), columnar=True)
+
+
+def websight_task_row(raw: Any) -> Any:
+    """A WebSight v0.2 row as an official frontend row: `llm_generated_idea` -> the
+    description, `text` with its image URLs mapped -> the target HTML. Anything else (a
+    row that is not an object, a missing or non-string field) passes through unmapped, so
+    the loader reports it like a bad row of a file."""
+    if not isinstance(raw, dict):
+        return raw
+    text = raw.get("text")
+    return {"problem_description": raw.get("llm_generated_idea"),
+            "ground_truth": websight_target_html(text) if isinstance(text, str) else text}
+
+
+# WebSight v0.2 pages ask Unsplash Source for random photos: .../random/<W>x<H>/?<keyword>.
+# The keyword match is a run of word characters and "=", so a hyphenated keyword leaves its
+# tail behind ("?real-estate" -> ".../1600/900-estate"), as in the published frontend rows.
+_UNSPLASH_RANDOM = r"https://source\.unsplash\.com/random/(\d+)x(\d+)/\?[\w=]+"
+_PICSUM_SIZE = r"https://picsum\.photos/(\d+)/(\d+)"
+WEBSIGHT_PHOTO = "https://picsum.photos/id/48/{w}/{h}"  # one fixed photo, at the page's size
+
+
+def websight_target_html(text: str) -> str:
+    """A WebSight page's HTML with its image URLs mapped as the paper's frontend targets
+    have them: every Unsplash Source random photo (`https://source.unsplash.com/random/
+    WxH/?keyword`, the keyword up to its first character other than a letter, digit, "_" or
+    "=") and every sized Lorem Picsum photo (`https://picsum.photos/W/H`) becomes Lorem
+    Picsum's photo 48 at the same size (`https://picsum.photos/id/48/W/H`). Nothing else
+    changes (the Tailwind 2.2.19 link stays; the renderer serves it and the images offline)."""
+    import re
+
+    photo = lambda m: WEBSIGHT_PHOTO.format(w=m[1], h=m[2])  # noqa: E731
+    return re.sub(_PICSUM_SIZE, photo, re.sub(_UNSPLASH_RANDOM, photo, text))
 
 
 # ------------------------------------------------------------------------------ rows -> records

@@ -18,7 +18,10 @@ dialogs, navigation away, popups, 100k-px pages) render or fail within `timeout_
 the page's own navigations are cancelled in the page (Navigation API; a 204 answer
 at the network as backup), dialogs and `window.open` are stubbed, screenshots are
 clipped at `max_height`, and a context that timed out or crashed is closed (killing
-its renderer) and replaced, so the pool never stalls.
+its renderer) and replaced, so the pool never stalls. One page never affects another:
+a finished page leaves for about:blank (a beforeunload prompt is accepted) before its
+context serves the next render, and a page that will not leave in LEAVE_TIMEOUT_S (an
+unload handler that hangs) has its context replaced instead.
 
 Playwright's API is not thread-safe: the browser lives on one dedicated thread with
 its own asyncio loop, and `render` (callable from any thread) submits work to it.
@@ -61,6 +64,9 @@ CHROMIUM_ARGS = (
 
 # The page itself is served from this origin (a reserved TLD that never resolves).
 PAGE_URL = "http://colbench.invalid/"
+# How long a finished page may take to unload (leave for about:blank) before its context
+# is replaced instead.
+LEAVE_TIMEOUT_S = 2.0  # normally milliseconds; a false timeout only costs a new context
 
 # Runs first in every document: seeded Math.random, fresh storage, no navigation away,
 # no popups or dialogs.
@@ -207,7 +213,6 @@ class RenderPool:
         self._restart_lock: asyncio.Lock | None = None
         self._closed = False
         self.n_recycled = 0  # contexts thrown away after a timeout or crash
-        self._waiting = 0  # renders waiting for a free context (render thread only)
         # What the finalizer needs to stop the thread, without holding a reference to self
         # (so a pool that is garbage-collected or alive at exit still closes chromium).
         self._state: dict[str, Any] = {}
@@ -351,7 +356,7 @@ class RenderPool:
         # WebSockets bypass HTTP routing: refuse them all.
         await context.route_web_socket("**/*", lambda ws: asyncio.ensure_future(_quietly(ws.close())))
         page.on("crash", lambda _: setattr(slot, "crashed", True))
-        page.on("dialog", lambda d: asyncio.ensure_future(_quietly(d.dismiss())))
+        page.on("dialog", lambda d: asyncio.ensure_future(_quietly(_answer_dialog(d))))
         # window.open is stubbed, but a target=_blank link clicked by a script still opens one.
         page.on("popup", lambda p: asyncio.ensure_future(_quietly(p.close(run_before_unload=False))))
         return slot
@@ -372,7 +377,7 @@ class RenderPool:
             if request.is_navigation_request():
                 # Serve our page once, to our own top-level navigation; the page's own
                 # navigations (location = ..., reloads, form posts, iframes) are refused.
-                if url == PAGE_URL and not slot.served and request.frame.parent_frame is None:
+                if url == PAGE_URL and not slot.served and request.frame == slot.page.main_frame:
                     slot.served = True
                     await route.fulfill(status=200, content_type="text/html; charset=utf-8", body=slot.html)
                 else:  # 204 cancels a navigation and keeps the current document (an abort
@@ -390,11 +395,7 @@ class RenderPool:
         return await asyncio.gather(*(self._one(html, action) for html in htmls))
 
     async def _one(self, html: str, action: Callable[[Any], Awaitable[Any]]) -> tuple[Any, str | None]:
-        self._waiting += 1
-        try:
-            slot = await self._slots.get()
-        finally:
-            self._waiting -= 1
+        slot = await self._slots.get()
         healthy = False
         try:
             if (slot.context is None or slot.crashed or slot.browser is not self._browser
@@ -427,18 +428,23 @@ class RenderPool:
         return await page.evaluate(_structure_js(), {"maxItems": self.max_structure_items})
 
     async def _release(self, slot: _Slot, healthy: bool) -> _Slot:
-        """Park a healthy slot on about:blank (stops the page's timers); after a failure,
-        replace it. Never raises: a slot that cannot be replaced now is handed back
-        dead and replaced before its next use, so the pool never loses a worker."""
+        """Leave the page for about:blank (its document unloads, its timers stop) before the
+        slot is handed to another render; after a failure, or when the page does not leave
+        within LEAVE_TIMEOUT_S, replace the context. So one page never affects another's
+        render: what a page leaves behind costs its own slot's time, before the next render
+        starts. Never raises: a slot that cannot be replaced now is handed back dead and
+        replaced before its next use, so the pool never loses a worker."""
         slot.html = ""
         if healthy:
             try:
                 await asyncio.wait_for(slot.context.clear_cookies(), 5)
-                if not self._waiting:  # else the next render replaces the page right away
-                    await asyncio.wait_for(slot.page.goto("about:blank"), 5)
+                # Always, even with renders waiting: the next render must not start from this
+                # page's document, whose beforeunload, pagehide and unload handlers would run
+                # during (and could veto or hang) the next render's navigation.
+                await asyncio.wait_for(slot.page.goto("about:blank"), LEAVE_TIMEOUT_S)
                 return slot
             except Exception:
-                pass
+                pass  # it would not leave (hung in an unload handler, ...): replace the context
         try:
             return await self._replace(slot)
         except Exception:
@@ -465,6 +471,15 @@ class RenderPool:
 @lru_cache(maxsize=1)
 def _structure_js() -> str:
     return STRUCTURE_JS_PATH.read_text()
+
+
+async def _answer_dialog(dialog: Any) -> None:
+    """Dialogs never block a render: alert/confirm/prompt are dismissed; a beforeunload
+    prompt is accepted, so a page cannot veto leaving it (its slot's next navigation)."""
+    if dialog.type == "beforeunload":
+        await dialog.accept()
+    else:
+        await dialog.dismiss()
 
 
 async def _quietly(awaitable: Awaitable[Any], timeout: float = 10) -> bool:

@@ -10,7 +10,8 @@ Two uses, one module:
   saved as the LM alone (the final model is a policy); checkpoints (accelerate
   save_state) keep the head.
 
-The head reads the decoder's last hidden state (after its final norm) in float32; it
+The head reads the decoder's last hidden state (after its final norm) in its own weights'
+dtype: float32 as built (float64 when the whole module is cast, as exactness tests do); it
 starts at zero, so an untrained critic scores every action 0 (as the LM-head critic with
 θ = π_ref does). The module quacks like a HF model where our checkpoint helpers need it
 (`save_pretrained`, and `merge_and_unload` for LoRA).
@@ -58,12 +59,13 @@ class ValueHeadModel(nn.Module):
         return self.lm.peft_config
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
-        """v at every position, [B, L] float32; with `policy`, (logits [B, L, V], v)."""
+        """v at every position, [B, L] in the head's dtype (float32 as built); with `policy`,
+        (logits [B, L, V], v)."""
         if self.policy:
             out = self.lm(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
-            return out.logits, self.v_head(out.hidden_states[-1].float()).squeeze(-1)
+            return out.logits, self.v_head(out.hidden_states[-1].to(self.v_head.weight.dtype)).squeeze(-1)
         hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        return self.v_head(hidden.float()).squeeze(-1)
+        return self.v_head(hidden.to(self.v_head.weight.dtype)).squeeze(-1)
 
     # ---- HF-like persistence -----------------------------------------------------------
 
@@ -102,6 +104,6 @@ class ValueHeadModel(nn.Module):
 
 
 def action_value_sums(model, batch) -> torch.Tensor:
-    """Σ_{i ∈ a} v(x_≤i) per sequence, [B] float32: v read at every action token."""
+    """Σ_{i ∈ a} v(x_≤i) per sequence, [B] in the head's dtype: v read at every action token."""
     values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     return (values * batch.action_mask.to(values.dtype)).sum(-1)

@@ -212,7 +212,14 @@ HOSTILE = {
     "huge-page": '<div style="height:100000px;background:linear-gradient(red, blue)"></div>',
     "malformed": "<div><p><span>unclosed <table><tr><td>x</div></b></i><<>>&&&;<script>if(</script>" + RED_BOX,
     "beforeunload": "<script>onbeforeunload = e => { e.preventDefault(); e.returnValue = 'stay'; }</script>" + RED_BOX,
+    # what a page leaves behind when the next render navigates its context's page
+    "pagehide-loop": "<script>addEventListener('pagehide', () => { while(true){} })</script>" + RED_BOX,
+    "unload-loop": "<script>addEventListener('unload', () => { while(true){} })</script>" + RED_BOX,
+    "popup-to-page-url": '<a id="l" href="http://colbench.invalid/" target="_blank">x</a>'
+                         "<script>setTimeout(() => l.click(), 100)</script>" + RED_BOX,
 }
+RENDERS = ("dialogs", "navigate-away", "reload-loop", "meta-refresh", "window-open", "malformed", "beforeunload",
+           "pagehide-loop", "unload-loop", "popup-to-page-url")  # the hostile pages that render normally
 
 
 def test_hostile_pages_render_or_fail_within_the_timeout(pool):
@@ -221,7 +228,7 @@ def test_hostile_pages_render_or_fail_within_the_timeout(pool):
     results = dict(zip(names + ["normal"], pool.render(htmls)))
     for name in ("infinite-loop", "loop-after-load"):
         assert results[name].image is None and "timed out" in results[name].error
-    for name in ("dialogs", "navigate-away", "reload-loop", "meta-refresh", "window-open", "malformed", "beforeunload", "normal"):
+    for name in RENDERS + ("normal",):
         assert results[name].error is None, (name, results[name].error)
         assert is_red(results[name].image.getpixel((100, 100))), name
     huge = results["huge-page"]
@@ -230,6 +237,23 @@ def test_hostile_pages_render_or_fail_within_the_timeout(pool):
     after = pool.render([NORMAL, NORMAL])
     assert all(r.error is None and is_red(r.image.getpixel((100, 100))) for r in after)
     assert pool.n_recycled >= 2
+
+
+def test_one_page_never_affects_another():
+    """Each normal page right after a hostile one in the same context (one worker), every
+    hostile page that renders (a page that times out has its context closed) twice: every
+    normal page renders, red where its box is. A finished page leaves for about:blank
+    before its context serves another render, so its beforeunload veto, hung unload
+    handlers, timers and popups cannot abort or stall the next page."""
+    names = [n for n in HOSTILE if n in RENDERS or n == "huge-page"] * 2
+    htmls = [h for n in names for h in (page(TW2_JSDELIVR, HOSTILE[n]), NORMAL)]
+    with RenderPool(workers=1, timeout_s=6.0) as one:
+        results = one.render(htmls)
+    for name, normal in zip(names, results[1::2]):
+        assert normal.error is None, (f"normal page after {name}", normal.error)
+        assert is_red(normal.image.getpixel((100, 100))), f"normal page after {name}"
+    for name, res in zip(names, results[0::2]):
+        assert res.error is None, (name, res.error)
 
 
 def test_render_is_thread_safe(pool):
