@@ -49,6 +49,9 @@ class LeaderboardRow:
     metrics: dict[str, Metric]
     behaviour: dict[str, Any] = field(default_factory=dict)
     baseline: bool = False
+    # role -> [{"kind", "path", "sha256"}, ...]: the prompt files its episodes were built with
+    # (colbench.prompts; episode meta["prompts"]), one per role unless episodes differ
+    prompts: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,7 +59,18 @@ class LeaderboardRow:
             "n_tasks": self.n_tasks, "n_episodes": self.n_episodes,
             "metrics": {k: m.to_json() for k, m in self.metrics.items()},
             "behaviour": self.behaviour,
+            "prompts": self.prompts,
         }
+
+
+def episodes_prompts(episodes: Sequence[Episode]) -> dict[str, list[dict[str, str]]]:
+    """role -> the distinct prompt records (path + sha256) of the episodes, in first-seen order."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for ep in episodes:
+        for role, rec in (ep.meta.get("prompts") or {}).items():
+            if rec not in out.setdefault(role, []):
+                out[role].append(rec)
+    return out
 
 
 def build_row(agent: str, spec: str, env: str, episodes: Sequence[Episode],
@@ -65,6 +79,7 @@ def build_row(agent: str, spec: str, env: str, episodes: Sequence[Episode],
         agent=agent, spec=spec, env=env,
         n_tasks=len({ep.task_id for ep in episodes}), n_episodes=len(episodes),
         metrics=env_metrics(env, episodes, baseline), behaviour=behaviour_stats(episodes), baseline=is_baseline,
+        prompts=episodes_prompts(episodes),
     )
 
 
@@ -103,7 +118,21 @@ def leaderboard_markdown(rows: Sequence[LeaderboardRow]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     note = "Metrics: value [95% bootstrap CI over tasks], percent except CLIP similarity (cosine)."
     errors = [_engine_errors_line(r) for r in rows if r.behaviour.get("engine_errors")]
-    return "\n".join(lines) + "\n\n" + note + "\n" + "".join(f"\n{e}\n" for e in errors)
+    return "\n".join(lines) + "\n\n" + note + "\n" + "".join(f"\n{e}\n" for e in errors + _prompt_lines(rows))
+
+
+def _prompt_lines(rows: Sequence[LeaderboardRow]) -> list[str]:
+    """`Prompts: agent <path> (sha256 <12 hex>); human ...` for each distinct set of files."""
+    lines: list[str] = []
+    for r in rows:
+        if not r.prompts:
+            continue
+        files = "; ".join(f"{role} " + ", ".join(f"{rec['path']} (sha256 {rec['sha256'][:12]})" for rec in recs)
+                          for role, recs in r.prompts.items())
+        line = f"Prompts: {files}"
+        if line not in lines:
+            lines.append(line)
+    return lines
 
 
 def _engine_errors_line(row: LeaderboardRow) -> str:
