@@ -126,16 +126,23 @@ class PromptTemplate:
     def fill(self, **values: Any) -> str:
         """The text with each `{name}` (or its alias) replaced by `values[name]`; a placeholder
         the file uses but `values` lacks is a bug of the caller (KeyError)."""
-        aliases = KINDS[self.kind].aliases
-
-        def sub(m: re.Match) -> str:
-            return str(values[aliases.get(m.group(1), m.group(1))])
-
-        return PLACEHOLDER.sub(sub, self.text)
+        return fill_text(self.text, self.kind, **values)
 
     def record(self) -> dict[str, str]:
         """{"kind", "path", "sha256"}: what an episode, a config or a leaderboard keeps."""
         return {"kind": self.kind, "path": str(self.path), "sha256": self.sha256}
+
+
+def fill_text(text: str, kind: str, **values: Any) -> str:
+    """A `kind` template's text (already validated, e.g. as recorded in a critic's config)
+    with each `{name}` or its alias replaced by `values[name]` (one pass: filled values are
+    never read as placeholders)."""
+    aliases = KINDS[kind].aliases
+
+    def sub(m: re.Match) -> str:
+        return str(values[aliases.get(m.group(1), m.group(1))])
+
+    return PLACEHOLDER.sub(sub, text)
 
 
 _CACHE: dict[tuple[str, str, float, int], PromptTemplate] = {}
@@ -231,26 +238,56 @@ def episode_prompt(episode: Any, role: str, kind: str) -> dict[str, str]:
     return {**load_prompt(kind).record(), "assumed": "default (episode carries no prompt record)"}
 
 
+_SIMULATOR_KINDS = {"llm:": "backend_human", "vlm:": "frontend_vlm", "text-frontend:": "frontend_text"}
+
+
+def _human_kind_of(episode: Any) -> str | None:
+    """The template kind of the model simulator an episode ran with (its meta["simulator"]
+    name), None for scripted simulators or none."""
+    name = str((getattr(episode, "meta", None) or {}).get("simulator") or "")
+    return next((kind for prefix, kind in _SIMULATOR_KINDS.items() if name.startswith(prefix)), None)
+
+
 def check_episode_prompts(episodes: Sequence[Any], expected: Mapping[str, PromptTemplate], source: str) -> None:
     """Refuse episodes built with different prompt files, or with another prompt than the
     trainer's (`expected`: role -> the template it is configured with), in one line naming
-    the files and hashes. Episodes without a record count as our default (DEFAULT_ASSUMED)."""
-    for role, tpl in expected.items():
+    the files and hashes. The simulated human's prompt is checked for a mix even when not
+    expected (episodes of two simulator prompts are two data sets). Episodes without a
+    record count as our default (DEFAULT_ASSUMED)."""
+    roles = dict(expected)
+    for role in ("agent", "human"):
         seen: dict[str, tuple[dict, str]] = {}
         for ep in episodes:
-            if role == "human" and not (getattr(ep, "meta", None) or {}).get("simulator"):
-                continue  # no simulated human took part (single-turn, answer at once)
-            rec = episode_prompt(ep, role, tpl.kind)
+            meta = getattr(ep, "meta", None) or {}
+            if role == "human" and not meta.get("simulator"):
+                continue  # no simulated human took part (single turn, an agent that answers at once)
+            kind = _human_kind_of(ep) if role == "human" else roles[role].kind if role in roles else None
+            rec = meta.get("prompts", {}).get(role)
+            if rec is None and kind is None:
+                continue  # no template file on that side (a scripted simulator, the test bed's agent)
+            rec = rec or episode_prompt(ep, role, kind)
             seen.setdefault(rec["sha256"], (rec, ep.episode_id))
         if len(seen) > 1:
             (a, ea), (b, eb) = list(seen.values())[:2]
             raise PromptError(f"{source}: episodes built with different {role} prompts: {ea} with {_show(a)}, "
                               f"{eb} with {_show(b)}; train on episodes of one prompt file")
-        for sha, (rec, ep_id) in seen.items():
-            if sha != tpl.sha256:
-                how = " (no record: assumed our default)" if rec.get("assumed") else ""
-                raise PromptError(f"{source}: episode {ep_id} was built with the {role} prompt {_show(rec)}{how}, "
-                                  f"but this run's {KINDS[tpl.kind].flag} is {_show(tpl.record())}")
+        if role in roles:
+            tpl = roles[role]
+            for sha, (rec, ep_id) in seen.items():
+                if sha != tpl.sha256:
+                    how = " (no record: assumed our default)" if rec.get("assumed") else ""
+                    raise PromptError(f"{source}: episode {ep_id} was built with the {role} prompt {_show(rec)}{how}, "
+                                      f"but this run's {KINDS[tpl.kind].flag} is {_show(tpl.record())}")
+
+
+def check_recorded_prompts(episodes: Sequence[Any], env: str, agent_prompt: str | None, source: str) -> None:
+    """What a trainer that reads recorded prompts (offline episodes) calls: the episodes must
+    all be built with one agent prompt, the file of its `--agent_prompt` (None: ours), and
+    one simulator prompt (check_episode_prompts)."""
+    kind = agent_kind(env)
+    if agent_prompt and kind is None:
+        raise PromptError(f"--agent_prompt {agent_prompt}: env {env!r} builds its agent prompt without a file")
+    check_episode_prompts(episodes, {"agent": load_prompt(kind, agent_prompt)} if kind else {}, source)
 
 
 def dialogue_text(turns: Iterable[Any], agent: str = "Assistant", human: str = "You") -> str:

@@ -25,7 +25,16 @@ from typing import ClassVar
 from colbench.envs import defaults_help
 from colbench.episodes import load_episodes
 from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_sft
-from sweet.core.config import LearningRates, ModelConfig, check_range, fill_env_defaults, lr_field, save_resolved_config
+from colbench.prompts import check_prompt_flags, check_recorded_prompts
+from sweet.core.config import (
+    LearningRates,
+    ModelConfig,
+    agent_prompt_field,
+    check_range,
+    fill_env_defaults,
+    lr_field,
+    save_resolved_config,
+)
 from sweet.core.models import load_tokenizer
 from sweet.core.tokens import episode_segments
 
@@ -40,8 +49,10 @@ class RFTConfig:
     top_fraction: float | None = field(default=None, metadata={"help": f"and only the best fraction of all episodes by reward (default: the --env's: {defaults_help('rft_top_fraction')})"})
     max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes of the file"})
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns without token_ids (published data)"})
+    agent_prompt: str | None = agent_prompt_field()
 
     def __post_init__(self) -> None:
+        check_prompt_flags(self.env, None, self.agent_prompt, None)  # a bad file: PromptError, one line
         fill_env_defaults(self, success_threshold="success_threshold", top_fraction="rft_top_fraction")
         check_range(self, "success_threshold")  # finite
         check_range(self, "top_fraction")
@@ -86,6 +97,7 @@ def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
         return done
     run_config = save_resolved_config(train.output_dir, algorithm="rft", model=model_cfg, train=train, rft=cfg)
     episodes = load_episodes(cfg.episodes, env=cfg.env)[: cfg.max_episodes]
+    check_recorded_prompts(episodes, cfg.env, cfg.agent_prompt, cfg.episodes)  # one agent prompt, --agent_prompt's
     tokenizer = load_tokenizer(model_cfg.model)
     kept, segments = rft_segments(episodes, tokenizer, cfg.success_threshold, cfg.tokenize_missing_actions,
                                   cfg.top_fraction)

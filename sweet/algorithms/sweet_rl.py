@@ -63,11 +63,12 @@ from typing import ClassVar, Protocol, Sequence
 from colbench.envs.testbed_spec import task_spec
 from colbench.episodes import load_episodes
 from colbench.jsonl import Appender
+from colbench.prompts import check_prompt_flags, check_recorded_prompts
 from colbench.tasks import load_tasks
 from engines import EngineOptions, load_engine
 from engines.base import Sample, SamplingParams
 from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_dpo
-from sweet.core.config import LearningRates, ModelConfig, check_range, lr_field, save_resolved_config
+from sweet.core.config import LearningRates, ModelConfig, agent_prompt_field, check_range, lr_field, save_resolved_config
 from sweet.core.models import load_tokenizer, resolve_model_path
 from sweet.core.records import (
     Candidate,
@@ -112,6 +113,7 @@ class SweetConfig:
         "help": "α_anchor: weight of the per-token NLL of one anchor action per pair, drawn round-robin from the "
                 "states whose candidates all tie (an estimate of KL(π_0||π) where the critic ranks nothing; "
                 "not in the paper: 0)"})
+    agent_prompt: str | None = agent_prompt_field()
 
     def __post_init__(self) -> None:
         for name in ("beta", "nll_coef", "anchor_coef"):
@@ -128,6 +130,7 @@ class SweetConfig:
             raise ValueError(f"SweetConfig.pairs_per_state must be >= 1, got {self.pairs_per_state}")
         if self.beta <= 0 or self.nll_coef < 0 or self.anchor_coef < 0:
             raise ValueError("SweetConfig: beta must be > 0, nll_coef and anchor_coef >= 0")
+        check_prompt_flags(self.env, None, self.agent_prompt, None)  # a bad file: PromptError, one line
 
 
 @dataclass
@@ -361,6 +364,8 @@ def load_states(cfg: SweetConfig) -> list[State]:
     """One State per agent turn of the episodes, with the task's training-time information."""
 
     episodes = first_episodes(load_episodes(cfg.episodes, env=cfg.env), cfg)
+    # candidates are sampled at the recorded prompts: they must be of one agent prompt, --agent_prompt's
+    check_recorded_prompts(episodes, cfg.env, cfg.agent_prompt, cfg.episodes)
     info = load_training_info(cfg.tasks, env=cfg.env)
     missing = sorted({ep.task_id for ep in episodes} - set(info))
     if missing:
