@@ -218,11 +218,6 @@ def check_prompt_flags(env: str, simulator: str | None, agent_prompt: str | None
     return out
 
 
-def prompt_records(templates: Mapping[str, PromptTemplate]) -> dict[str, dict[str, str]]:
-    """role -> record, for configs, leaderboards and episodes."""
-    return {role: t.record() for role, t in templates.items()}
-
-
 def _show(rec: Mapping[str, Any] | None) -> str:
     if rec is None:
         return "none"
