@@ -189,3 +189,32 @@ def test_evaluate_bad_prompt_file_is_one_line_exit_2(tmp_path):
     rc = main(["--env", "backend", "--agent", "tiny", "--simulator", "tiny", "--human_prompt", str(bad),
                "--output", str(tmp_path / "o")])
     assert rc == 2 and not (tmp_path / "o").exists()
+
+
+def test_frontend_simulators_single_message_layout(tmp_path):
+    from simulators.text_frontend import TextFrontendSimulator
+    from simulators.vlm import VLMSimulator
+
+    class NoEngine:
+        spec = "none"
+
+    task = Task("f1", "frontend", "A bakery site.", "<html></html>")
+    turns = [Turn("agent", "Draft:\n```html\n<div>v1</div>\n```"), Turn("human", "Make the header blue."),
+             Turn("agent", "Better?\n```html\n<div>v2</div>\n```")]
+    path = tmp_path / "fe.txt"
+    path.write_text("FE-MARKER: you want {problem_description} Earlier:\n{dialogue_history}\n")
+    vlm = VLMSimulator(NoEngine(), None, prompt_file=path, render_dir=tmp_path)
+    [msg] = vlm.conversation(task, turns, "data:agent", "data:target")
+    text, agent_img, target_img = msg["content"]
+    assert msg["role"] == "user" and agent_img["image_url"]["url"] == "data:agent"
+    assert target_img["image_url"]["url"] == "data:target"  # the agent's render first, then the target
+    assert text["text"].startswith("FE-MARKER: you want A bakery site. Earlier:\nAssistant: Draft: [I showed you")
+    assert "You: Make the header blue." in text["text"] and "<div>v1</div>" not in text["text"]
+    assert "Better?" in text["text"].split("Earlier:")[1].split("You: Make the header blue.")[1]  # the latest turn
+    ours = VLMSimulator(NoEngine(), None, render_dir=tmp_path).conversation(task, turns, "data:agent", "data:target")
+    assert [m["role"] for m in ours] == ["system", "user", "assistant", "user"]  # ours: the history as chat
+    [tmsg] = TextFrontendSimulator(NoEngine(), None, prompt_file=path).conversation(task, turns, "PAGE A", "PAGE B")
+    assert tmsg["role"] == "user" and tmsg["content"].startswith("FE-MARKER") and tmsg["content"].endswith("PAGE B")
+    with pytest.raises(PromptError, match=r"fe\.txt: unknown placeholder \{hidden_information\} in a frontend_vlm"):
+        path.write_text("{hidden_information}")
+        VLMSimulator(NoEngine(), None, prompt_file=path, render_dir=tmp_path)
