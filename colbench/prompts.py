@@ -8,14 +8,13 @@
 Kinds (KINDS below is the one table; docs/prompts.md explains each and how ours differ
 from the published evaluator's):
 
-    kind            flag                      default file                               placeholders
-    backend_agent   --agent_prompt            colbench/envs/prompts/backend_agent.txt    {max_turns} {answer_marker} (optional)
-    frontend_agent  --agent_prompt            colbench/envs/prompts/frontend_agent.txt   {max_turns} {answer_marker} (optional)
-    backend_human   --human_prompt            simulators/prompts/backend_human.txt       {problem_description} {hidden_information}
-                                                                                         required; {dialogue_history} optional
-    frontend_vlm    --human_prompt            simulators/prompts/frontend_vlm.txt        {problem_description} {dialogue_history} (optional)
-    frontend_text   --human_prompt            simulators/prompts/frontend_text.txt       {problem_description} {dialogue_history} (optional)
-    critic_context  --critic_context_prompt   sweet/critic/prompts/critic_context.txt    {training_info} required
+    kind            flag                      placeholders (default file: KINDS[kind].default_path())
+    backend_agent   --agent_prompt            {max_turns} {answer_marker}, optional
+    frontend_agent  --agent_prompt            {max_turns} {answer_marker}, optional
+    backend_human   --human_prompt            {problem_description} {hidden_information}; {dialogue_history} optional
+    frontend_vlm    --human_prompt            {problem_description} {dialogue_history}, optional
+    frontend_text   --human_prompt            {problem_description} {dialogue_history}, optional
+    critic_context  --critic_context_prompt   {training_info}
 
 Contract of a template file: UTF-8 text; a placeholder is `{name}` with `name` an
 identifier; any other brace text (JSON, code) is literal. On load, a `{name}` the kind
@@ -94,8 +93,8 @@ KINDS: dict[str, PromptKind] = {k.name: k for k in [
                optional=("problem_description", "dialogue_history"), aliases=_HUMAN_ALIASES),
     PromptKind("frontend_text", "human", "--human_prompt", "simulators", "prompts/frontend_text.txt",
                optional=("problem_description", "dialogue_history"), aliases=_HUMAN_ALIASES),
-    PromptKind("critic_context", "critic_context", "--critic_context_prompt", "sweet", "critic/prompts/critic_context.txt",
-               required=("training_info",)),
+    PromptKind("critic_context", "critic_context", "--critic_context_prompt", "sweet",
+               "critic/prompts/critic_context.txt", required=("training_info",)),
 ]}
 
 

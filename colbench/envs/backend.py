@@ -39,6 +39,8 @@ class BackendEnv:
     max_turns:     agent turns at most (paper: 10).
     workers:       sandboxes run in parallel when scoring (default: CPU count).
     limits:        per-answer sandbox limits (default SandboxLimits()).
+    prompt_path:   the agent's instructions, a backend_agent template file (colbench.prompts;
+                   None: ours); `agent_prompt` is the loaded template episodes record.
     """
 
     name = "backend"

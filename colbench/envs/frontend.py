@@ -83,6 +83,8 @@ class FrontendEnv:
     render_dir:        where screenshots go (answers/, targets/); default a temp dir.
     workers:           browser contexts rendering at once.
     render_timeout_s:  per page; a page past it scores 0 with Score.error.
+    prompt_path:       the agent's instructions, a frontend_agent template file
+                       (colbench.prompts; None: ours); `agent_prompt` is the loaded template.
     """
 
     name = "frontend"
