@@ -11,6 +11,9 @@ already there.
 trajectories); an episode id found twice (two runs wrote into one file) is read once,
 the first record kept, with a warning.
 
+Each episode records the prompt files it was built with, path and sha256, in
+`meta["prompts"]` (episode_prompt_records; colbench.prompts).
+
 Episode rules (ColBench): the agent sees `env.agent_messages(task, turns)`; a turn
 holding the env's answer marker ends the dialogue (stop "answered"); otherwise the
 simulated human replies. After `max_turns` agent turns, the last agent message is
@@ -346,7 +349,22 @@ def _check_inputs(env, tasks, agent, simulator, seeds, config) -> None:
 
 def _new(env: Environment, task: Task, agent: Agent, seed: int, simulator: Simulator | None) -> _Live:
     meta = {"simulator": simulator.name} if simulator is not None else {}
+    prompts = episode_prompt_records(env, simulator)
+    if prompts:
+        meta["prompts"] = prompts
     return _Live(task, Episode(task_id=task.task_id, env=env.name, agent=agent.name, seed=seed, meta=meta))
+
+
+def episode_prompt_records(env: Environment, simulator: Simulator | None) -> dict:
+    """What an episode records of the prompt files it is built with (colbench.prompts):
+    {"agent": the env's `agent_prompt` record, "human": the simulator's `prompt` record},
+    each only when that side has a template file. Trainers check them (check_episode_prompts)."""
+    out = {}
+    for role, owner in (("agent", env), ("human", simulator)):
+        template = getattr(owner, "agent_prompt" if role == "agent" else "prompt", None) if owner is not None else None
+        if template is not None and hasattr(template, "record"):
+            out[role] = template.record()
+    return out
 
 
 def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: list[_Live],

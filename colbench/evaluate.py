@@ -29,6 +29,11 @@ the same episodes. `--seeds S` runs seeds 0..S-1 with `--temperature` (set it > 
 otherwise the seeds repeat one another); confidence intervals bootstrap over tasks
 with a fixed seed, so they are deterministic too.
 
+Prompts: `--agent_prompt FILE` and `--human_prompt FILE` replace our instructions for the
+agent and the model simulator (docs/prompts.md: placeholders, and how to run the published
+evaluator's own simulator prompt). config.json, every episode (meta["prompts"]) and each
+leaderboard row record the files used, path and sha256.
+
 Outputs in --output DIR: leaderboard.json, leaderboard.md, report.html, config.json
 and episodes/<agent>.jsonl (each episode written once scored; rerun the same command to
 resume after a crash, a kill or Ctrl-C, which says how many episodes were kept, exit
@@ -120,6 +125,13 @@ class EvalConfig:
     rescore: bool = field(default=False, metadata={
         "help": "rescore, under this code's scoring rules, the stored answers of episodes in --output scored "
                 "under another scoring version (default: refuse such a folder)"})
+    agent_prompt: str | None = field(default=None, metadata={
+        "help": "the agent's instructions, a template file (default: ours, colbench/envs/prompts/<env>_agent.txt; "
+                "placeholders {max_turns} {answer_marker}; docs/prompts.md)"})
+    human_prompt: str | None = field(default=None, metadata={
+        "help": "a model simulator's template file (default: ours, simulators/prompts/; backend placeholders "
+                "{problem_description} {hidden_information}, optional {dialogue_history}: then one user message "
+                "with the dialogue as text, the published evaluator's layout; docs/prompts.md)"})
 
     def __post_init__(self) -> None:
         if not self.output:
@@ -159,6 +171,7 @@ class Plan:
     baseline: str | None  # the baseline's name
     seeds: list[int]
     out_dir: Path
+    prompts: dict[str, Any] = dataclasses.field(default_factory=dict)  # role -> PromptTemplate in use
 
 
 def prepare(config: EvalConfig) -> Plan:
@@ -174,6 +187,10 @@ def prepare(config: EvalConfig) -> Plan:
     for spec in specs:  # specs first: a typo fails before tasks are loaded and validated
         check_agent_spec(spec)
     check_simulator_spec(config.simulator, config.env)
+    from colbench.prompts import check_prompt_flags
+
+    prompts = check_prompt_flags(config.env, None if config.single_turn else config.simulator, config.agent_prompt,
+                                 config.human_prompt)
     agents = [_split_name(s) for s in config.agent]
     names = [n for n, _ in agents]
     if len(set(names)) != len(names):
@@ -211,13 +228,13 @@ def prepare(config: EvalConfig) -> Plan:
         check_agent_spec(f"replay:{file}", known_ids)
         _check_replay_covers(file, playable)
     out_dir = Path(config.output)
-    _check_previous_config(out_dir, config)
+    _check_previous_config(out_dir, config, prompts)
     _check_episode_files(out_dir, [n for n, _ in agents])
     _check_scoring_versions(out_dir, [n for n, _ in agents], config.rescore)
     from colbench.rollout import episode_seeds
 
     return Plan(tasks=tasks, agents=agents, baseline=baseline, seeds=episode_seeds(config.seed_round, config.seeds),
-                out_dir=out_dir)
+                out_dir=out_dir, prompts=prompts)
 
 
 def _task_turns(config: EvalConfig, tasks: Sequence[Any]) -> int | None:
@@ -293,19 +310,30 @@ def _check_scoring_versions(out_dir: Path, names: Sequence[str], rescore: bool) 
                          "or use a new --output DIR")
 
 
-def _check_previous_config(out_dir: Path, config: EvalConfig) -> None:
-    """Episodes in DIR are reused by id, so they must come from the same settings."""
+def _check_previous_config(out_dir: Path, config: EvalConfig, prompts: dict[str, Any] | None = None) -> None:
+    """Episodes in DIR are reused by id, so they must come from the same settings and the
+    same prompt files (compared by sha256; a run recorded before prompts were recorded
+    used our defaults)."""
     path = out_dir / "config.json"
     if not path.exists():
         return
     try:
-        old = json.loads(path.read_text())["config"]
+        data = json.loads(path.read_text())
+        old = data["config"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise UsageError(f"{path}: unreadable; use a new --output DIR") from None
     for k in _EPISODE_FIELDS:
         if old.get(k) != getattr(config, k):
             raise UsageError(f"--output {out_dir} holds a run with {k}={old.get(k)!r} (now {getattr(config, k)!r}); "
                              "use a new --output DIR")
+    from colbench.prompts import KINDS, load_prompt
+
+    for role, tpl in (prompts or {}).items():
+        rec = (data.get("prompts") or {}).get(role) or load_prompt(tpl.kind).record()  # none recorded: our default
+        if rec.get("sha256") != tpl.sha256:
+            raise UsageError(f"--output {out_dir} holds episodes built with the {role} prompt {rec.get('path')} "
+                             f"(sha256 {str(rec.get('sha256'))[:12]}), this run's {KINDS[tpl.kind].flag} is "
+                             f"{tpl.path} (sha256 {tpl.sha256[:12]}); use a new --output DIR")
 
 
 def run(config: EvalConfig, plan: Plan) -> list[Any]:
@@ -325,6 +353,8 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
         env_kwargs["max_turns"] = _task_turns(config, plan.tasks)
     if config.env == "frontend":  # keep the screenshots beside the episodes (report thumbnails)
         env_kwargs["render_dir"] = str(plan.out_dir / "renders")
+    if "agent" in plan.prompts:  # the --agent_prompt file (validated in prepare)
+        env_kwargs["prompt_path"] = str(plan.prompts["agent"].path)
     env = make_env(config.env, **env_kwargs)
     episode_config = EpisodeConfig(max_turns=config.max_turns or env.max_turns, single_turn=config.single_turn,
                                    max_concurrent=config.max_concurrent)
@@ -350,7 +380,8 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
             if uses_sim and simulator is None:
                 simulator = load_simulator(config.simulator, env, engine_options=options,
                                            max_reply_chars=config.max_reply_chars,
-                                           max_new_tokens=config.simulator_max_new_tokens)
+                                           max_new_tokens=config.simulator_max_new_tokens,
+                                           prompt_file=config.human_prompt)
             shared = getattr(simulator, "engine", None) if uses_sim and spec == config.simulator else None
             if shared is not None:  # one copy of the model plays both sides (a second vLLM would not fit)
                 print(f"{name}: sharing the simulator's engine ({spec})", file=sys.stderr)
@@ -427,6 +458,7 @@ def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
         "n_tasks": len(plan.tasks),
         "n_unusable_tasks": sum(1 for t in plan.tasks if t.meta.get("unusable")),
         "scoring_version": _scoring_version(),
+        "prompts": {role: t.record() for role, t in plan.prompts.items()},  # the files, path + sha256
         "server": dataclasses.asdict(server_defaults()),  # openai: engines' timeout, retries, reply cap
         "python": sys.version.split()[0],
     }

@@ -56,6 +56,9 @@ class LeaderboardRow:
     @property
     def n_unusable(self) -> int:
         return len(self.unusable)
+    # role -> [{"kind", "path", "sha256"}, ...]: the prompt files its episodes were built with
+    # (colbench.prompts; episode meta["prompts"]), one per role unless episodes differ
+    prompts: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,7 +68,18 @@ class LeaderboardRow:
             "scoring_version": self.scoring_version,
             "metrics": {k: m.to_json() for k, m in self.metrics.items()},
             "behaviour": self.behaviour,
+            "prompts": self.prompts,
         }
+
+
+def episodes_prompts(episodes: Sequence[Episode]) -> dict[str, list[dict[str, str]]]:
+    """role -> the distinct prompt records (path + sha256) of the episodes, in first-seen order."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for ep in episodes:
+        for role, rec in (ep.meta.get("prompts") or {}).items():
+            if rec not in out.setdefault(role, []):
+                out[role].append(rec)
+    return out
 
 
 def build_row(agent: str, spec: str, env: str, episodes: Sequence[Episode],
@@ -86,6 +100,7 @@ def build_row(agent: str, spec: str, env: str, episodes: Sequence[Episode],
         metrics=env_metrics(env, episodes, baseline), behaviour=behaviour_stats(episodes), baseline=is_baseline,
         unusable=sorted(unusable.values(), key=lambda u: _where_key(u["where"])),
         scoring_version=versions.pop() if len(versions) == 1 else current_scoring_version(),
+        prompts=episodes_prompts(episodes),
     )
 
 
@@ -145,8 +160,22 @@ def leaderboard_markdown(rows: Sequence[LeaderboardRow]) -> str:
         note += f" Scoring version {', '.join(map(str, versions))}."
     errors = [_engine_errors_line(r) for r in rows if r.behaviour.get("engine_errors")]
     unusable = unusable_lines(rows)
-    return ("\n".join(lines) + "\n\n" + note + "\n" + "".join(f"\n{e}\n" for e in errors)
+    return ("\n".join(lines) + "\n\n" + note + "\n" + "".join(f"\n{e}\n" for e in errors + _prompt_lines(rows))
             + ("\n" + "\n".join(unusable) + "\n" if unusable else ""))
+
+
+def _prompt_lines(rows: Sequence[LeaderboardRow]) -> list[str]:
+    """`Prompts: agent <path> (sha256 <12 hex>); human ...` for each distinct set of files."""
+    lines: list[str] = []
+    for r in rows:
+        if not r.prompts:
+            continue
+        files = "; ".join(f"{role} " + ", ".join(f"{rec['path']} (sha256 {rec['sha256'][:12]})" for rec in recs)
+                          for role, recs in r.prompts.items())
+        line = f"Prompts: {files}"
+        if line not in lines:
+            lines.append(line)
+    return lines
 
 
 def _engine_errors_line(row: LeaderboardRow) -> str:

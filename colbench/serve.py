@@ -93,6 +93,11 @@ class ServeConfig:
     clip_model: Optional[str] = field(default=None, metadata={"help": "frontend CLIP model ('tiny' for CPU tests)"})
     device: Optional[str] = field(default=None, metadata={"help": "model simulators: cpu, cuda, ..."})
     dtype: str = field(default="auto", metadata={"help": "model simulators: auto, bfloat16, float16, float32"})
+    agent_prompt: Optional[str] = field(default=None, metadata={
+        "help": "the agent's instructions (the observation's system message), a template file (default: ours; "
+                "docs/prompts.md)"})
+    human_prompt: Optional[str] = field(default=None, metadata={
+        "help": "a model simulator's template file (default: ours; docs/prompts.md)"})
 
     def __post_init__(self) -> None:
         checks = [("port", 0 <= self.port <= 65535), ("max_connections", self.max_connections >= 1),
@@ -144,6 +149,9 @@ class EpisodeStore:
         if config.env not in env_names():
             raise UsageError(f"--env: unknown environment {config.env!r}; known: {', '.join(env_names())}")
         check_simulator_spec(config.simulator, config.env)
+        from colbench.prompts import check_prompt_flags
+
+        prompts = check_prompt_flags(config.env, config.simulator, config.agent_prompt, config.human_prompt)
         try:
             # an unusable row cannot be played: served tasks are the usable ones (each skipped row logged)
             tasks = load_tasks(config.tasks, env=config.env, limit=config.limit, on_error="skip")
@@ -157,13 +165,16 @@ class EpisodeStore:
         kwargs: dict[str, Any] = {"clip_model": config.clip_model} if config.clip_model else {}
         if config.max_turns:
             kwargs["max_turns"] = config.max_turns
+        if "agent" in prompts and config.agent_prompt:
+            kwargs["prompt_path"] = str(prompts["agent"].path)
         self.env = make_env(config.env, **kwargs)
         self.episode_config = EpisodeConfig(max_turns=config.max_turns or self.env.max_turns)
         try:
             self.simulator = load_simulator(config.simulator, self.env,
                                             engine_options=EngineOptions(device=config.device, dtype=config.dtype),
                                             max_reply_chars=config.max_reply_chars,
-                                            max_new_tokens=config.simulator_max_new_tokens)
+                                            max_new_tokens=config.simulator_max_new_tokens,
+                                            prompt_file=config.human_prompt)
         except BaseException:
             self.env.close()
             raise

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from colbench.prompts import PromptError, human_kind, load_prompt
 from engines.base import SamplingParams, SpecError
 from simulators.base import SimReply, SimRequest, Simulator
 
@@ -74,13 +75,26 @@ def check_simulator_spec(spec: str | None, env_name: str) -> None:
 
 
 def load_simulator(spec: str | None, env: "Environment", *, engine_options: "EngineOptions | None" = None,
-                   max_reply_chars: int = 400, max_new_tokens: int | None = None) -> Simulator | None:
+                   max_reply_chars: int = 400, max_new_tokens: int | None = None,
+                   prompt_file: str | None = None) -> Simulator | None:
     """Build the simulator a spec names (None -> None). Model specs load an engine.
-    `max_new_tokens` sets a model simulator's reply budget (default: the simulator's)."""
+    `max_new_tokens` sets a model simulator's reply budget (default: the simulator's).
+    `prompt_file`: a model simulator's template (the `--human_prompt` flag; None: ours;
+    kinds backend_human / frontend_vlm / frontend_text of colbench.prompts), validated
+    before any engine loads; a scripted simulator reads none (PromptError if given)."""
     check_simulator_spec(spec, env.name)
     if spec is None:
+        if prompt_file:
+            raise PromptError(f"--human_prompt {prompt_file}: no simulator to read it")
         return None
     spec = spec.strip()
+    kind = human_kind(env.name, spec)
+    if prompt_file and kind is None:
+        raise PromptError(f"--human_prompt {prompt_file}: simulator {spec!r} reads no prompt file (only model "
+                          "simulators do)")
+    if kind is not None:
+        load_prompt(kind, prompt_file)  # a bad file fails here, before the engine loads
+        kwargs_prompt = {"prompt_file": prompt_file or None}
     if spec.startswith("scripted:"):
         module, _, cls = _REGISTRY[spec[len("scripted:"):]].partition(":")
         return getattr(importlib.import_module(module), cls)(env=env, max_reply_chars=max_reply_chars)
@@ -91,13 +105,14 @@ def load_simulator(spec: str | None, env: "Environment", *, engine_options: "Eng
     if env.name == "backend":
         from simulators.llm import LLMSimulator
 
-        return LLMSimulator(load_engine(spec, engine_options), max_reply_chars=max_reply_chars, **kwargs)
+        return LLMSimulator(load_engine(spec, engine_options), max_reply_chars=max_reply_chars, **kwargs, **kwargs_prompt)
     renderer = env.renderer  # type: ignore[attr-defined]  # FrontendEnv's RenderPool
     if spec.startswith("text+"):
         from simulators.text_frontend import TextFrontendSimulator
 
         engine = load_engine(spec[len("text+"):], engine_options)
-        return TextFrontendSimulator(engine, renderer, max_reply_chars=max_reply_chars, **kwargs)
+        return TextFrontendSimulator(engine, renderer, max_reply_chars=max_reply_chars, **kwargs, **kwargs_prompt)
     from simulators.vlm import VLMSimulator
 
-    return VLMSimulator(load_engine(spec, engine_options), renderer, max_reply_chars=max_reply_chars, **kwargs)
+    return VLMSimulator(load_engine(spec, engine_options), renderer, max_reply_chars=max_reply_chars, **kwargs,
+                        **kwargs_prompt)

@@ -4,12 +4,15 @@ The simulator model plays a person who needs a function: it sees the task
 description, the hidden reference code and the dialogue; answers only from the
 hidden information (says it does not know otherwise), in about two sentences, and
 never writes code. The instructions live in `simulators/prompts/backend_human.txt`
-(placeholders `{description}` and `{hidden}`) so they can be read and changed
-without touching code.
+(placeholders `{problem_description}` and `{hidden_information}`; kind "backend_human"
+of colbench.prompts, the one loader, which validates the file) so they can be read and
+changed without touching code: `--human_prompt FILE` picks another file.
 
-Conversation layout: the prompt is the system message; the agent's messages are
-"user" turns and the simulator's own earlier replies are "assistant" turns, so the
-model continues the dialogue in its own voice.
+Conversation layout (ours, the default): the prompt is the system message; the agent's
+messages are "user" turns and the simulator's own earlier replies are "assistant" turns,
+so the model continues the dialogue in its own voice. A file with `{dialogue_history}`
+(the published evaluator's layout) is sent instead as ONE user message, the dialogue
+written into it as text (colbench.prompts.dialogue_text).
 
 Guards on every reply (the paper relies on the prompt alone): fenced code blocks
 and inline code spans are removed, whitespace is collapsed and the reply is cut to
@@ -24,12 +27,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
+from colbench.prompts import KINDS, dialogue_text, load_prompt
 from colbench.types import Task, Turn
 from engines.base import BatchError, Engine, EngineError, Message, SamplingParams
 from simulators.base import SimReply, SimRequest, check_requests
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
-DEFAULT_PROMPT = PROMPTS_DIR / "backend_human.txt"
+DEFAULT_PROMPT = KINDS["backend_human"].default_path()  # the registry's default (colbench.prompts)
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_new_tokens=200)
 
 _FENCED = re.compile(r"```.*?(```|$)", re.DOTALL)
@@ -55,18 +59,21 @@ class LLMSimulator:
     def __init__(self, engine: Engine, *, prompt_file: str | Path | None = None, max_reply_chars: int = 400,
                  sampling: SamplingParams = DEFAULT_SAMPLING):
         self.engine = engine
-        self.prompt_file = Path(prompt_file) if prompt_file is not None else DEFAULT_PROMPT
-        self.template = self.prompt_file.read_text(encoding="utf-8")
-        for key in ("{description}", "{hidden}"):
-            if key not in self.template:
-                raise ValueError(f"simulator prompt {self.prompt_file} lacks the placeholder {key}")
+        self.prompt = load_prompt("backend_human", prompt_file)  # PromptError: one line naming file + placeholder
+        self.prompt_file = self.prompt.path
+        self.template = self.prompt.text
         self.max_reply_chars = max_reply_chars
         self.sampling = replace(sampling, n=1)
         self.name = f"llm:{engine.spec}"
 
     def conversation(self, task: Task, turns: Sequence[Turn]) -> list[Message]:
-        """The chat the simulator model sees for a reply to `turns[-1]`."""
-        system = self.template.format(description=task.description, hidden=task.hidden)
+        """The chat the simulator model sees for a reply to `turns[-1]` (module docstring:
+        one user message when the template has `{dialogue_history}`, else system + chat)."""
+        if self.prompt.has("dialogue_history"):
+            text = self.prompt.fill(problem_description=task.description, hidden_information=task.hidden,
+                                    dialogue_history=dialogue_text(turns))
+            return [{"role": "user", "content": text}]
+        system = self.prompt.fill(problem_description=task.description, hidden_information=task.hidden)
         messages: list[Message] = [{"role": "system", "content": system}]
         for t in turns:
             role = "user" if t.role == "agent" else "assistant"

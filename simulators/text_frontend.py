@@ -9,7 +9,8 @@ as the person who wants the target, with the dialogue so far.
     sim = TextFrontendSimulator(load_engine("openai:meta-llama/Llama-3.1-70B-Instruct@http://host:8000/v1"),
                                 env.renderer)
 
-The prompt lives in `simulators/prompts/frontend_text.txt` (placeholder `{description}`).
+The prompt lives in `simulators/prompts/frontend_text.txt` (placeholder `{problem_description}`;
+kind "frontend_text" of colbench.prompts, `--human_prompt FILE` picks another).
 Conversation layout, reply cleaning and failure handling are the VLM simulator's.
 """
 
@@ -24,12 +25,22 @@ from colbench.envs.frontend import extract_html, has_html
 from colbench.types import Task, Turn
 from engines.base import Engine, Message, SamplingParams
 from simulators.base import SimReply, SimRequest, check_requests
-from simulators.vlm import DEFAULT_SAMPLING, PROMPTS_DIR, _digest, dialogue_messages, generate_replies, spoken_text
+from colbench.prompts import KINDS, load_prompt
+from simulators.vlm import (
+    DEFAULT_SAMPLING,
+    PROMPTS_DIR,
+    _digest,
+    dialogue_messages,
+    fill_human_prompt,
+    generate_replies,
+    single_message,
+    spoken_text,
+)
 
 if TYPE_CHECKING:
     from colbench.scoring.render import RenderPool
 
-DEFAULT_PROMPT = PROMPTS_DIR / "frontend_text.txt"
+DEFAULT_PROMPT = KINDS["frontend_text"].default_path()  # the registry's default (colbench.prompts)
 COMPARE_NOTE = "Here is my page (first description) and the page you want (second). How is mine different?"
 NO_PAGE_NOTE = ("I have not shown you a page yet. Tell me so in one short sentence, then describe the overall look "
                 "of the page you want in two or three sentences.")
@@ -121,16 +132,21 @@ class TextFrontendSimulator:
         self.max_reply_chars = max_reply_chars
         self.max_page_chars = max_page_chars
         self.sampling = sampling if sampling.n == 1 else SamplingParams(**{**sampling.__dict__, "n": 1})
-        self.prompt_file = Path(prompt_file) if prompt_file is not None else DEFAULT_PROMPT
-        self.template = self.prompt_file.read_text(encoding="utf-8")
-        if "{description}" not in self.template:
-            raise ValueError(f"simulator prompt {self.prompt_file} lacks the placeholder {{description}}")
+        self.prompt = load_prompt("frontend_text", prompt_file)  # PromptError: one line naming file + placeholder
+        self.prompt_file, self.template = self.prompt.path, self.prompt.text
         self._targets: dict[tuple[str, str], str] = {}  # (task_id, html digest) -> summary
         self._lock = threading.Lock()
         self.name = f"text-frontend:{engine.spec}"
 
-    def system_prompt(self, task: Task) -> str:
-        return self.template.replace("{description}", task.description)
+    def system_prompt(self, task: Task, turns: Sequence[Turn] = ()) -> str:
+        """The filled template; `turns` (all but the latest) fill `{dialogue_history}` if it has one."""
+        return fill_human_prompt(self.prompt, task, turns)
+
+    def conversation(self, task: Task, turns: Sequence[Turn], agent_page: str | None, target_page: str
+                     ) -> list[Message]:
+        """The chat the model sees for a reply to `turns[-1]` (layouts as VLMSimulator's)."""
+        messages = build_text_conversation(self.system_prompt(task, turns[:-1]), turns, agent_page, target_page)
+        return single_message(messages) if self.prompt.has("dialogue_history") else messages
 
     def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
         if not requests:
@@ -161,7 +177,7 @@ class TextFrontendSimulator:
                                       "Could you send a simpler version?")
             else:
                 agent = summarise_structure(pages[i], self.max_page_chars) if i in pages else None
-                conversations.append(build_text_conversation(self.system_prompt(r.task), r.turns, agent, self._targets[k]))
+                conversations.append(self.conversation(r.task, r.turns, agent, self._targets[k]))
                 asked.append(i)
         for i, reply in zip(asked, generate_replies(self.engine, conversations, self.sampling, self.max_reply_chars)):
             replies[i] = reply

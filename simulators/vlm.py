@@ -8,12 +8,16 @@ describe the most important differences in words, as the person who wants the ta
     replies = sim.reply([SimRequest(task, turns), ...])   # one batched generate call
 
 Conversation layout (OpenAI chat format, images as PNG data URLs in content parts):
-the prompt (`simulators/prompts/frontend_vlm.txt`, placeholder `{description}`) is the
+the prompt (`simulators/prompts/frontend_vlm.txt`, placeholder `{problem_description}`;
+kind "frontend_vlm" of colbench.prompts, `--human_prompt FILE` picks another) is the
 system message; earlier agent turns are "user" turns with their HTML replaced by a
 note (the person saw it as a page, not code) and the simulator's own replies are
 "assistant" turns; the latest agent turn carries the two screenshots, agent's first.
 Departure from the reference, on purpose: the reference shows the model no dialogue,
 so its feedback contradicts itself from turn to turn; here it sees what it said.
+A file with `{dialogue_history}` is sent as ONE user message instead (the published
+layout): the filled template (the dialogue so far as text), then the latest turn and
+the two screenshots.
 
 When the agent's turn holds no HTML, the model sees only the target and says there is
 no page to compare yet, describing the wanted page's overall look. When the agent's
@@ -30,12 +34,14 @@ import io
 import re
 import tempfile
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from PIL import Image
 
 from colbench.envs.frontend import extract_html, has_html
+from colbench.prompts import KINDS, PromptTemplate, dialogue_text, load_prompt
 from colbench.types import Task, Turn
 from engines.base import BatchError, Engine, Message, SamplingParams
 from simulators.base import SimReply, SimRequest, check_requests
@@ -45,7 +51,7 @@ if TYPE_CHECKING:
     from colbench.scoring.render import RenderPool
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
-DEFAULT_PROMPT = PROMPTS_DIR / "frontend_vlm.txt"
+DEFAULT_PROMPT = KINDS["frontend_vlm"].default_path()  # the registry's default (colbench.prompts)
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_new_tokens=256)
 
 DRAFT_NOTE = "[I showed you a draft of the page.]"
@@ -81,6 +87,24 @@ def dialogue_messages(system: str, turns: Sequence[Turn]) -> list[Message]:
         elif t.content:
             messages.append({"role": "assistant", "content": t.content})
     return messages
+
+
+def fill_human_prompt(prompt: PromptTemplate, task: Task, earlier: Sequence[Turn]) -> str:
+    """A frontend simulator's template filled: `{problem_description}`, and `{dialogue_history}`
+    with the turns before the latest as text (agent code shown as a note, as the person sees it)."""
+    spoken = [replace(t, content=spoken_text(t.content)) if t.role == "agent" else t for t in earlier]
+    return prompt.fill(problem_description=task.description, dialogue_history=dialogue_text(spoken))
+
+
+def single_message(messages: list[Message]) -> list[Message]:
+    """The published layout: the filled template (the system message) and the latest
+    user message merged into ONE user message; the earlier chat turns are dropped (the
+    template holds them as text)."""
+    system, latest = messages[0]["content"], messages[-1]["content"]
+    if isinstance(latest, str):
+        return [{"role": "user", "content": f"{system}\n\n{latest}"}]
+    first, *rest = latest
+    return [{"role": "user", "content": [{"type": "text", "text": f"{system}\n\n{first['text']}"}, *rest]}]
 
 
 def png_data_url(png: bytes, width: int = 768, max_height: int = 2048) -> str:
@@ -156,18 +180,23 @@ class VLMSimulator:
         self.renderer = renderer
         self.max_reply_chars = max_reply_chars
         self.sampling = sampling if sampling.n == 1 else SamplingParams(**{**sampling.__dict__, "n": 1})
-        self.prompt_file = Path(prompt_file) if prompt_file is not None else DEFAULT_PROMPT
-        self.template = self.prompt_file.read_text(encoding="utf-8")
-        if "{description}" not in self.template:
-            raise ValueError(f"simulator prompt {self.prompt_file} lacks the placeholder {{description}}")
+        self.prompt = load_prompt("frontend_vlm", prompt_file)  # PromptError: one line naming file + placeholder
+        self.prompt_file, self.template = self.prompt.path, self.prompt.text
         self.render_dir = Path(render_dir) if render_dir is not None else Path(tempfile.mkdtemp(prefix="colbench-vlm-"))
         self.image_width, self.max_image_height = image_width, max_image_height
         self._targets: dict[tuple[str, str], Path] = {}  # (task_id, html digest) -> target PNG
         self._lock = threading.Lock()
         self.name = f"vlm:{engine.spec}"
 
-    def system_prompt(self, task: Task) -> str:
-        return self.template.replace("{description}", task.description)
+    def system_prompt(self, task: Task, turns: Sequence[Turn] = ()) -> str:
+        """The filled template; `turns` (all but the latest) fill `{dialogue_history}` if it has one."""
+        return fill_human_prompt(self.prompt, task, turns)
+
+    def conversation(self, task: Task, turns: Sequence[Turn], agent_image: str | None, target_image: str
+                     ) -> list[Message]:
+        """The chat the VLM sees for a reply to `turns[-1]` (module docstring)."""
+        messages = build_vlm_conversation(self.system_prompt(task, turns[:-1]), turns, agent_image, target_image)
+        return single_message(messages) if self.prompt.has("dialogue_history") else messages
 
     def _target_pngs(self, tasks: Sequence[Task]) -> list[Path | str]:
         """Each task's target screenshot path (rendered once per target), or an error string."""
@@ -206,7 +235,7 @@ class VLMSimulator:
             else:
                 agent_url = png_data_url(render.png_path.read_bytes(), self.image_width, self.max_image_height) if render else None
                 target_url = png_data_url(target.read_bytes(), self.image_width, self.max_image_height)
-                conversations.append(build_vlm_conversation(self.system_prompt(r.task), r.turns, agent_url, target_url))
+                conversations.append(self.conversation(r.task, r.turns, agent_url, target_url))
                 asked.append(i)
         for i, reply in zip(asked, generate_replies(self.engine, conversations, self.sampling, self.max_reply_chars)):
             render = renders.get(i)

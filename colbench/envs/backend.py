@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from colbench.envs.base import TrainingDefaults, agent_chat, fill_instructions
+from colbench.prompts import KINDS, load_prompt
 from colbench.protocols import ANSWER_MARKER
 from colbench.scoring.backend import ReferenceCache, extract_code, iter_score_backend, score_backend
 from colbench.scoring.sandbox import SandboxLimits, SandboxPool
 from colbench.types import Score, Task, Turn
 from engines.base import Message
 
-PROMPT_PATH = Path(__file__).with_name("prompts") / "backend_agent.txt"
+PROMPT_PATH = KINDS["backend_agent"].default_path()  # the registry's default (colbench.prompts)
 SINGLE_TURN_NOTE = (
     "\n\nThis time you get a single turn: do not ask questions. Answer now: write \"{answer_marker}\" "
     "followed by the complete function in a ```python code block."
@@ -38,6 +39,8 @@ class BackendEnv:
     max_turns:     agent turns at most (paper: 10).
     workers:       sandboxes run in parallel when scoring (default: CPU count).
     limits:        per-answer sandbox limits (default SandboxLimits()).
+    prompt_path:   the agent's instructions, a backend_agent template file (colbench.prompts;
+                   None: ours); `agent_prompt` is the loaded template episodes record.
     """
 
     name = "backend"
@@ -55,8 +58,9 @@ class BackendEnv:
         self.max_turns = max_turns
         self.workers = workers
         self.limits = limits or SandboxLimits()
-        path = Path(prompt_path) if prompt_path else PROMPT_PATH
-        self._template = path.read_text(encoding="utf-8")
+        # the agent's instructions: a validated template file (colbench.prompts), recorded on every episode
+        self.agent_prompt = load_prompt("backend_agent", prompt_path)
+        self._template = self.agent_prompt.text
         self._pool: SandboxPool | None = None
         self._cache = ReferenceCache()
 

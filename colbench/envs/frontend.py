@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from colbench.envs.base import TrainingDefaults, agent_chat, fill_instructions
+from colbench.prompts import KINDS, load_prompt
 from colbench.protocols import ANSWER_MARKER
 from colbench.types import Score, Task, Turn
 from engines.base import Message
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from colbench.scoring.clip import ClipScorer
     from colbench.scoring.render import RenderPool
 
-PROMPT_PATH = Path(__file__).with_name("prompts") / "frontend_agent.txt"
+PROMPT_PATH = KINDS["frontend_agent"].default_path()  # the registry's default (colbench.prompts)
 SINGLE_TURN_NOTE = (
     "\n\nThis time you get a single turn and no feedback: answer now. Write \"{answer_marker}\" "
     "followed by the complete HTML document in a ```html code block."
@@ -82,6 +83,8 @@ class FrontendEnv:
     render_dir:        where screenshots go (answers/, targets/); default a temp dir.
     workers:           browser contexts rendering at once.
     render_timeout_s:  per page; a page past it scores 0 with Score.error.
+    prompt_path:       the agent's instructions, a frontend_agent template file
+                       (colbench.prompts; None: ours); `agent_prompt` is the loaded template.
     """
 
     name = "frontend"
@@ -109,8 +112,9 @@ class FrontendEnv:
         self.render_options = dict(workers=workers, timeout_s=render_timeout_s, viewport_width=viewport_width,
                                    viewport_height=viewport_height, max_height=max_height)
         self._render_dir = Path(render_dir) if render_dir is not None else None
-        path = Path(prompt_path) if prompt_path else PROMPT_PATH
-        self._template = path.read_text(encoding="utf-8")
+        # the agent's instructions: a validated template file (colbench.prompts), recorded on every episode
+        self.agent_prompt = load_prompt("frontend_agent", prompt_path)
+        self._template = self.agent_prompt.text
         self._renderer: RenderPool | None = None
         self._scorer: ClipScorer | None = None
         self._targets: dict[tuple[str, str], tuple[str, Any, None]] = {}  # (task_id, html hash) -> (png, embedding, None)

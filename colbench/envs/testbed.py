@@ -141,6 +141,7 @@ class TestbedEnv(BackendEnv):
         if max_turns is None:
             max_turns = self.spec.turns if self.spec is not None else MAX_TURNS
         super().__init__(answer_marker=answer_marker, max_turns=max_turns, workers=workers, limits=limits)
+        self.agent_prompt = None  # its instructions are SYSTEM, not a template file (colbench.prompts)
 
     @staticmethod
     def turns_for(tasks: Sequence[Task]) -> int | None:

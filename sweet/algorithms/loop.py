@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from colbench.agents import ModelAgent
-from colbench.envs import make_env
+from colbench.prompts import check_prompt_flags
 from colbench.rollout import episode_seeds, rollout
 from colbench.tasks import load_tasks, usable_tasks
 from colbench.types import Episode
@@ -89,13 +89,16 @@ from sweet.core.config import (
     LearningRates,
     ModelConfig,
     TrainConfig,
+    agent_prompt_field,
     check_range,
+    human_prompt_field,
     lr_field,
     resolved_config,
     save_resolved_config,
 )
 from sweet.core.fingerprint import begin_run
 from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
+from sweet.core.rollouts import prompted_env
 from sweet.core.scoring import sharded_scores
 from sweet.core.tokens import make_batch, turn_segment
 from sweet.core.trainer import Trainer, mark_finished
@@ -151,8 +154,11 @@ class LoopConfig:
     strict_tasks: bool = field(default=False, metadata={
         "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
                 "validation), naming each; default: skip them with one warning naming how many and the list"})
+    agent_prompt: str | None = agent_prompt_field(collects=True)
+    human_prompt: str | None = human_prompt_field()
 
     def __post_init__(self) -> None:
+        check_prompt_flags(self.env, self.simulator, self.agent_prompt, self.human_prompt)  # PromptError: one line
         if self.k < 2:
             raise ValueError(f"LoopConfig.k must be >= 2 for leave-one-out advantages, got {self.k}")
         for name in ("iterations", "tasks_per_iteration", "ppo_epochs", "max_new_tokens"):
@@ -583,7 +589,7 @@ def train_on_episodes(trainer, episodes: Sequence[Episode], cfg: LoopConfig, mod
 
 
 def load_env_and_tasks(cfg: LoopConfig):
-    env = make_env(cfg.env)
+    env = prompted_env(cfg.env, cfg.agent_prompt)  # --agent_prompt: the rollouts' agent prompt file
     if cfg.max_turns is not None:
         env.max_turns = cfg.max_turns
     loaded = load_tasks(cfg.tasks, env=cfg.env, on_error="raise" if cfg.strict_tasks else "keep")
@@ -692,7 +698,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
     policy = unwrapped.lm if isinstance(unwrapped, ValueHeadModel) else unwrapped
     sampler = simulator = None
     if acc.is_main_process:  # rollouts on one process (one engine), broadcast to the others
-        simulator = load_simulator(loop_cfg.simulator, env)
+        simulator = load_simulator(loop_cfg.simulator, env, prompt_file=loop_cfg.human_prompt)
         sampler = Sampler(loop_cfg.sampler, policy, tokenizer, resolve_model_path(model_cfg.model), model_cfg.lora, out,
                           loop_cfg.sampler_gpu_memory_utilization)
     ran = updated = 0

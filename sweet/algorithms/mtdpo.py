@@ -32,7 +32,16 @@ from typing import ClassVar
 from colbench.envs import defaults_help
 from colbench.episodes import load_episodes
 from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_dpo
-from sweet.core.config import LearningRates, ModelConfig, check_range, fill_env_defaults, lr_field, save_resolved_config
+from colbench.prompts import check_prompt_flags, check_recorded_prompts
+from sweet.core.config import (
+    LearningRates,
+    ModelConfig,
+    agent_prompt_field,
+    check_range,
+    fill_env_defaults,
+    lr_field,
+    save_resolved_config,
+)
 from sweet.core.models import load_tokenizer
 from sweet.core.records import Pair, group_by_task, make_trajectory_pairs
 from sweet.core.tokens import episode_segments
@@ -56,8 +65,10 @@ class MTDPOConfig:
     strict_tasks: bool = field(default=False, metadata={
         "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
                 "validation), naming each; default: skip them with one warning naming how many and the list"})
+    agent_prompt: str | None = agent_prompt_field()
 
     def __post_init__(self) -> None:
+        check_prompt_flags(self.env, None, self.agent_prompt, None)  # a bad file: PromptError, one line
         fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
         for name in ("success_threshold", "min_reward_gap", "beta", "nll_coef"):
             check_range(self, name)  # finite
@@ -105,6 +116,7 @@ def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     run_config = save_resolved_config(train.output_dir, algorithm="mtdpo", model=model_cfg, train=train, mtdpo=cfg)
     episodes = load_episodes(cfg.episodes, env=cfg.env, on_error="raise" if cfg.strict_tasks else "skip",
                              usable_only=True)[: cfg.max_episodes]
+    check_recorded_prompts(episodes, cfg.env, cfg.agent_prompt, cfg.episodes)  # one agent prompt, --agent_prompt's
     tokenizer = load_tokenizer(model_cfg.model)
     pairs = trajectory_pairs(episodes, cfg)
     print(f"mtdpo: {len(pairs)} trajectory pairs from {len(episodes)} episodes ({cfg.pairing} pairing)")

@@ -25,7 +25,16 @@ from typing import ClassVar
 from colbench.envs import defaults_help
 from colbench.episodes import load_episodes
 from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_sft
-from sweet.core.config import LearningRates, ModelConfig, check_range, fill_env_defaults, lr_field, save_resolved_config
+from colbench.prompts import check_prompt_flags, check_recorded_prompts
+from sweet.core.config import (
+    LearningRates,
+    ModelConfig,
+    agent_prompt_field,
+    check_range,
+    fill_env_defaults,
+    lr_field,
+    save_resolved_config,
+)
 from sweet.core.models import load_tokenizer
 from sweet.core.tokens import episode_segments
 
@@ -43,8 +52,10 @@ class RFTConfig:
     strict_tasks: bool = field(default=False, metadata={
         "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
                 "validation), naming each; default: skip them with one warning naming how many and the list"})
+    agent_prompt: str | None = agent_prompt_field()
 
     def __post_init__(self) -> None:
+        check_prompt_flags(self.env, None, self.agent_prompt, None)  # a bad file: PromptError, one line
         fill_env_defaults(self, success_threshold="success_threshold", top_fraction="rft_top_fraction")
         check_range(self, "success_threshold")  # finite
         check_range(self, "top_fraction")
@@ -90,6 +101,7 @@ def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
     run_config = save_resolved_config(train.output_dir, algorithm="rft", model=model_cfg, train=train, rft=cfg)
     episodes = load_episodes(cfg.episodes, env=cfg.env, on_error="raise" if cfg.strict_tasks else "skip",
                              usable_only=True)[: cfg.max_episodes]
+    check_recorded_prompts(episodes, cfg.env, cfg.agent_prompt, cfg.episodes)  # one agent prompt, --agent_prompt's
     tokenizer = load_tokenizer(model_cfg.model)
     kept, segments = rft_segments(episodes, tokenizer, cfg.success_threshold, cfg.tokenize_missing_actions,
                                   cfg.top_fraction)

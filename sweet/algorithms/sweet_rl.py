@@ -63,11 +63,12 @@ from typing import ClassVar, Protocol, Sequence
 from colbench.envs.testbed_spec import task_spec
 from colbench.episodes import load_episodes
 from colbench.jsonl import Appender
+from colbench.prompts import check_prompt_flags, check_recorded_prompts
 from colbench.tasks import load_tasks
 from engines import EngineOptions, load_engine
 from engines.base import Sample, SamplingParams
 from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_dpo
-from sweet.core.config import LearningRates, ModelConfig, check_range, lr_field, save_resolved_config
+from sweet.core.config import LearningRates, ModelConfig, agent_prompt_field, check_range, lr_field, save_resolved_config
 from sweet.core.models import load_tokenizer, resolve_model_path
 from sweet.core.records import (
     Candidate,
@@ -115,6 +116,7 @@ class SweetConfig:
     strict_tasks: bool = field(default=False, metadata={
         "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
                 "validation), naming each; default: skip them with one warning naming how many and the list"})
+    agent_prompt: str | None = agent_prompt_field()
 
     def __post_init__(self) -> None:
         for name in ("beta", "nll_coef", "anchor_coef"):
@@ -131,6 +133,7 @@ class SweetConfig:
             raise ValueError(f"SweetConfig.pairs_per_state must be >= 1, got {self.pairs_per_state}")
         if self.beta <= 0 or self.nll_coef < 0 or self.anchor_coef < 0:
             raise ValueError("SweetConfig: beta must be > 0, nll_coef and anchor_coef >= 0")
+        check_prompt_flags(self.env, None, self.agent_prompt, None)  # a bad file: PromptError, one line
 
 
 @dataclass
@@ -365,6 +368,8 @@ def load_states(cfg: SweetConfig) -> list[State]:
 
     on_error = "raise" if cfg.strict_tasks else "skip"
     episodes = first_episodes(load_episodes(cfg.episodes, env=cfg.env, on_error=on_error, usable_only=True), cfg)
+    # candidates are sampled at the recorded prompts: they must be of one agent prompt, --agent_prompt's
+    check_recorded_prompts(episodes, cfg.env, cfg.agent_prompt, cfg.episodes)
     unusable: set[str] = set()
     info = load_training_info(cfg.tasks, env=cfg.env, strict=cfg.strict_tasks, unusable=unusable)
     episodes = [ep for ep in episodes if ep.task_id not in unusable]  # no reference to learn from (warned)

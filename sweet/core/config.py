@@ -193,7 +193,60 @@ def resolved_config(**configs: Any) -> dict[str, Any]:
     return {name: to_jsonable(c) for name, c in configs.items()}
 
 
-PATH_FIELDS = ("model", "episodes", "eval_episodes", "tasks", "critic", "reuse_candidates")
+PATH_FIELDS = ("model", "episodes", "eval_episodes", "tasks", "critic", "reuse_candidates", "agent_prompt",
+               "human_prompt", "critic_context_prompt")
+# config fields that choose a prompt template file (colbench.prompts; None or "": our shipped file)
+PROMPT_FIELDS = ("agent_prompt", "human_prompt", "critic_context_prompt")
+
+
+def agent_prompt_field(collects: bool = False):
+    """The `agent_prompt` field of a trainer config (docs/prompts.md). `collects`: the trainer
+    builds agent prompts with it (LOOP, --rounds); otherwise it checks the recorded prompts
+    of its episodes against it."""
+    use = ("the new episodes' agent prompts are built with it" if collects else
+           "the episodes' recorded prompts must have been built with it (each episode's meta.prompts.agent sha256; "
+           "episodes without a record count as our default), else a one-line refusal")
+    return field(default=None, metadata={"help": "the agent's prompt template file (default: ours, "
+                                                 f"colbench/envs/prompts/<env>_agent.txt; none for testbed): {use}"})
+
+
+def human_prompt_field():
+    """The `human_prompt` field of a config that collects episodes with a model simulator."""
+    return field(default=None, metadata={"help": "a model simulator's prompt template file (default: ours, "
+                                                 "simulators/prompts/; placeholders in docs/prompts.md); scripted "
+                                                 "simulators read none"})
+
+
+def prompt_kind(name: str, env: str | None, simulator: str | None = None) -> str | None:
+    """The colbench.prompts kind a PROMPT_FIELDS field chooses for `env` (None: nothing reads it)."""
+    from colbench.prompts import agent_kind, human_kind
+
+    if name == "critic_context_prompt":
+        return "critic_context"
+    if name == "agent_prompt":
+        return agent_kind(env or "")
+    return human_kind(env or "", simulator)
+
+
+def prompt_files(configs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """`section.field` -> {"kind", "path", "sha256", "default"} of every prompt file the
+    configs' PROMPT_FIELDS choose, our default included (the env comes from the config that
+    names it, else from any other section: --rounds' simulator runs in stage 2's env).
+    What config.json's "prompts" and the fingerprint record. A bad file raises PromptError."""
+    from colbench.prompts import load_prompt
+
+    envs = [getattr(c, "env") for c in configs.values() if isinstance(getattr(c, "env", None), str)]
+    out: dict[str, dict[str, Any]] = {}
+    for section, cfg in configs.items():
+        for name in PROMPT_FIELDS:
+            if not hasattr(cfg, name):
+                continue
+            env = getattr(cfg, "env", None) or (envs[0] if envs else None)
+            kind = prompt_kind(name, env, getattr(cfg, "simulator", None))
+            if kind is not None:
+                tpl = load_prompt(kind, getattr(cfg, name) or None)
+                out[f"{section}.{name}"] = {**tpl.record(), "default": tpl.is_default and not getattr(cfg, name)}
+    return out
 
 
 def resolve_local(value: str) -> str:
@@ -217,10 +270,12 @@ def resolved_paths(data: Any) -> Any:
 
 def save_resolved_config(output_dir: str | Path, **configs: Any) -> dict[str, Any]:
     """Write every config beside the outputs (config.json, with the command line; local
-    model/data paths absolute) and return them as plain data: the run config every
+    model/data paths absolute; "prompts": every prompt template file the run uses, path and
+    sha256, `prompt_files`) and return the configs as plain data: the run config every
     trainer hands its trackers."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = {name: resolved_paths(c) for name, c in resolved_config(**configs).items()}
-    (out / "config.json").write_text(json.dumps({**data, "argv": sys.argv}, indent=2))
+    prompts = prompt_files(configs)  # the template files in use, path + sha256 (defaults too)
+    (out / "config.json").write_text(json.dumps({**data, "prompts": prompts, "argv": sys.argv}, indent=2))
     return data

@@ -7,7 +7,9 @@ process, before any work. The fingerprint (output_dir/fingerprint.json) is every
 field except pure bookkeeping (BOOKKEEPING: where outputs go, how often to log or save,
 batching that does not change the update), with data files replaced by their content
 hash (episodes, tasks: a renamed copy is the same data; `builtin:`/`hf:` sources stay
-names) and the model spec by its resolved path and its config.json hash.
+names), the model spec by its resolved path and its config.json hash, and every prompt
+template file (--agent_prompt, --human_prompt, --critic_context_prompt; our default when
+unset) by its path and sha256 (sweet.core.config.prompt_files).
 
 - resume, fingerprint recorded and equal: go on (returns the finished marker when the
   run is finished: nothing to do);
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engines import model_path
-from sweet.core.config import resolve_defaults, to_jsonable
+from sweet.core.config import PROMPT_FIELDS, prompt_files, resolve_defaults, to_jsonable
 from sweet.core.trainer import finished, process_state
 
 FINGERPRINT_FILE = "fingerprint.json"
@@ -96,13 +98,15 @@ def run_fingerprint(configs: dict[str, Any]) -> dict[str, Any]:
             fp[section] = data
             continue
         for name, value in data.items():
-            if name in BOOKKEEPING:
+            if name in BOOKKEEPING or name in PROMPT_FIELDS:  # prompt files: below, by content
                 continue
             if isinstance(value, str) and value and name in DATA_FIELDS:
                 value = _data_entry(value)
             elif isinstance(value, str) and name == "model":
                 value = _model_entry(value)
             fp[f"{section}.{name}"] = value
+    for key, rec in prompt_files(configs).items():  # prompt files by content, our defaults too
+        fp[key] = {"path": rec["path"], "sha256": rec["sha256"], "default": rec["default"]}
     return fp
 
 
@@ -124,9 +128,14 @@ def _show(value: Any) -> str:
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """`field: old -> new` for every field whose value differs."""
-    return [f"{k}: {_show(old.get(k))} -> {_show(new.get(k))}" for k in sorted(set(old) | set(new))
-            if _key(old.get(k)) != _key(new.get(k))]
+    """`field: old -> new` for every field whose value differs. A prompt field a fingerprint
+    from before prompt files were recorded lacks is equal when it is our default file."""
+    def same(k: str) -> bool:
+        if k not in old and isinstance(new.get(k), dict) and new[k].get("default"):
+            return True
+        return _key(old.get(k)) == _key(new.get(k))
+
+    return [f"{k}: {_show(old.get(k))} -> {_show(new.get(k))}" for k in sorted(set(old) | set(new)) if not same(k)]
 
 
 WORK_MARKERS = ("finished.json", "final", "candidates.jsonl", "baseline_samples.jsonl")  # with checkpoint-* and logged metrics

@@ -27,29 +27,43 @@ from engines import EngineOptions, SamplingParams, load_engine
 from simulators import load_simulator
 
 
+def prompted_env(env: str, agent_prompt: str | None = None) -> Environment:
+    """The environment `env` whose agent prompt is the template file `agent_prompt`
+    (None: ours; colbench.prompts validates it; an env without a prompt file refuses one)."""
+    from colbench.prompts import check_prompt_flags
+
+    templates = check_prompt_flags(env, None, agent_prompt, None)
+    return make_env(env, prompt_path=str(templates["agent"].path)) if agent_prompt else make_env(env)
+
+
 @contextmanager
-def rollout_session(env: str, simulator: str | None, *, max_turns: int | None = None
-                    ) -> Iterator[tuple[Environment, Simulator | None]]:
+def rollout_session(env: str, simulator: str | None, *, max_turns: int | None = None, agent_prompt: str | None = None,
+                    human_prompt: str | None = None) -> Iterator[tuple[Environment, Simulator | None]]:
     """The environment `env` and the simulated human `simulator` (a spec; None: none),
-    both closed when the block ends."""
+    both closed when the block ends. `agent_prompt` / `human_prompt`: template files
+    (None: ours; docs/prompts.md); the episodes record them (meta["prompts"])."""
     with ExitStack() as stack:
-        environment = make_env(env)
+        environment = prompted_env(env, agent_prompt)
         stack.callback(environment.close)
         if max_turns is not None:
             environment.max_turns = max_turns
         human = None
         if simulator:
-            human = load_simulator(simulator, environment)
+            human = load_simulator(simulator, environment, prompt_file=human_prompt)
             stack.callback(human.close)
+        elif human_prompt:
+            load_simulator(None, environment, prompt_file=human_prompt)  # refuses: nothing reads it
         yield environment, human
 
 
 def policy_episodes(model: str, tasks: Sequence[Task], *, env: str, simulator: str | None, sampling: SamplingParams,
                     seeds: Sequence[int], out_path: str | Path, max_turns: int | None = None,
-                    engine_options: EngineOptions | None = None, progress: bool = True) -> list[Episode]:
+                    engine_options: EngineOptions | None = None, progress: bool = True,
+                    agent_prompt: str | None = None, human_prompt: str | None = None) -> list[Episode]:
     """Episodes of the model spec `model` on `tasks` × `seeds` (resumable JSONL at
     `out_path`); the environment, simulator and engine are opened here and closed."""
-    with rollout_session(env, simulator, max_turns=max_turns) as (environment, human), \
+    with rollout_session(env, simulator, max_turns=max_turns, agent_prompt=agent_prompt,
+                         human_prompt=human_prompt) as (environment, human), \
             closing(load_engine(model, engine_options)) as engine:
         agent = ModelAgent(engine, sampling, name="policy")
         return rollout(environment, tasks, agent, human, seeds=seeds, max_turns=max_turns, out_path=out_path,

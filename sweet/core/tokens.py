@@ -133,11 +133,21 @@ def episode_segments(tokenizer, episode: Episode, tokenize_missing: bool = False
     return [turn_segment(tokenizer, t, tokenize_missing) for t in episode.agent_turns]
 
 
-def with_training_info(messages: Sequence[Message], info: str, header: str = "Training-time information") -> list[Message]:
+def with_training_info(messages: Sequence[Message], info: str, header: str = "Training-time information",
+                       template: str | None = None) -> list[Message]:
     """The critic's view: the policy's messages plus the hidden information c, added
-    to the first (system or user) message so it survives left truncation."""
+    to the first (system or user) message so it survives left truncation.
+    `template`: the text of a critic_context template (colbench.prompts; placeholder
+    `{training_info}`), added after a blank line, stripped; None: the note built from
+    `header` (critics trained before the template file; the shipped file gives the same text
+    with the default header)."""
     msgs = [dict(m) for m in messages]
-    note = f"\n\n[{header}, hidden from the agent]\n{info}\n[end of {header.lower()}]"
+    if template is not None:
+        from colbench.prompts import fill_text
+
+        note = "\n\n" + fill_text(template.strip(), "critic_context", training_info=info)
+    else:
+        note = f"\n\n[{header}, hidden from the agent]\n{info}\n[end of {header.lower()}]"
     msgs[0]["content"] = str(msgs[0]["content"]) + note
     return msgs
 

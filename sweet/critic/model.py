@@ -22,8 +22,10 @@ Departures from the reference implementation (not from the paper):
   that holds the task and c (the reference truncated from the right).
 
 Conventions (recorded in critic_config.json so scoring reproduces training):
-- context = `template_ids(with_training_info(o_t, c, header))`: the policy's chat
-  messages with c appended to the first message, chat-templated with the
+- context = `template_ids(with_training_info(o_t, c, header, context_template))`: the
+  policy's chat messages with c appended to the first message through the critic_context
+  template (sweet/critic/prompts/critic_context.txt or --critic_context_prompt; its text is
+  recorded in the spec, so scoring uses what training used), chat-templated with the
   generation prompt;
 - action = the turn's generated `token_ids` + the end-of-turn id (`eos_token_id`)
   exactly when the model emitted it (finish reason "stop"; old records without a
@@ -109,6 +111,10 @@ class CriticSpec:
     env: str = "backend"
     head: str = "lm"  # "lm": A from log π_θ − log π_ref; "value": A from a regression head (no π_ref)
     training_info: bool = True  # False: c is not in the critic's context (ablation)
+    # the critic_context template's text ({training_info}) and its file record (path, sha256);
+    # None: a critic from before template files, its context built from `header`
+    context_template: str | None = None
+    context_prompt: dict | None = None
 
     def save(self, critic_dir: str | Path) -> None:
         (Path(critic_dir) / CRITIC_CONFIG_FILE).write_text(json.dumps(asdict(self), indent=2))
@@ -131,11 +137,14 @@ class CriticSpec:
 HEADS = ("lm", "value")
 
 
-def critic_context_ids(tokenizer, state: State, header: str = DEFAULT_HEADER, training_info: bool = True) -> list[int]:
-    """(o_t, c) as ids: the policy's messages with c added, chat-templated (without c
-    when `training_info` is False: the ablation)."""
+def critic_context_ids(tokenizer, state: State, header: str = DEFAULT_HEADER, training_info: bool = True,
+                       template: str | None = None) -> list[int]:
+    """(o_t, c) as ids: the policy's messages with c added through the critic_context
+    `template` (None: the `header` note), chat-templated (without c when `training_info`
+    is False: the ablation)."""
 
-    messages = with_training_info(state.prompt, state.training_info, header) if training_info else list(state.prompt)
+    messages = (with_training_info(state.prompt, state.training_info, header, template) if training_info
+                else list(state.prompt))
     return template_ids(tokenizer, messages)
 
 
@@ -156,10 +165,11 @@ def episode_turn_examples(episode: Episode, training_info: str, tokenizer, token
 
 
 def critic_batch(tokenizer, examples: Sequence[CriticTurn], header: str, max_length: int | None,
-                 keep_head: int, training_info: bool = True) -> "TokenBatch":
+                 keep_head: int, training_info: bool = True, template: str | None = None) -> "TokenBatch":
     """Pack turn examples into one right-padded batch (contexts cut in the middle)."""
 
-    pairs = [(critic_context_ids(tokenizer, ex.state, header, training_info), ex.action_ids) for ex in examples]
+    pairs = [(critic_context_ids(tokenizer, ex.state, header, training_info, template), ex.action_ids)
+             for ex in examples]
     return make_batch(pairs, tokenizer.pad_token_id, max_length=max_length, keep_head=keep_head)
 
 
@@ -342,7 +352,8 @@ class CriticScorer:
                 raise ValueError(f"state {state.episode_id}#{state.turn_index}: {len(actions)} actions but "
                                  f"{len(reasons)} finish reasons")
             examples = [CriticTurn(state, action_ids(a, self.spec.eos_token_id, r)) for a, r in zip(actions, reasons)]
-            context = critic_context_ids(self.tokenizer, state, self.spec.header, self.spec.training_info)
+            context = critic_context_ids(self.tokenizer, state, self.spec.header, self.spec.training_info,
+                                         self.spec.context_template)
             longest = max((len(ex.action_ids) for ex in examples), default=0)
             if not examples:
                 out.append([])
@@ -388,7 +399,7 @@ class CriticScorer:
             for start in range(0, len(examples), self.batch_size):
                 chunk = examples[start : start + self.batch_size]
                 batch = critic_batch(self.tokenizer, chunk, self.spec.header, self.spec.max_length, self.spec.keep_head,
-                                     self.spec.training_info)
+                                     self.spec.training_info, self.spec.context_template)
                 batch = batch.to(self.device)
                 policy, ref = self._both_models(lambda m: action_sums(m, batch, self.spec.head))
                 values.extend(self._advantage(policy, ref, chunk))

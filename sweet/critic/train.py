@@ -57,11 +57,13 @@ from typing import Any, ClassVar
 
 from colbench.envs import defaults_help
 from colbench.episodes import load_episodes
+from colbench.prompts import PromptTemplate, check_prompt_flags, check_recorded_prompts, load_prompt
 from colbench.types import Task
 from sweet.core.config import (
     LearningRates,
     ModelConfig,
     TrainConfig,
+    agent_prompt_field,
     check_range,
     fill_env_defaults,
     lr_field,
@@ -113,7 +115,14 @@ class CriticConfig:
     success_threshold: float | None = field(default=None, metadata={"help": f"a task yields pairs when its best reward reaches this (default: the --env's: {defaults_help('success_threshold')}; backend 1.0 = all tests pass)"})
     min_reward_gap: float | None = field(default=None, metadata={"help": f"rejected episodes must be worse than the best by more than this (default: the --env's: {defaults_help('min_reward_gap')})"})
     max_pairs: int = field(default=0, metadata={"help": "cap on training pairs (0: all)"})
-    header: str = field(default=DEFAULT_HEADER, metadata={"help": "header around c in the critic's prompt"})
+    header: str = field(default=DEFAULT_HEADER, metadata={"help": "header around c in the critic's prompt (the "
+                                                                  "note of critics before --critic_context_prompt; "
+                                                                  "a non-default header without that flag keeps it)"})
+    critic_context_prompt: str | None = field(default=None, metadata={
+        "help": "the critic's context template that holds c (default: ours, sweet/critic/prompts/critic_context.txt; "
+                "placeholder {training_info}, added to the policy's first message; its text is recorded in "
+                "critic_config.json, so stage 2 scores with it; docs/prompts.md)"})
+    agent_prompt: str | None = agent_prompt_field()
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns that carry no token_ids (published data)"})
     eval_batch_size: int = field(default=8, metadata={"help": "turns per forward pass when computing π_ref and held-out scores"})
     baseline_samples: int = field(default=0, metadata={
@@ -145,6 +154,23 @@ class CriticConfig:
             raise ValueError(f"CriticConfig.head must be one of {HEADS}, got {self.head!r}")
         if self.head == "value" and self.nll_coef > 0:
             raise ValueError("CriticConfig.nll_coef needs head='lm' (a value head has no token log-probs)")
+        if self.critic_context_prompt and self.header != DEFAULT_HEADER:
+            raise ValueError("CriticConfig: give --critic_context_prompt or a non-default --header, not both "
+                             "(the template file holds its own header)")
+        check_prompt_flags(self.env, None, self.agent_prompt, None)  # a bad file: PromptError, one line
+        self.context_prompt()
+
+    def context_prompt(self) -> PromptTemplate | None:
+        """The critic_context template in use (validated); None: a non-default --header
+        without a template file (the old note, built from the header)."""
+        if self.header != DEFAULT_HEADER and not self.critic_context_prompt:
+            return None
+        return load_prompt("critic_context", self.critic_context_prompt)
+
+    def context_template(self) -> str | None:
+        """The template's text, what the critic's context is built with (None: the header note)."""
+        tpl = self.context_prompt()
+        return tpl.text if tpl is not None else None
 
 
 @dataclass
@@ -189,12 +215,15 @@ class CriticData:
     baseline: list[list[int]] | None = None
 
 
-def _load_all(paths: str, env: str, strict: bool = False) -> list:
-    """Episodes of every file; unusable tasks' episodes and rows are skipped (one warning
-    each file) unless `strict` (--strict_tasks)."""
+def _load_all(paths: str, env: str, strict: bool = False, agent_prompt: str | None = None) -> list:
+    """The episodes of a comma list of files; unusable tasks' episodes and rows are skipped
+    (one warning each file) unless `strict` (--strict_tasks). They must be of one agent
+    prompt file, the critic's --agent_prompt (and one simulator prompt):
+    colbench.prompts.check_recorded_prompts."""
     episodes = []
     for p in [p.strip() for p in paths.split(",") if p.strip()]:
         episodes.extend(load_episodes(p, env=env, on_error="raise" if strict else "skip", usable_only=True))
+    check_recorded_prompts(episodes, env, agent_prompt, paths)
     return episodes
 
 
@@ -216,9 +245,9 @@ def build_data(cfg: CriticConfig, tokenizer, seed: int) -> CriticData:
 
     if not cfg.episodes:
         raise ValueError("--episodes is required (episode JSONL file(s))")
-    pairs = _pairs(cfg, _load_all(cfg.episodes, cfg.env, cfg.strict_tasks), cfg.episodes)
+    pairs = _pairs(cfg, _load_all(cfg.episodes, cfg.env, cfg.strict_tasks, cfg.agent_prompt), cfg.episodes)
     if cfg.eval_episodes:
-        eval_pairs = _pairs(cfg, _load_all(cfg.eval_episodes, cfg.env, cfg.strict_tasks), cfg.eval_episodes)
+        eval_pairs = _pairs(cfg, _load_all(cfg.eval_episodes, cfg.env, cfg.strict_tasks, cfg.agent_prompt), cfg.eval_episodes)
     else:
         tasks = sorted({p.task_id for p in pairs})
         random.Random(seed).shuffle(tasks)
@@ -268,10 +297,11 @@ def sharded_action_sums(accelerator, model, tokenizer, turns: list[CriticTurn], 
     less padding); every process gets all values, float64 [len(indices)]."""
     import torch
 
+    template = ccfg.context_template()
 
     def score(positions: list[int]) -> list[float]:
         batch = critic_batch(tokenizer, [turns[indices[p]] for p in positions], ccfg.header, mcfg.max_length,
-                             mcfg.keep_head, ccfg.training_info).to(accelerator.device)
+                             mcfg.keep_head, ccfg.training_info, template).to(accelerator.device)
         return action_sums(model, batch, ccfg.head).double().tolist()
 
     order = sorted(range(len(indices)), key=lambda p: _length_key(turns[indices[p]]))
@@ -297,9 +327,13 @@ def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: Cr
     if ccfg.head == "value":
         return torch.zeros(len(data.turns), dtype=torch.float64, device=accelerator.device)
     digest = hashlib.sha256("".join(t.fingerprint() for t in data.turns).encode()).hexdigest()
-    cache = ReferenceCache(output_dir / REFERENCE_CACHE, {
+    settings = {
         "model": mcfg.model, "dtype": mcfg.dtype, "max_length": mcfg.max_length, "keep_head": mcfg.keep_head,
-        "header": ccfg.header, "training_info": ccfg.training_info, "turns": digest})
+        "header": ccfg.header, "training_info": ccfg.training_info, "turns": digest}
+    context = ccfg.context_prompt()
+    if context is not None and not context.is_default:  # our file's text is the header note: old caches stay valid
+        settings["context_prompt"] = context.sha256
+    cache = ReferenceCache(output_dir / REFERENCE_CACHE, settings)
     cached = cache.load(len(data.turns), accelerator.print)
     if cached is not None:
         return cached.to(accelerator.device)
@@ -355,7 +389,7 @@ def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[i
     needed = needed_turns(data, turn_idx)
     traj = torch.tensor([slot[e] for e in episodes for _ in data.episode_turns[e]], device=device)
     batch = critic_batch(tokenizer, [data.turns[t] for t in needed], ccfg.header, mcfg.max_length, mcfg.keep_head,
-                         ccfg.training_info)
+                         ccfg.training_info, ccfg.context_template())
     logp = action_sums(model, batch.to(device), ccfg.head)  # Σ over a_t of log π_θ (value head: of v)
     advantages = turn_advantages(logp, ref_sums, data, turn_idx, needed, ccfg)
     scores = trajectory_scores(advantages, traj, len(episodes))
@@ -485,7 +519,8 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
                    reference_model=resolve_local(mcfg.model), eos_token_id=tokenizer.eos_token_id, lora=mcfg.lora,
                    adapter_dir=("final" if value_lora else "final-adapter") if mcfg.lora else None, dtype=mcfg.dtype,
                    max_length=mcfg.max_length, keep_head=mcfg.keep_head, env=ccfg.env, head=ccfg.head,
-                   training_info=ccfg.training_info).save(out)
+                   training_info=ccfg.training_info, context_template=ccfg.context_template(),
+                   context_prompt=context.record() if (context := ccfg.context_prompt()) else None).save(out)
         (out / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
         mark_finished(out, final="final", step=trainer.step)  # last: critic_config.json and metrics exist
     acc.wait_for_everyone()

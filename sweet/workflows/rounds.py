@@ -25,7 +25,7 @@ from colbench.tasks import load_tasks, usable_tasks
 from engines import EngineOptions, SamplingParams
 from sweet.algorithms.sweet_rl import ORACLE_CRITIC, first_episodes
 from sweet.algorithms.sweet_rl import main as run_round
-from sweet.core.config import ModelConfig
+from sweet.core.config import ModelConfig, human_prompt_field
 from sweet.core.rollouts import policy_episodes
 from sweet.core.trainer import process_state
 from sweet.critic.train import CriticConfig, CriticTrainConfig
@@ -42,6 +42,7 @@ class RoundsConfig:
     simulator: str = field(default="", metadata={"help": "rounds > 1: simulated human for the new episodes (e.g. scripted:backend, vllm:...)"})
     rollouts_per_task: int = field(default=2, metadata={"help": "rounds > 1: new episodes per task (seeds r*1000 .. r*1000+N-1)"})
     max_turns: int | None = field(default=None, metadata={"help": "rounds > 1: agent turns per new episode (default: the env's)"})
+    human_prompt: str | None = human_prompt_field()  # the new episodes' agent prompt: stage 2's --agent_prompt
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -69,6 +70,9 @@ def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
                          "and retrains the critic between rounds)")
     if not cfg.critic:
         raise ValueError("SweetConfig.critic is required with rounds > 1 (the critic's config is reused)")
+    from colbench.prompts import check_prompt_flags
+
+    check_prompt_flags(cfg.env, rounds.simulator, cfg.agent_prompt, rounds.human_prompt)  # before round 1 trains
     final = run_round(model_cfg, train, cfg, cand, scorer)
     episodes = [cfg.episodes]
     for r in range(1, rounds.rounds):
@@ -90,7 +94,8 @@ def collect_episodes(policy: Path, cfg, cand, rounds: RoundsConfig, path: Path, 
     sampling = SamplingParams(temperature=cand.temperature, top_p=cand.top_p, max_new_tokens=cand.max_new_tokens)
     policy_episodes(f"hf:{policy}", tasks, env=cfg.env, simulator=rounds.simulator, sampling=sampling,
                     seeds=episode_seeds(seed, rounds.rollouts_per_task), max_turns=rounds.max_turns, out_path=path,
-                    engine_options=EngineOptions(batch_size=cand.sampler_batch_size))
+                    engine_options=EngineOptions(batch_size=cand.sampler_batch_size), agent_prompt=cfg.agent_prompt,
+                    human_prompt=rounds.human_prompt)
     return path
 
 

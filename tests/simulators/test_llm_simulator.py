@@ -72,13 +72,13 @@ def test_prompt_shows_description_hidden_code_and_dialogue(tasks):
     assert "never write code" in msgs[0]["content"].lower() and "don't know" in msgs[0]["content"]
     assert [(m["role"], m["content"]) for m in msgs[1:]] == [
         ("user", "What is the base fee?"), ("assistant", "It is 12 dollars."), ("user", "And tiers?")]
-    assert "{description}" in DEFAULT_PROMPT.read_text() and "{hidden}" in DEFAULT_PROMPT.read_text()
+    assert "{problem_description}" in DEFAULT_PROMPT.read_text() and "{hidden_information}" in DEFAULT_PROMPT.read_text()
 
 
 def test_prompt_file_needs_placeholders(tmp_path):
     bad = tmp_path / "p.txt"
     bad.write_text("You are a human. {description}")
-    with pytest.raises(ValueError, match="lacks the placeholder {hidden}"):
+    with pytest.raises(ValueError, match=r"p\.txt: the backend_human prompt lacks the required placeholder \{hidden_information\}"):
         LLMSimulator(DownEngine(), prompt_file=bad)
 
 
