@@ -1,15 +1,15 @@
 """What a policy does in its test-bed dialogues, read off its episodes as the solver's actions.
 
-    python -m colbench.envs.testbed_profile RUN/leaderboard/episodes/*.jsonl --spec default
+    python -m testbed.profile RUN/leaderboard/episodes/*.jsonl --spec default
 
-Each agent message is mapped to the solver's action (colbench.envs.testbed_exact:
+Each agent message is mapped to the solver's action (testbed.exact:
 `abstract_history`): ask about one fact, the vague question, or answer. Per episodes file:
 
     success       the episodes' success rate
     early         answered before the last turn
     repeat        P(the second question repeats the first | two questions asked): 1/3 for
                   the default bed's warm start and for any policy whose second question
-                  ignores the first (colbench.envs.testbed_policy_class: such a policy,
+                  ignores the first (testbed.policy_class: such a policy,
                   moved from the symmetric warm start, stops near 0.60 by every method); it
                   falls towards 0 as a policy learns to read which question it asked
     vague_first   the first turn asks the vague question
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from colbench.envs import testbed_spec as ts
-from colbench.envs.testbed_exact import abstract_history
 from colbench.episodes import read_episodes
 from colbench.stats import Metric, bootstrap_ci
 from colbench.types import Episode
+from testbed import spec as ts
+from testbed.exact import abstract_history
 
 FIELDS = ("success", "early", "repeat", "vague_first", "faithful")
 
@@ -96,7 +96,7 @@ def profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> Dialogue
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m colbench.envs.testbed_profile", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m testbed.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("episodes", nargs="+", help="episodes JSONL files (e.g. RUN/leaderboard/episodes/*.jsonl)")
     parser.add_argument("--spec", default="default", help=f"the test-bed preset the episodes ran on: {', '.join(ts.PRESETS)}")
     parser.add_argument("--json", action="store_true", help="one JSON object, keyed by file")

@@ -1,4 +1,4 @@
-"""The dialogue profile (colbench/envs/testbed_profile.py): by hand on three dialogues,
+"""The dialogue profile (testbed/profile.py): by hand on three dialogues,
 on the scripted explorer's dialogues (the warm start's teacher: repeat rate 1/3), and the CLI."""
 
 import json
@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from colbench.envs import testbed_spec as ts
-from colbench.envs import testbed_profile as tp
-from colbench.envs.testbed import spec_tasks
+from testbed import spec as ts
+from testbed import profile as tp
+from testbed.env import spec_tasks
 from colbench.types import Episode, Score, Turn
-from simulators.testbed import scripted_dialogue
+from testbed.human import scripted_dialogue
 
 S = ts.spec("default")
 POS, NEG = (ts.question(f) for f in S.fact_list)

@@ -1,11 +1,11 @@
-"""The test bed's exact per-turn advantage (colbench.envs.testbed.optimal_advantage), the
+"""The test bed's exact per-turn advantage (testbed.env.optimal_advantage), the
 oracle critic's ranking: hand-computed cases, and agreement with the scripted human's
 rule and the sandboxed scorer it stands in for."""
 
 import pytest
 
 from colbench.envs import make_env
-from colbench.envs.testbed import (
+from testbed.env import (
     DEFAULT_A,
     DEFAULT_B,
     QUESTION_NEG,
@@ -18,7 +18,7 @@ from colbench.envs.testbed import (
     optimal_advantage,
 )
 from colbench.protocols import ANSWER_MARKER
-from simulators.testbed import reply_for
+from testbed.human import reply_for
 
 A, B = 3, 20
 TOLD_A = [reply_for(QUESTION_POS, A, B)]

@@ -1,4 +1,4 @@
-"""The exact solver (colbench/envs/testbed_exact.py): hand-checked values on a tiny spec,
+"""The exact solver (testbed/exact.py): hand-checked values on a tiny spec,
 the theory's figures on the default spec, and agreement with Monte-Carlo rollouts of the
 real env, scripted human and sandbox."""
 
@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from colbench.agents import ScriptedTestbedAgent
-from colbench.envs import testbed_exact as te
-from colbench.envs import testbed_spec as ts
-from colbench.envs.testbed import TestbedEnv, make_tasks
+from testbed.agents import ScriptedTestbedAgent
+from testbed import exact as te
+from testbed import spec as ts
+from testbed.env import TestbedEnv, make_tasks
 from colbench.rollout import rollout
-from simulators.testbed import TestbedSimulator
+from testbed.human import TestbedSimulator
 
 # 1 fact, 2 turns: ask (or the vague question, or answer) once, then answer.
 TINY = ts.TestbedSpec("tiny", facts=1, turns=2, p_state=0.75, p_doc=0.35, p_guess_right=0.5, p_ask=0.75)

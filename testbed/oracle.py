@@ -2,7 +2,7 @@
 
 A diagnostic, not part of SWEET-RL: stage 2 (sweet/algorithms/sweet_rl.py, `--critic oracle`)
 ranks candidates with the advantage the stage-1 critic is meant to learn, computed
-exactly from the training-time information c (colbench.envs.testbed.optimal_advantage).
+exactly from the training-time information c (testbed.env.optimal_advantage).
 If stage 2 learns with it but not with the trained critic, the critic is wrong; if it
 fails with both, stage 2 cannot use even a right ranking.
 """
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from colbench.envs import testbed_exact, testbed_spec
-from colbench.envs.testbed import MAX_TURNS, constants_from_reference, optimal_advantage
 from sweet.core.records import State
+from testbed import exact as testbed_exact
+from testbed import spec as testbed_spec
+from testbed.env import MAX_TURNS, constants_from_reference, optimal_advantage
 
 
 class OracleScorer:
@@ -21,9 +22,9 @@ class OracleScorer:
 
     tokenizer: the policy's (candidates are its token ids; decoded without special tokens).
     env:       the environment name; only "testbed" has an exact advantage.
-    spec:      the test-bed spec of the tasks (colbench/envs/testbed_spec.py); legacy keeps
+    spec:      the test-bed spec of the tasks (testbed/spec.py); legacy keeps
                today's reward-valued advantage, any other spec the solver's success-valued
-               A* (colbench.envs.testbed_exact.exact_advantage).
+               A* (testbed.exact.exact_advantage).
     """
 
     def __init__(self, tokenizer, env: str = "testbed", spec: str = "legacy"):

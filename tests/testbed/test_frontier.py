@@ -1,11 +1,11 @@
-"""bench/frontier.py: success at matched KL along a path, and the paired bootstrap."""
+"""testbed/frontier.py: success at matched KL along a path, and the paired bootstrap."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench import frontier
+from testbed import frontier
 
 
 def test_interpolation_between_the_bracketing_snapshots():
@@ -90,7 +90,7 @@ def test_pairs_are_antisymmetric_and_carry_the_predicted_gap():
 
 
 def test_the_centred_critic_is_predicted_by_the_solvers_sweet():
-    from bench.frontier import PREDICTED, solver_name
+    from testbed.frontier import PREDICTED, solver_name
 
     assert solver_name("sweet_centred") == "sweet" and solver_name("mtdpo") == "mtdpo"
     assert solver_name("sweet_anchor") not in PREDICTED  # its stage 2 has no tabular counterpart

@@ -1,4 +1,4 @@
-"""The solver's flows with tied logits (colbench/envs/testbed_policy_class.py): the untied
+"""The solver's flows with tied logits (testbed/policy_class.py): the untied
 class is the solver itself, a tied path stays tied, a blind class's optimum needs a
 convention, the repeat rate, and the prediction the docs rest on: a policy blind to which
 question it asked stops near 0.60 by every method."""
@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from colbench.envs import testbed_exact as te
-from colbench.envs import testbed_policy_class as pc
+from testbed import exact as te
+from testbed import policy_class as pc
 
 
 @pytest.fixture(scope="module")

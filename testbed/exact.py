@@ -1,9 +1,9 @@
 """The test bed solved exactly: what each algorithm can reach, in the population limit.
 
-    python -m colbench.envs.testbed_exact --spec default          # the predicted table
-    python -m colbench.envs.testbed_exact --spec long --json      # one JSON object
+    python -m testbed.exact --spec default          # the predicted table
+    python -m testbed.exact --spec long --json      # one JSON object
 
-For a spec (colbench/envs/testbed_spec.py) the dialogue is a finite MDP over histories:
+For a spec (testbed/spec.py) the dialogue is a finite MDP over histories:
 each agent turn chooses ask(fact j), the vague question or answer (the last turn always
 answers); the scripted human's reply is a function of the question and c (the hidden
 reference: which constants are literals, whether there is a docstring, which untold
@@ -34,9 +34,9 @@ Computed:
 A method that cannot reach a level (its flow converges first) is reported where it stops,
 and flagged (`reached`). `--finite REPS` also trains every method on REPS sampled data sets
 of the benchmark's budget (56 tasks x 8 episodes), evaluated exactly. The agreement with A*
-a critic needs for per-turn DPO to reach MT-DPO is colbench/envs/testbed_agreement.py; what
+a critic needs for per-turn DPO to reach MT-DPO is testbed/agreement.py; what
 each method reaches when the policy cannot tell some histories apart (e.g. blind to which
-question it asked) is colbench/envs/testbed_policy_class.py.
+question it asked) is testbed/policy_class.py.
 
 Figures (`--spec default`; shared/reference/testbed-theory.md in brackets): warm start
 0.490 (0.490), optimum 0.784 (0.784), one round of RFT 0.556 at KL 0.073 (0.556 at 0.07),
@@ -62,10 +62,10 @@ from typing import Sequence
 
 import numpy as np
 
-from colbench.envs import testbed_spec as ts
-from colbench.envs.testbed import constants_from_reference
-from colbench.envs.testbed_spec import TestbedSpec
 from colbench.protocols import ANSWER_MARKER
+from testbed import spec as ts
+from testbed.env import constants_from_reference
+from testbed.spec import TestbedSpec
 
 KL_LEVELS = (0.5, 1.0, 2.0)
 METHODS = ("rft", "mtdpo", "sweet", "sweet_no_info", "sweet_oracle")
@@ -147,7 +147,7 @@ def exact_advantage(spec: str | TestbedSpec, reference: str, replies: Sequence[s
     message, an answer if it holds the marker or on the last turn (turns_left == 1), then
     scored 1 if every constant it writes is right; otherwise a question, which tells the
     facts it names (the scripted human's rule). Legacy tasks keep
-    `colbench.envs.testbed.optimal_advantage` (reward-valued) as well."""
+    `testbed.env.optimal_advantage` (reward-valued) as well."""
     s = ts.spec(spec)
     if turns_left < 1:
         raise ValueError(f"turns_left must be >= 1, got {turns_left}")
@@ -928,7 +928,7 @@ def _closed(p: Prediction, success: float) -> float:
 
 def format_table(p: Prediction) -> str:
     levels = list(next(iter(p.methods.values())))
-    lines = [f"test-bed spec {p.spec!r} (colbench/envs/testbed_spec.py), population limit",
+    lines = [f"test-bed spec {p.spec!r} (testbed/spec.py), population limit",
              f"warm start {p.warm_start:.3f}   optimum {p.optimum:.3f}   ideal RFT rounds: "
              + ", ".join(f"{s:.3f} at KL {k:.2f}" for s, k in p.rft_rounds),
              f"critic pair accuracy: with c {p.pair_accuracy['sweet']:.3f}, without c {p.pair_accuracy['sweet_no_info']:.3f}",
@@ -944,7 +944,7 @@ def format_table(p: Prediction) -> str:
 
 
 def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags the solver's command lines share (this module's, colbench.envs.testbed_agreement's)."""
+    """The flags the solver's command lines share (this module's, testbed.agreement's)."""
     parser.add_argument("--spec", default="default", help=f"a preset: {', '.join(ts.PRESETS)}")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--episodes-per-task", type=int, default=8, help="K episodes per task behind the pairs")
@@ -966,7 +966,7 @@ def check_solver_arguments(parser: argparse.ArgumentParser, args, more: dict[str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m colbench.envs.testbed_exact", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m testbed.exact", description=__doc__.split("\n\n")[0])
     add_solver_arguments(parser)
     parser.add_argument("--finite", type=int, default=0, metavar="REPS",
                         help="also train on REPS sampled data sets of --tasks x --episodes-per-task (0: population only)")

@@ -1,13 +1,13 @@
 """The agreement with the exact advantage A* that a critic needs for SWEET-RL's stage 2 to
-reach trajectory DPO, computed with the exact solver (colbench/envs/testbed_exact.py).
+reach trajectory DPO, computed with the exact solver (testbed/exact.py).
 
-    python -m colbench.envs.testbed_agreement --spec long           # the table
-    python -m colbench.envs.testbed_agreement --spec default --json # one JSON object
+    python -m testbed.agreement --spec long           # the table
+    python -m testbed.agreement --spec default --json # one JSON object
 
 Stage 2 is driven by the oracle critic plus Gaussian noise σ on Q* (`noisy_critics`), on a
 σ grid, in two families: the noise fixed per (history, c, action), or per (history, c,
 value of Q*) so that actions the oracle ties stay tied. Each critic's agreement with A* is
-measured as bench/critic_check.py measures a learned critic's, in the population
+measured as testbed/critic_check.py measures a learned critic's, in the population
 (`population_agreement`: of candidate pairs whose A* differ, the share ordered as A*,
 overall and per agent turn; and the share of equal-A* pairs it scores apart), and per KL
 level `agreement_needed` reports the agreement at which stage 2 falls to MT-DPO's success,
@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from colbench.envs.testbed_exact import (
+from testbed.exact import (
     Bed,
     KL_LEVELS,
     Point,
@@ -43,7 +43,7 @@ from colbench.envs.testbed_exact import (
     stage2_measure,
     state_visits,
 )
-from colbench.envs.testbed_spec import TestbedSpec
+from testbed.spec import TestbedSpec
 
 SIGMAS = (0.0, 0.05, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0)  # noise scales, on Q* in success probability
 FAMILIES = ("ties_broken", "ties_kept")  # the noise per (history, c, action), or per (history, c, value of Q*)
@@ -65,7 +65,7 @@ def table_scores(bed: Bed, table: np.ndarray):
 
 @dataclass
 class Agreement:
-    """A critic's agreement with A* in the population, as bench/critic_check.py measures it
+    """A critic's agreement with A* in the population, as testbed/critic_check.py measures it
     on its candidates: of candidate pairs at one state whose A* differ, the share the critic
     orders the same way (a critic tie counts half), overall and per agent turn (0 = first).
     ties_split: of candidate pairs whose A* are equal, the share the critic scores apart;
@@ -273,7 +273,7 @@ def format_agreement(a: AgreementNeeded) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m colbench.envs.testbed_agreement",
+    parser = argparse.ArgumentParser(prog="python -m testbed.agreement",
                                      description=__doc__.split("\n\n")[0])
     add_solver_arguments(parser)
     parser.add_argument("--draws", type=int, default=4, help="noise draws per σ")

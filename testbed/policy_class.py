@@ -1,9 +1,9 @@
 """What each method reaches when the policy cannot tell some dialogue histories apart.
 
-    python -m colbench.envs.testbed_policy_class --spec default          # the table
-    python -m colbench.envs.testbed_policy_class --spec default --json   # one JSON object
+    python -m testbed.policy_class --spec default          # the table
+    python -m testbed.policy_class --spec default --json   # one JSON object
 
-The exact solver (colbench/envs/testbed_exact.py) gives every history its own logits: a
+The exact solver (testbed/exact.py) gives every history its own logits: a
 tabular policy, which can learn "after asking about positive numbers, ask about negative
 ones" as freely as "do not answer at once". A language model's question choice is a
 function of features of the dialogue, and the warm start imitates an explorer whose
@@ -20,7 +20,7 @@ histories) and follows the same flows (`testbed_exact.flow`) at the same KL leve
 Also each class's optimum (gradient ascent on the exact success within the class, with
 restarts: a class blind to the dialogue reaches its optimum only by a convention, always the
 same side first) and, along each method's path, its repeat rate (`repeat_rate`: the chance
-that the second question repeats the first), which colbench.envs.testbed_profile measures on
+that the second question repeats the first), which testbed.profile measures on
 real episodes.
 """
 
@@ -34,8 +34,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from colbench.envs import testbed_exact as tx
-from colbench.envs.testbed_spec import TestbedSpec
+from testbed import exact as tx
+from testbed.spec import TestbedSpec
 
 CLASSES: dict[str, Callable[[tuple], object]] = {
     "history": lambda h: h,
@@ -200,7 +200,7 @@ def format_table(spec: str, warm: float, preds: list[ClassPrediction], warm_repe
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m colbench.envs.testbed_policy_class",
+    parser = argparse.ArgumentParser(prog="python -m testbed.policy_class",
                                      description=__doc__.split("\n\n")[0])
     tx.add_solver_arguments(parser)
     parser.add_argument("--classes", default=",".join(CLASSES), help=f"comma-separated, of {', '.join(CLASSES)}")

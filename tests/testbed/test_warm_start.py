@@ -1,13 +1,13 @@
-"""The warm start's copy check (sweet/workflows/warm_start.py): the held-out cases and their scoring."""
+"""The warm start's copy check (testbed/warm_start.py): the held-out cases and their scoring."""
 
 import json
 
 import pytest
 
-from colbench.envs.testbed import DEFAULT_A, DEFAULT_B, MAX_TURNS, answer_text
-from colbench.envs import testbed_spec as ts
-from sweet.workflows import pipeline
-from sweet.workflows.warm_start import copy_check_dialogues, copy_score
+from testbed.env import DEFAULT_A, DEFAULT_B, MAX_TURNS, answer_text
+from testbed import spec as ts
+from testbed import pipeline
+from testbed.warm_start import copy_check_dialogues, copy_score
 
 
 def test_copy_check_cases_are_held_out_three_question_dialogues_with_what_was_told():
@@ -72,8 +72,8 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
         measured.append(model)
         return accuracy[model.split("/")[-2]]
 
-    monkeypatch.setattr("sweet.workflows.warm_start.main", fake_run)
-    monkeypatch.setattr("sweet.workflows.warm_start.copy_accuracy", fake_accuracy)
+    monkeypatch.setattr("testbed.warm_start.main", fake_run)
+    monkeypatch.setattr("testbed.warm_start.copy_accuracy", fake_accuracy)
     model = pipeline.warm_start(tmp_path / "ws", seed=0)
     assert model == tmp_path / "ws" / "behave-2" / "final"
     assert [c.output_dir.rsplit("/", 1)[1] for c in trained] == ["copy", "copy-2", "behave", "behave-2"]
@@ -96,10 +96,10 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
 def test_the_optimal_teacher_imitates_the_solvers_optimal_agent():
     """--teacher optimal: the dialogues are the exact solver's optimal agent's, their scored
     success is the solver's optimum on those tasks, and they never repeat a question."""
-    from colbench.envs import testbed_exact, testbed_profile
-    from colbench.envs.testbed import make_tasks
+    from testbed import exact as testbed_exact, profile as testbed_profile
+    from testbed.env import make_tasks
     from sweet.core.models import load_tokenizer
-    from sweet.workflows.warm_start import WarmStartConfig, scripted_episodes
+    from testbed.warm_start import WarmStartConfig, scripted_episodes
 
     eps = scripted_episodes(load_tokenizer("tiny"), 56, 0.75, seed=0, spec="default", teacher="optimal")
     tasks = make_tasks("train", spec="default")
@@ -124,10 +124,10 @@ def test_the_shuffled_optimal_teacher_asks_either_side_first_and_never_repeats()
     import itertools
     import math
 
-    from colbench.envs import testbed_exact, testbed_profile
-    from colbench.envs.testbed import make_tasks
+    from testbed import exact as testbed_exact, profile as testbed_profile
+    from testbed.env import make_tasks
     from sweet.core.models import load_tokenizer
-    from sweet.workflows.warm_start import scripted_episodes
+    from testbed.warm_start import scripted_episodes
 
     n = 224
     eps = scripted_episodes(load_tokenizer("tiny"), n, 0.75, seed=0, spec="default", teacher="optimal_shuffled")

@@ -1,4 +1,4 @@
-"""The learning benchmark's protocol (bench/learning.py): success at matched KL along
+"""The learning benchmark's protocol (testbed/learning.py): success at matched KL along
 training paths, paired bootstrap intervals over (seed, test task) clusters, the solver's
 predictions beside them, and their tables and plot. The maths is numpy only; reading
 evaluation episodes and measuring their KL (sweet.core.kl) import the project lazily.
@@ -43,7 +43,7 @@ class TrainingPath:
     log_ratio:[P, T]  the same episodes' summed log π(τ) − log π0(τ)
     count:    [P, T]  their number
     repeat:   [P, T]  of those that asked twice, how many repeated the first question in the
-                      second (colbench.envs.testbed_profile; None off the spec beds)
+                      second (testbed.profile; None off the spec beds)
     twice:    [P, T]  how many asked twice
     """
 
@@ -214,12 +214,13 @@ def log_ratios(model: str, warm: str, episodes, file: Path) -> list[float]:
 
 def training_path(points: list[tuple[int, str]], files: list[str], warm: Path, tasks: tuple[str, ...],
                   spec: str | None = None):
-    """A seed's path (bench/frontier.py TrainingPath) from its points' evaluation episodes:
+    """A seed's path (testbed/frontier.py TrainingPath) from its points' evaluation episodes:
     per point and test task, the successes, the log-ratios against the warm start (the warm
     start itself: 0) and the episode count; with a (non-legacy) test-bed `spec`, also how
-    many asked twice and repeated their first question (colbench.envs.testbed_profile)."""
-    from colbench.envs import testbed_profile, testbed_spec
+    many asked twice and repeated their first question (testbed.profile)."""
     from sweet.core.records import load_episodes
+    from testbed import profile as testbed_profile
+    from testbed import spec as testbed_spec
 
     index = {t: i for i, t in enumerate(tasks)}
     shape = (len(points), len(tasks))
@@ -265,11 +266,11 @@ def solver_name(policy: str) -> str:
 
 
 def prediction(spec: str, setup, finite_reps: int, out: Path) -> dict:
-    """The exact solver's success per policy and KL level (colbench.envs.testbed_exact:
+    """The exact solver's success per policy and KL level (testbed.exact:
     `predict`, the population limit, or `predict_finite` at the benchmark's budget with
     --predict-finite REPS), with the warm start's and the optimum; cached in
     OUT/prediction.json under its settings."""
-    from colbench.envs import testbed_exact
+    from testbed import exact as testbed_exact
 
     key = {"spec": spec, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates,
            "finite_reps": finite_reps, "n_tasks": setup.n_train}
@@ -292,9 +293,10 @@ def prediction(spec: str, setup, finite_reps: int, out: Path) -> dict:
 
 def policy_classes(spec: str, setup) -> dict:
     """The solver's flows with the logits tied over the turn alone (a policy blind to the
-    dialogue, colbench.envs.testbed_policy_class) beside the tabular ones: per class and
+    dialogue, testbed.policy_class) beside the tabular ones: per class and
     method, success and the repeat rate at each KL level (population limit)."""
-    from colbench.envs import testbed_exact, testbed_policy_class
+    from testbed import exact as testbed_exact
+    from testbed import policy_class as testbed_policy_class
 
     _, preds = testbed_policy_class.predict_classes(spec, ("history", "turn"), episodes_per_task=setup.episodes_per_task,
                                                     candidates=setup.candidates)

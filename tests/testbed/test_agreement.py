@@ -1,14 +1,14 @@
 """The agreement with A* a critic needs for stage 2 to reach MT-DPO
-(colbench/envs/testbed_agreement.py): the measure by hand on a tiny spec, the noisy
+(testbed/agreement.py): the measure by hand on a tiny spec, the noisy
 critics' curve, the threshold against its table, and the CLI."""
 
 import json
 
 import pytest
 
-from colbench.envs import testbed_agreement as ta
-from colbench.envs import testbed_exact as te
-from colbench.envs import testbed_spec as ts
+from testbed import agreement as ta
+from testbed import exact as te
+from testbed import spec as ts
 
 # 1 fact, 2 turns (as tests/colbench/test_testbed_exact.py): ask, the vague question or answer, then answer.
 TINY = ts.TestbedSpec("tiny", facts=1, turns=2, p_state=0.75, p_doc=0.35, p_guess_right=0.5, p_ask=0.75)

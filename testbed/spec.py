@@ -5,14 +5,14 @@ there are, how often the human can state a constant, how often the reference has
 docstring, what an untold constant is guessed as, and how the warm start's scripted
 explorer behaves. Presets by name (`spec(name)`, `PRESETS`):
 
-    legacy    today's bed, bit for bit (colbench/envs/testbed.py's tasks, human, scores):
+    legacy    today's bed, bit for bit (testbed/env.py's tasks, human, scores):
               2 facts, 4 turns, every constant stated, no docstring, defaults never right
     default   the bed of issue 23, whose luck lives in c: 2 facts, 3 turns (no spare),
               each constant stated with p 0.75 (else an expression: "not sure"), a
               docstring with p 0.35 (the vague question then reads out both), one side
               per message, the untold guess right on half of the tasks, explorer p_ask 0.75
     long      3 facts, 5 turns (one spare): the horizon on which the exact solver
-              (colbench.envs.testbed_exact) puts per-turn DPO with the exact critic above
+              (testbed.exact) puts per-turn DPO with the exact critic above
               trajectory DPO
 
 Everything the human does is decided by the task's hidden reference (c), and only by it:
@@ -40,8 +40,8 @@ from colbench.scoring.backend import extract_code
 
 SHIPPED_SPEC = "legacy"
 """The spec that `builtin:train` / `builtin:test` mean: the earlier bed, kept bit for bit
-for regression. The main job (`python -m sweet.demo`) and the learning benchmark
-(`bench/learning.py`) run `default` and name their specs (`--spec`); the other presets are
+for regression. The main job (`python -m testbed.demo`) and the learning benchmark
+(`testbed/learning.py`) run `default` and name their specs (`--spec`); the other presets are
 `builtin:<spec>/<split>`."""
 
 
@@ -97,7 +97,7 @@ class TestbedSpec:
     n_train/n_test: tasks per split; test tasks are fresh draws (another seed).
     n_val:          validation tasks: the next draws of the train split's stream after
                     its n_train (disjoint from them, never test tasks), for choosing
-                    settings (bench/learning.py).
+                    settings (testbed/learning.py).
     """
 
     __test__ = False  # not a pytest class
@@ -125,7 +125,7 @@ class TestbedSpec:
 
     @property
     def legacy(self) -> bool:
-        """Today's bed: its own task generator and human (colbench/envs/testbed.py)."""
+        """Today's bed: its own task generator and human (testbed/env.py)."""
         return self.name == "legacy"
 
     @property

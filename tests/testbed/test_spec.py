@@ -1,4 +1,4 @@
-"""The test bed's spec (colbench/envs/testbed_spec.py): presets, the legacy bed unchanged,
+"""The test bed's spec (testbed/spec.py): presets, the legacy bed unchanged,
 tasks drawn from the spec, a human decided by the hidden reference alone, and the one
 scripted explorer."""
 
@@ -9,15 +9,16 @@ from dataclasses import replace
 
 import pytest
 
-from colbench.agents import ScriptedTestbedAgent, check_agent_spec
-from colbench.envs import testbed_spec as ts
-from colbench.envs.testbed import (DEFAULT_A, DEFAULT_B, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, TestbedEnv,
+from colbench.agents import check_agent_spec
+from testbed.agents import ScriptedTestbedAgent
+from testbed import spec as ts
+from testbed.env import (DEFAULT_A, DEFAULT_B, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, TestbedEnv,
                                    answer_text, make_tasks)
 from colbench.rollout import rollout
 from colbench.tasks import load_tasks
 from colbench.types import Turn
 from simulators.base import SimRequest
-from simulators.testbed import TestbedSimulator, scripted_dialogue
+from testbed.human import TestbedSimulator, scripted_dialogue
 
 # sha256 of today's legacy bed (tasks, replies, explorer dialogues, scores, prompt, turn
 # limit) as the code before the spec printed it: /tmp/fp.py-style fingerprint, `legacy_blob`.

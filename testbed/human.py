@@ -2,9 +2,9 @@
 
 It reads the agent's latest message for the words "positive" and "negative" and
 answers from the task's hidden constants; anything else gets "I don't know." It
-never writes code. See colbench/envs/testbed.py for the task family.
+never writes code. See testbed/env.py for the task family.
 
-A task of another spec (`meta["spec"]`, colbench/envs/testbed_spec.py) is answered by
+A task of another spec (`meta["spec"]`, testbed/spec.py) is answered by
 that spec's rule, `testbed_spec.human_reply`: a deterministic function of the task's
 hidden reference and the question (stated literal, "not sure" for an expression, the
 docstring for the vague question).
@@ -16,11 +16,11 @@ import random
 from dataclasses import replace
 from typing import Sequence
 
-from colbench.envs import testbed_spec
-from colbench.envs.testbed_exact import optimal_message
 from colbench.protocols import ANSWER_MARKER
 from colbench.types import Task
 from simulators.base import SimReply, SimRequest
+from testbed import spec as testbed_spec
+from testbed.exact import optimal_message
 
 DONT_KNOW = testbed_spec.DONT_KNOW
 
@@ -83,7 +83,7 @@ def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6) -> lis
     (about 0.13 at p_ask = 0.6) needs the right question at each turn, a per-turn
     credit assignment problem, while copying a stated number stays easy.
 
-    The explorer is colbench.envs.testbed_spec's (`sample_explorer`, with `p_ask` in
+    The explorer is testbed.spec's (`sample_explorer`, with `p_ask` in
     place of the spec's); a task of another spec gets that spec's turns, questions,
     guesses and human."""
     spec = replace(testbed_spec.task_spec(task), p_ask=p_ask)
@@ -96,10 +96,10 @@ def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6) -> lis
 
 
 def optimal_dialogue(task: Task, order: Sequence[int] | None = None) -> list[tuple[str, str]]:
-    """A dialogue of the exact solver's optimal agent (colbench.envs.testbed_exact:
+    """A dialogue of the exact solver's optimal agent (testbed.exact:
     `optimal_message`; `order` relabels its facts) against the scripted human on a spec
     task, as (role, text) pairs: what imitating the optimal policy teaches
-    (sweet.workflows.warm_start --teacher optimal, optimal_shuffled)."""
+    (testbed.warm_start --teacher optimal, optimal_shuffled)."""
     if "spec" not in task.meta:
         raise ValueError(f"task {task.task_id}: the optimal agent needs a spec task (the legacy bed has none)")
     s = testbed_spec.task_spec(task)

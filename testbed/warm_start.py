@@ -2,11 +2,11 @@
 
 A random-weight tiny model cannot hold a dialogue, so every algorithm starts from
 the same warm start: the tiny model fine-tuned on dialogues of the scripted
-exploratory agent (colbench/envs/testbed.py), which asks the right questions only
+exploratory agent (testbed/env.py), which asks the right questions only
 some of the time. The warm-started policy therefore has a modest, non-zero success
 rate, and there is something for RL to improve.
 
-    python -m sweet.workflows.warm_start --output_dir runs/warm_start          # ~3-4 min on 2 CPU cores
+    python -m testbed.warm_start --output_dir runs/warm_start          # ~3-4 min on 2 CPU cores
 
 The scripted dialogues are written as Episodes (agent turns carry prompt ids and
 action ids from the tokenizer, since no engine generated them), so this is plain
@@ -21,18 +21,18 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colbench.envs import testbed_spec
-from colbench.envs.testbed import TestbedEnv, answer_constants, make_tasks, told_constants
-from colbench.envs.testbed_spec import SHIPPED_SPEC
 from colbench.types import STOP_ANSWERED, Episode, Turn
 from engines import SamplingParams, load_engine
-from simulators.testbed import optimal_dialogue, scripted_dialogue
 from sweet.algorithms import rft
 from sweet.core.config import ModelConfig, parse_configs
 from sweet.core.models import load_tokenizer
 from sweet.core.runs import run_cli, trainer_run
 from sweet.core.tokens import template_ids, text_ids
 from sweet.core.trainer import finished
+from testbed import spec as testbed_spec
+from testbed.env import TestbedEnv, answer_constants, make_tasks, told_constants
+from testbed.human import optimal_dialogue, scripted_dialogue
+from testbed.spec import SHIPPED_SPEC
 
 
 @dataclass
@@ -40,7 +40,7 @@ class WarmStartConfig:
     output_dir: str = field(default="runs/warm_start", metadata={"help": "where the warm-started model goes (final/)"})
     model: str = field(default="tiny", metadata={"help": "model to fine-tune"})
     n_dialogues: int = field(default=1200, metadata={"help": "scripted dialogues to train on"})
-    spec: str = field(default=SHIPPED_SPEC, metadata={"help": "test-bed preset (colbench/envs/testbed_spec.py) "
+    spec: str = field(default=SHIPPED_SPEC, metadata={"help": "test-bed preset (testbed/spec.py) "
                                                                  "whose train tasks the dialogues are on"})
     p_ask: float | None = field(default=None, metadata={"help": "probability that the explorer asks on each turn "
                                                                 "before the last (default: the spec's)"})
@@ -142,7 +142,7 @@ def copy_check_dialogues(n: int = 48, seed: int = 0, spec: str = SHIPPED_SPEC):
 
 def copy_score(answers: list[str], told: list[tuple[int | None, ...]], spec: str = SHIPPED_SPEC) -> float:
     """The share of checked constants (not None in `told`) that the answers wrote, read
-    as the scorer reads an answer (legacy: colbench.envs.testbed.answer_constants; a
+    as the scorer reads an answer (legacy: testbed.env.answer_constants; a
     spec: testbed_spec.answer_values)."""
 
     s = testbed_spec.spec(spec)
@@ -204,11 +204,11 @@ def main(cfg: WarmStartConfig) -> Path:
 
 
 def cli(argv: list[str] | None = None) -> Path:
-    """`python -m sweet.workflows.warm_start`: parse the command line, then `main(cfg)`."""
+    """`python -m testbed.warm_start`: parse the command line, then `main(cfg)`."""
     (cfg,) = parse_configs([WarmStartConfig], argv, description=__doc__.split("\n\n")[0])
-    with trainer_run(cfg.output_dir, command="python -m sweet.workflows.warm_start"):
+    with trainer_run(cfg.output_dir, command="python -m testbed.warm_start"):
         return main(cfg)
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(cli, prog="python -m sweet.workflows.warm_start"))
+    sys.exit(run_cli(cli, prog="python -m testbed.warm_start"))

@@ -1,7 +1,7 @@
 """The whole pipeline as plain function calls: warm start → collect → train → evaluate.
 
 Each step builds the typed configs of an entry point and calls its `main(*configs)`, so
-the demo (`python -m sweet.demo`) and the learning benchmark (`bench/learning.py`) run
+the demo (`python -m testbed.demo`) and the learning benchmark (`testbed/learning.py`) run
 exactly the code paths of the README's commands; a misspelt setting fails before any
 step runs work (`colbench.cli.make_configs`). Every step writes into its own
 folder and is skipped when its output exists, so a crashed run resumes.
@@ -17,8 +17,6 @@ from typing import Any, Sequence
 
 from colbench import evaluate as ev
 from colbench.cli import make_configs
-from colbench.envs import testbed_spec
-from colbench.envs.testbed_spec import SHIPPED_SPEC
 from colbench.jsonl import read_rows
 from colbench.rollout import episode_seeds
 from colbench.tasks import load_tasks
@@ -30,6 +28,8 @@ from sweet.core.trainer import finished
 from sweet.critic import train as critic_train
 from sweet.critic.baseline import SAMPLES_FILE as BASELINE_SAMPLES
 from sweet.critic.baseline import BaselineRow
+from testbed import spec as testbed_spec
+from testbed.spec import SHIPPED_SPEC
 
 
 @dataclass
@@ -58,14 +58,14 @@ class TestbedSetup:
     test_limit: int | None = None  # evaluate on the first N test tasks only (smoke runs)
     val_limit: int | None = None  # validate on the first N validation tasks only (smoke runs)
     timings: dict[str, float] = field(default_factory=dict)
-    spec: str = SHIPPED_SPEC  # the test-bed preset (colbench/envs/testbed_spec.py) the task sources name
+    spec: str = SHIPPED_SPEC  # the test-bed preset (testbed/spec.py) the task sources name
     val_tasks: str | None = None  # validation tasks, drawn from the train split (non-legacy specs)
 
     @classmethod
     def for_spec(cls, name: str, **sizes: Any) -> "TestbedSetup":
         """The setup of a test-bed preset: its train, validation and test tasks and its turn
         limit. A non-legacy spec is evaluated at temperature 1.0, the policy itself, so
-        that its success is the quantity the exact solver predicts (colbench.envs.testbed_exact),
+        that its success is the quantity the exact solver predicts (testbed.exact),
         with 2 episodes on each of its many test tasks: most of the variance is between
         draws of c (measured on 64 tasks x 8: between-task variance 0.145, within 0.10),
         so 256 tasks x 2 halve the interval of 64 x 8 at the same cost."""
@@ -85,8 +85,8 @@ class TestbedSetup:
 
 
 def warm_start(out: Path, seed: int = 0, smoke: bool = False, spec: str = SHIPPED_SPEC) -> Path:
-    """The shared warm start (sweet/workflows/warm_start.py) on the train tasks of test-bed
-    preset `spec`, in two phases on the scripted explorer's dialogues (simulators/testbed.py):
+    """The shared warm start (testbed/warm_start.py) on the train tasks of test-bed
+    preset `spec`, in two phases on the scripted explorer's dialogues (testbed/human.py):
 
     1. copy:   an explorer that asks on every turn before the last (p_ask 1.0), so most
                answers use a constant the human stated: the tiny model learns to
@@ -99,8 +99,8 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False, spec: str = SHIPPE
     Each phase is checked on held-out dialogues and trained on until it answers as the
     explorer would (`checked_phase`). The behaviour phase's last pass is the policy
     every algorithm starts from (OUT/behave/final, or OUT/behave-2/final, ...)."""
-    from sweet.workflows.warm_start import WarmStartConfig
-    from sweet.workflows.warm_start import main as run
+    from testbed.warm_start import WarmStartConfig
+    from testbed.warm_start import main as run
 
     if smoke:  # toy sizes: one short phase
         return run(WarmStartConfig(output_dir=str(out / "behave"), seed=seed, n_dialogues=160, epochs=1, spec=spec))
@@ -111,7 +111,7 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False, spec: str = SHIPPE
 
 
 # The phases' bars: the held-out share of told constants written right when answering on
-# the last turn after three questions (sweet.workflows.warm_start.copy_accuracy). Phase 1 only has
+# the last turn after three questions (testbed.warm_start.copy_accuracy). Phase 1 only has
 # to have learnt to copy; the warm start itself must also answer there, and copy nearly
 # always. Builds of the same code differ by float noise alone: on the turns-left test bed
 # of 142564f, one build's unchecked behaviour phase copied at 0.82 (SWEET-RL then fell
@@ -126,7 +126,7 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
                   **explorer) -> Path:
     """One warm-start phase, checked: imitate the explorer (`explorer`: WarmStartConfig
     fields such as p_ask, n_dialogues), measure held-out copy accuracy
-    (sweet.workflows.warm_start.copy_accuracy: greedy answers after three questions on the test
+    (testbed.warm_start.copy_accuracy: greedy answers after three questions on the test
     tasks) and, below `bar`, train another pass from the last one on fresh dialogues
     (pass k at learning_rates[k], the last rate repeating): copying emerges abruptly,
     after a number of steps that varies with the seed, the prompt's wording and, on the
@@ -135,8 +135,8 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
     own folder (copy, copy-2, ...) with its accuracy in OUT/<phase>_check.json, so a
     rerun resumes. Raises if no pass of PHASE_ROUNDS passes: every algorithm would start
     from a policy that cannot use what the human said."""
-    from sweet.workflows.warm_start import WarmStartConfig, copy_accuracy
-    from sweet.workflows.warm_start import main as run
+    from testbed.warm_start import WarmStartConfig, copy_accuracy
+    from testbed.warm_start import main as run
 
     record = out / f"{phase}_check.json"
     checks = json.loads(record.read_text()) if record.exists() else []
@@ -239,7 +239,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
                  critic: Path | None = None, seed: int = 0, extra: dict[str, Any] | None = None,
                  lr_scale: float = 1.0) -> Path:
     """One of sweet / rft / mtdpo (offline, from `episodes`) or loop (online). `lr_scale`
-    multiplies the algorithm's learning rate below (bench/learning.py's one search rule).
+    multiplies the algorithm's learning rate below (testbed/learning.py's one search rule).
 
     The DPO runs use a larger NLL weight than the paper (0.1 vs 0.01) and a small
     learning rate: on the 2M-parameter model, the paper's NLL weight let DPO push the

@@ -1,8 +1,9 @@
 """The README's main job: SWEET-RL end to end on the CPU test bed, offline.
 
-    python -m sweet.demo                       # the default bed (docs/testbed.md), ~10 minutes on 2 CPU cores
-    python -m sweet.demo --output_dir runs/demo2 --seed 1
-    python -m sweet.demo --spec legacy         # the earlier bed (4 turns, deterministic human)
+    python -m testbed.demo                       # the default bed (docs/testbed.md), ~10 minutes on 2 CPU cores
+    python -m testbed.demo --output_dir runs/demo2 --seed 1
+    python -m testbed.demo --spec legacy         # the earlier bed (4 turns, deterministic human)
+    python -m testbed.demo --help                # (bash scripts/demo.sh runs it)
 
 Steps (each skipped when its output exists, so an interrupted run resumes):
   1. warm start: the tiny model fine-tuned on a scripted explorer's dialogues;
@@ -18,25 +19,31 @@ Steps (each skipped when its output exists, so an interrupted run resumes):
      critic's credit split: how much of its margin on its own pairs sits on the answer and
      how much on the questions (summary.json "critic_credit").
 It prints both policies' held-out success with 95% intervals beside the exact solver's
-warm start and optimum (colbench.envs.testbed_exact), the share of the distance to the
+warm start and optimum (testbed.exact), the share of the distance to the
 optimum SWEET-RL closed, whether the warm start passed its checks at once, and each policy's
-dialogues as the solver's actions (colbench.envs.testbed_profile: early answers, the rate at
+dialogues as the solver's actions (testbed.profile: early answers, the rate at
 which the second question repeats the first, ...; summary.json "dialogue"), and writes
 OUT/summary.json ({"warm_start": M, "sweet_rl": M, "optimum": v, ...}).
 
-The test bed is not ColBench: see colbench/envs/testbed_spec.py and docs/testbed.md.
+The test bed is not ColBench: see testbed/spec.py and docs/testbed.md.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colbench.envs import testbed_exact, testbed_policy_class, testbed_profile, testbed_spec
 from colbench.episodes import read_episodes
+from sweet.core.config import parse_configs
+from sweet.core.runs import run_cli, trainer_run
 from sweet.critic import inspect as inspect_critic
-from sweet.workflows.pipeline import (
+from testbed import exact as testbed_exact
+from testbed import policy_class as testbed_policy_class
+from testbed import profile as testbed_profile
+from testbed import spec as testbed_spec
+from testbed.pipeline import (
     TestbedSetup,
     collect_episodes,
     compare,
@@ -62,7 +69,7 @@ class DemoConfig:
     episodes_per_task: int = field(default=8, metadata={"help": "episodes per train task to learn from"})
     seed: int = field(default=0, metadata={"help": "random seed"})
     spec: str = field(default="default", metadata={
-        "help": "test-bed preset (colbench/envs/testbed_spec.py): default, long, or legacy (the earlier bed)"})
+        "help": "test-bed preset (testbed/spec.py): default, long, or legacy (the earlier bed)"})
     critic_baseline_samples: int = field(default=CRITIC_BASELINE_SAMPLES, metadata={
         "help": "K: the critic's advantages centred by K warm-start actions per turn (sweet/critic/baseline.py; "
                 "0: the paper's uncentred critic)"})
@@ -138,7 +145,7 @@ def main(cfg: DemoConfig) -> Path:
         split = inspect_critic.CreditSplit.from_json(json.loads(credit.read_text()))
         summary["critic_credit"] = split.to_json()
         print(split.line())
-    if not testbed_spec.spec(cfg.spec).legacy:  # what each policy does turn by turn (colbench.envs.testbed_profile)
+    if not testbed_spec.spec(cfg.spec).legacy:  # what each policy does turn by turn (testbed.profile)
         summary["dialogue"] = {}
         for agent in ("warm_start", "sweet_rl"):
             prof = testbed_profile.profile(cfg.spec, read_episodes(out / "leaderboard" / "episodes" / f"{agent}.jsonl"))
@@ -158,10 +165,10 @@ def main(cfg: DemoConfig) -> Path:
 def main_job_summary(rows: list[dict], spec: str) -> dict:
     """OUT/summary.json: {"warm_start": M, "sweet_rl": M, "optimum": v} with M =
     {"value", "ci95"} (held-out success), the optimum and the warm start's success as the
-    exact solver computes them (colbench.envs.testbed_exact; None on the legacy bed, whose
+    exact solver computes them (testbed.exact; None on the legacy bed, whose
     optimum is 1), the share of the warm start's distance to the optimum closed, and
     "predicted_blind": SWEET-RL's success per KL level, its ceiling and repeat rate for a
-    policy blind to the dialogue (colbench.envs.testbed_policy_class, the turn class)."""
+    policy blind to the dialogue (testbed.policy_class, the turn class)."""
     m = {r["agent"]: r["metrics"]["success_rate"] for r in rows}
     out: dict = {"spec": spec, "warm_start": m["warm_start"], "sweet_rl": m["sweet_rl"]}
     if testbed_spec.spec(spec).legacy:
@@ -194,3 +201,13 @@ def warm_start_checks(folder: Path) -> str:
             parts.append(f"{phase} passed at once ({scores})" if len(checks) == 1 else
                          f"{phase} retried: passed on pass {len(checks)} ({scores})")
     return "warm start checks: " + ("; ".join(parts) if parts else "none recorded (smoke run)")
+
+
+def cli(argv: list[str] | None = None):
+    (cfg,) = parse_configs([DemoConfig], argv, description=__doc__.split("\n\n")[0])
+    with trainer_run(cfg.output_dir, command="python -m testbed.demo"):
+        return main(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(cli, prog="python -m testbed.demo"))

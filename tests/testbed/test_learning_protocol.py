@@ -1,4 +1,4 @@
-"""bench/learning.py end to end on toy sizes: the protocol's summary (success at matched KL,
+"""testbed/learning.py end to end on toy sizes: the protocol's summary (success at matched KL,
 predictions, pairs, the search record) from real training, evaluation and KL."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ LEVELS = ("0.5", "1.0", "2.0")
 
 
 def run_bench(out: Path, *args: str) -> dict:
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "--seeds", "1", "--train-limit", "4",
+    res = subprocess.run([sys.executable, "-m", "testbed.learning", "--seeds", "1", "--train-limit", "4",
                           "--test-limit", "4", "--out", str(out), *args], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=1200, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -54,7 +54,7 @@ def check_schema(summary: dict, names: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def smoke_warm_start(tmp_path_factory) -> Path:
-    from sweet.workflows.pipeline import warm_start
+    from testbed.pipeline import warm_start
 
     return warm_start(tmp_path_factory.mktemp("warm"), smoke=True)
 
@@ -64,7 +64,7 @@ def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
     are evaluated as the warm start (said in their notes): the summary's schema, the search
     record (a grid of 1 and 3, a tie goes to 1), and the solver's finite-sample predictions
     at the run's own budget (4 tasks x 8 episodes)."""
-    from colbench.envs import testbed_exact
+    from testbed import exact as testbed_exact
 
     summary = run_bench(tmp_path / "out", "--policies", "rft,mtdpo", "--hp-grid", "1,3", "--predict-finite", "2",
                         "--val-limit", "8", "--warm-start", str(smoke_warm_start))
@@ -92,8 +92,8 @@ def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
     text = (out / "results.md").read_text()
     assert "*KL 0.00" in text and "Pairs (gap a − b)" in text
     # the repeat rate at matched KL, measured on the same episodes as success, beside the solver's
-    # for a tabular policy and for one blind to the dialogue (colbench.envs.testbed_policy_class)
-    from colbench.envs import testbed_policy_class, testbed_profile
+    # for a tabular policy and for one blind to the dialogue (testbed.policy_class)
+    from testbed import policy_class as testbed_policy_class, profile as testbed_profile
     from colbench.episodes import read_episodes
 
     warm = summary["policies"]["warm_start"]
@@ -115,8 +115,8 @@ def test_toy_run_with_training_paths(tmp_path):
     last turn, so LOOP (online, one iteration per 48 episodes) and RFT train: their paths
     hold snapshots at KL > 0, the final KL is the path's end, and a level a path does not
     reach is reported at its largest KL."""
-    from sweet.workflows.warm_start import WarmStartConfig
-    from sweet.workflows.warm_start import main as imitate
+    from testbed.warm_start import WarmStartConfig
+    from testbed.warm_start import main as imitate
 
     warm = imitate(WarmStartConfig(output_dir=str(tmp_path / "ws"), p_ask=1.0, n_dialogues=800, epochs=1,
                                    batch_size=16, learning_rate=2e-3))

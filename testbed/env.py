@@ -11,7 +11,7 @@ Each task hides a function from one parametrised family
         return x + B            # B in {10, 20}, told only when asked about negative numbers
 
 The description is vague ("treats positive and negative numbers differently"). The
-scripted human (simulators/testbed.py) answers a question about positive numbers
+scripted human (testbed/human.py) answers a question about positive numbers
 with A and one about negative numbers with B, and "I don't know" otherwise. Five of
 the ten hidden tests use positive inputs and five negative ones, so an agent that
 asks one question and guesses the other constant earns about half the reward, and
@@ -20,20 +20,20 @@ full reward: multi-turn credit assignment in miniature.
 
 A and B are single tokens from two disjoint two-value sets, so using a stated
 constant is a small lookup, not a copy that a 2M-parameter model needs thousands of
-steps to learn. The scripted explorer the warm start imitates (simulators/testbed.py)
+steps to learn. The scripted explorer the warm start imitates (testbed/human.py)
 chooses per turn between asking about positive numbers, negative numbers, a vague
 question and answering now, and writes a never-right default (x * 1, x + 0) for any
 constant it was not told: success comes only from asking both useful questions.
 
 `optimal_advantage` is SWEET-RL's per-turn advantage computed exactly from the hidden
-constants: the oracle critic (sweet/critic/oracle.py, `--critic oracle`), a diagnostic.
+constants: the oracle critic (testbed/oracle.py, `--critic oracle`), a diagnostic.
 
-This is the `legacy` preset of colbench/envs/testbed_spec.py, which holds the knobs
+This is the `legacy` preset of testbed/spec.py, which holds the knobs
 (turns, facts, how often the human can state a constant, docstrings, the guess rule,
 the explorer) and the other presets (`default`, `long`). `make_tasks(..., spec=NAME)`
 draws a preset's tasks; each carries `meta["spec"]`, from which the env and the
 scripted human read their rules (a task without one is legacy). The exact solver of
-any spec is colbench/envs/testbed_exact.py.
+any spec is testbed/exact.py.
 """
 
 from __future__ import annotations
@@ -43,14 +43,14 @@ import re
 import warnings
 from typing import Sequence
 
-from colbench.envs import testbed_spec
 from colbench.envs.backend import BackendEnv
 from colbench.envs.base import agent_chat
-from colbench.envs.testbed_spec import LEGACY_GUESS, PRESETS, SHIPPED_SPEC, SYSTEM, TestbedSpec
 from colbench.protocols import ANSWER_MARKER
 from colbench.scoring.backend import extract_code
 from colbench.types import Task, Turn
 from engines.base import Message
+from testbed import spec as testbed_spec
+from testbed.spec import LEGACY_GUESS, PRESETS, SHIPPED_SPEC, SYSTEM, TestbedSpec
 
 DESCRIPTION = "I need a function f(x) for my numbers. It treats positive and negative numbers differently. def f(x)"
 QUESTION_POS, QUESTION_NEG, QUESTION_VAGUE = PRESETS["legacy"].questions()  # "What happens to positive numbers?", ...
@@ -101,6 +101,30 @@ def make_tasks(split: str = "train", n: int | None = None, seed: int = 0,
     rng = random.Random(f"{split}-{seed}")
     tasks = [make_task(i, split, *combos[i % len(combos)], rng) for i in range(sizes[split])]
     return tasks[:n] if n is not None else tasks
+
+
+def builtin_tasks(source: str, split: str | None = None, limit: int | None = None) -> list[Task]:
+    """The tasks of a test-bed source, builtin:<split> or builtin:<spec>/<split>: the
+    registered generated source of colbench.tasks.load_tasks (GENERATED_SOURCES)."""
+    spec, named = builtin_source(source, split)
+    return make_tasks(named, n=limit, spec=spec)
+
+
+def builtin_source(source: str, split: str | None) -> tuple[str, str]:
+    """(spec, split) of a test-bed source: builtin:<split> (the shipped spec) or
+    builtin:<spec>/<split>; a bad spec or split is a one-line error naming the presets."""
+    body = source.partition(":")[2]
+    spec, _, named = body.rpartition("/")
+    spec, named = spec or SHIPPED_SPEC, named or split or ""
+    usage = f"use builtin:train, builtin:test or builtin:<spec>/<split> with spec one of {', '.join(PRESETS)}"
+    if spec not in PRESETS:
+        raise ValueError(f"testbed source {source!r}: unknown spec {spec!r}; {usage}")
+    if named not in ("train", "test") and not (named == "val" and spec != "legacy"):
+        raise ValueError(f"testbed source {source!r}: split must be 'train', 'test' (or 'val', of a spec other "
+                         f"than legacy), got {named!r}; {usage}")
+    if split is not None and split != named:
+        raise ValueError(f"source {source!r} conflicts with split={split!r}")
+    return spec, named
 
 
 def spec_tasks(s: TestbedSpec, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
@@ -168,7 +192,7 @@ class TestbedEnv(BackendEnv):
 #
 # SWEET-RL's critic estimates a per-turn advantage A(o_t, a_t, c) from the training-time
 # information c. On the test bed that advantage can be computed exactly, so ranking
-# candidates with it (sweet/critic/oracle.py, `--critic oracle`) tells a wrong critic from
+# candidates with it (testbed/oracle.py, `--critic oracle`) tells a wrong critic from
 # a stage 2 that cannot use a right ranking.
 
 _STATED_A = re.compile(r"\bx\s*\*\s*(-?\d+)")

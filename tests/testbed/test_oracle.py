@@ -1,4 +1,4 @@
-"""The oracle critic (sweet/critic/oracle.py, `--critic oracle`): the test bed's exact
+"""The oracle critic (testbed/oracle.py, `--critic oracle`): the test bed's exact
 advantage scored on States of a real test-bed episode, and wired into stage 2."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from colbench.envs.testbed import DEFAULT_B, QUESTION_NEG, QUESTION_VAGUE, answer_text, optimal_advantage
-from sweet.critic.oracle import OracleScorer
+from testbed.env import DEFAULT_B, QUESTION_NEG, QUESTION_VAGUE, answer_text, optimal_advantage
+from testbed.oracle import OracleScorer
 
 
 @pytest.fixture(scope="module")
@@ -118,12 +118,12 @@ def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):
 
 
 def test_oracle_on_another_spec_scores_the_solvers_advantage():
-    """With `spec`, the oracle ranks by colbench.envs.testbed_exact.exact_advantage (success-valued)."""
-    from colbench.envs import testbed_spec as ts
-    from colbench.envs.testbed import TestbedEnv, make_tasks
+    """With `spec`, the oracle ranks by testbed.exact.exact_advantage (success-valued)."""
+    from testbed import spec as ts
+    from testbed.env import TestbedEnv, make_tasks
     from colbench.types import Turn
     from sweet.core.records import State
-    from sweet.critic.oracle import exact_advantages
+    from testbed.oracle import exact_advantages
 
     s = ts.spec("default")
     reference = ts.reference_source(s, ts.Hidden((3, 20), (False, True), False))  # A an expression, no docstring

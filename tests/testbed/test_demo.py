@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     out = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "sweet.demo", "--smoke", "true", "--output_dir", str(out)]
+    cmd = [sys.executable, "-m", "testbed.demo", "--smoke", "true", "--output_dir", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     rows = json.loads((out / "leaderboard" / "leaderboard.json").read_text())

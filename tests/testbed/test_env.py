@@ -3,7 +3,7 @@ import random
 import pytest
 
 from colbench.envs import make_env
-from colbench.envs.testbed import (
+from testbed.env import (
     A_VALUES,
     B_VALUES,
     QUESTION_NEG,
@@ -17,7 +17,7 @@ from colbench.tasks import load_tasks
 from colbench.types import Turn
 from simulators import load_simulator
 from simulators.base import SimRequest
-from simulators.testbed import DONT_KNOW, reply_for, scripted_dialogue
+from testbed.human import DONT_KNOW, reply_for, scripted_dialogue
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,8 @@
-"""bench/learning.py's check of a critic's stage-2 rankings against the test bed's exact
+"""testbed/learning.py's check of a critic's stage-2 rankings against the test bed's exact
 advantage, on a real test-bed episode and hand-scored candidates."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -11,14 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from colbench.envs.testbed import DEFAULT_B, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, answer_text
-from sweet.workflows.pipeline import TestbedSetup
+from testbed import learning
+from testbed.env import DEFAULT_B, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, answer_text
+from testbed.pipeline import TestbedSetup
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
-learning = importlib.util.module_from_spec(_spec)
-sys.modules["bench_learning"] = learning  # its dataclasses look their module up
-_spec.loader.exec_module(learning)
 
 
 def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scripted_testbed_episode):
@@ -80,7 +76,7 @@ def test_the_solvers_needed_agreement_is_computed_once_and_tabled_beside_the_che
 
 
 def test_credit_splits_pool_over_seeds_by_pairs_and_table_the_answers_share():
-    from bench.critic_check import credit_table, pool_splits
+    from testbed.critic_check import credit_table, pool_splits
 
     seeds = [{"pairs": 10, "earlier": 1.0, "last": 3.0, "ordered_by_earlier": 0.5, "ordered_by_last": 1.0},
              {"pairs": 30, "earlier": -1.0, "last": 5.0, "ordered_by_earlier": 0.7, "ordered_by_last": 0.9}]
@@ -126,8 +122,8 @@ def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from sweet.workflows.warm_start import WarmStartConfig
-    from sweet.workflows.warm_start import main as imitate
+    from testbed.warm_start import WarmStartConfig
+    from testbed.warm_start import main as imitate
 
     # the tiny model after a short imitation of the always-asking explorer: it writes code
     # that passes some tests, so LOOP's groups have reward variance to learn from
@@ -136,7 +132,7 @@ def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
     runs = {}
     for jobs in (1, 2):
         out = tmp_path / f"jobs{jobs}"
-        subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "--spec", "legacy", "--seeds", "2",
+        subprocess.run([sys.executable, "-m", "testbed.learning", "--spec", "legacy", "--seeds", "2",
                         "--policies", "rft,loop",
                         "--warm-start", str(warm),
                         "--train-limit", "2", "--test-limit", "2", "--episodes-per-task", "4", "--jobs", str(jobs),

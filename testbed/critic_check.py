@@ -1,9 +1,9 @@
-"""The learned critics against the exact advantage (bench/learning.py): how each SWEET-RL
+"""The learned critics against the exact advantage (testbed/learning.py): how each SWEET-RL
 variant's critic ranked its stage-2 candidates, overall and per agent turn, against the
-test bed's A* (sweet.critic.oracle.exact_advantages), with c (`sweet`) and without
+test bed's A* (testbed.oracle.exact_advantages), with c (`sweet`) and without
 (`sweet_no_info`). It tells a wrong critic from a stage 2 that cannot use a right ranking.
 Beside it, the agreement the exact solver says a critic needs for stage 2 to reach MT-DPO
-(`agreement_needed`: colbench.envs.testbed_agreement.agreement_needed, once per spec), and
+(`agreement_needed`: testbed.agreement.agreement_needed, once per spec), and
 where each learned critic puts its credit on its own pairs, the answer or the questions
 (`credit_splits`: sweet.critic.inspect.credit_split, per seed and pooled).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
                      folders: dict[str, dict[int, str]] | None = None) -> dict[str, dict]:
     """How each SWEET-RL variant's critic ranked its stage-2 candidates against the test
-    bed's exact advantage A* (sweet.critic.oracle.exact_advantages for the setup's spec:
+    bed's exact advantage A* (testbed.oracle.exact_advantages for the setup's spec:
     the legacy bed's reward-valued one, a spec's success-valued one), from the scores in
     candidates.jsonl (in `folders[name][seed]`, default seed<S>/<name>), over all seeds:
       pairs: of candidate pairs at one state whose A* differ, the share the critic orders
@@ -34,7 +34,7 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
              (the solver: what limits stage 2 for a critic with continuous scores)."""
     from colbench.protocols import ANSWER_MARKER
     from sweet.algorithms.sweet_rl import SweetConfig, load_states, read_candidates, state_key
-    from sweet.critic.oracle import exact_advantages
+    from testbed.oracle import exact_advantages
 
     checks = {}
     for name in policies:  # a policy without stage-2 candidates (no critic) has nothing to check
@@ -103,9 +103,9 @@ def checks_table(checks: dict[str, dict]) -> str:
 
 def agreement_needed(spec: str, setup, out: Path) -> dict:
     """The exact solver's agreement with A* a critic needs for per-turn DPO to reach MT-DPO,
-    per KL level and noise family (colbench.envs.testbed_agreement.agreement_needed, its
+    per KL level and noise family (testbed.agreement.agreement_needed, its
     `to_json`; seconds on `default`), cached in OUT/agreement_needed.json under its settings."""
-    from colbench.envs import testbed_agreement
+    from testbed import agreement as testbed_agreement
 
     key = {"spec": spec, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates}
     cache = out / "agreement_needed.json"

@@ -1,13 +1,13 @@
 """Proof of learning on CPU: every algorithm and SWEET-RL's ablations from one warm start,
 compared under one rule at matched KL from the warm start (issue 23, part 3).
 
-    python bench/learning.py                                   # --spec default, 3 seeds (0, 1, 2)
-    python bench/learning.py --seeds 3 --seed-start 10         # seeds 10, 11, 12
-    python bench/learning.py --seeds 1 --policies sweet,mtdpo --hp-grid 1 --out runs/learning-quick
-    python bench/learning.py --spec legacy                     # today's bed (colbench/envs/testbed.py)
+    python -m testbed.learning                                   # --spec default, 3 seeds (0, 1, 2)
+    python -m testbed.learning --seeds 3 --seed-start 10         # seeds 10, 11, 12
+    python -m testbed.learning --seeds 1 --policies sweet,mtdpo --hp-grid 1 --out runs/learning-quick
+    python -m testbed.learning --spec legacy                     # today's bed (testbed/env.py)
 
-All policies start from the same warm-started tiny model (sweet.workflows.pipeline.warm_start,
-built once into OUT/warm_start, or --warm-start) on a test-bed spec (colbench/envs/testbed_spec.py).
+All policies start from the same warm-started tiny model (testbed.pipeline.warm_start,
+built once into OUT/warm_start, or --warm-start) on a test-bed spec (testbed/spec.py).
 
 Budget. Per seed, one set of K episodes per train task (n_train x K) is collected with the
 warm start and every offline algorithm learns from it; LOOP generates the same number
@@ -24,17 +24,17 @@ evaluated on the test tasks (the setup's eval_seeds episodes per task at its eva
 temperature, 1.0 on spec beds: the policy itself), and each snapshot's KL(π‖π0) is measured
 on those same episodes (sweet.core.kl: Σ over agent turns and action tokens of log π − log
 π0; on the legacy bed, sampled at 0.7, it is a proxy). Success at KL 0.5 / 1 / 2 is
-interpolated along each path (bench/frontier.py); a path that never gets there is reported
+interpolated along each path (testbed/frontier.py); a path that never gets there is reported
 at its largest KL, `"reached": false`, `*KL` in the table.
 
-One rule for hyper-parameters: each method's base learning rate (sweet/workflows/pipeline.py)
+One rule for hyper-parameters: each method's base learning rate (testbed/pipeline.py)
 times a multiplier from --hp-grid, chosen on the first seed alone by the highest mean
 validation success over the three KL levels (validation tasks: the spec's, drawn from the
 train stream, never test tasks; --val-episodes per task), then used for every seed.
 
 Intervals: 95% percentile bootstrap over (seed x test task) clusters; differences of two
 policies (`pairs`) use the same resamples for both (paired). Predictions: the exact solver
-(colbench.envs.testbed_exact `predict`, or `predict_finite` with --predict-finite REPS at the
+(testbed.exact `predict`, or `predict_finite` with --predict-finite REPS at the
 benchmark's budget), cached in OUT/prediction.json.
 
 Policies: warm_start, rft, mtdpo, sweet, loop, and the paper's SWEET-RL ablations
@@ -57,10 +57,10 @@ frontier.png (success vs KL, 95% bands, predictions as markers) and learning.png
 curves). The final policies' success_rate/tests_passed are today's fields (their last snapshot).
 
 results.md also checks each SWEET-RL critic's stage-2 rankings against the exact advantage
-A* (sweet.critic.oracle.exact_advantages, for the spec), overall and per turn: the share of
+A* (testbed.oracle.exact_advantages, for the spec), overall and per turn: the share of
 candidate pairs it orders as A* does, and how often its top candidate is A*-best; beside it
 the agreement the exact solver says a critic needs for stage 2 to reach MT-DPO per KL level
-(summary.json "critic_agreement_needed", colbench.envs.testbed_agreement.agreement_needed,
+(summary.json "critic_agreement_needed", testbed.agreement.agreement_needed,
 cached in OUT/agreement_needed.json), and each learned critic's credit split: how much of
 its margin on its own pairs sits on the answer and how much on the questions
 (summary.json "critic_credit", sweet/critic/inspect.py).
@@ -79,10 +79,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.critic_check import (
+from testbed.critic_check import (
     agreement_needed,
     checks_table,
     credit_splits,
@@ -90,7 +87,7 @@ from bench.critic_check import (
     critic_vs_oracle,
     needed_table,
 )
-from bench.frontier import (  # the protocol's maths, tables and plot
+from testbed.frontier import (  # the protocol's maths, tables and plot
     LEVELS,
     PREDICTED,
     Bootstrap,
@@ -105,6 +102,8 @@ from bench.frontier import (  # the protocol's maths, tables and plot
     tasks_of,
     training_path,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class Policy(NamedTuple):
@@ -184,7 +183,7 @@ def train_one(seed: int, name: str, warm: Path, out: Path, setup, proto: Protoco
     its critic first) along a snapshotted path: its final model, path, samples, training
     wall time and a note."""
     from sweet.core.trainer import finished
-    from sweet.workflows.pipeline import count_samples, train_critic, train_policy
+    from testbed.pipeline import count_samples, train_critic, train_policy
 
     sd = out / f"seed{seed}"
     episodes = sd / "episodes.jsonl"
@@ -278,7 +277,7 @@ def evaluate_seed(seed: int, runs: dict[str, dict], out: Path, setup, folder: st
     evaluation episodes (round `seed` of colbench.rollout's episode seeds), so the warm
     start, the same model in every seed, is evaluated independently S times rather than
     once counted S times; within a seed every point plays the same episode seeds (paired)."""
-    from sweet.workflows.pipeline import evaluate
+    from testbed.pipeline import evaluate
 
     agents = {point_name(run_label(name, run), step): model for name, run in runs.items()
               for step, model in run["points"]}
@@ -338,7 +337,7 @@ def run_all(seeds: list[int], policies: list[str], warm: Path, out: Path, setup,
     wall time on two workers (on a test-bed variant with slightly more data), against
     about 42 min one after the other. Every job is the
     same code with the same seed either way; only floating-point reduction order may differ."""
-    from sweet.workflows.pipeline import collect_episodes, timed
+    from testbed.pipeline import collect_episodes, timed
 
     for seed in seeds:
         with timed(setup, f"seed{seed}/collect"):
@@ -506,18 +505,18 @@ def _number(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from colbench.envs.testbed_spec import PRESETS
+    from testbed.spec import PRESETS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--spec", default="default", choices=list(PRESETS),
-                   help="the test-bed preset (colbench/envs/testbed_spec.py; legacy: today's bed)")
+                   help="the test-bed preset (testbed/spec.py; legacy: today's bed)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (S)")
     p.add_argument("--seed-start", "--seed_start", type=int, default=0, help="first seed (K): seeds K..K+S-1")
     p.add_argument("--policies", "--algorithms", default=",".join(n for n in POLICIES if n not in DIAGNOSTICS),
                    help=f"comma list from {', '.join(POLICIES)} (warm_start is always evaluated; default: all but "
                         f"the diagnostics {', '.join(DIAGNOSTICS)})")
     p.add_argument("--episodes-per-task", "--episodes_per_task", type=int, default=None,
-                   help="K episodes per train task (default: the test bed's, sweet/workflows/pipeline.py)")
+                   help="K episodes per train task (default: the test bed's, testbed/pipeline.py)")
     p.add_argument("--train-limit", "--train_limit", type=int, default=None,
                    help="collect on the first N train tasks only (quick checks)")
     p.add_argument("--test-limit", "--test_limit", type=int, default=None, help="evaluate on the first N test tasks")
@@ -542,7 +541,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "threads (default 1: one after the other in this process; on 2 cores, 2 was slower)")
     p.add_argument("--warm-start", "--warm_start", type=Path, default=None,
                    help="a warm-started model folder every policy starts from (default: build it, checked, in "
-                        "OUT/warm_start with sweet.workflows.pipeline.warm_start)")
+                        "OUT/warm_start with testbed.pipeline.warm_start)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "learning")
     args = p.parse_args(argv)
     policies = [a for a in args.policies.split(",") if a and a != "warm_start"]
@@ -566,13 +565,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     from sweet.core.runs import trainer_run
 
-    with trainer_run(args.out, command="python bench/learning.py"):  # one writer per --out; Ctrl-C says what is kept
+    with trainer_run(args.out, command="python -m testbed.learning"):  # one writer per --out; Ctrl-C says what is kept
         return run_benchmark(args, p, policies)
 
 
 def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict:
     """Warm start, every (seed, policy) path, the summary, tables and plots into args.out."""
-    from sweet.workflows.pipeline import TestbedSetup, warm_start
+    from testbed.pipeline import TestbedSetup, warm_start
 
     setup = TestbedSetup.for_spec(args.spec)
     if args.episodes_per_task:
@@ -607,13 +606,13 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     if any("repeat_rate" in m["at_kl"]["0.5"] for m in summary["policies"].values()):
         text += ("\n\nHow often the second question repeats the first (of the dialogues that ask twice), at matched "
                  "KL; the solver's for a tabular policy and for one blind to the dialogue (python -m "
-                 "colbench.envs.testbed_policy_class):\n\n" + repeat_table(summary))
+                 "testbed.policy_class):\n\n" + repeat_table(summary))
     checks = critic_vs_oracle(args.out, seeds, policies, setup, folders) if setup.env == "testbed" else {}
     if checks:
         text += "\n\nStage-2 rankings against the exact advantage A* (1.00 = the oracle's ranking):\n\n" + checks_table(checks)
         summary["critic_agreement_needed"] = agreement_needed(args.spec, setup, args.out)
         text += ("\n\nThe agreement (pairs ordered as A*) a critic needs for stage 2 to reach MT-DPO, per the exact "
-                 "solver (population limit; python -m colbench.envs.testbed_agreement):\n\n"
+                 "solver (population limit; python -m testbed.agreement):\n\n"
                  + needed_table(summary["critic_agreement_needed"]))
     splits = credit_splits(args.out, seeds, policies, setup)
     if splits:
@@ -685,4 +684,4 @@ def plot_curves(out: Path, policies: list[str], seeds: list[int], folders: dict 
 if __name__ == "__main__":
     from sweet.core.runs import run_cli
 
-    sys.exit(run_cli(main, prog="python bench/learning.py"))
+    sys.exit(run_cli(main, prog="python -m testbed.learning"))
