@@ -191,7 +191,7 @@ def needed_agreement(curve: Sequence[NoisyCritic], level: float, target: float) 
 
 @dataclass
 class AgreementNeeded:
-    """The figure of issue 23: per noise family (`FAMILIES`) and KL level, the agreement
+    """The agreement figure: per noise family (`FAMILIES`) and KL level, the agreement
     with A* a critic needs for per-turn DPO to reach trajectory DPO, the noisy-critic curve
     behind it, and where the learned critics (`sweet`, `sweet_no_info`, fitted as `predict`
     fits them) sit by the same measure."""

@@ -24,7 +24,7 @@ Computed:
            episode that succeeds, rejected = each worse one), β 0.1.
   - sweet_oracle / sweet / sweet_no_info: per-turn DPO (SWEET-RL stage 2) on every state
            the warm start visits: N candidates from π0 ranked by a critic, random
-           top-half vs bottom-half pairs, equal scores dropped (sweet_dpo.make_action_pairs);
+           top-half vs bottom-half pairs, equal scores dropped (sweet.algorithms.sweet_rl.make_action_pairs);
            the critic is A* given c (oracle), or the LM-head log-ratio critic
            A = log π_ψ/π0 fitted by Bradley-Terry on the same trajectory pairs, tabular
            over (history, c) or over histories alone.
@@ -38,7 +38,7 @@ a critic needs for per-turn DPO to reach MT-DPO is testbed/agreement.py; what
 each method reaches when the policy cannot tell some histories apart (e.g. blind to which
 question it asked) is testbed/policy_class.py.
 
-Figures (`--spec default`; shared/reference/testbed-theory.md in brackets): warm start
+Figures (`--spec default`; an earlier independent analysis's in brackets): warm start
 0.490 (0.490), optimum 0.784 (0.784), one round of RFT 0.556 at KL 0.073 (0.556 at 0.07),
 two rounds 0.608 (0.608); at KL 1 / 2: mtdpo 0.716 / 0.782 (0.704 / 0.782), sweet 0.718 /
 0.769, stopping at KL 1.71 (0.696 / 0.766), sweet_no_info 0.632 / 0.731 (0.643 / 0.734),
@@ -336,7 +336,7 @@ def optimal_action(s: TestbedSpec, h: tuple, order: Sequence[int] | None = None)
     """The optimal policy's action at node `h`; with `order` (a permutation of the facts),
     the same agent with its facts relabelled, fact order[k] taking the part of fact k.
     On the presets every fact has the same probabilities, so a relabelled agent is as good
-    (tests/colbench/test_testbed_exact.py checks it on default and long); with a random
+    (tests/testbed/test_exact.py checks it on default and long); with a random
     order per dialogue it asks a random side first, and what it asks next depends on which
     question it asked (the fixed order needs only the turn and whether it was told)."""
     order = tuple(range(s.facts)) if order is None else tuple(order)
@@ -608,7 +608,7 @@ def candidate_pairs(probs: tuple[float, ...], ranks: tuple[int, ...], n: int = 8
     """E[#pairs (a chosen, b rejected)] per drawn pair at one state: n candidates i.i.d.
     from `probs`, sorted by score (`ranks`: higher is better; ties in random order), a
     random one of the top n//2 against a random one of the bottom n//2, pairs with equal
-    scores dropped, as sweet_dpo.make_action_pairs does."""
+    scores dropped, as sweet.algorithms.sweet_rl.make_action_pairs does."""
     A, half = len(probs), n // 2
     out = np.zeros((A, A))
     actions = [a for a in range(A) if probs[a] > 0]
@@ -808,7 +808,7 @@ def sampled_stage2(bed: Bed, task_c: np.ndarray, rows: np.ndarray, score, rng: n
                    n_candidates: int = 8, pairs_per_state: int = 4) -> np.ndarray:
     """Stage 2's pairs on sampled episodes: at every non-final state of every episode,
     `n_candidates` from π0 ranked by the critic (ties in random order), `pairs_per_state`
-    random top-half vs bottom-half pairs, equal scores dropped (sweet_dpo.make_action_pairs)."""
+    random top-half vs bottom-half pairs, equal scores dropped (sweet.algorithms.sweet_rl.make_action_pairs)."""
     A, half = bed.n_actions, n_candidates // 2
     measure = np.zeros((len(bed.nodes), A, A))
     p0 = np.where(bed.legal, np.exp(bed.logp0), 0.0)

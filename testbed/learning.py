@@ -1,5 +1,5 @@
 """Proof of learning on CPU: every algorithm and SWEET-RL's ablations from one warm start,
-compared under one rule at matched KL from the warm start (issue 23, part 3).
+compared under one rule at matched KL from the warm start.
 
     python -m testbed.learning                                   # --spec default, 3 seeds (0, 1, 2)
     python -m testbed.learning --seeds 3 --seed-start 10         # seeds 10, 11, 12

@@ -7,7 +7,7 @@ explorer behaves. Presets by name (`spec(name)`, `PRESETS`):
 
     legacy    today's bed, bit for bit (testbed/env.py's tasks, human, scores):
               2 facts, 4 turns, every constant stated, no docstring, defaults never right
-    default   the bed of issue 23, whose luck lives in c: 2 facts, 3 turns (no spare),
+    default   the benchmark's bed, whose luck lives in c: 2 facts, 3 turns (no spare),
               each constant stated with p 0.75 (else an expression: "not sure"), a
               docstring with p 0.35 (the vague question then reads out both), one side
               per message, the untold guess right on half of the tasks, explorer p_ask 0.75

@@ -10,7 +10,7 @@ from testbed import agreement as ta
 from testbed import exact as te
 from testbed import spec as ts
 
-# 1 fact, 2 turns (as tests/colbench/test_testbed_exact.py): ask, the vague question or answer, then answer.
+# 1 fact, 2 turns (as tests/testbed/test_exact.py): ask, the vague question or answer, then answer.
 TINY = ts.TestbedSpec("tiny", facts=1, turns=2, p_state=0.75, p_doc=0.35, p_guess_right=0.5, p_ask=0.75)
 PI0 = {"answer": 0.25, "ask": 0.375, "vague": 0.375}  # p_ask 0.75 over two questions
 

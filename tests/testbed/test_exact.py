@@ -115,7 +115,7 @@ def test_default_spec_reproduces_the_theory(capsys):
     assert te.main(["--spec", "default", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert {"warm_start", "optimum", "rft", "mtdpo", "sweet", "sweet_no_info", "sweet_oracle"} <= set(out)
-    # exactly the theory doc's figures (shared/reference/testbed-theory.md)
+    # exactly the independent analysis's figures (in brackets in testbed/exact.py's docstring)
     assert out["warm_start"] == pytest.approx(0.490, abs=5e-4) and out["optimum"] == pytest.approx(0.784, abs=5e-4)
     assert [r["success"] for r in out["rft_rounds"]] == pytest.approx([0.556, 0.608], abs=5e-4)
     assert out["kl"]["rft"]["1.0"] == pytest.approx(0.073, abs=5e-4) and not out["reached"]["rft"]["1.0"]
