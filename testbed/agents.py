@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from colbench.protocols import AgentRequest
 from engines.base import Sample, SpecError
-from testbed import exact as testbed_exact
+from testbed import mdp
 from testbed import spec as testbed_spec
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ class ScriptedTestbedAgent:
     """The test bed's scripted agents, with no model: `explorer` samples the scripted
     explorer's next message (testbed_spec.sample_explorer) with a random stream per
     (task, episode seed, turn), so episodes are reproducible; `optimal` plays the exact
-    solver's optimal policy (testbed_exact.optimal_message). Each task's spec is read
+    solver's optimal policy (mdp.optimal_message). Each task's spec is read
     from the task (testbed_spec.task_spec). `env`, when given, must be the test bed."""
 
     needs_simulator = True
@@ -45,7 +45,7 @@ class ScriptedTestbedAgent:
             spec = testbed_spec.task_spec(r.task)
             history = [m["content"] for m in r.messages[2:]]  # after the system prompt and the description
             if self.kind == "optimal":
-                out.append(Sample(text=testbed_exact.optimal_message(spec, history)))
+                out.append(Sample(text=mdp.optimal_message(spec, history)))
                 continue
             rng = random.Random(f"{r.task.task_id}/{r.seed}/{len(history)}")
             out.append(Sample(text=testbed_spec.sample_explorer(spec, history, rng)))

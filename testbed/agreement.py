@@ -1,5 +1,5 @@
 """The agreement with the exact advantage A* that a critic needs for SWEET-RL's stage 2 to
-reach trajectory DPO, computed with the exact solver (testbed/exact.py).
+reach trajectory DPO, computed with the exact solver (testbed/predict.py).
 
     python -m testbed.agreement --spec long           # the table
     python -m testbed.agreement --spec default --json # one JSON object
@@ -28,13 +28,12 @@ from typing import Sequence
 
 import numpy as np
 
-from testbed.exact import (
-    Bed,
+from testbed.mdp import Bed, build
+from testbed.predict import (
     KL_LEVELS,
     Point,
     Prediction,
     add_solver_arguments,
-    build,
     check_solver_arguments,
     flow,
     oracle_scores,

@@ -19,7 +19,7 @@ Steps (each skipped when its output exists, so an interrupted run resumes):
      critic's credit split: how much of its margin on its own pairs sits on the answer and
      how much on the questions (summary.json "critic_credit").
 It prints both policies' held-out success with 95% intervals beside the exact solver's
-warm start and optimum (testbed.exact), the share of the distance to the
+warm start and optimum (testbed.predict), the share of the distance to the
 optimum SWEET-RL closed, whether the warm start passed its checks at once, and each policy's
 dialogues as the solver's actions (testbed.profile: early answers, the rate at
 which the second question repeats the first, ...; summary.json "dialogue"), and writes
@@ -39,7 +39,7 @@ from colbench.episodes import read_episodes
 from sweet.core.config import parse_configs
 from sweet.core.runs import run_cli, trainer_run
 from sweet.critic import inspect as inspect_critic
-from testbed import exact as testbed_exact
+from testbed import mdp
 from testbed import policy_class as testbed_policy_class
 from testbed import profile as testbed_profile
 from testbed import spec as testbed_spec
@@ -165,7 +165,7 @@ def main(cfg: DemoConfig) -> Path:
 def main_job_summary(rows: list[dict], spec: str) -> dict:
     """OUT/summary.json: {"warm_start": M, "sweet_rl": M, "optimum": v} with M =
     {"value", "ci95"} (held-out success), the optimum and the warm start's success as the
-    exact solver computes them (testbed.exact; None on the legacy bed, whose
+    exact solver computes them (testbed.predict; None on the legacy bed, whose
     optimum is 1), the share of the warm start's distance to the optimum closed, and
     "predicted_blind": SWEET-RL's success per KL level, its ceiling and repeat rate for a
     policy blind to the dialogue (testbed.policy_class, the turn class)."""
@@ -174,10 +174,10 @@ def main_job_summary(rows: list[dict], spec: str) -> dict:
     if testbed_spec.spec(spec).legacy:
         out["optimum"] = None
         return out
-    bed = testbed_exact.build(spec)
-    best = testbed_exact.optimum(bed)[0]
+    bed = mdp.build(spec)
+    best = mdp.optimum(bed)[0]
     warm = m["warm_start"]["value"]
-    predicted_warm = testbed_exact.evaluate(bed, bed.logp0).success
+    predicted_warm = mdp.evaluate(bed, bed.logp0).success
     out.update(optimum=round(best, 4), predicted_warm_start=round(predicted_warm, 4),
                gap_closed=(m["sweet_rl"]["value"] - warm) / (best - warm) if best > warm else None)
     # what SWEET-RL can reach if the policy cannot read which question it asked (the turn class)

@@ -33,7 +33,7 @@ This is the `legacy` preset of testbed/spec.py, which holds the knobs
 the explorer) and the other presets (`default`, `long`). `make_tasks(..., spec=NAME)`
 draws a preset's tasks; each carries `meta["spec"]`, from which the env and the
 scripted human read their rules (a task without one is legacy). The exact solver of
-any spec is testbed/exact.py.
+any spec is testbed/mdp.py (values, A*, the optimal policy) and testbed/predict.py.
 """
 
 from __future__ import annotations

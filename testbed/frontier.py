@@ -266,21 +266,21 @@ def solver_name(policy: str) -> str:
 
 
 def prediction(spec: str, setup, finite_reps: int, out: Path) -> dict:
-    """The exact solver's success per policy and KL level (testbed.exact:
+    """The exact solver's success per policy and KL level (testbed.predict:
     `predict`, the population limit, or `predict_finite` at the benchmark's budget with
     --predict-finite REPS), with the warm start's and the optimum; cached in
     OUT/prediction.json under its settings."""
-    from testbed import exact as testbed_exact
+    from testbed import mdp, predict
 
     key = {"spec": spec, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates,
            "finite_reps": finite_reps, "n_tasks": setup.n_train}
     cache = out / "prediction.json"
     if cache.exists() and (d := json.loads(cache.read_text())).get("key") == key and "policy_class" in d:
         return d
-    p = testbed_exact.predict(spec, episodes_per_task=setup.episodes_per_task, candidates=setup.candidates).to_json()
+    p = predict.predict(spec, episodes_per_task=setup.episodes_per_task, candidates=setup.candidates).to_json()
     methods = {m: p[m] for m in PREDICTED}
     if finite_reps:
-        finite = testbed_exact.predict_finite(spec, finite_reps, setup.n_train, setup.episodes_per_task,
+        finite = predict.predict_finite(spec, finite_reps, setup.n_train, setup.episodes_per_task,
                                               candidates=setup.candidates)
         methods = {m: {f"{k:.1f}": round(v[0], 4) for k, v in by.items()} for m, by in finite.items()}
     d = {"key": key, "source": "predict_finite" if finite_reps else "predict",
@@ -295,12 +295,12 @@ def policy_classes(spec: str, setup) -> dict:
     """The solver's flows with the logits tied over the turn alone (a policy blind to the
     dialogue, testbed.policy_class) beside the tabular ones: per class and
     method, success and the repeat rate at each KL level (population limit)."""
-    from testbed import exact as testbed_exact
+    from testbed import mdp, predict
     from testbed import policy_class as testbed_policy_class
 
     _, preds = testbed_policy_class.predict_classes(spec, ("history", "turn"), episodes_per_task=setup.episodes_per_task,
                                                     candidates=setup.candidates)
-    bed = testbed_exact.build(spec)
+    bed = mdp.build(spec)
     return {"warm_start_repeat_rate": round(testbed_policy_class.repeat_rate(bed, bed.logp0), 4),
             **{p.name: {"optimum": round(p.optimum, 4), "methods": {m: p.to_json()[m] for m in p.methods},
                         "repeat_rate": p.to_json()["repeat_rate"]} for p in preds}}

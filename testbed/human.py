@@ -20,7 +20,7 @@ from colbench.protocols import ANSWER_MARKER
 from colbench.types import Task
 from simulators.base import SimReply, SimRequest
 from testbed import spec as testbed_spec
-from testbed.exact import optimal_message
+from testbed.mdp import optimal_message
 
 DONT_KNOW = testbed_spec.DONT_KNOW
 
@@ -96,7 +96,7 @@ def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6) -> lis
 
 
 def optimal_dialogue(task: Task, order: Sequence[int] | None = None) -> list[tuple[str, str]]:
-    """A dialogue of the exact solver's optimal agent (testbed.exact:
+    """A dialogue of the exact solver's optimal agent (testbed.mdp:
     `optimal_message`; `order` relabels its facts) against the scripted human on a spec
     task, as (role, text) pairs: what imitating the optimal policy teaches
     (testbed.warm_start --teacher optimal, optimal_shuffled)."""

@@ -34,7 +34,7 @@ train stream, never test tasks; --val-episodes per task), then used for every se
 
 Intervals: 95% percentile bootstrap over (seed x test task) clusters; differences of two
 policies (`pairs`) use the same resamples for both (paired). Predictions: the exact solver
-(testbed.exact `predict`, or `predict_finite` with --predict-finite REPS at the
+(testbed.predict `predict`, or `predict_finite` with --predict-finite REPS at the
 benchmark's budget), cached in OUT/prediction.json.
 
 Policies: warm_start, rft, mtdpo, sweet, loop, and the paper's SWEET-RL ablations

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from sweet.core.records import State
-from testbed import exact as testbed_exact
+from testbed import mdp
 from testbed import spec as testbed_spec
 from testbed.env import MAX_TURNS, constants_from_reference, optimal_advantage
 
@@ -24,7 +24,7 @@ class OracleScorer:
     env:       the environment name; only "testbed" has an exact advantage.
     spec:      the test-bed spec of the tasks (testbed/spec.py); legacy keeps
                today's reward-valued advantage, any other spec the solver's success-valued
-               A* (testbed.exact.exact_advantage).
+               A* (testbed.mdp.exact_advantage).
     """
 
     def __init__(self, tokenizer, env: str = "testbed", spec: str = "legacy"):
@@ -48,7 +48,7 @@ def exact_advantages(state: State, texts: Sequence[str], spec: testbed_spec.Test
     s = testbed_spec.spec(spec)
     replies = [m["content"] for m in state.prompt if m["role"] == "user"][1:]  # the first is the description
     if not s.legacy:
-        return [testbed_exact.exact_advantage(s, state.training_info, replies, text, s.turns - state.turn_index)
+        return [mdp.exact_advantage(s, state.training_info, replies, text, s.turns - state.turn_index)
                 for text in texts]
     a, b = constants_from_reference(state.training_info)
     turns_left = MAX_TURNS - state.turn_index

@@ -65,7 +65,7 @@ class TestbedSetup:
     def for_spec(cls, name: str, **sizes: Any) -> "TestbedSetup":
         """The setup of a test-bed preset: its train, validation and test tasks and its turn
         limit. A non-legacy spec is evaluated at temperature 1.0, the policy itself, so
-        that its success is the quantity the exact solver predicts (testbed.exact),
+        that its success is the quantity the exact solver predicts (testbed.predict),
         with 2 episodes on each of its many test tasks: most of the variance is between
         draws of c (measured on 64 tasks x 8: between-task variance 0.145, within 0.10),
         so 256 tasks x 2 halve the interval of 64 x 8 at the same cost."""

@@ -3,7 +3,7 @@
     python -m testbed.policy_class --spec default          # the table
     python -m testbed.policy_class --spec default --json   # one JSON object
 
-The exact solver (testbed/exact.py) gives every history its own logits: a
+The exact solver (testbed/predict.py) gives every history its own logits: a
 tabular policy, which can learn "after asking about positive numbers, ask about negative
 ones" as freely as "do not answer at once". A language model's question choice is a
 function of features of the dialogue, and the warm start imitates an explorer whose
@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from testbed import exact as tx
+from testbed import mdp, predict
 from testbed.spec import TestbedSpec
 
 CLASSES: dict[str, Callable[[tuple], object]] = {
@@ -45,7 +45,7 @@ CLASSES: dict[str, Callable[[tuple], object]] = {
 }
 
 
-def tie_classes(bed: tx.Bed, name: str) -> np.ndarray:
+def tie_classes(bed: mdp.Bed, name: str) -> np.ndarray:
     """[N] class id of each node of `bed` under policy class `name` (CLASSES). Raises if the
     warm start itself differs inside a class (then the class could not start from it)."""
     if name not in CLASSES:
@@ -70,16 +70,16 @@ def tied(grad, tie: np.ndarray):
     return g
 
 
-def success_grad(bed: tx.Bed):
+def success_grad(bed: mdp.Bed):
     """−dS/dθ for S = E_c E_{τ~π}[success]: the exact policy gradient (ascent on success)."""
     def g(logpi: np.ndarray) -> np.ndarray:
-        ev = tx.evaluate(bed, logpi)
-        return tx._scatter(bed, -(bed.pc[bed.c] * ev.prob * bed.success), logpi)
+        ev = mdp.evaluate(bed, logpi)
+        return mdp._scatter(bed, -(bed.pc[bed.c] * ev.prob * bed.success), logpi)
 
     return g
 
 
-def class_optimum(bed: tx.Bed, tie: np.ndarray, restarts: int = 8, steps: int = 2000, lr: float = 2.0,
+def class_optimum(bed: mdp.Bed, tie: np.ndarray, restarts: int = 8, steps: int = 2000, lr: float = 2.0,
                   seed: int = 0) -> tuple[float, np.ndarray]:
     """The best success a policy of the class reaches: gradient ascent on the exact success,
     from the warm start and from `restarts` random perturbations of it (the bed is symmetric
@@ -94,21 +94,21 @@ def class_optimum(bed: tx.Bed, tie: np.ndarray, restarts: int = 8, steps: int = 
         if r:
             theta = theta + rng.normal(0.0, 1.0, (int(tie.max()) + 1, theta.shape[1]))[tie]
         for _ in range(steps):
-            theta = theta - lr * grad(tx.log_policy(bed, theta))
-        logpi = tx.log_policy(bed, theta)
-        success = tx.evaluate(bed, logpi).success
+            theta = theta - lr * grad(mdp.log_policy(bed, theta))
+        logpi = mdp.log_policy(bed, theta)
+        success = mdp.evaluate(bed, logpi).success
         if best is None or success > best[0] + 1e-9:
             best = (success, logpi)
     return best
 
 
-def repeat_rate(bed: tx.Bed, logpi: np.ndarray) -> float:
+def repeat_rate(bed: mdp.Bed, logpi: np.ndarray) -> float:
     """P(the second question repeats the first | the dialogue asks twice before answering):
     1/3 for the default bed's warm start (uniform over three questions), and for any policy
     whose two questions ignore each other and are symmetric between the sides; 0 for one
     that reads which question it asked (or follows a convention). NaN where no dialogue
     asks twice."""
-    ev = tx.evaluate(bed, logpi)
+    ev = mdp.evaluate(bed, logpi)
     A, n = bed.n_actions, bed.spec.facts
     if bed.fi.shape[1] < 3:
         return float("nan")
@@ -126,7 +126,7 @@ class ClassPrediction:
     name: str
     n_classes: int
     optimum: float
-    methods: dict[str, dict[float, tx.Point]]
+    methods: dict[str, dict[float, predict.Point]]
     repeat_rate: dict[str, dict[float, float]]  # each method's policy where its path crosses each level
 
     def to_json(self) -> dict:
@@ -144,7 +144,7 @@ TIED_METHODS = ("mtdpo", "sweet", "sweet_no_info", "sweet_oracle")  # RFT's one-
 
 
 def predict_classes(spec: str | TestbedSpec, classes: Sequence[str] = tuple(CLASSES),
-                    levels: Sequence[float] = tx.KL_LEVELS, episodes_per_task: int = 8, candidates: int = 8,
+                    levels: Sequence[float] = predict.KL_LEVELS, episodes_per_task: int = 8, candidates: int = 8,
                     beta: float = 0.1, critic_steps: int = 400,
                     methods: Sequence[str] = TIED_METHODS) -> tuple[float, list[ClassPrediction]]:
     """The warm start's success and, per policy class, what mtdpo, sweet (the LM-head critic
@@ -154,13 +154,13 @@ def predict_classes(spec: str | TestbedSpec, classes: Sequence[str] = tuple(CLAS
     bad = [m for m in methods if m not in TIED_METHODS]
     if bad or not methods:
         raise ValueError(f"methods: {', '.join(bad) or '(none)'}; one or more of {', '.join(TIED_METHODS)}")
-    bed = tx.build(spec)
-    pairs = tx.trajectory_pairs(bed, episodes_per_task)
+    bed = mdp.build(spec)
+    pairs = predict.trajectory_pairs(bed, episodes_per_task)
     fits = {"sweet": True, "sweet_no_info": False}
-    critics = {m: (tx.oracle_scores(bed) if m == "sweet_oracle" else tx.fit_critic(bed, pairs, fits[m], critic_steps).score)
+    critics = {m: (predict.oracle_scores(bed) if m == "sweet_oracle" else predict.fit_critic(bed, pairs, fits[m], critic_steps).score)
                for m in methods if m != "mtdpo"}
-    grads = {**({"mtdpo": tx.mtdpo_grad(bed, pairs, beta)} if "mtdpo" in methods else {}),
-             **{m: tx.per_turn_grad(bed, tx.stage2_measure(bed, score, candidates), beta)
+    grads = {**({"mtdpo": predict.mtdpo_grad(bed, pairs, beta)} if "mtdpo" in methods else {}),
+             **{m: predict.per_turn_grad(bed, predict.stage2_measure(bed, score, candidates), beta)
                 for m, score in critics.items()}}
     out = []
     for name in classes:
@@ -171,14 +171,14 @@ def predict_classes(spec: str | TestbedSpec, classes: Sequence[str] = tuple(CLAS
             methods[m], at_level = _flow_with_policies(bed, tied(grad, tie), levels)
             repeats[m] = {k: repeat_rate(bed, logpi) for k, logpi in at_level.items()}
         out.append(ClassPrediction(name, int(tie.max()) + 1, best, methods, repeats))
-    return tx.evaluate(bed, bed.logp0).success, out
+    return mdp.evaluate(bed, bed.logp0).success, out
 
 
-def _flow_with_policies(bed: tx.Bed, grad, levels: Sequence[float]) -> tuple[dict[float, tx.Point], dict[float, np.ndarray]]:
+def _flow_with_policies(bed: mdp.Bed, grad, levels: Sequence[float]) -> tuple[dict[float, predict.Point], dict[float, np.ndarray]]:
     """`testbed_exact.flow`, and per level the first policy of the path at or past it (the
     path's last where it stops short), for the repeat rate."""
     seen: list[tuple[float, np.ndarray]] = [(0.0, bed.logp0)]
-    points = tx.flow(bed, grad, levels, on_step=lambda kl, logpi: seen.append((kl, logpi)))
+    points = predict.flow(bed, grad, levels, on_step=lambda kl, logpi: seen.append((kl, logpi)))
     return points, {k: next((lp for kl, lp in seen if kl >= k), seen[-1][1]) for k in levels}
 
 
@@ -202,10 +202,10 @@ def format_table(spec: str, warm: float, preds: list[ClassPrediction], warm_repe
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testbed.policy_class",
                                      description=__doc__.split("\n\n")[0])
-    tx.add_solver_arguments(parser)
+    predict.add_solver_arguments(parser)
     parser.add_argument("--classes", default=",".join(CLASSES), help=f"comma-separated, of {', '.join(CLASSES)}")
     args = parser.parse_args(argv)
-    tx.check_solver_arguments(parser, args, {})
+    predict.check_solver_arguments(parser, args, {})
     classes = [c for c in args.classes.split(",") if c]
     bad = [c for c in classes if c not in CLASSES]
     if bad or not classes:
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"spec": args.spec, "warm_start": round(warm, 4), **{p.name: p.to_json() for p in preds}}))
     else:
-        bed = tx.build(args.spec)
+        bed = mdp.build(args.spec)
         print(format_table(args.spec, warm, preds, repeat_rate(bed, bed.logp0)))
     return 0
 

@@ -2,7 +2,7 @@
 
     python -m testbed.profile RUN/leaderboard/episodes/*.jsonl --spec default
 
-Each agent message is mapped to the solver's action (testbed.exact:
+Each agent message is mapped to the solver's action (testbed.mdp:
 `abstract_history`): ask about one fact, the vague question, or answer. Per episodes file:
 
     success       the episodes' success rate
@@ -33,7 +33,7 @@ from colbench.episodes import read_episodes
 from colbench.stats import Metric, bootstrap_ci
 from colbench.types import Episode
 from testbed import spec as ts
-from testbed.exact import abstract_history
+from testbed.mdp import abstract_history
 
 FIELDS = ("success", "early", "repeat", "vague_first", "faithful")
 

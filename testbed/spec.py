@@ -12,7 +12,7 @@ explorer behaves. Presets by name (`spec(name)`, `PRESETS`):
               docstring with p 0.35 (the vague question then reads out both), one side
               per message, the untold guess right on half of the tasks, explorer p_ask 0.75
     long      3 facts, 5 turns (one spare): the horizon on which the exact solver
-              (testbed.exact) puts per-turn DPO with the exact critic above
+              (testbed.predict) puts per-turn DPO with the exact critic above
               trajectory DPO
 
 Everything the human does is decided by the task's hidden reference (c), and only by it:

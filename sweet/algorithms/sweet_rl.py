@@ -284,6 +284,17 @@ def candidates_row(state: State, samples, advantages: Sequence[float]) -> Candid
 # ---- ranking and pairing ---------------------------------------------------------------
 
 
+def rank_halves(scores: Sequence[float]) -> tuple[list[int], list[int]]:
+    """Stage 2's ranking of one state's candidates, pure: the indices of the top and the
+    bottom half by score, highest first (a stable sort: tied candidates keep their order;
+    an odd count leaves the median out of both halves; fewer than two: no halves). A pair
+    is a top one against a bottom one with a lower score. The test bed's exact solver pairs
+    with it too (testbed/predict.py)."""
+    order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
+    half = len(order) // 2
+    return (order[:half], order[-half:]) if half else ([], [])
+
+
 def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs_per_state: int,
                       rng: random.Random) -> tuple[list[Pair[Candidate]], dict[str, float]]:
     """Per state: rank candidates by advantage, draw `pairs_per_state` (top-half, bottom-half)
@@ -302,9 +313,7 @@ def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs
         if max(advs) == min(advs):
             tied += 1
             continue
-        ranked = sorted(cands, key=lambda c: c.advantage, reverse=True)
-        half = len(ranked) // 2  # an odd K leaves the median candidate out of both halves
-        top, bottom = ranked[:half], ranked[-half:]
+        top, bottom = ([cands[i] for i in idx] for idx in rank_halves(advs))
         for _ in range(pairs_per_state):
             chosen, rejected = rng.choice(top), rng.choice(bottom)
             if chosen.advantage > rejected.advantage:

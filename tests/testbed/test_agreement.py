@@ -7,7 +7,7 @@ import json
 import pytest
 
 from testbed import agreement as ta
-from testbed import exact as te
+from testbed import mdp, predict
 from testbed import spec as ts
 
 # 1 fact, 2 turns (as tests/testbed/test_exact.py): ask, the vague question or answer, then answer.
@@ -17,15 +17,15 @@ PI0 = {"answer": 0.25, "ask": 0.375, "vague": 0.375}  # p_ask 0.75 over two ques
 
 @pytest.fixture(scope="module")
 def default_agreement():
-    base = te.predict("default")
+    base = predict.predict("default")
     return base, ta.agreement_needed("default", base=base)
 
 
 def test_population_agreement_by_hand():
     import numpy as np
 
-    bed = te.build(TINY)
-    oracle = ta.score_table(bed, te.oracle_scores(bed))
+    bed = mdp.build(TINY)
+    oracle = ta.score_table(bed, predict.oracle_scores(bed))
     assert ta.population_agreement(bed, oracle).overall == 1.0  # the oracle orders every pair as itself
     assert ta.population_agreement(bed, -oracle).overall == 0.0  # reversed: none
     flat = ta.population_agreement(bed, np.zeros_like(oracle))  # every pair a tie: half each, none split
@@ -37,7 +37,7 @@ def test_population_agreement_by_hand():
     ranked = np.tile([1.0, 0.5, 0.0], (len(oracle), 1))
     wrong = 0.35 * 0.25 * 0.5 * 0.375 ** 2
     total = 0.0
-    for c, p in te.c_types(TINY):
+    for c, p in mdp.c_types(TINY):
         q = {"answer": float(c.lucky[0]), "ask": float(c.stated[0] or c.lucky[0]), "vague": float(c.doc or c.lucky[0])}
         for a, b in (("answer", "ask"), ("answer", "vague"), ("ask", "vague")):
             total += p * PI0[a] * PI0[b] * (q[a] != q[b])
@@ -53,7 +53,7 @@ def test_noisy_critics_go_from_the_oracle_towards_chance(default_agreement):
         oracle = rows[0]  # σ 0: the oracle itself, agreement 1, the same stage 2 as sweet_oracle
         assert oracle.sigma == 0 and oracle.agreement.overall == 1.0
         assert set(oracle.agreement.per_turn.values()) == {1.0}
-        for k in te.KL_LEVELS:
+        for k in predict.KL_LEVELS:
             assert oracle.success[k] == pytest.approx(base.methods["sweet_oracle"][k].success, abs=1e-12)
         # one draw of ε serves every σ: agreement can only fall along the grid
         agreement = [r.agreement.overall for r in rows]
@@ -62,8 +62,8 @@ def test_noisy_critics_go_from_the_oracle_towards_chance(default_agreement):
     assert all(r.agreement.ties_split == 1.0 for r in a.curves["ties_broken"][1:])
     assert all(r.agreement.ties_split == 0.0 for r in a.curves["ties_kept"])
     # far noisier than Q*'s 0-1 range: a coin flip per pair
-    bed = te.build("default")
-    oracle = ta.score_table(bed, te.oracle_scores(bed))
+    bed = mdp.build("default")
+    oracle = ta.score_table(bed, predict.oracle_scores(bed))
     noise = np.random.default_rng(1).standard_normal((4, *oracle.shape))
     chance = np.mean([ta.population_agreement(bed, oracle + 1e4 * eps, oracle).overall for eps in noise])
     assert chance == pytest.approx(0.5, abs=0.06)
@@ -108,7 +108,7 @@ def test_the_cli_prints_agreement_needed(capsys, default_agreement):
     needed = json.loads(capsys.readouterr().out)
     assert needed == json.loads(json.dumps(default_agreement[1].to_json()))  # the CLI's object is agreement_needed's
     assert set(needed["families"]) == set(ta.FAMILIES)
-    assert needed["mtdpo"] == te.predict("default").to_json()["mtdpo"]
+    assert needed["mtdpo"] == predict.predict("default").to_json()["mtdpo"]
     assert needed["families"]["ties_broken"]["needed"]["1.0"]["status"] == "none"
     assert "agreement needed to reach mtdpo: KL 0.5 none suffices" in ta.format_agreement(default_agreement[1])
 

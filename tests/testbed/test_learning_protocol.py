@@ -64,14 +64,14 @@ def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
     are evaluated as the warm start (said in their notes): the summary's schema, the search
     record (a grid of 1 and 3, a tie goes to 1), and the solver's finite-sample predictions
     at the run's own budget (4 tasks x 8 episodes)."""
-    from testbed import exact as testbed_exact
+    from testbed import predict
 
     summary = run_bench(tmp_path / "out", "--policies", "rft,mtdpo", "--hp-grid", "1,3", "--predict-finite", "2",
                         "--val-limit", "8", "--warm-start", str(smoke_warm_start))
     assert summary["spec"] == "default" and summary["seeds"] == 1
     check_schema(summary, ["warm_start", "rft", "mtdpo"])
-    finite = testbed_exact.predict_finite("default", 2, 4, 8, candidates=8)
-    population = testbed_exact.predict("default")
+    finite = predict.predict_finite("default", 2, 4, 8, candidates=8)
+    population = predict.predict("default")
     for name in ("rft", "mtdpo"):
         assert summary["policies"][name]["predicted"] == {f"{k:.1f}": round(v[0], 4) for k, v in finite[name].items()}
     assert summary["policies"]["warm_start"]["predicted"] == round(population.warm_start, 4)

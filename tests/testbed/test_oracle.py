@@ -118,7 +118,7 @@ def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):
 
 
 def test_oracle_on_another_spec_scores_the_solvers_advantage():
-    """With `spec`, the oracle ranks by testbed.exact.exact_advantage (success-valued)."""
+    """With `spec`, the oracle ranks by testbed.mdp.exact_advantage (success-valued)."""
     from testbed import spec as ts
     from testbed.env import TestbedEnv, make_tasks
     from colbench.types import Turn

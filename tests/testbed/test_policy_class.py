@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from testbed import exact as te
+from testbed import mdp, predict
 from testbed import policy_class as pc
 
 
 @pytest.fixture(scope="module")
 def bed():
-    return te.build("default")
+    return mdp.build("default")
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +24,10 @@ def classes():
 
 def test_history_class_is_the_solver_itself(classes):
     warm, preds = classes
-    base = te.predict("default")
+    base = predict.predict("default")
     assert warm == pytest.approx(base.warm_start)
     history = preds[0]
-    assert history.n_classes == len(te.build("default").nodes)
+    assert history.n_classes == len(mdp.build("default").nodes)
     assert history.optimum == pytest.approx(base.optimum, abs=1e-3)
     for m in ("mtdpo", "sweet", "sweet_no_info", "sweet_oracle"):
         for k, point in history.methods[m].items():
@@ -36,15 +36,15 @@ def test_history_class_is_the_solver_itself(classes):
 
 def test_a_tied_path_stays_tied(bed):
     tie = pc.tie_classes(bed, "turn")
-    pairs = te.trajectory_pairs(bed, 8)
-    _, at_level = pc._flow_with_policies(bed, pc.tied(te.mtdpo_grad(bed, pairs), tie), (0.5,))
+    pairs = predict.trajectory_pairs(bed, 8)
+    _, at_level = pc._flow_with_policies(bed, pc.tied(predict.mtdpo_grad(bed, pairs), tie), (0.5,))
     logpi = at_level[0.5]
-    assert te.evaluate(bed, logpi).kl == pytest.approx(0.5, abs=0.05)
+    assert mdp.evaluate(bed, logpi).kl == pytest.approx(0.5, abs=0.05)
     for k in range(tie.max() + 1):
         rows = logpi[tie == k]
         assert np.allclose(np.where(np.isfinite(rows), rows, 0), np.where(np.isfinite(rows[0]), rows[0], 0))
     # untied, the same flow gives nodes of one turn different policies
-    _, free = pc._flow_with_policies(bed, te.mtdpo_grad(bed, pairs), (0.5,))
+    _, free = pc._flow_with_policies(bed, predict.mtdpo_grad(bed, pairs), (0.5,))
     first_turn = [i for i, h in enumerate(bed.nodes) if len(h) == 1]
     assert not np.allclose(np.exp(free[0.5][first_turn[0]]), np.exp(free[0.5][first_turn[1]]), atol=1e-3)
 
@@ -59,7 +59,7 @@ def test_a_blind_policy_reaches_its_optimum_only_by_a_convention(bed):
     for i, h in enumerate(bed.nodes):
         a = {0: 0, 1: 1}.get(len(h), n + 1)
         conv[i, a] = 0.0
-    by_hand = te.evaluate(bed, conv).success
+    by_hand = mdp.evaluate(bed, conv).success
     assert best == pytest.approx(by_hand, abs=2e-3) and by_hand == pytest.approx(0.7652, abs=1e-3)
     assert symmetric < best - 0.1  # ascent from the symmetric warm start never picks a side
     assert pc.repeat_rate(bed, logpi) < 0.01
@@ -67,7 +67,7 @@ def test_a_blind_policy_reaches_its_optimum_only_by_a_convention(bed):
 
 def test_repeat_rate_of_the_warm_start_and_the_optimum(bed):
     assert pc.repeat_rate(bed, bed.logp0) == pytest.approx(1 / 3)
-    _, best = te.optimum(bed)
+    _, best = mdp.optimum(bed)
     opt = np.full(bed.legal.shape, -np.inf)
     for i, h in enumerate(bed.nodes):
         opt[i, best.get(h, bed.spec.facts + 1)] = 0.0
@@ -90,7 +90,7 @@ def test_blind_policies_stop_near_060_by_every_method(classes):
 
 def test_unknown_class_and_cli(capsys):
     with pytest.raises(ValueError, match="unknown policy class"):
-        pc.tie_classes(te.build("default"), "nope")
+        pc.tie_classes(mdp.build("default"), "nope")
     with pytest.raises(SystemExit):
         pc.main(["--classes", "nope"])
     assert "--classes: unknown nope" in capsys.readouterr().err

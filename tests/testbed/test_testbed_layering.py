@@ -34,7 +34,7 @@ def test_no_package_below_the_lab_imports_it():
 
 def test_the_checker_catches_a_function_level_import(tmp_path):
     fake = tmp_path / "m.py"
-    fake.write_text("def f():\n    from testbed import exact\n    import testbed.spec\n")
+    fake.write_text("def f():\n    from testbed import mdp\n    import testbed.spec\n")
     assert imported_modules(fake) == {"testbed", "testbed.spec"}
 
 

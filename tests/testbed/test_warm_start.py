@@ -96,7 +96,8 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
 def test_the_optimal_teacher_imitates_the_solvers_optimal_agent():
     """--teacher optimal: the dialogues are the exact solver's optimal agent's, their scored
     success is the solver's optimum on those tasks, and they never repeat a question."""
-    from testbed import exact as testbed_exact, profile as testbed_profile
+    from testbed import mdp
+    from testbed import profile as testbed_profile
     from testbed.env import make_tasks
     from sweet.core.models import load_tokenizer
     from testbed.warm_start import WarmStartConfig, scripted_episodes
@@ -105,8 +106,8 @@ def test_the_optimal_teacher_imitates_the_solvers_optimal_agent():
     tasks = make_tasks("train", spec="default")
     for ep in eps[:8]:
         texts = [t.content for t in ep.turns]
-        assert all(texts[i] == testbed_exact.optimal_message("default", texts[:i]) for i in range(0, len(texts), 2))
-    assert sum(e.success for e in eps) / 56 == pytest.approx(testbed_exact.expected_success_on("default", tasks, "optimal"))
+        assert all(texts[i] == mdp.optimal_message("default", texts[:i]) for i in range(0, len(texts), 2))
+    assert sum(e.success for e in eps) / 56 == pytest.approx(mdp.expected_success_on("default", tasks, "optimal"))
     prof = testbed_profile.profile("default", eps)
     assert prof.metrics["repeat"].value == 0.0 and prof.metrics["early"].value == 0.0
     with pytest.raises(ValueError, match="teacher"):
@@ -124,7 +125,8 @@ def test_the_shuffled_optimal_teacher_asks_either_side_first_and_never_repeats()
     import itertools
     import math
 
-    from testbed import exact as testbed_exact, profile as testbed_profile
+    from testbed import mdp
+    from testbed import profile as testbed_profile
     from testbed.env import make_tasks
     from sweet.core.models import load_tokenizer
     from testbed.warm_start import scripted_episodes
@@ -135,12 +137,12 @@ def test_the_shuffled_optimal_teacher_asks_either_side_first_and_never_repeats()
     for ep in eps:
         texts = [t.content for t in ep.turns]
         firsts.add(texts[0])
-        assert any(all(texts[i] == testbed_exact.optimal_message("default", texts[:i], order)
+        assert any(all(texts[i] == mdp.optimal_message("default", texts[:i], order)
                        for i in range(0, len(texts), 2)) for order in itertools.permutations(range(2))), texts
     assert len(firsts) == 2
     prof = testbed_profile.profile("default", eps)
     assert prof.metrics["repeat"].value == 0.0 and prof.metrics["early"].value == 0.0
     tasks = make_tasks("train", spec="default")
-    exact = testbed_exact.expected_success_on("default", [tasks[i % len(tasks)] for i in range(n)], "optimal_shuffled")
+    exact = mdp.expected_success_on("default", [tasks[i % len(tasks)] for i in range(n)], "optimal_shuffled")
     rate = sum(e.success for e in eps) / n
     assert abs(rate - exact) <= 1.96 * math.sqrt(exact * (1 - exact) / n), (rate, exact)
