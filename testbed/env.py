@@ -265,7 +265,7 @@ def optimal_advantage(history: Sequence[str], action: str, a: int, b: int, turns
                 (turns_left == 1, as the runner scores it), it is the answer: half a
                 point per constant it gets right (`_answer_reward`). Otherwise it is a
                 question that reveals A if it says "positive" and B if it says
-                "negative" (the scripted human's rule, simulators/testbed.reply_for).
+                "negative" (the scripted human's rule, testbed.human.reply_for).
     turns_left: agent turns left, this one included (MAX_TURNS - turn index).
 
     It sees the hidden constants, as the critic sees c: a lucky guess of an untold
