@@ -10,9 +10,9 @@ Agent spec strings (the `--agent` flag of `python -m colbench.evaluate`):
     tiny | hf:<path> | vllm:<path> | openai:<model>@<url>   a model (engines.load_engine)
     reference                 answers at once with the hidden reference (upper bound)
     explorer | optimal        testbed only: the scripted explorer (the warm start's teacher,
-                              colbench.envs.testbed_spec.explorer_probs) or the exact
-                              solver's optimal policy (colbench.envs.testbed_exact), per
-                              task's spec; no model
+                              testbed.spec.explorer_probs) or the exact
+                              solver's optimal policy (testbed.mdp), per
+                              task's spec; no model (SCRIPTED_AGENTS: testbed/agents.py)
     replay:<file.jsonl>       answers at once with recorded answers, rows {"task_id", "answer"}
     <name>=<spec>             any of the above, shown under <name> in reports
 
@@ -129,41 +129,12 @@ class ReferenceAgent:
         return [Sample(text=_fenced(self.env, r.task.hidden)) for r in requests]
 
 
-SCRIPTED_TESTBED = ("explorer", "optimal")
-
-
-class ScriptedTestbedAgent:
-    """The test bed's scripted agents, with no model: `explorer` samples the scripted
-    explorer's next message (testbed_spec.sample_explorer) with a random stream per
-    (task, episode seed, turn), so episodes are reproducible; `optimal` plays the exact
-    solver's optimal policy (testbed_exact.optimal_message). Each task's spec is read
-    from the task (testbed_spec.task_spec)."""
-
-    needs_simulator = True
-
-    def __init__(self, kind: str, name: str | None = None):
-        if kind not in SCRIPTED_TESTBED:
-            raise ValueError(f"scripted test-bed agent must be one of {SCRIPTED_TESTBED}, got {kind!r}")
-        self.kind = kind
-        self.name = name or kind
-
-    def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
-        import random
-
-        from colbench.envs import testbed_exact, testbed_spec
-
-        out = []
-        for r in requests:
-            if r.task.env != "testbed":
-                raise ValueError(f"agent {self.kind!r} plays the test bed only; task {r.task.task_id} is {r.task.env!r}")
-            spec = testbed_spec.task_spec(r.task)
-            history = [m["content"] for m in r.messages[2:]]  # after the system prompt and the description
-            if self.kind == "optimal":
-                out.append(Sample(text=testbed_exact.optimal_message(spec, history)))
-                continue
-            rng = random.Random(f"{r.task.task_id}/{r.seed}/{len(history)}")
-            out.append(Sample(text=testbed_spec.sample_explorer(spec, history, rng)))
-        return out
+# Scripted agents, no model: "module:Class" loaded on use (colbench.registry), called as
+# Class(kind, env=env, name=name). explorer and optimal are the test bed's (testbed/agents.py).
+SCRIPTED_AGENTS: dict[str, str] = {
+    "explorer": "testbed.agents:ScriptedTestbedAgent",
+    "optimal": "testbed.agents:ScriptedTestbedAgent",
+}
 
 
 def read_replay(path: str | Path, task_ids: set[str] | None = None) -> dict[str, str]:
@@ -227,7 +198,7 @@ def check_agent_spec(spec: str, task_ids: set[str] | None = None) -> None:
         raise SpecError("empty agent spec: expected a model spec, 'reference', 'explorer', 'optimal' or "
                         "'replay:<file.jsonl>'")
     _, body = _split_name(spec)
-    if body == "reference" or body in SCRIPTED_TESTBED:
+    if body == "reference" or body in SCRIPTED_AGENTS:
         return
     if body.startswith("replay:"):
         file = body[len("replay:"):]
@@ -258,10 +229,10 @@ def load_agent(spec: str, env: "Environment", *, sampling: SamplingParams,
     name = name or derived
     if body == "reference":
         return ReferenceAgent(env, name=name)
-    if body in SCRIPTED_TESTBED:
-        if env.name != "testbed":
-            raise SpecError(f"agent {spec!r} plays the test bed only (--env testbed), not {env.name!r}")
-        return ScriptedTestbedAgent(body, name=name)
+    if body in SCRIPTED_AGENTS:
+        from colbench.registry import load_target
+
+        return load_target(SCRIPTED_AGENTS[body])(body, env=env, name=name)
     if body.startswith("replay:"):
         return ReplayAgent(env, body[len("replay:"):], name=name, task_ids=task_ids)
     from engines import load_engine

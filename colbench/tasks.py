@@ -4,7 +4,7 @@ Sources (the `source` argument):
 
     path/to/rows.jsonl | .json | .parquet   a local file in the official row format
     builtin:train | builtin:test            the sets bundled in tasks/<env>/ (see tasks/README.md)
-    builtin:<spec>/train | .../test         env testbed only: a preset of colbench/envs/testbed_spec.py
+    builtin:<spec>/train | .../test         env testbed only: a preset of testbed/spec.py
                                             (legacy, default, long); builtin:train is the shipped
                                             spec (testbed_spec.SHIPPED_SPEC, legacy for now)
     hf:facebook/collaborative_agent_bench   the published data (downloads; online users only);
@@ -129,6 +129,12 @@ class _Row:
     columnar: bool = False  # parquet/HF rows: absent struct fields read back as None
 
 
+# Generated task sources: `builtin:...` of these environments is made, not read from
+# tasks/<env>/. "module:function" loaded on use (colbench.registry), called as
+# function(source, split, limit) -> list[Task]; the test bed's is testbed/env.py's.
+GENERATED_SOURCES: dict[str, str] = {"testbed": "testbed.env:builtin_tasks"}
+
+
 # ------------------------------------------------------------------------------ public API
 
 
@@ -163,12 +169,11 @@ def load_tasks(
         raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    if env == "testbed" and source.startswith("builtin:"):
-        # the CPU test bed's tasks are generated, not stored (colbench/envs/testbed.py)
-        spec, named = _testbed_source(source, split)
-        from colbench.envs.testbed import make_tasks
+    if env in GENERATED_SOURCES and source.startswith("builtin:"):
+        # the CPU test bed's tasks are generated, not stored (testbed/env.py)
+        from colbench.registry import load_target
 
-        return make_tasks(named, n=limit, spec=spec)
+        return load_target(GENERATED_SOURCES[env])(source, split, limit)
     rows, split = _task_rows(source, env, split, limit)
     tasks: list[Task] = []
     for row in _progress(rows, progress, "reading tasks", "row"):
@@ -501,25 +506,6 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 # ------------------------------------------------------------------------------ sources
-
-
-def _testbed_source(source: str, split: str | None) -> tuple[str, str]:
-    """(spec, split) of a test-bed source: builtin:<split> (the shipped spec) or
-    builtin:<spec>/<split>; a bad spec or split is a one-line error naming the presets."""
-    from colbench.envs.testbed_spec import PRESETS, SHIPPED_SPEC
-
-    body = source.partition(":")[2]
-    spec, _, named = body.rpartition("/")
-    spec, named = spec or SHIPPED_SPEC, named or split or ""
-    usage = f"use builtin:train, builtin:test or builtin:<spec>/<split> with spec one of {', '.join(PRESETS)}"
-    if spec not in PRESETS:
-        raise ValueError(f"testbed source {source!r}: unknown spec {spec!r}; {usage}")
-    if named not in ("train", "test") and not (named == "val" and spec != "legacy"):
-        raise ValueError(f"testbed source {source!r}: split must be 'train', 'test' (or 'val', of a spec other "
-                         f"than legacy), got {named!r}; {usage}")
-    if split is not None and split != named:
-        raise ValueError(f"source {source!r} conflicts with split={split!r}")
-    return spec, named
 
 
 def _task_rows(source: str, env: str, split: str | None, limit: int | None) -> tuple[Iterator[_Row], str | None]:

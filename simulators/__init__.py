@@ -4,7 +4,7 @@ Simulator spec strings (the `--simulator` flag of `python -m colbench.evaluate`)
 
     scripted:<name>       a registered rule-based simulator (scripted:backend,
                           scripted:idk, scripted:flaky: simulators.scripted;
-                          scripted:testbed: the test bed's human, simulators.testbed)
+                          scripted:testbed: the test bed's human, testbed.human)
     <model spec>          backend: an LLM simulated human (simulators.llm.LLMSimulator);
                           frontend: a vision-language model comparing screenshots
                           (simulators.vlm.VLMSimulator)
@@ -15,11 +15,13 @@ Plug in your own (called as `Class(env=env, max_reply_chars=N)`):
 
     from simulators import register_simulator
     register_simulator("mine", "mypkg.sims:MySimulator")    # then --simulator scripted:mine
+
+Entries are "module:Class" strings imported on use (colbench.registry): scripted:testbed
+is the lab's (testbed/human.py), which simulators does not import.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from colbench.prompts import PromptError, human_kind, load_prompt
@@ -37,7 +39,7 @@ _REGISTRY: dict[str, str] = {
     "backend": "simulators.scripted:ScriptedBackendSimulator",
     "idk": "simulators.scripted:DontKnowSimulator",
     "flaky": "simulators.scripted:FlakySimulator",
-    "testbed": "simulators.testbed:TestbedSimulator",
+    "testbed": "testbed.human:TestbedSimulator",
 }
 
 
@@ -96,8 +98,9 @@ def load_simulator(spec: str | None, env: "Environment", *, engine_options: "Eng
         load_prompt(kind, prompt_file)  # a bad file fails here, before the engine loads
         kwargs_prompt = {"prompt_file": prompt_file or None}
     if spec.startswith("scripted:"):
-        module, _, cls = _REGISTRY[spec[len("scripted:"):]].partition(":")
-        return getattr(importlib.import_module(module), cls)(env=env, max_reply_chars=max_reply_chars)
+        from colbench.registry import load_target
+
+        return load_target(_REGISTRY[spec[len("scripted:"):]])(env=env, max_reply_chars=max_reply_chars)
     from engines import load_engine
 
     # Greedy replies, as in the paper; only the length budget is configurable here.

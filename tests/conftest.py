@@ -48,11 +48,11 @@ class ScriptedTestbedEpisode:
 
 @pytest.fixture(scope="session")
 def scripted_testbed_episode(tmp_path_factory) -> ScriptedTestbedEpisode:
-    from colbench.envs.testbed import QUESTION_POS, QUESTION_VAGUE, TestbedEnv, answer_text, make_tasks
+    from testbed.env import QUESTION_POS, QUESTION_VAGUE, TestbedEnv, answer_text, make_tasks
     from colbench.protocols import AgentRequest
     from colbench.rollout import rollout
     from engines.base import Sample
-    from simulators.testbed import TestbedSimulator
+    from testbed.human import TestbedSimulator
     from sweet.core.records import episode_states
 
     script = (QUESTION_VAGUE, QUESTION_VAGUE, QUESTION_POS)

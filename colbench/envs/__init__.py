@@ -3,20 +3,23 @@
     from colbench.envs import make_env, register_env
     env = make_env("backend")                       # bundled
     register_env("mybench", "mypkg.envs:MyEnv")     # yours: any class with the Environment contract
+
+Entries are "module:Class" strings imported on use (colbench.registry); the test bed's
+class is the lab's (testbed/env.py), which colbench does not import.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from colbench.envs.base import TrainingDefaults
 from colbench.protocols import ANSWER_MARKER, Environment
+from colbench.registry import load_target
 
 _REGISTRY: dict[str, str] = {
     "backend": "colbench.envs.backend:BackendEnv",
     "frontend": "colbench.envs.frontend:FrontendEnv",
-    "testbed": "colbench.envs.testbed:TestbedEnv",
+    "testbed": "testbed.env:TestbedEnv",
 }
 
 __all__ = ["ANSWER_MARKER", "Environment", "TrainingDefaults", "defaults_help", "env_class", "env_names",
@@ -38,8 +41,7 @@ def env_class(name: str) -> type:
     """The class registered under `name` (imported, not instantiated)."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown environment {name!r}; known: {', '.join(env_names())}")
-    module, _, cls = _REGISTRY[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return load_target(_REGISTRY[name])
 
 
 def make_env(name: str, **kwargs: Any) -> Environment:

@@ -109,7 +109,7 @@ if TYPE_CHECKING:
 ADVANTAGES = ("loo", "grpo", "ppo")
 NO_VARIANCE_HINT = ("no reward variance: every group of K episodes got the same reward, so no episode has an "
                     "advantage and nothing was learned; start from a warm start, e.g. --model runs/warm_start/final "
-                    "(python -m sweet.workflows.warm_start), or raise --k / --temperature")
+                    "(python -m testbed.warm_start), or raise --k / --temperature")
 
 
 @dataclass

@@ -5,7 +5,7 @@ For every agent turn of the input episodes (a State: the recorded prompt o_t):
    (`--sampler`, default the policy's initial model) at temperature 1;
 2. score each with the critic, A(o_t, a, c) (sweet.critic.CriticScorer, conditioned
    exactly as in critic training); `--critic oracle` (test bed only) is a diagnostic:
-   the test bed's exact advantage (sweet/critic/oracle.py), to tell a wrong critic from
+   the test bed's exact advantage (testbed/oracle.py), to tell a wrong critic from
    a stage 2 that cannot use a right one;
 3. pair a random candidate of the top half with a random one of the bottom half,
    `pairs_per_state` times (states whose candidates all tie are skipped and counted;
@@ -20,7 +20,7 @@ For every agent turn of the input episodes (a State: the recorded prompt o_t):
 Paper defaults: lr 2e-7 (full fine-tuning; with --lora 2e-6: the papers give no LoRA rate,
 10x is the usual rule), β 0.1, NLL coefficient 0.01, batch 8, 1 epoch, K = 16 candidates,
 4 pairs per state, the first 10% of the episodes file (`--episode_fraction 0.1`; the
-test bed, sweet/workflows/pipeline.py, gives its own `--max_episodes`).
+test bed, testbed/pipeline.py, gives its own `--max_episodes`).
 
 Candidates and scores go to output_dir/candidates.jsonl one state per line, flushed
 per batch of states: a rerun skips states already there. Candidates are trained on
@@ -30,7 +30,7 @@ The sampler must share the policy's tokenizer (its ids are trained on).
 `--reuse_candidates RUN/candidates.jsonl` scores the samples another run drew with the
 same sampler, K, temperature, top_p, max_new_tokens and seed (checked against its
 candidates.settings.json) instead of drawing them again: the critic ablations of
-bench/learning.py then rank the very same candidates, and each still counts them.
+testbed/learning.py then rank the very same candidates, and each still counts them.
 
 `--rounds R` (R > 1) repeats stage 2 with new episodes and a retrained critic:
 sweet/workflows/rounds.py. The paper trains one round.
@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol, Sequence
 
-from colbench.envs.testbed_spec import task_spec
 from colbench.episodes import load_episodes
 from colbench.jsonl import Appender
 from colbench.prompts import check_prompt_flags, check_recorded_prompts
@@ -85,7 +84,10 @@ from sweet.core.trainer import process_state
 from sweet.critic.model import CriticScorer, load_training_info
 
 STAGES = ("all", "sample", "train")
-ORACLE_CRITIC = "oracle"  # --critic oracle: sweet/critic/oracle.py instead of a critic dir
+ORACLE_CRITIC = "oracle"  # --critic oracle: testbed/oracle.py instead of a critic dir
+# the lab's oracle and its tasks' spec, "module:Name" loaded on use (colbench.registry): sweet imports no test bed
+ORACLE_SCORER = "testbed.oracle:OracleScorer"
+ORACLE_TASK_SPEC = "testbed.spec:task_spec"
 CANDIDATES_FILE = "candidates.jsonl"
 SAMPLING_FILE = "candidates.settings.json"  # what candidates.jsonl was sampled and scored with
 
@@ -288,6 +290,17 @@ def candidates_row(state: State, samples, advantages: Sequence[float]) -> Candid
 # ---- ranking and pairing ---------------------------------------------------------------
 
 
+def rank_halves(scores: Sequence[float]) -> tuple[list[int], list[int]]:
+    """Stage 2's ranking of one state's candidates, pure: the indices of the top and the
+    bottom half by score, highest first (a stable sort: tied candidates keep their order;
+    an odd count leaves the median out of both halves; fewer than two: no halves). A pair
+    is a top one against a bottom one with a lower score. The test bed's exact solver pairs
+    with it too (testbed/predict.py)."""
+    order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
+    half = len(order) // 2
+    return (order[:half], order[-half:]) if half else ([], [])
+
+
 def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs_per_state: int,
                       rng: random.Random) -> tuple[list[Pair[Candidate]], dict[str, float]]:
     """Per state: rank candidates by advantage, draw `pairs_per_state` (top-half, bottom-half)
@@ -306,9 +319,7 @@ def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs
         if max(advs) == min(advs):
             tied += 1
             continue
-        ranked = sorted(cands, key=lambda c: c.advantage, reverse=True)
-        half = len(ranked) // 2  # an odd K leaves the median candidate out of both halves
-        top, bottom = ranked[:half], ranked[-half:]
+        top, bottom = ([cands[i] for i in idx] for idx in rank_halves(advs))
         for _ in range(pairs_per_state):
             chosen, rejected = rng.choice(top), rng.choice(bottom)
             if chosen.advantage > rejected.advantage:
@@ -392,8 +403,9 @@ def load_scorer(model_cfg: ModelConfig, cfg: SweetConfig) -> Scorer:
         if cfg.env != "testbed":
             raise ValueError(f"--critic {ORACLE_CRITIC} is the test bed's exact advantage: it needs --env testbed, "
                              f"got --env {cfg.env}")
-        from sweet.critic.oracle import OracleScorer
+        from colbench.registry import load_target
 
+        OracleScorer, task_spec = load_target(ORACLE_SCORER), load_target(ORACLE_TASK_SPEC)
         specs = {task_spec(t).name for t in load_tasks(cfg.tasks, env=cfg.env, validate=False)}
         if len(specs) != 1:
             raise ValueError(f"--critic {ORACLE_CRITIC}: --tasks {cfg.tasks} mixes test-bed specs {sorted(specs)}")

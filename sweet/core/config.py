@@ -168,7 +168,7 @@ def flush_denormals() -> None:
     with bitwise-identical final weights once flushed. x86 keeps the flag per thread and a
     new thread inherits its creator's, so a process sets it before its first torch op
     starts the CPU thread pool: `parse_configs` (every sweet entry point's first step)
-    and bench/learning.py do. No effect on GPUs."""
+    and testbed/learning.py do. No effect on GPUs."""
     import torch
 
     torch.set_flush_denormal(True)  # False (and no effect) where the CPU cannot

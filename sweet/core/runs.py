@@ -1,6 +1,6 @@
 """One trainer run from the command line: its output folder locked, its errors one line.
 
-Every sweet entry point (`python -m sweet.train_critic`, `sweet.train_policy`, `sweet.demo`,
+Every sweet entry point (`python -m sweet.train_critic`, `sweet.train_policy`, `testbed.demo`,
 the warm start, the inspector) runs through `run_cli`:
 
 - a user error (a bad flag or file, a config's own check, a missing model folder) ends in

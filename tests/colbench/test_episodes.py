@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import pytest
 
 from colbench.agents import AgentRequest
-from colbench.envs.testbed import TestbedEnv, answer_text, make_tasks
+from testbed.env import TestbedEnv, answer_text, make_tasks
 from colbench.episodes import EpisodeConfig, read_episodes, run_episodes
 from colbench.scoring.backend import SCORING_VERSION
 from colbench.types import STOP_ANSWERED, STOP_ENGINE_ERROR, STOP_SIMULATOR_ERROR, STOP_SINGLE_TURN, STOP_TURN_LIMIT

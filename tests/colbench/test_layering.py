@@ -1,6 +1,6 @@
 """Dependencies run one way: colbench (the episode runner, environments, scoring) never
-imports the simulated humans (`simulators`) or the trainers (`sweet`); only the
-evaluate CLI wires simulators in."""
+imports the simulated humans (`simulators`), the trainers (`sweet`) or the lab (`testbed`,
+named by registry strings only); only the evaluate CLI wires simulators in."""
 
 import ast
 import importlib.util
@@ -25,27 +25,27 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def test_no_colbench_module_imports_simulators_or_sweet():
+def test_no_colbench_module_imports_simulators_sweet_or_testbed():
     files = sorted(ROOT.glob("colbench/**/*.py"))
     assert len(files) > 15
     bad = {}
     for path in files:
         rel = path.relative_to(ROOT).as_posix()
-        forbidden = ("sweet",) if rel in WIRING else ("sweet", "simulators")
+        forbidden = ("sweet", "testbed") if rel in WIRING else ("sweet", "simulators", "testbed")
         hits = sorted(m for m in imported_modules(path) if m.split(".")[0] in forbidden)
         if hits:
             bad[rel] = hits
     assert bad == {}
 
 
-def test_importing_every_colbench_module_loads_neither_simulators_nor_sweet():
+def test_importing_every_colbench_module_loads_no_simulators_sweet_or_testbed():
     modules = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in ROOT.glob("colbench/**/*.py"))
     modules = [m.removesuffix(".__init__") for m in modules]
     if importlib.util.find_spec("openenv") is None:
         modules = [m for m in modules if m not in NEEDS_SERVE]
     code = ("import importlib, sys\n"
             f"for m in {modules!r}:\n    importlib.import_module(m)\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('simulators', 'sweet')))")
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('simulators', 'sweet', 'testbed')))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
@@ -54,6 +54,6 @@ def test_importing_every_colbench_module_loads_neither_simulators_nor_sweet():
 def test_simulators_implement_colbench_protocol():
     from colbench.protocols import Simulator
     from simulators.scripted import ScriptedBackendSimulator
-    from simulators.testbed import TestbedSimulator
+    from testbed.human import TestbedSimulator
 
     assert isinstance(ScriptedBackendSimulator(), Simulator) and isinstance(TestbedSimulator(), Simulator)

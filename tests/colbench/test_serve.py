@@ -138,7 +138,7 @@ def test_tiny_model_episodes_through_the_server_equal_the_runners(bed_url):
     """The tiny model, greedy, on the test bed: every turn and every reward match."""
     from engines import load_engine
     from engines.base import SamplingParams
-    from simulators.testbed import TestbedSimulator
+    from testbed.human import TestbedSimulator
 
     tasks = load_tasks("builtin:test", env="testbed", limit=3)
     env = make_env("testbed")

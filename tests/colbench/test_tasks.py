@@ -283,7 +283,7 @@ def test_bad_trajectory_rows_name_line_and_field(tmp_path):
 
 
 def test_our_task_records_load_with_their_meta(tmp_path):
-    from colbench.envs.testbed import make_tasks
+    from testbed.env import make_tasks
 
     tasks = make_tasks("train", n=3)
     path = tmp_path / "tasks.jsonl"

@@ -37,8 +37,8 @@ def format_policy(tmp_path_factory) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from colbench.envs.testbed import A_VALUES, B_VALUES, QUESTION_VAGUE, answer_text, make_tasks
-    from colbench.envs.testbed import TestbedEnv
+    from testbed.env import A_VALUES, B_VALUES, QUESTION_VAGUE, answer_text, make_tasks
+    from testbed.env import TestbedEnv
     from engines.templating import prompt_ids
     from engines.tiny import tiny_model_path
 

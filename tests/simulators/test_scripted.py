@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from colbench.envs.testbed import make_tasks
+from testbed.env import make_tasks
 from colbench.stats import DONT_KNOW
 from colbench.types import Task, Turn
 from engines.base import SpecError
@@ -54,7 +54,7 @@ def test_dont_know_and_flaky():
 
 
 def test_registry_loads_scripted_and_user_simulators():
-    from colbench.envs.testbed import TestbedEnv
+    from testbed.env import TestbedEnv
 
     env = TestbedEnv()
     assert load_simulator(None, env) is None

@@ -1,7 +1,7 @@
 """Episodes for the policy-trainer tests, produced by real runs.
 
 The tiny random-weight model talks to the scripted test-bed human
-(colbench.envs.testbed, real sandbox scoring) through the real episode runner. It
+(testbed.env, real sandbox scoring) through the real episode runner. It
 never solves a task, so to get reward differences the last agent turn of some
 episodes is replaced by the canonical correct answer (ids from the tokenizer, as a
 model emitting that text would produce) and re-scored by the environment's scorer.
@@ -33,10 +33,10 @@ def run_tiny_episodes(out_dir: Path, n_tasks: int = 3, seeds=(0, 1), max_turns: 
     """Run tiny-model episodes on `n_tasks` test-bed tasks; episodes with seed ==
     `solve_seed` get the correct final answer. Writes episodes.jsonl and tasks.jsonl."""
     from colbench.agents import ModelAgent
-    from colbench.envs.testbed import TestbedEnv, answer_text, make_tasks
+    from testbed.env import TestbedEnv, answer_text, make_tasks
     from colbench.episodes import EpisodeConfig, run_episodes
     from engines.base import SamplingParams
-    from simulators.testbed import TestbedSimulator
+    from testbed.human import TestbedSimulator
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tasks = make_tasks("train", n=n_tasks)

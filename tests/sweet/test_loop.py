@@ -348,7 +348,7 @@ def runnable_answer_tasks(path: Path) -> Path:
     when it runs. The random tiny model sampling one token at temperature 3 writes runnable
     Python (a digit, "None", "#") now and then, so groups of K episodes differ in reward
     and LOOP has something to learn from (real sampling, real sandbox scoring)."""
-    from colbench.envs.testbed import make_tasks
+    from testbed.env import make_tasks
 
     tasks = [replace(t, tests=("0", "1")) for t in make_tasks("train", n=4)]
     path.write_text("".join(json.dumps(t.to_json()) + "\n" for t in tasks))

@@ -111,7 +111,7 @@ def test_sweet_stage2_update_does_not_depend_on_micro_batch(data, candidates, tm
 
 
 def test_warm_start_update_does_not_depend_on_micro_batch(tmp_path):
-    from sweet.workflows.warm_start import WarmStartConfig, main
+    from testbed.warm_start import WarmStartConfig, main
 
     finals = []
     for m in (1, 6):

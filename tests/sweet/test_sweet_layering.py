@@ -4,7 +4,8 @@ no module imports itself back through another (no circles, function-level import
     core  <  critic  <  algorithms  <  workflows  <  the entry modules (sweet/*.py)
 
 The packages below sweet (engines, colbench, simulators) are outside this order; their
-own direction is tests/colbench/test_layering.py's."""
+own direction is tests/colbench/test_layering.py's. The lab above it (testbed/) is
+tests/testbed/test_testbed_layering.py's: sweet imports nothing from it."""
 
 import ast
 import subprocess
@@ -19,7 +20,7 @@ def layer_of(module: str) -> int:
     parts = module.split(".")
     if parts[1] in LAYERS:  # sweet.core, sweet.core.trainer, ...
         return LAYERS.index(parts[1])
-    return LAYERS.index("entry")  # sweet.train_policy, sweet.demo, ...
+    return LAYERS.index("entry")  # sweet.train_policy, sweet.train_critic
 
 
 def sweet_modules() -> dict[str, Path]:
@@ -92,11 +93,11 @@ def test_no_import_cycle_inside_sweet():
 def test_layering_test_catches_an_upward_import(tmp_path):
     # the checker itself: a core module that imports a workflow is reported
     fake = tmp_path / "m.py"
-    fake.write_text("def f():\n    from sweet.workflows import pipeline\n")
+    fake.write_text("def f():\n    from sweet.workflows import rounds\n")
     mods = sweet_modules()
     deps = imports_of(fake, set(mods))
-    assert deps == {"sweet.workflows.pipeline"}
-    assert layer_of("sweet.workflows.pipeline") > layer_of("sweet.core.trainer")
+    assert deps == {"sweet.workflows.rounds"}
+    assert layer_of("sweet.workflows.rounds") > layer_of("sweet.core.trainer")
 
 
 def test_every_help_answers_without_importing_torch():
@@ -107,8 +108,7 @@ def test_every_help_answers_without_importing_torch():
             "except SystemExit:\n    pass\n"
             "heavy = sorted(m for m in ('torch', 'vllm') if m in sys.modules)\n"
             "print('HEAVY', heavy)\n")
-    entries = [["sweet.train_critic"], ["sweet.train_policy"], ["sweet.demo"], ["sweet.workflows.warm_start"],
-               ["sweet.critic.inspect"], ["colbench.evaluate"]]
+    entries = [["sweet.train_critic"], ["sweet.train_policy"], ["sweet.critic.inspect"], ["colbench.evaluate"]]
     entries += [["sweet.train_policy", "--algorithm", a] for a in ("sweet", "rft", "mtdpo", "loop")]
     for entry in entries:
         r = subprocess.run([sys.executable, "-c", code, *entry], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -47,11 +47,11 @@ def ended_and_cut(tok):
     """Real episodes whose agent turns end both ways: the tiny model with its eos logit
     raised (so it sometimes ends a turn) and max_new_tokens=MAX_NEW (so it is sometimes cut)."""
     from colbench.agents import ModelAgent
-    from colbench.envs.testbed import TestbedEnv, make_tasks
+    from testbed.env import TestbedEnv, make_tasks
     from colbench.episodes import EpisodeConfig, run_episodes
     from engines.base import SamplingParams
     from engines.hf import HFEngine
-    from simulators.testbed import TestbedSimulator
+    from testbed.human import TestbedSimulator
 
     lm = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
     lm.lm_head.register_forward_hook(lambda m, i, logits: logits + 6.0 * (torch.arange(logits.shape[-1]) == tok.eos_token_id))

@@ -217,7 +217,7 @@ def test_help_is_fast_and_yaml_config_works(tmp_path):
     assert CriticTrainConfig().num_epochs == 4  # the paper's critic epochs
 
 
-VARIANTS = {  # name -> CriticConfig switches (the paper's ablations, as benchmarked in bench/learning.py)
+VARIANTS = {  # name -> CriticConfig switches (the paper's ablations, as benchmarked in testbed/learning.py)
     "sweet": {},
     "sweet_sum": {"length_normalize": False},
     "sweet_no_info": {"training_info": False},

@@ -1,0 +1,213 @@
+"""The README's main job: SWEET-RL end to end on the CPU test bed, offline.
+
+    python -m testbed.demo                       # the default bed (docs/testbed.md), ~10 minutes on 2 CPU cores
+    python -m testbed.demo --output_dir runs/demo2 --seed 1
+    python -m testbed.demo --spec legacy         # the earlier bed (4 turns, deterministic human)
+    python -m testbed.demo --help                # (bash scripts/demo.sh runs it)
+
+Steps (each skipped when its output exists, so an interrupted run resumes):
+  1. warm start: the tiny model fine-tuned on a scripted explorer's dialogues;
+  2. collect K episodes per train task with the warm-started policy;
+  3. SWEET-RL stage 1: train the critic with the training-time information
+     (`--critic_baseline_samples 4`: centred by 4 warm-start samples per turn);
+  4. SWEET-RL stage 2: sample candidates per state, rank them with the critic, DPO, with
+     snapshots along the way; the snapshot with the best success on validation tasks (drawn
+     from the train split, never the test tasks) is the policy (early stopping);
+  5. evaluate warm start vs SWEET-RL on held-out tasks: leaderboard + report;
+  6. the per-turn credit inspector (sweet/critic/inspect.py): an HTML page with the
+     critic's advantage on every agent turn and the ranked stage-2 candidates, and the
+     critic's credit split: how much of its margin on its own pairs sits on the answer and
+     how much on the questions (summary.json "critic_credit").
+It prints both policies' held-out success with 95% intervals beside the exact solver's
+warm start and optimum (testbed.predict), the share of the distance to the
+optimum SWEET-RL closed, whether the warm start passed its checks at once, and each policy's
+dialogues as the solver's actions (testbed.profile: early answers, the rate at
+which the second question repeats the first, ...; summary.json "dialogue"), and writes
+OUT/summary.json ({"warm_start": M, "sweet_rl": M, "optimum": v, ...}).
+
+The test bed is not ColBench: see testbed/spec.py and docs/testbed.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from colbench.episodes import read_episodes
+from sweet.core.config import parse_configs
+from sweet.core.runs import run_cli, trainer_run
+from sweet.critic import inspect as inspect_critic
+from testbed import mdp
+from testbed import policy_class as testbed_policy_class
+from testbed import profile as testbed_profile
+from testbed import spec as testbed_spec
+from testbed.pipeline import (
+    TestbedSetup,
+    collect_episodes,
+    compare,
+    evaluate,
+    select_on_validation,
+    timed,
+    train_critic,
+    train_policy,
+    warm_start,
+)
+
+
+# 0: the paper's critic. `--critic_baseline_samples 4` centres it (sweet/critic/baseline.py),
+# which on the benchmark's training states moves its credit from the answer to the
+# questions (docs/testbed.md, "A centred critic"); the main job's figures are the paper's.
+CRITIC_BASELINE_SAMPLES = 0
+SNAPSHOT_STEPS = 9  # stage 2's path is snapshotted every 9 of its ~45 steps; the best on validation is kept
+
+
+@dataclass
+class DemoConfig:
+    output_dir: str = field(default="runs/demo", metadata={"help": "everything goes here"})
+    episodes_per_task: int = field(default=8, metadata={"help": "episodes per train task to learn from"})
+    seed: int = field(default=0, metadata={"help": "random seed"})
+    spec: str = field(default="default", metadata={
+        "help": "test-bed preset (testbed/spec.py): default, long, or legacy (the earlier bed)"})
+    critic_baseline_samples: int = field(default=CRITIC_BASELINE_SAMPLES, metadata={
+        "help": "K: the critic's advantages centred by K warm-start actions per turn (sweet/critic/baseline.py; "
+                "0: the paper's uncentred critic)"})
+    smoke: bool = field(default=False, metadata={
+        "help": "a 1-2 minute run of every step at toy sizes (tests); trains on the scripted dialogues"})
+
+
+def main(cfg: DemoConfig) -> Path:
+    """Run every step of the main job into `cfg.output_dir`; returns that folder."""
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    out = Path(cfg.output_dir)
+    setup = TestbedSetup.for_spec(cfg.spec, episodes_per_task=cfg.episodes_per_task)
+    if cfg.smoke:
+        setup = TestbedSetup.for_spec(cfg.spec, episodes_per_task=2, train_limit=8, test_limit=4, val_limit=8,
+                                      eval_seeds=1, candidates=2, max_new_tokens=48, stage2_episodes=16)
+    steps = ["warm start", "collect episodes", "train critic", "train policy (SWEET-RL)", "evaluate",
+             "per-turn credit inspector"]
+    say = lambda i: print(f"\n=== [{i + 1}/{len(steps)}] {steps[i]} ===", flush=True)  # noqa: E731
+
+    say(0)
+    with timed(setup, "warm_start"):
+        warm = warm_start(out / "warm_start", seed=cfg.seed, smoke=cfg.smoke, spec=cfg.spec)
+    say(1)
+    with timed(setup, "collect"):
+        episodes = collect_episodes(str(warm), setup, out / "episodes" / "train.jsonl", seed=cfg.seed)
+    if cfg.smoke:
+        # a one-epoch warm start rarely succeeds, so the toy run learns from the scripted
+        # explorer's dialogues (successes and failures of every task) instead
+        episodes = Path(warm).parent / "scripted_episodes.jsonl"
+    say(2)
+    with timed(setup, "critic"):
+        critic = train_critic(episodes, str(warm), setup, out / "critic", seed=cfg.seed,
+                              extra={"baseline_samples": cfg.critic_baseline_samples,
+                                     "baseline_max_new_tokens": setup.max_new_tokens})
+    say(3)
+    with timed(setup, "policy"):
+        run = train_policy("sweet", episodes, str(warm), setup, out / "sweet", critic=critic, seed=cfg.seed,
+                           extra={"snapshot_steps": SNAPSHOT_STEPS}).parent
+        policy, selected = select_on_validation(run, setup, out / "selection")
+        if "step" in selected:
+            print(f"SWEET-RL policy: step {selected['step']} of its path, chosen on {setup.val_tasks} ("
+                  + ", ".join(f"{k} {v:.3f}" for k, v in selected["validation_success"].items()) + ")")
+    say(4)
+    with timed(setup, "evaluate"):
+        rows = evaluate({"warm_start": str(warm), "sweet_rl": str(policy)}, setup, out / "leaderboard")
+    say(5)
+    with timed(setup, "inspect"):
+        page = inspect_critic.main(inspect_critic.InspectConfig(
+            critic=str(critic), episodes=str(episodes), output=str(out / "inspect"),
+            candidates=str(out / "sweet" / "candidates.jsonl"), tasks=setup.train_tasks, max_episodes=40))
+
+    print("\n=== results (held-out test-bed tasks) ===")
+    for row in rows:
+        m = row["metrics"]
+        print(f"{row['agent']:>12}: success {m['success_rate']['value']:.3f} "
+              f"[{m['success_rate']['ci95'][0]:.3f}, {m['success_rate']['ci95'][1]:.3f}]  "
+              f"tests passed {m['tests_passed']['value']:.3f}")
+    print(compare(rows, "warm_start", "sweet_rl"))
+    summary = main_job_summary(rows, cfg.spec)
+    if summary.get("optimum") is not None:
+        print(f"exact solver ({cfg.spec!r} bed): warm start {summary['predicted_warm_start']:.3f}, optimum "
+              f"{summary['optimum']:.3f}; SWEET-RL closed {summary['gap_closed']:.0%} of the measured warm start's "
+              f"distance to the optimum")
+        blind = summary["predicted_blind"]
+        print(f"exact solver, for a policy blind to which question it asked (testbed_policy_class): SWEET-RL "
+              f"{blind['sweet_rl']['0.5']:.3f} at KL 0.5, at most {blind['ceiling']:.3f} "
+              f"({blind['ceiling_closed']:.1%} of the distance), repeat rate {blind['repeat_rate']['0.5']:.2f}")
+    print(warm_start_checks(out / "warm_start"))
+    credit = out / "inspect" / "credit_split.json"
+    if credit.exists():  # where the critic put its credit: the answer, or the questions (sweet/critic/inspect.py)
+        split = inspect_critic.CreditSplit.from_json(json.loads(credit.read_text()))
+        summary["critic_credit"] = split.to_json()
+        print(split.line())
+    if not testbed_spec.spec(cfg.spec).legacy:  # what each policy does turn by turn (testbed.profile)
+        summary["dialogue"] = {}
+        for agent in ("warm_start", "sweet_rl"):
+            prof = testbed_profile.profile(cfg.spec, read_episodes(out / "leaderboard" / "episodes" / f"{agent}.jsonl"))
+            summary["dialogue"][agent] = prof.to_json()
+            print(f"{agent} dialogues: {prof.line()}")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"summary: {out / 'summary.json'}")
+    (out / "timings.json").write_text(json.dumps(setup.timings, indent=2))
+    print("\nwall time per step (s): " + ", ".join(f"{k} {v:.0f}" for k, v in setup.timings.items()))
+    print(f"leaderboard: {out / 'leaderboard' / 'leaderboard.md'}")
+    print(f"report with plots: {out / 'leaderboard' / 'report.html'}")
+    print(f"per-turn credit inspector: {page}")
+    print(f"critic metrics: {out / 'critic' / 'metrics.jsonl'}; policy metrics: {out / 'sweet' / 'metrics.jsonl'}")
+    return out
+
+
+def main_job_summary(rows: list[dict], spec: str) -> dict:
+    """OUT/summary.json: {"warm_start": M, "sweet_rl": M, "optimum": v} with M =
+    {"value", "ci95"} (held-out success), the optimum and the warm start's success as the
+    exact solver computes them (testbed.predict; None on the legacy bed, whose
+    optimum is 1), the share of the warm start's distance to the optimum closed, and
+    "predicted_blind": SWEET-RL's success per KL level, its ceiling and repeat rate for a
+    policy blind to the dialogue (testbed.policy_class, the turn class)."""
+    m = {r["agent"]: r["metrics"]["success_rate"] for r in rows}
+    out: dict = {"spec": spec, "warm_start": m["warm_start"], "sweet_rl": m["sweet_rl"]}
+    if testbed_spec.spec(spec).legacy:
+        out["optimum"] = None
+        return out
+    bed = mdp.build(spec)
+    best = mdp.optimum(bed)[0]
+    warm = m["warm_start"]["value"]
+    predicted_warm = mdp.evaluate(bed, bed.logp0).success
+    out.update(optimum=round(best, 4), predicted_warm_start=round(predicted_warm, 4),
+               gap_closed=(m["sweet_rl"]["value"] - warm) / (best - warm) if best > warm else None)
+    # what SWEET-RL can reach if the policy cannot read which question it asked (the turn class)
+    _, (blind,) = testbed_policy_class.predict_classes(spec, ("turn",), methods=("sweet",))
+    levels = {f"{k:.1f}": p.success for k, p in blind.methods["sweet"].items()}
+    ceiling = max(levels.values())
+    out["predicted_blind"] = {"sweet_rl": {k: round(v, 4) for k, v in levels.items()}, "ceiling": round(ceiling, 4),
+                              "ceiling_closed": round((ceiling - predicted_warm) / (best - predicted_warm), 4),
+                              "repeat_rate": {f"{k:.1f}": round(v, 4) for k, v in blind.repeat_rate["sweet"].items()}}
+    return out
+
+
+def warm_start_checks(folder: Path) -> str:
+    """One line: at which pass each warm-start phase passed its check (a retry said so)."""
+    parts = []
+    for phase in ("copy", "behave"):
+        record = folder / f"{phase}_check.json"
+        if record.exists():
+            checks = json.loads(record.read_text())
+            scores = ", ".join(f"{c['copy_accuracy']:.2f}" for c in checks)
+            parts.append(f"{phase} passed at once ({scores})" if len(checks) == 1 else
+                         f"{phase} retried: passed on pass {len(checks)} ({scores})")
+    return "warm start checks: " + ("; ".join(parts) if parts else "none recorded (smoke run)")
+
+
+def cli(argv: list[str] | None = None):
+    (cfg,) = parse_configs([DemoConfig], argv, description=__doc__.split("\n\n")[0])
+    with trainer_run(cfg.output_dir, command="python -m testbed.demo"):
+        return main(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(cli, prog="python -m testbed.demo"))

@@ -1,0 +1,282 @@
+"""A small collaborative test bed for proving that the algorithms learn on a CPU.
+
+Not ColBench: a toy with ColBench's interfaces (Task, Environment, Simulator, real
+sandbox scoring), small enough that a ~2M-parameter model learns it in minutes.
+
+Each task hides a function from one parametrised family
+
+    def f(x):
+        if x >= 0:
+            return x * A        # A in {2, 3}, told only when asked about positive numbers
+        return x + B            # B in {10, 20}, told only when asked about negative numbers
+
+The description is vague ("treats positive and negative numbers differently"). The
+scripted human (testbed/human.py) answers a question about positive numbers
+with A and one about negative numbers with B, and "I don't know" otherwise. Five of
+the ten hidden tests use positive inputs and five negative ones, so an agent that
+asks one question and guesses the other constant earns about half the reward, and
+only an agent that asks both questions and copies both numbers into its code earns
+full reward: multi-turn credit assignment in miniature.
+
+A and B are single tokens from two disjoint two-value sets, so using a stated
+constant is a small lookup, not a copy that a 2M-parameter model needs thousands of
+steps to learn. The scripted explorer the warm start imitates (testbed/human.py)
+chooses per turn between asking about positive numbers, negative numbers, a vague
+question and answering now, and writes a never-right default (x * 1, x + 0) for any
+constant it was not told: success comes only from asking both useful questions.
+
+`optimal_advantage` is SWEET-RL's per-turn advantage computed exactly from the hidden
+constants: the oracle critic (testbed/oracle.py, `--critic oracle`), a diagnostic.
+
+This is the `legacy` preset of testbed/spec.py, which holds the knobs
+(turns, facts, how often the human can state a constant, docstrings, the guess rule,
+the explorer) and the other presets (`default`, `long`). `make_tasks(..., spec=NAME)`
+draws a preset's tasks; each carries `meta["spec"]`, from which the env and the
+scripted human read their rules (a task without one is legacy). The exact solver of
+any spec is testbed/mdp.py (values, A*, the optimal policy) and testbed/predict.py.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import warnings
+from typing import Sequence
+
+from colbench.envs.backend import BackendEnv
+from colbench.envs.base import agent_chat
+from colbench.protocols import ANSWER_MARKER
+from colbench.scoring.backend import extract_code
+from colbench.types import Task, Turn
+from engines.base import Message
+from testbed import spec as testbed_spec
+from testbed.spec import LEGACY_GUESS, PRESETS, SHIPPED_SPEC, SYSTEM, TestbedSpec
+
+DESCRIPTION = "I need a function f(x) for my numbers. It treats positive and negative numbers differently. def f(x)"
+QUESTION_POS, QUESTION_NEG, QUESTION_VAGUE = PRESETS["legacy"].questions()  # "What happens to positive numbers?", ...
+
+# Two values per constant: the 2M-parameter warm start learned to copy which of 8 stated
+# values it was told only at chance after 400 steps (it learned *that* it was told), so
+# the lookup is kept small and the difficulty stays in which questions to ask.
+A_VALUES = (2, 3)
+B_VALUES = (10, 20)
+N_TRAIN, N_TEST = 56, 16
+DEFAULT_A, DEFAULT_B = LEGACY_GUESS  # the explorer's guess for a constant it was not told: never right
+MAX_TURNS = 4  # agent turns: up to three questions, then the answer
+REFERENCE = "def f(x):\n    if x >= 0:\n        return x * {a}\n    return x + {b}\n"
+
+
+def answer_text(a: int, b: int) -> str:
+    """The agent's final message for constants (a, b), in the canonical form."""
+    return f"{ANSWER_MARKER}\n```python\n{REFERENCE.format(a=a, b=b)}```"
+
+
+def make_task(index: int, split: str, a: int, b: int, rng: random.Random) -> Task:
+    pos = rng.sample(range(1, 10), 5)
+    neg = rng.sample(range(-9, 0), 5)
+    tests = tuple(f"f({x})" for x in pos + neg)
+    return Task(
+        task_id=f"testbed-{split}-{index:04d}",
+        env="testbed",
+        description=DESCRIPTION,
+        hidden=REFERENCE.format(a=a, b=b),
+        tests=tests,
+        meta={"a": a, "b": b, "split": split},
+    )
+
+
+def make_tasks(split: str = "train", n: int | None = None, seed: int = 0,
+               spec: str | TestbedSpec = SHIPPED_SPEC) -> list[Task]:
+    """Deterministic task sets. Legacy: 56 train and 16 test tasks cycling through the four
+    (A, B) pairs, each with its own hidden test inputs. The description is the same for
+    every task, so a task's constants are learnable only by asking, never by memorising.
+    Another spec: `spec_tasks`."""
+    s = testbed_spec.spec(spec)
+    if not s.legacy and split in ("train", "val", "test"):
+        return spec_tasks(s, split, n, seed)
+    sizes = {"train": N_TRAIN, "test": N_TEST}
+    if split not in sizes:
+        raise ValueError(f"testbed split must be 'train' or 'test'{'' if s.legacy else ' or val'}, got {split!r}")
+    combos = [(a, b) for a in A_VALUES for b in B_VALUES]
+    rng = random.Random(f"{split}-{seed}")
+    tasks = [make_task(i, split, *combos[i % len(combos)], rng) for i in range(sizes[split])]
+    return tasks[:n] if n is not None else tasks
+
+
+def builtin_tasks(source: str, split: str | None = None, limit: int | None = None) -> list[Task]:
+    """The tasks of a test-bed source, builtin:<split> or builtin:<spec>/<split>: the
+    registered generated source of colbench.tasks.load_tasks (GENERATED_SOURCES)."""
+    spec, named = builtin_source(source, split)
+    return make_tasks(named, n=limit, spec=spec)
+
+
+def builtin_source(source: str, split: str | None) -> tuple[str, str]:
+    """(spec, split) of a test-bed source: builtin:<split> (the shipped spec) or
+    builtin:<spec>/<split>; a bad spec or split is a one-line error naming the presets."""
+    body = source.partition(":")[2]
+    spec, _, named = body.rpartition("/")
+    spec, named = spec or SHIPPED_SPEC, named or split or ""
+    usage = f"use builtin:train, builtin:test or builtin:<spec>/<split> with spec one of {', '.join(PRESETS)}"
+    if spec not in PRESETS:
+        raise ValueError(f"testbed source {source!r}: unknown spec {spec!r}; {usage}")
+    if named not in ("train", "test") and not (named == "val" and spec != "legacy"):
+        raise ValueError(f"testbed source {source!r}: split must be 'train', 'test' (or 'val', of a spec other "
+                         f"than legacy), got {named!r}; {usage}")
+    if split is not None and split != named:
+        raise ValueError(f"source {source!r} conflicts with split={split!r}")
+    return spec, named
+
+
+def spec_tasks(s: TestbedSpec, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
+    """A non-legacy spec's tasks: each an independent draw of c (testbed_spec.draw_hidden),
+    rendered as its reference, with five hidden test inputs per branch. Train and test
+    use different random streams, so the held-out tasks are fresh draws. Validation
+    tasks ("val") are the train stream's next n_val draws after its n_train tasks:
+    drawn from the train split, disjoint from the tasks trained on."""
+    size = {"train": s.n_train, "val": s.n_val, "test": s.n_test}[split]
+    first = s.n_train if split == "val" else 0
+    rng = random.Random(f"testbed-{s.name}-{'train' if split == 'val' else split}-{seed}")
+    tasks = []
+    for i in range(first + (size if n is None else min(n, size))):
+        hidden = testbed_spec.draw_hidden(s, rng)
+        inputs = [x for f in s.fact_list for x in rng.sample(f.inputs, testbed_spec.TESTS_PER_FACT)]
+        if i < first:
+            continue
+        tasks.append(Task(task_id=f"testbed-{s.name}-{'train' if split == 'val' else split}-{i:04d}", env="testbed",
+                          description=testbed_spec.description(s), hidden=testbed_spec.reference_source(s, hidden),
+                          tests=tuple(f"f({x})" for x in inputs), meta={"spec": s.name, "split": split}))
+    return tasks
+
+
+class TestbedEnv(BackendEnv):
+    """Backend programming's environment (sandboxed scoring, answer marker) with the
+    test bed's short instructions and a 4-turn limit (legacy).
+
+    spec: a preset name; the turn limit is then the spec's (`max_turns` overrides it). A
+          task carrying another turn count than the env's limit is refused: its bed would
+          silently change."""
+
+    name = "testbed"
+    __test__ = False  # not a pytest class
+
+    def __init__(self, max_turns: int | None = None, answer_marker: str = ANSWER_MARKER, workers: int = 2,
+                 limits=None, spec: str | None = None):
+        self.spec = testbed_spec.spec(spec) if spec is not None else None
+        if max_turns is None:
+            max_turns = self.spec.turns if self.spec is not None else MAX_TURNS
+        super().__init__(answer_marker=answer_marker, max_turns=max_turns, workers=workers, limits=limits)
+        self.agent_prompt = None  # its instructions are SYSTEM, not a template file (colbench.prompts)
+
+    @staticmethod
+    def turns_for(tasks: Sequence[Task]) -> int | None:
+        """The agent-turn limit that tasks carrying a spec set (None for legacy tasks, whose
+        limit --max-turns may change); specs with different turn counts, or legacy tasks
+        beside them, cannot share one env (ValueError)."""
+        turns = {testbed_spec.task_spec(t).turns for t in tasks if "spec" in t.meta}
+        if not turns:
+            return None
+        if len(turns) > 1 or any("spec" not in t.meta for t in tasks):
+            raise ValueError("the tasks mix test-bed specs with different turn limits: evaluate them apart")
+        return turns.pop()
+
+    def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
+        if "spec" in task.meta and not single_turn:
+            s = testbed_spec.task_spec(task)
+            if s.turns != self.max_turns:
+                raise ValueError(f"task {task.task_id} is of test-bed spec {s.name!r} ({s.turns} agent turns) but the "
+                                 f"env allows {self.max_turns}: use TestbedEnv(spec={s.name!r}) or --max-turns {s.turns}")
+        system = SYSTEM if not single_turn else f"Write {self.answer_marker} and the code now."
+        return agent_chat(system, task.description, turns)
+
+
+# ---- the exact advantage: an oracle critic for diagnosing stage 2 ------------------------
+#
+# SWEET-RL's critic estimates a per-turn advantage A(o_t, a_t, c) from the training-time
+# information c. On the test bed that advantage can be computed exactly, so ranking
+# candidates with it (testbed/oracle.py, `--critic oracle`) tells a wrong critic from
+# a stage 2 that cannot use a right ranking.
+
+_STATED_A = re.compile(r"\bx\s*\*\s*(-?\d+)")
+_STATED_B = re.compile(r"\bx\s*\+\s*(-?\d+)")
+
+
+def _code_constants(code: str) -> tuple[int | None, int | None]:
+    """(A, B) of a function written in the reference's form: the first `x * <n>` and the
+    first `x + <n>`; None for a side that is missing, both None when the code does not
+    compile (the sandbox would fail every test)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. SyntaxWarning on odd literals: not our concern
+            compile(code, "<answer>", "exec")  # syntax check only: nothing runs
+    except (SyntaxError, ValueError):
+        return None, None
+    a, b = _STATED_A.search(code), _STATED_B.search(code)
+    return (int(a.group(1)) if a else None), (int(b.group(1)) if b else None)
+
+
+def constants_from_reference(code: str) -> tuple[int, int]:
+    """(A, B) of a task's hidden reference (its training-time information, REFERENCE)."""
+    a, b = _code_constants(code)
+    if a is None or b is None:
+        raise ValueError(f"not a test-bed reference (no `x * A` and `x + B`): {code[:80]!r}")
+    return a, b
+
+
+def answer_constants(text: str) -> tuple[int | None, int | None]:
+    """(A, B) that an agent's final message writes (None: a side it does not write, or
+    code that does not compile). The code is read as the runner reads it
+    (BackendEnv.extract_answer: after the answer marker, else the whole message), and
+    parsed, not run."""
+    _, found, after = text.partition(ANSWER_MARKER)
+    return _code_constants(extract_code(after if found and after.strip() else text))
+
+
+def _answer_reward(text: str, a: int, b: int) -> float:
+    """The reward the scorer gives an agent's final message: half per side it gets right."""
+    got_a, got_b = answer_constants(text)
+    return 0.5 * (got_a == a) + 0.5 * (got_b == b)
+
+
+def told_constants(replies: Sequence[str], a: int, b: int) -> tuple[bool, bool]:
+    """Whether the human's replies so far stated A (`x * A`) and B (`x + B`) of a task
+    with constants (a, b): what the agent has been told."""
+    return (any(re.search(rf"x \* {a}\b", r) for r in replies),
+            any(re.search(rf"x \+ {b}\b", r) for r in replies))
+
+
+def _optimal_value(know_a: bool, know_b: bool, turns_left: int) -> float:
+    """V*: the best expected reward from here. Answering writes the known constants (a
+    default guess never matches); a question reveals A, B, both or nothing, and on the
+    last turn a question is scored as the answer (0: it holds no code)."""
+    answer = 0.5 * know_a + 0.5 * know_b
+    if turns_left <= 1:
+        return answer
+    asks = (_optimal_value(know_a or pos, know_b or neg, turns_left - 1)
+            for pos in (False, True) for neg in (False, True))  # what a question reveals
+    return max(answer, *asks)
+
+
+def optimal_advantage(history: Sequence[str], action: str, a: int, b: int, turns_left: int) -> float:
+    """Q*(s, action) − V*(s) on a test-bed task with constants (a, b), under optimal play
+    from the next turn on: SWEET-RL's per-turn advantage, computed exactly.
+
+    history:    the human's replies so far; the agent knows A once one stated `x * A`
+                (and B once one stated `x + B`).
+    action:     the agent's message. With the answer marker, or on the last turn
+                (turns_left == 1, as the runner scores it), it is the answer: half a
+                point per constant it gets right (`_answer_reward`). Otherwise it is a
+                question that reveals A if it says "positive" and B if it says
+                "negative" (the scripted human's rule, testbed.human.reply_for).
+    turns_left: agent turns left, this one included (MAX_TURNS - turn index).
+
+    It sees the hidden constants, as the critic sees c: a lucky guess of an untold
+    constant counts as right, though V* never relies on guessing."""
+    if turns_left < 1:
+        raise ValueError(f"turns_left must be >= 1, got {turns_left}")
+    know_a, know_b = told_constants(history, a, b)
+    if ANSWER_MARKER in action or turns_left == 1:
+        q = _answer_reward(action, a, b)
+    else:
+        words = action.lower()
+        q = _optimal_value(know_a or "positive" in words, know_b or "negative" in words, turns_left - 1)
+    return q - _optimal_value(know_a, know_b, turns_left)

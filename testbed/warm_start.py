@@ -1,0 +1,214 @@
+"""Warm start for the CPU test bed: supervised training on a scripted explorer.
+
+A random-weight tiny model cannot hold a dialogue, so every algorithm starts from
+the same warm start: the tiny model fine-tuned on dialogues of the scripted
+exploratory agent (testbed/env.py), which asks the right questions only
+some of the time. The warm-started policy therefore has a modest, non-zero success
+rate, and there is something for RL to improve.
+
+    python -m testbed.warm_start --output_dir runs/warm_start          # ~3-4 min on 2 CPU cores
+
+The scripted dialogues are written as Episodes (agent turns carry prompt ids and
+action ids from the tokenizer, since no engine generated them), so this is plain
+rejection fine-tuning with no reward filter, reusing the same training code.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from colbench.types import STOP_ANSWERED, Episode, Turn
+from engines import SamplingParams, load_engine
+from sweet.algorithms import rft
+from sweet.core.config import ModelConfig, parse_configs
+from sweet.core.models import load_tokenizer
+from sweet.core.runs import run_cli, trainer_run
+from sweet.core.tokens import template_ids, text_ids
+from sweet.core.trainer import finished
+from testbed import spec as testbed_spec
+from testbed.env import TestbedEnv, answer_constants, make_tasks, told_constants
+from testbed.human import optimal_dialogue, scripted_dialogue
+from testbed.spec import SHIPPED_SPEC
+
+
+@dataclass
+class WarmStartConfig:
+    output_dir: str = field(default="runs/warm_start", metadata={"help": "where the warm-started model goes (final/)"})
+    model: str = field(default="tiny", metadata={"help": "model to fine-tune"})
+    n_dialogues: int = field(default=1200, metadata={"help": "scripted dialogues to train on"})
+    spec: str = field(default=SHIPPED_SPEC, metadata={"help": "test-bed preset (testbed/spec.py) "
+                                                                 "whose train tasks the dialogues are on"})
+    p_ask: float | None = field(default=None, metadata={"help": "probability that the explorer asks on each turn "
+                                                                "before the last (default: the spec's)"})
+    epochs: int = field(default=2, metadata={"help": "passes over the dialogues"})
+    learning_rate: float = field(default=2e-3, metadata={"help": "AdamW learning rate"})
+    batch_size: int = field(default=8, metadata={"help": "examples per step (small: many steps let copying emerge)"})
+    micro_batch_size: int | None = field(default=None, metadata={"help": "examples per forward pass (default: batch_size; "
+                                                                         "the update does not depend on it)"})
+    seed: int = field(default=0, metadata={"help": "random seed"})
+    teacher: str = field(default="explorer", metadata={
+        "help": "whose dialogues to imitate: explorer (the warm start's), optimal (the exact solver's optimal "
+                "agent on a spec bed: a reference point, not a method, since it uses the solver) or optimal_shuffled "
+                "(the same agent with its facts in a random order per dialogue: imitating it needs reading which "
+                "question was asked)"})
+
+    def __post_init__(self):
+        if self.teacher not in TEACHERS:
+            raise ValueError(f"WarmStartConfig.teacher: {self.teacher!r}; one of {', '.join(TEACHERS)}")
+        if self.teacher != "explorer" and testbed_spec.spec(self.spec).legacy:
+            raise ValueError(f"WarmStartConfig.teacher: {self.teacher} needs a spec bed (--spec default, long), "
+                             f"not {self.spec!r}")
+
+
+TEACHERS = ("explorer", "optimal", "optimal_shuffled")
+
+
+def spec_env(spec: str) -> TestbedEnv:
+    """The test-bed env of a preset (its turn limit)."""
+    return TestbedEnv() if testbed_spec.spec(spec).legacy else TestbedEnv(spec=spec)
+
+
+def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = SHIPPED_SPEC,
+                      teacher: str = "explorer") -> list[Episode]:
+    """`n` scripted episodes (the explorer's; with teacher "optimal" the solver's optimal
+    agent's, "optimal_shuffled" that agent with a random order of the facts per dialogue)
+    on the test bed's train tasks of `spec`, tokenised."""
+
+    env = spec_env(spec)
+    tasks = make_tasks("train", spec=spec)
+    rng = random.Random(seed)
+    episodes = []
+    for i in range(n):
+        task = tasks[i % len(tasks)]
+        turns: list[Turn] = []
+        for role, text in _teacher_dialogue(teacher, task, rng, p_ask):
+            if role == "agent":
+                prompt = env.agent_messages(task, turns)
+                turns.append(Turn("agent", text, prompt=prompt, prompt_token_ids=template_ids(tokenizer, prompt),
+                                  token_ids=list(text_ids(tokenizer, text)),
+                                  finish_reason="stop"))  # a demonstration ends its turn
+            else:
+                turns.append(Turn("human", text))
+        episodes.append(Episode(task.task_id, "testbed", "scripted-explorer", i, turns, answer=turns[-1].content,
+                                stop_reason=STOP_ANSWERED))
+    answers = [env.extract_answer(ep.answer) for ep in episodes]
+    for ep, score in zip(episodes, env.score([tasks[i % len(tasks)] for i in range(n)], answers)):
+        ep.score = score
+    env.close()
+    return episodes
+
+
+def _dialogue(task, rng, p_ask):
+    return scripted_dialogue(task, rng, p_ask=p_ask)
+
+
+def _teacher_dialogue(teacher: str, task, rng: random.Random, p_ask: float):
+    if teacher == "explorer":
+        return _dialogue(task, rng, p_ask)
+    facts = testbed_spec.task_spec(task).facts
+    return optimal_dialogue(task, rng.sample(range(facts), facts) if teacher == "optimal_shuffled" else None)
+
+
+def copy_check_dialogues(n: int = 48, seed: int = 0, spec: str = SHIPPED_SPEC):
+    """`n` held-out copy-check cases: the always-asking explorer's questions (one on every
+    turn before the last: three on the legacy bed, two on a 3-turn spec) and the human's
+    replies on the test tasks of `spec`, as (task, turns, want). want: per constant, what
+    the answer must write, or None where it is not checked. Legacy: the constants the
+    replies stated (A or None, B or None). Another spec: what the explorer would write,
+    every constant (told ones copied, the fixed guess for the rest), since its warm
+    start's success rests on both."""
+
+    tasks = make_tasks("test", spec=spec)
+    s = testbed_spec.spec(spec)
+    rng = random.Random(f"copy-check-{seed}")
+    cases = []
+    for i in range(n):
+        task = tasks[i % len(tasks)]
+        turns = [Turn(role, text) for role, text in _dialogue(task, rng, 1.0)[:-1]]  # not the explorer's answer
+        replies = [t.content for t in turns if t.role == "human"]
+        if s.legacy:
+            a, b = task.meta["a"], task.meta["b"]
+            know_a, know_b = told_constants(replies, a, b)
+            want: tuple[int | None, ...] = (a if know_a else None, b if know_b else None)
+        else:
+            want = testbed_spec.guess_values(s, testbed_spec.told_values(s, replies))
+        cases.append((task, turns, want))
+    return cases
+
+
+def copy_score(answers: list[str], told: list[tuple[int | None, ...]], spec: str = SHIPPED_SPEC) -> float:
+    """The share of checked constants (not None in `told`) that the answers wrote, read
+    as the scorer reads an answer (legacy: testbed.env.answer_constants; a
+    spec: testbed_spec.answer_values)."""
+
+    s = testbed_spec.spec(spec)
+    right = total = 0
+    for text, want in zip(answers, told, strict=True):
+        got = answer_constants(text) if s.legacy else testbed_spec.answer_values(s, text)
+        for g, w in zip(got, want):
+            if w is not None:
+                right, total = right + (g == w), total + 1
+    return right / max(total, 1)
+
+
+def copy_accuracy(model: str, n: int = 48, seed: int = 0, spec: str = SHIPPED_SPEC) -> float:
+    """How often `model`, answering greedily after the always-asking explorer's questions
+    on held-out tasks of `spec`, writes each constant as checked (`copy_check_dialogues`,
+    `copy_score`). The warm start's copy phase must pass this before the behaviour
+    phase: a cosmetic change to the prompt once flipped it from 28/28 to 8/28, and every
+    algorithm then started from a policy that miscopies."""
+
+    env = spec_env(spec)
+    cases = copy_check_dialogues(n, seed, spec)
+    prompts = [env.agent_messages(task, turns) for task, turns, _ in cases]
+    env.close()
+    engine = load_engine(f"hf:{model}")
+    try:
+        samples = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=64))
+    finally:
+        engine.close()
+    return copy_score([s[0].text for s in samples], [want for _, _, want in cases], spec)
+
+
+def write_episodes(episodes: list[Episode], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for ep in episodes:
+            f.write(json.dumps(ep.to_json()) + "\n")
+
+
+def main(cfg: WarmStartConfig) -> Path:
+    """Write scripted episodes, then fine-tune on all of them (RFT with no filter)."""
+
+    out = Path(cfg.output_dir)
+    if finished(out) is not None:
+        print(f"warm start: {out / 'final'} exists, reusing it")
+        return out / "final"
+    episodes_path = out / "scripted_episodes.jsonl"
+    if not episodes_path.exists():
+        tokenizer = load_tokenizer(cfg.model)
+        p_ask = testbed_spec.spec(cfg.spec).p_ask if cfg.p_ask is None else cfg.p_ask
+        episodes = scripted_episodes(tokenizer, cfg.n_dialogues, p_ask, cfg.seed, cfg.spec, cfg.teacher)
+        write_episodes(episodes, episodes_path)
+        success = sum(e.success for e in episodes) / len(episodes)
+        print(f"warm start: {len(episodes)} scripted dialogues, {cfg.teacher} success rate {success:.2f}")
+    model_cfg = ModelConfig(model=cfg.model, max_length=512, keep_head=64)
+    train = rft.RFTTrainConfig(output_dir=str(out), learning_rate=cfg.learning_rate, num_epochs=cfg.epochs,
+                               batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size or cfg.batch_size, seed=cfg.seed,
+                               warmup_ratio=0.05, report_to="none", save_steps=0)
+    return rft.main(model_cfg, train, rft.RFTConfig(episodes=str(episodes_path), env="testbed", success_threshold=0.0))
+
+
+def cli(argv: list[str] | None = None) -> Path:
+    """`python -m testbed.warm_start`: parse the command line, then `main(cfg)`."""
+    (cfg,) = parse_configs([WarmStartConfig], argv, description=__doc__.split("\n\n")[0])
+    with trainer_run(cfg.output_dir, command="python -m testbed.warm_start"):
+        return main(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(cli, prog="python -m testbed.warm_start"))

@@ -1,0 +1,138 @@
+"""testbed/learning.py end to end on toy sizes: the protocol's summary (success at matched KL,
+predictions, pairs, the search record) from real training, evaluation and KL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LEVELS = ("0.5", "1.0", "2.0")
+
+
+def run_bench(out: Path, *args: str) -> dict:
+    res = subprocess.run([sys.executable, "-m", "testbed.learning", "--seeds", "1", "--train-limit", "4",
+                          "--test-limit", "4", "--out", str(out), *args], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=1200, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads((out / "summary.json").read_text())
+
+
+def check_metric(m: dict) -> None:
+    lo, hi = m["ci95"]
+    assert 0.0 <= lo <= m["value"] <= hi <= 1.0
+
+
+def check_schema(summary: dict, names: list[str]) -> None:
+    assert list(summary["policies"]) == names
+    for name, m in summary["policies"].items():
+        for key in ("success_rate", "tests_passed", "samples", "train_wall_s", "budget", "kl", "at_kl", "predicted"):
+            assert key in m, (name, key)
+        assert set(m["budget"]) == {"episodes", "online_episodes", "candidates"}
+        assert list(m["at_kl"]) == list(LEVELS)
+        for level in LEVELS:
+            at = m["at_kl"][level]
+            check_metric(at["success_rate"])
+            assert isinstance(at["reached"], bool)
+    rows = summary["pairs"]
+    n = len(names)
+    assert len(rows) == n * (n - 1) // 2 * len(LEVELS)
+    assert {(r["a"], r["b"]) for r in rows} == {(a, b) for i, a in enumerate(names) for b in names[i + 1:]}
+    for r in rows:
+        assert set(r) == {"a", "b", "kl", "predicted_gap", "measured_gap", "ci95"}
+        assert r["ci95"][0] <= r["measured_gap"] <= r["ci95"][1]
+    warm = summary["policies"]["warm_start"]
+    assert warm["kl"] == 0.0  # by definition: the warm start's path is one point at KL 0
+    assert all(not warm["at_kl"][k]["reached"] and warm["at_kl"][k]["kl"] == 0.0 for k in LEVELS)
+    assert all(warm["at_kl"][k]["success_rate"] == warm["success_rate"] for k in LEVELS)
+
+
+@pytest.fixture(scope="module")
+def smoke_warm_start(tmp_path_factory) -> Path:
+    from testbed.pipeline import warm_start
+
+    return warm_start(tmp_path_factory.mktemp("warm"), smoke=True)
+
+
+def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
+    """The smoke warm start rarely succeeds, so RFT and MT-DPO find nothing to learn from and
+    are evaluated as the warm start (said in their notes): the summary's schema, the search
+    record (a grid of 1 and 3, a tie goes to 1), and the solver's finite-sample predictions
+    at the run's own budget (4 tasks x 8 episodes)."""
+    from testbed import predict
+
+    summary = run_bench(tmp_path / "out", "--policies", "rft,mtdpo", "--hp-grid", "1,3", "--predict-finite", "2",
+                        "--val-limit", "8", "--warm-start", str(smoke_warm_start))
+    assert summary["spec"] == "default" and summary["seeds"] == 1
+    check_schema(summary, ["warm_start", "rft", "mtdpo"])
+    finite = predict.predict_finite("default", 2, 4, 8, candidates=8)
+    population = predict.predict("default")
+    for name in ("rft", "mtdpo"):
+        assert summary["policies"][name]["predicted"] == {f"{k:.1f}": round(v[0], 4) for k, v in finite[name].items()}
+    assert summary["policies"]["warm_start"]["predicted"] == round(population.warm_start, 4)
+    assert summary["predicted"] == {"warm_start": round(population.warm_start, 4),
+                                    "optimum": round(population.optimum, 4), "source": "predict_finite"}
+    pair = next(r for r in summary["pairs"] if r["a"] == "rft" and r["b"] == "mtdpo" and r["kl"] == "1.0")
+    assert pair["predicted_gap"] == round(summary["policies"]["rft"]["predicted"]["1.0"]
+                                          - summary["policies"]["mtdpo"]["predicted"]["1.0"], 4)
+    hp = summary["hp"]
+    assert hp["grid"] == [1.0, 3.0] and hp["choice"] == {"rft": 1.0, "mtdpo": 1.0}
+    assert set(hp["validation"]["rft"]) == {"1", "3"} and "mean" in hp["validation"]["rft"]["3"]
+    out = tmp_path / "out"
+    assert (out / "frontier.png").stat().st_size > 0
+    # the search ran on the first 8 validation tasks (--val-limit), 2 episodes each, and says so
+    val = json.loads((out / "seed0" / "validation" / "leaderboard.json").read_text())
+    assert {(r["n_tasks"], r["n_episodes"]) for r in val} == {(8, 16)}, val
+    assert "the first 8, 2 episodes each" in hp["rule"]
+    text = (out / "results.md").read_text()
+    assert "*KL 0.00" in text and "Pairs (gap a − b)" in text
+    # the repeat rate at matched KL, measured on the same episodes as success, beside the solver's
+    # for a tabular policy and for one blind to the dialogue (testbed.policy_class)
+    from testbed import policy_class as testbed_policy_class, profile as testbed_profile
+    from colbench.episodes import read_episodes
+
+    warm = summary["policies"]["warm_start"]
+    episodes = read_episodes(out / "seed0" / "eval" / "episodes" / "warm_start.jsonl")
+    assert warm["at_kl"]["0.5"]["repeat_rate"]["value"] == pytest.approx(
+        testbed_profile.profile("default", episodes).metrics["repeat"].value)
+    check_metric(warm["at_kl"]["1.0"]["repeat_rate"])
+    assert warm["predicted_repeat"] == {"history": 0.3333, "turn": 0.3333}
+    _, (blind,) = testbed_policy_class.predict_classes("default", ("turn",))
+    assert summary["policies"]["mtdpo"]["predicted_blind"] == blind.to_json()["mtdpo"]
+    assert summary["policies"]["mtdpo"]["predicted_repeat"]["turn"] == blind.to_json()["repeat_rate"]["mtdpo"]
+    assert "predicted_blind" not in summary["policies"]["rft"]  # RFT's one-round limit is not a flow to tie
+    assert "How often the second question repeats the first" in text and "| tabular | blind" in text
+
+
+@pytest.mark.slow
+def test_toy_run_with_training_paths(tmp_path):
+    """A warm start that imitated the always-asking explorer answers on the legacy bed's
+    last turn, so LOOP (online, one iteration per 48 episodes) and RFT train: their paths
+    hold snapshots at KL > 0, the final KL is the path's end, and a level a path does not
+    reach is reported at its largest KL."""
+    from testbed.warm_start import WarmStartConfig
+    from testbed.warm_start import main as imitate
+
+    warm = imitate(WarmStartConfig(output_dir=str(tmp_path / "ws"), p_ask=1.0, n_dialogues=800, epochs=1,
+                                   batch_size=16, learning_rate=2e-3))
+    out = tmp_path / "out"
+    summary = run_bench(out, "--spec", "legacy", "--policies", "rft,loop", "--hp-grid", "1", "--episodes-per-task",
+                        "24", "--snapshot-steps", "2", "--warm-start", str(warm))
+    check_schema(summary, ["warm_start", "rft", "loop"])
+    paths = json.loads((out / "results.json").read_text())["per_seed"]["0"]
+    loop = paths["loop"]["path"]
+    assert [p["step"] for p in loop] == [0, 1, 2] and loop[0]["kl"] == 0.0 and all(p["kl"] > 0 for p in loop[1:])
+    assert summary["policies"]["loop"]["kl"] == loop[-1]["kl"]
+    assert summary["policies"]["loop"]["budget"]["online_episodes"] == 96  # LOOP generated the offline budget
+    assert summary["policies"]["rft"]["budget"] == {"episodes": 96, "online_episodes": 0, "candidates": 0}
+    top = max(p["kl"] for p in loop)
+    at = summary["policies"]["loop"]["at_kl"]["2.0"]
+    assert top < 2.0 and not at["reached"] and at["kl"] == pytest.approx(top, abs=1e-4)  # results.json rounds
+    if not paths["rft"]["note"]:
+        rft = paths["rft"]["path"]
+        assert len(rft) >= 2 and all(p["kl"] > 0 for p in rft[1:])

@@ -1,0 +1,148 @@
+"""The warm start's copy check (testbed/warm_start.py): the held-out cases and their scoring."""
+
+import json
+
+import pytest
+
+from testbed.env import DEFAULT_A, DEFAULT_B, MAX_TURNS, answer_text
+from testbed import spec as ts
+from testbed import pipeline
+from testbed.warm_start import copy_check_dialogues, copy_score
+
+
+def test_copy_check_cases_are_held_out_three_question_dialogues_with_what_was_told():
+    cases = copy_check_dialogues(n=40, seed=0)
+    assert len(cases) == 40
+    kinds = set()
+    for task, turns, (a, b) in cases:
+        assert task.meta["split"] == "test"
+        assert [t.role for t in turns] == ["agent", "human"] * (MAX_TURNS - 1)  # three questions, no answer yet
+        replies = [t.content for t in turns if t.role == "human"]
+        assert (a is not None) == any(f"x * {task.meta['a']}" in r for r in replies)
+        assert (b is not None) == any(f"x + {task.meta['b']}" in r for r in replies)
+        assert a in (None, task.meta["a"]) and b in (None, task.meta["b"])
+        kinds.add((a is not None, b is not None))
+    assert {(True, True), (True, False), (False, True)} <= kinds  # one or both constants told
+    assert copy_check_dialogues(n=40, seed=0)[7][1] == cases[7][1]  # deterministic
+
+
+def test_copy_score_counts_each_told_constant_once():
+    told = [(3, 20), (2, None), (None, 10)]
+    assert copy_score([answer_text(3, 20), answer_text(2, DEFAULT_B), answer_text(DEFAULT_A, 10)], told) == 1.0
+    # the defaults for what was not told are not held against it; miscopies are
+    assert copy_score([answer_text(2, 20), answer_text(3, 10), answer_text(2, 20)], told) == pytest.approx(1 / 4)
+    # no answer marker: the whole message is read as code; a question has none
+    assert copy_score(["What happens to positive numbers?"] * 3, told) == 0.0
+    with pytest.raises(ValueError):
+        copy_score([answer_text(3, 20)], told)  # one answer per case
+
+
+def test_spec_copy_check_asks_on_every_turn_but_the_last_and_wants_the_explorers_answer():
+    """On a 3-turn spec the always-asking explorer asks twice; the check wants every
+    constant as the explorer writes it: told ones copied, the fixed guess for the rest."""
+    s = ts.spec("default")
+    cases = copy_check_dialogues(n=40, seed=0, spec="default")
+    for task, turns, want in cases:
+        assert task.meta["split"] == "test" and task.meta["spec"] == "default"
+        assert [t.role for t in turns] == ["agent", "human"] * (s.turns - 1)
+        replies = [t.content for t in turns if t.role == "human"]
+        assert want == ts.guess_values(s, ts.told_values(s, replies))
+    told = {sum(v is not None for v in ts.told_values(s, [t.content for t in turns if t.role == "human"]))
+            for _, turns, _ in cases}
+    assert told == {0, 1, 2}  # nothing, one side, or both (the docstring) told
+    answers = [ts.answer_text(s, want) for _, _, want in cases]
+    assert copy_score(answers, [w for _, _, w in cases], spec="default") == 1.0
+    wrong = [ts.answer_text(s, (3, 20)) for _ in cases]  # the non-guess values everywhere
+    expected = sum((w[0] == 3) + (w[1] == 20) for _, _, w in cases) / (2 * len(cases))
+    assert copy_score(wrong, [w for _, _, w in cases], spec="default") == pytest.approx(expected)
+
+
+def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_path, monkeypatch):
+    """A warm-start phase stops at the first pass over the bar, each pass continuing the
+    last at its own learning rate; it resumes from <phase>_check.json, and raises rather
+    than hand on a warm start that cannot copy."""
+    trained, measured = [], []
+    accuracy = {"copy": 0.5, "copy-2": pipeline.COPY_PASS, "behave": pipeline.BEHAVE_PASS - 0.01, "behave-2": 1.0}
+
+    def fake_run(cfg):
+        trained.append(cfg)
+        return tmp_path / "ws" / cfg.output_dir.rsplit("/", 1)[1] / "final"
+
+    def fake_accuracy(model, seed=0, **spec):
+        measured.append(model)
+        return accuracy[model.split("/")[-2]]
+
+    monkeypatch.setattr("testbed.warm_start.main", fake_run)
+    monkeypatch.setattr("testbed.warm_start.copy_accuracy", fake_accuracy)
+    model = pipeline.warm_start(tmp_path / "ws", seed=0)
+    assert model == tmp_path / "ws" / "behave-2" / "final"
+    assert [c.output_dir.rsplit("/", 1)[1] for c in trained] == ["copy", "copy-2", "behave", "behave-2"]
+    ws = str(tmp_path / "ws")
+    assert [c.model for c in trained] == ["tiny", f"{ws}/copy/final", f"{ws}/copy-2/final", f"{ws}/behave/final"]
+    assert [c.learning_rate for c in trained] == [2e-3, 1e-3, 1e-3, 1e-3]
+    assert [c.p_ask for c in trained] == [1.0, 1.0, 0.6, 0.6]
+    assert [c.n_dialogues for c in trained] == [1600, 1600, 600, 600]
+    assert len({c.seed for c in trained}) == 4  # fresh dialogues each pass
+    for phase, want in (("copy", [0.5, pipeline.COPY_PASS]), ("behave", [pipeline.BEHAVE_PASS - 0.01, 1.0])):
+        record = json.loads((tmp_path / "ws" / f"{phase}_check.json").read_text())
+        assert [r["copy_accuracy"] for r in record] == want
+    assert pipeline.warm_start(tmp_path / "ws", seed=0) == model  # resumed: nothing measured again
+    assert len(measured) == 4
+    accuracy.update({"copy-2": 0.5, "copy-3": 0.5, "copy-4": 0.5})
+    with pytest.raises(RuntimeError, match="copy phase did not reach"):
+        pipeline.warm_start(tmp_path / "other", seed=0)
+
+
+def test_the_optimal_teacher_imitates_the_solvers_optimal_agent():
+    """--teacher optimal: the dialogues are the exact solver's optimal agent's, their scored
+    success is the solver's optimum on those tasks, and they never repeat a question."""
+    from testbed import mdp
+    from testbed import profile as testbed_profile
+    from testbed.env import make_tasks
+    from sweet.core.models import load_tokenizer
+    from testbed.warm_start import WarmStartConfig, scripted_episodes
+
+    eps = scripted_episodes(load_tokenizer("tiny"), 56, 0.75, seed=0, spec="default", teacher="optimal")
+    tasks = make_tasks("train", spec="default")
+    for ep in eps[:8]:
+        texts = [t.content for t in ep.turns]
+        assert all(texts[i] == mdp.optimal_message("default", texts[:i]) for i in range(0, len(texts), 2))
+    assert sum(e.success for e in eps) / 56 == pytest.approx(mdp.expected_success_on("default", tasks, "optimal"))
+    prof = testbed_profile.profile("default", eps)
+    assert prof.metrics["repeat"].value == 0.0 and prof.metrics["early"].value == 0.0
+    with pytest.raises(ValueError, match="teacher"):
+        WarmStartConfig(teacher="oracle")
+    with pytest.raises(ValueError, match="optimal needs a spec bed"):
+        WarmStartConfig(teacher="optimal", spec="legacy")
+    with pytest.raises(ValueError, match="optimal_shuffled needs a spec bed"):
+        WarmStartConfig(teacher="optimal_shuffled", spec="legacy")
+
+
+def test_the_shuffled_optimal_teacher_asks_either_side_first_and_never_repeats():
+    """--teacher optimal_shuffled: each dialogue is the optimal agent's under one order of
+    the facts, both sides come first, none repeats or answers early, and the success
+    matches the solver's exact value of the shuffled agent within sampling noise."""
+    import itertools
+    import math
+
+    from testbed import mdp
+    from testbed import profile as testbed_profile
+    from testbed.env import make_tasks
+    from sweet.core.models import load_tokenizer
+    from testbed.warm_start import scripted_episodes
+
+    n = 224
+    eps = scripted_episodes(load_tokenizer("tiny"), n, 0.75, seed=0, spec="default", teacher="optimal_shuffled")
+    firsts = set()
+    for ep in eps:
+        texts = [t.content for t in ep.turns]
+        firsts.add(texts[0])
+        assert any(all(texts[i] == mdp.optimal_message("default", texts[:i], order)
+                       for i in range(0, len(texts), 2)) for order in itertools.permutations(range(2))), texts
+    assert len(firsts) == 2
+    prof = testbed_profile.profile("default", eps)
+    assert prof.metrics["repeat"].value == 0.0 and prof.metrics["early"].value == 0.0
+    tasks = make_tasks("train", spec="default")
+    exact = mdp.expected_success_on("default", [tasks[i % len(tasks)] for i in range(n)], "optimal_shuffled")
+    rate = sum(e.success for e in eps) / n
+    assert abs(rate - exact) <= 1.96 * math.sqrt(exact * (1 - exact) / n), (rate, exact)
