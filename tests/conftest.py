@@ -128,3 +128,22 @@ def colbench_server():
     127.0.0.1 port until /health answers, yields its base URL, and stops it after."""
     pytest.importorskip("openenv", reason="the `serve` extra (pip install -e '.[serve]') is not installed")
     return _colbench_server
+
+
+# the tiny model's fixtures, shared by tests/sweet and tests/testbed
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from sweet.core.models import load_tokenizer
+
+    return load_tokenizer("tiny")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """The test machine's cores are shared: one thread per process is much faster here."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -72,24 +72,6 @@ def write_jsonl(path: Path, records) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_tokenizer():
-    from sweet.core.models import load_tokenizer
-
-    return load_tokenizer("tiny")
-
-
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """The test machine's cores are shared: one thread per process is much faster here."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(name="make_synthetic")
 def make_synthetic_fixture():
     """The builder itself, for tests that need variations."""
