@@ -95,6 +95,7 @@ from sweet.core.config import (
     lr_field,
     resolved_config,
     save_resolved_config,
+    strict_tasks_field,
 )
 from sweet.core.fingerprint import begin_run
 from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
@@ -151,9 +152,7 @@ class LoopConfig:
     max_new_tokens: int = field(default=96, metadata={"help": "tokens per agent turn"})
     max_turns: int | None = field(default=None, metadata={"help": "agent turns per episode (default: the "
                                                                   "environment's own limit; ColBench 10, testbed 4)"})
-    strict_tasks: bool = field(default=False, metadata={
-        "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
-                "validation), naming each; default: skip them with one warning naming how many and the list"})
+    strict_tasks: bool = strict_tasks_field()
     agent_prompt: str | None = agent_prompt_field(collects=True)
     human_prompt: str | None = human_prompt_field()
 

@@ -41,6 +41,7 @@ from sweet.core.config import (
     fill_env_defaults,
     lr_field,
     save_resolved_config,
+    strict_tasks_field,
 )
 from sweet.core.models import load_tokenizer
 from sweet.core.records import Pair, group_by_task, make_trajectory_pairs
@@ -62,9 +63,7 @@ class MTDPOConfig:
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen trajectory's per-token NLL"})
     max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes of the file"})
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns without token_ids (published data)"})
-    strict_tasks: bool = field(default=False, metadata={
-        "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
-                "validation), naming each; default: skip them with one warning naming how many and the list"})
+    strict_tasks: bool = strict_tasks_field()
     agent_prompt: str | None = agent_prompt_field()
 
     def __post_init__(self) -> None:

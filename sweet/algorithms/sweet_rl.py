@@ -67,7 +67,8 @@ from colbench.tasks import load_tasks
 from engines import EngineOptions, load_engine
 from engines.base import Sample, SamplingParams
 from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_dpo
-from sweet.core.config import LearningRates, ModelConfig, agent_prompt_field, check_range, lr_field, save_resolved_config
+from sweet.core.config import (LearningRates, ModelConfig, agent_prompt_field, check_range, lr_field,
+                               save_resolved_config, strict_tasks_field)
 from sweet.core.models import load_tokenizer, resolve_model_path
 from sweet.core.records import (
     Candidate,
@@ -115,9 +116,7 @@ class SweetConfig:
         "help": "α_anchor: weight of the per-token NLL of one anchor action per pair, drawn round-robin from the "
                 "states whose candidates all tie (an estimate of KL(π_0||π) where the critic ranks nothing; "
                 "not in the paper: 0)"})
-    strict_tasks: bool = field(default=False, metadata={
-        "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
-                "validation), naming each; default: skip them with one warning naming how many and the list"})
+    strict_tasks: bool = strict_tasks_field()
     agent_prompt: str | None = agent_prompt_field()
 
     def __post_init__(self) -> None:

@@ -199,6 +199,14 @@ PATH_FIELDS = ("model", "episodes", "eval_episodes", "tasks", "critic", "reuse_c
 PROMPT_FIELDS = ("agent_prompt", "human_prompt", "critic_context_prompt")
 
 
+def strict_tasks_field():
+    """The `strict_tasks` field of a trainer config: unusable task rows (colbench.tasks) stop
+    the run, or are skipped with one warning (the default)."""
+    return field(default=False, metadata={
+        "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
+                "validation), naming each; default: skip them with one warning naming how many and the list"})
+
+
 def agent_prompt_field(collects: bool = False):
     """The `agent_prompt` field of a trainer config (docs/prompts.md). `collects`: the trainer
     builds agent prompts with it (LOOP, --rounds); otherwise it checks the recorded prompts

@@ -71,6 +71,7 @@ from sweet.core.config import (
     resolve_local,
     resolved_config,
     save_resolved_config,
+    strict_tasks_field,
 )
 from sweet.core.fingerprint import begin_run
 from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
@@ -132,9 +133,7 @@ class CriticConfig:
     baseline_sampler: str = field(default="", metadata={"help": "engine spec of the policy the baseline samples come "
                                                                 "from (default: hf:<--model>, the critic's initial model)"})
     baseline_max_new_tokens: int = field(default=512, metadata={"help": "max tokens per baseline sample"})
-    strict_tasks: bool = field(default=False, metadata={
-        "help": "stop on any unusable task row or trajectory (bad JSON, missing field, reference that fails "
-                "validation), naming each; default: skip them with one warning naming how many and the list"})
+    strict_tasks: bool = strict_tasks_field()
 
     def __post_init__(self) -> None:
         fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
