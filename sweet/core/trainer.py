@@ -491,14 +491,54 @@ def _written_in_place(path: Path):
 
 
 def finished(output_dir: str | Path) -> dict[str, Any] | None:
-    """What a finished stage recorded in `output_dir` (its FINISHED_FILE), or None.
-    Every stage (critic, policy algorithms, LOOP, warm start) writes it last, after
-    all its outputs, so its presence means the outputs are complete."""
+    """What a finished stage recorded in `output_dir` (its FINISHED_FILE), or None: the one
+    "already finished" check of every stage (critic, policy algorithms, LOOP, warm start).
+    The marker is written last, after all the outputs; a marker whose final model (its
+    "final" folder) is missing or would not load counts as unfinished, with one warning, so
+    the stage runs again (resuming from its checkpoints) instead of handing on no weights."""
     path = Path(output_dir) / FINISHED_FILE
     try:
-        return json.loads(path.read_text())
+        info = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    if isinstance(info, dict) and info.get("final"):
+        problem = model_problem(Path(output_dir) / info["final"])
+        if problem:
+            print(f"warning: {path} says finished, but {problem}: running the stage again")
+            return None
+    return info
+
+
+def model_problem(folder: Path) -> str | None:
+    """Why the model in `folder` would not load, or None: a config (config.json, or a PEFT
+    adapter_config.json), at least one weights file, and every weights file whole."""
+    if not folder.is_dir():
+        return f"{folder} does not exist"
+    if not ((folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()):
+        return f"{folder} has no config.json"
+    weights = sorted(f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern))
+    if not weights:
+        return f"{folder} has no weights (*.safetensors / *.bin)"
+    for f in weights:
+        problem = _file_problem(f)
+        if problem:
+            return f"{f} {problem}"
+    return None
+
+
+def _file_problem(f: Path) -> str | None:
+    """Why one weights or state file is damaged (truncated, torn), or None."""
+    import zipfile
+
+    try:
+        if f.suffix == ".safetensors":
+            _check_safetensors(f)
+        elif f.suffix in (".bin", ".pt", ".pkl", ".pth"):
+            with zipfile.ZipFile(f) as z:
+                z.infolist()
+    except Exception as e:  # any library's error for a damaged file means: it does not load
+        return f"is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return None
 
 
 def mark_finished(output_dir: str | Path, **info: Any) -> None:
@@ -534,24 +574,14 @@ def checkpoint_problem(ckpt: Path) -> str | None:
     """Why `ckpt` would not load (a kill or a full disk mid-write), or None. Cheap checks
     that catch truncation: state.json parses, every safetensors file's header matches its
     size, every torch.save file (optimizer.bin, scheduler.bin, RNG states) is a whole zip."""
-    import zipfile
-
     try:
         state = json.loads((ckpt / STATE_FILE).read_text())
         int(state["step"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{STATE_FILE} unreadable ({type(e).__name__}: {e})"
     for f in sorted(ckpt.rglob("*")):
-        if not f.is_file():
-            continue
-        try:
-            if f.suffix == ".safetensors":
-                _check_safetensors(f)
-            elif f.suffix in (".bin", ".pt", ".pkl", ".pth"):
-                with zipfile.ZipFile(f) as z:
-                    z.infolist()
-        except Exception as e:  # any library's error for a damaged file means: not this checkpoint
-            return f"{f.name} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        if f.is_file() and (problem := _file_problem(f)):
+            return f"{f.name} {problem}"
     return None
 
 

@@ -134,6 +134,40 @@ def test_rft_trains_and_resumes_with_identical_metrics(data, tmp_path, capsys):
     assert again == first and again[-1]["step"] == 2  # step 2 was redone, identically, and logged once
 
 
+def test_a_finished_run_without_its_final_weights_runs_again(data, tmp_path, capsys):
+    """The one finished check (sweet.core.trainer.finished) looks at the final weights: a run
+    whose final/*.safetensors were deleted (or truncated) is not taken as finished; the rerun
+    resumes from its last checkpoint and writes the same final weights again."""
+    from safetensors.torch import load_file
+
+    episodes, _, _ = data
+    out = tmp_path / "rft"
+    args = ["--algorithm", "rft", "--episodes", str(episodes), "--output_dir", str(out), *FAST,
+            "--learning_rate", "1e-3", "--batch_size", "4", "--micro_batch_size", "2", "--save_steps", "1"]
+    from sweet.train_policy import main
+
+    main(args)
+    weights = sorted((out / "final").glob("*.safetensors"))
+    assert weights
+    first = {f.name: load_file(f) for f in weights}
+    main(args)  # finished: nothing to do
+    assert "training already finished" in capsys.readouterr().out
+    for f in weights:
+        f.unlink()
+    main(args)
+    said = capsys.readouterr().out
+    assert "says finished, but" in said and "has no weights" in said and "resuming from" in said
+    again = {f.name: load_file(f) for f in sorted((out / "final").glob("*.safetensors"))}
+    assert again.keys() == first.keys()
+    assert all(torch.equal(again[n][k], first[n][k]) for n in first for k in first[n])
+    # a truncated weights file is damaged, not finished
+    big = max(weights, key=lambda f: f.stat().st_size)
+    big.write_bytes(big.read_bytes()[:-100])
+    main(args)
+    assert "is damaged" in capsys.readouterr().out
+    assert all(torch.equal(load_file(big)[k], first[big.name][k]) for k in first[big.name])
+
+
 # ---- mtdpo ---------------------------------------------------------------------------------
 
 
