@@ -84,10 +84,3 @@ def dpo_loss(
         **extra,
     }
     return loss, metrics
-
-
-def sft_loss(policy_logps: "torch.Tensor", token_counts: "torch.Tensor") -> tuple["torch.Tensor", dict[str, float]]:
-    """Token-mean NLL over action tokens of a batch (rejection fine-tuning):
-    L = −Σ_i log π_θ(y_i|x_i) / Σ_i |y_i|, with [B] summed log-probs and token counts."""
-    loss = -policy_logps.sum() / token_counts.sum().clamp(min=1)
-    return loss, {"loss/nll": loss.item(), "logps/action_mean": (policy_logps / token_counts.clamp(min=1)).mean().item()}

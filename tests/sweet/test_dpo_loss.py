@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from sweet.algorithms.losses import dpo_loss, sft_loss
+from sweet.algorithms.losses import dpo_loss
 
 
 def _t(*xs):
@@ -58,13 +58,6 @@ def test_beta_scales_the_margin():
     _, m2 = dpo_loss(_t(-1.0), _t(-2.0), _t(-1.0), _t(-1.0), _t(1), beta=0.5)
     assert m1["rewards/margin"] == pytest.approx(0.1) and m2["rewards/margin"] == pytest.approx(0.5)
     assert m2["loss/dpo"] == pytest.approx(math.log1p(math.exp(-0.5)))
-
-
-def test_sft_loss_is_token_mean():
-    # −(−6 − 2) / (3 + 1) = 2
-    loss, m = sft_loss(_t(-6.0, -2.0), _t(3, 1))
-    assert loss.item() == pytest.approx(2.0)
-    assert m["logps/action_mean"] == pytest.approx((-2.0 + -2.0) / 2)
 
 
 def test_dpo_loss_matches_trl_dpo_trainer(tmp_path):
