@@ -18,7 +18,7 @@ from testbed.env import MAX_TURNS, constants_from_reference, optimal_advantage
 
 
 class OracleScorer:
-    """The Scorer protocol (sweet.algorithms.sweet_rl.Scorer) with the test bed's exact advantage.
+    """The Scorer protocol (sweet.algorithms.sweet_candidates.Scorer) with the test bed's exact advantage.
 
     tokenizer: the policy's (candidates are its token ids; decoded without special tokens).
     env:       the environment name; only "testbed" has an exact advantage.

@@ -23,11 +23,12 @@ Paper defaults: lr 2e-7 (full fine-tuning; with --lora 2e-6: the papers give no 
 test bed, testbed/pipeline.py, gives its own `--max_episodes`).
 
 Candidates and scores go to output_dir/candidates.jsonl one state per line, flushed
-per batch of states: a rerun skips states already there. Candidates are trained on
+per batch of states: a rerun skips states already there (the candidate cache,
+sweet/algorithms/sweet_candidates.py). Candidates are trained on
 as sampled: context = the sampler's prompt ids (else the state's recorded ids, else the
 chat template), action = the generated ids + eos (no eos when cut at max_new_tokens).
 The sampler must share the policy's tokenizer (its ids are trained on).
-`--reuse_candidates RUN/candidates.jsonl` scores the samples another run drew with the
+`--reuse_candidates RUN/candidates.jsonl` (not in the paper) scores the samples another run drew with the
 same sampler, K, temperature, top_p, max_new_tokens and seed (checked against its
 candidates.settings.json) instead of drawing them again: the critic ablations of
 testbed/learning.py then rank the very same candidates, and each still counts them.
@@ -52,34 +53,26 @@ sweet/workflows/rounds.py. The paper trains one round.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Protocol, Sequence
+from typing import ClassVar, Sequence
 
 from colbench.episodes import load_episodes
-from colbench.jsonl import Appender
 from colbench.prompts import check_prompt_flags, check_recorded_prompts
 from colbench.tasks import load_tasks
-from engines import EngineOptions, load_engine
-from engines.base import Sample, SamplingParams
 from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_dpo
+# CANDIDATES_FILE, SAMPLING_FILE (the run's files) and read_candidates are re-exported for callers;
+# CandidateConfig (K, the sampler) and Scorer (what the critic offers) live with the candidate cache
+from sweet.algorithms.sweet_candidates import (CANDIDATES_FILE, SAMPLING_FILE, CandidateCache,  # noqa: F401
+                                              CandidateConfig, Scorer, sampling_settings)
 from sweet.core.config import (LearningRates, ModelConfig, agent_prompt_field, check_range, lr_field,
                                save_resolved_config, strict_tasks_field)
-from sweet.core.models import load_tokenizer, resolve_model_path
-from sweet.core.records import (
-    Candidate,
-    CandidatesRow,
-    Pair,
-    SampledAction,
-    State,
-    episode_states,
-    read_candidates,
-    state_key,
-)
+from sweet.core.models import load_tokenizer
+from sweet.core.records import Candidate, CandidatesRow, Pair, State, episode_states, state_key
+from sweet.core.records import read_candidates  # noqa: F401
 from sweet.core.tokens import Segment, action_ids, context_ids, eos_id
 from sweet.core.trainer import process_state
 from sweet.critic.model import CriticScorer, load_training_info
@@ -89,8 +82,6 @@ ORACLE_CRITIC = "oracle"  # --critic oracle: testbed/oracle.py instead of a crit
 # the lab's oracle and its tasks' spec, "module:Name" loaded on use (colbench.registry): sweet imports no test bed
 ORACLE_SCORER = "testbed.oracle:OracleScorer"
 ORACLE_TASK_SPEC = "testbed.spec:task_spec"
-CANDIDATES_FILE = "candidates.jsonl"
-SAMPLING_FILE = "candidates.settings.json"  # what candidates.jsonl was sampled and scored with
 
 
 @dataclass
@@ -138,39 +129,6 @@ class SweetConfig:
 
 
 @dataclass
-class CandidateConfig:
-    """How the K candidate actions per state are sampled."""
-
-    engine_spec_fields = ("sampler",)  # a class attribute, not a flag: adds --request_timeout etc. (colbench.cli)
-
-    sampler: str = field(default="", metadata={"help": "engine spec for candidates: tiny|hf:..|vllm:..|openai:..; default the policy's initial model"})
-    reuse_candidates: str = field(default="", metadata={
-        "help": "another stage-2 run's candidates.jsonl, sampled with these same settings: score its samples with "
-                "this run's critic instead of sampling again (ablations then differ only in the ranking)"})
-    num_candidates: int = field(default=16, metadata={"help": "K candidate actions per state (paper: 16)"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the candidates"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling of the candidates"})
-    max_new_tokens: int = field(default=512, metadata={"help": "max tokens per candidate"})
-    sample_batch_size: int = field(default=8, metadata={"help": "states per sampling + scoring call (one candidates.jsonl flush each)"})
-    sampler_batch_size: int = field(default=16, metadata={"help": "hf sampler: rows per forward batch"})
-    sampler_tensor_parallel: int = field(default=1, metadata={"help": "vllm sampler: tensor parallel size"})
-    sampler_gpu_memory_utilization: float = field(default=0.6, metadata={"help": "vllm sampler: GPU memory share (the critic shares the GPU)"})
-
-    def __post_init__(self) -> None:
-        check_range(self, "temperature")  # finite
-        check_range(self, "top_p", low=0, high=1, strict=True)
-        check_range(self, "sampler_gpu_memory_utilization", low=0, high=1, strict=True)
-        check_range(self, "sampler_tensor_parallel", low=1)
-        for name in ("num_candidates", "max_new_tokens", "sample_batch_size", "sampler_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"CandidateConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_candidates < 2:
-            raise ValueError(f"CandidateConfig.num_candidates must be >= 2 to form pairs, got {self.num_candidates}")
-        if self.temperature < 0:
-            raise ValueError(f"CandidateConfig.temperature must be >= 0, got {self.temperature}")
-
-
-@dataclass
 class SweetTrainConfig(PolicyTrainConfig):
     output_dir: str = field(default="runs/sweet", metadata={"help": "checkpoints, candidates, metrics and the resolved config"})
     LEARNING_RATES: ClassVar[LearningRates] = LearningRates(2e-7, 2e-6, "SWEET-RL paper: 2e-7, full fine-tuning of Llama-3.1-8B; the papers give no LoRA rate: 10x, the usual LoRA rule")
@@ -180,113 +138,45 @@ class SweetTrainConfig(PolicyTrainConfig):
 CONFIGS = (ModelConfig, SweetTrainConfig, SweetConfig, CandidateConfig)
 
 
-class Scorer(Protocol):
-    """What ranks candidates: sweet.critic.CriticScorer, or any object with this method."""
-
-    def score_states(self, items: Sequence[tuple[State, Sequence[Sequence[int]], Sequence[str | None]]]
-                     ) -> list[list[float]]:
-        """Per (state, candidate action ids, their finish reasons): one advantage per candidate."""
+# ---- states: the dialogue prefixes, with the training-time information c ----------------------
 
 
-# ---- candidates ------------------------------------------------------------------------
+def first_episodes(episodes: Sequence, cfg: SweetConfig) -> list:
+    """Stage 2's share of the episodes file, from its start: the first `max_episodes`,
+    else the first ceil(episode_fraction x all) (paper: the first 10%)."""
+    n = cfg.max_episodes if cfg.max_episodes is not None else math.ceil(cfg.episode_fraction * len(episodes))
+    return list(episodes[:n])
 
 
-def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cand: CandidateConfig, path: Path, seed: int) -> None:
-    """Sample K candidates for every state not yet in `path`, score them, append rows."""
-    from tqdm.auto import tqdm
+def load_states(cfg: SweetConfig) -> list[State]:
+    """One State per agent turn of the episodes, with the task's training-time information."""
+
+    on_error = "raise" if cfg.strict_tasks else "skip"
+    episodes = first_episodes(load_episodes(cfg.episodes, env=cfg.env, on_error=on_error, usable_only=True), cfg)
+    # candidates are sampled at the recorded prompts: they must be of one agent prompt, --agent_prompt's
+    check_recorded_prompts(episodes, cfg.env, cfg.agent_prompt, cfg.episodes)
+    unusable: set[str] = set()
+    info = load_training_info(cfg.tasks, env=cfg.env, strict=cfg.strict_tasks, unusable=unusable)
+    episodes = [ep for ep in episodes if ep.task_id not in unusable]  # no reference to learn from (warned)
+    missing = sorted({ep.task_id for ep in episodes} - set(info))
+    if missing:
+        raise ValueError(f"{cfg.episodes}: tasks {missing[:5]} are not in --tasks {cfg.tasks}")
+    return [s for ep in episodes for s in episode_states(ep, info[ep.task_id])]
 
 
-    done = read_candidates(path, repair=True)
-    todo = [(i, s) for i, s in enumerate(states) if state_key(s) not in done]
-    with Appender(path) as out, tqdm(total=len(states), initial=len(states) - len(todo), desc="candidates") as bar:
-        for start in range(0, len(todo), cand.sample_batch_size):
-            chunk = todo[start : start + cand.sample_batch_size]
-            params = SamplingParams(n=cand.num_candidates, temperature=cand.temperature, top_p=cand.top_p,
-                                    max_new_tokens=cand.max_new_tokens, seed=seed * 1_000_003 + chunk[0][0])
-            if isinstance(engine, StoredSamples):
-                results = [engine.samples(s) for _, s in chunk]
-            else:
-                results = engine.generate([list(s.prompt) for _, s in chunk], params)
-            scores = scorer.score_states([(s, [smp.token_ids for smp in samples], [smp.finish_reason for smp in samples])
-                                          for (_, s), samples in zip(chunk, results)])
-            out.write(candidates_row(s, samples, advs).to_json() for (_, s), samples, advs in zip(chunk, results, scores))
-            bar.update(len(chunk))
+# ---- the critic that scores the candidates ----------------------------------------------------
 
 
-def sampling_settings(model_cfg: ModelConfig, cfg: SweetConfig, cand: CandidateConfig, seed: int) -> dict:
-    """What candidates.jsonl is sampled and scored with (candidates.settings.json)."""
-    settings = {"sampler": cand.sampler or default_sampler(model_cfg), "num_candidates": cand.num_candidates,
-                "temperature": cand.temperature, "top_p": cand.top_p, "max_new_tokens": cand.max_new_tokens,
-                "critic": cfg.critic, "seed": seed}
-    if cand.reuse_candidates:
-        settings["reused_from"] = cand.reuse_candidates
-    return settings
+def load_scorer(model_cfg: ModelConfig, cfg: SweetConfig) -> Scorer:
+    """The critic `--critic` names: a stage-1 critic dir, or `oracle` (`load_oracle_scorer`)."""
+    if not cfg.critic:
+        raise ValueError("SweetConfig.critic is required to score candidates: give --critic <critic dir>")
+    if cfg.critic == ORACLE_CRITIC:
+        return load_oracle_scorer(model_cfg, cfg)
+    return CriticScorer.load(cfg.critic)
 
 
-def sampling_changes(path: Path, model_cfg: ModelConfig, cfg: SweetConfig, cand: CandidateConfig,
-                     seed: int) -> dict[str, str]:
-    """`setting: old -> new` where candidates.jsonl's recorded settings differ from these."""
-    settings = sampling_settings(model_cfg, cfg, cand, seed)
-    side = path.with_name(SAMPLING_FILE)
-    if not side.exists():
-        return {}
-    old = json.loads(side.read_text())
-    return {k: f"{old.get(k)!r} -> {v!r}" for k, v in settings.items() if old.get(k) != v}
-
-
-def check_sampling_settings(path: Path, model_cfg: ModelConfig, cfg: SweetConfig, cand: CandidateConfig,
-                            seed: int) -> None:
-    """A rerun appends to candidates.jsonl only with the settings it was sampled with
-    (stale candidates from another sampler, K or critic would be mixed in silently);
-    they are kept in candidates.settings.json beside it."""
-    changed = sampling_changes(path, model_cfg, cfg, cand, seed)
-    if changed:
-        raise ValueError(f"{path} was sampled with other settings ({changed}); delete it and {SAMPLING_FILE} "
-                         "or use a new --output_dir")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_name(SAMPLING_FILE).write_text(json.dumps(sampling_settings(model_cfg, cfg, cand, seed), indent=2))
-
-
-class StoredSamples:
-    """Another run's candidate samples (`--reuse_candidates`), served instead of a
-    sampler's: the same sampler, K, temperature, top_p, max_new_tokens and seed as this
-    run's are required (its candidates.settings.json), and every state must be there."""
-
-    def __init__(self, path: Path, settings: dict):
-        side = path.with_name(SAMPLING_FILE)
-        if not side.exists():
-            raise ValueError(f"--reuse_candidates {path}: no {SAMPLING_FILE} beside it")
-        theirs = json.loads(side.read_text())
-        drawn = ("sampler", "num_candidates", "temperature", "top_p", "max_new_tokens", "seed")
-        changed = {k: f"{theirs.get(k)!r} there, {settings[k]!r} here" for k in drawn if theirs.get(k) != settings[k]}
-        if changed:
-            raise ValueError(f"--reuse_candidates {path} was sampled with other settings: {changed}")
-        self.path, self.rows = path, read_candidates(path)
-
-    def samples(self, state: State) -> list:
-        row = self.rows.get(state_key(state))
-        if row is None:
-            raise ValueError(f"--reuse_candidates {self.path}: no candidates for state {state_key(state)}")
-        return [Sample(c.text, c.token_ids, c.logprobs, c.finish_reason or "stop", row.prompt_token_ids)
-                for c in row.candidates]
-
-    def close(self) -> None:  # the engine interface's; nothing to free
-        pass
-
-
-def candidates_row(state: State, samples, advantages: Sequence[float]) -> CandidatesRow:
-    """The candidates.jsonl record of `state`'s sampled actions and their critic scores."""
-    if len(samples) != len(advantages):
-        raise RuntimeError(f"critic returned {len(advantages)} scores for {len(samples)} candidates")
-    prompt_ids = next((smp.prompt_token_ids for smp in samples if smp.prompt_token_ids is not None), None)
-    return CandidatesRow(
-        state_key(state), state.task_id, state.episode_id, state.turn_index,
-        tuple(prompt_ids) if prompt_ids is not None else None,
-        tuple(SampledAction(smp.text, tuple(smp.token_ids), tuple(smp.logprobs) if smp.logprobs is not None else None,
-                            smp.finish_reason, float(a)) for smp, a in zip(samples, advantages)))
-
-
-# ---- ranking and pairing ---------------------------------------------------------------
+# ---- ranking and pairing: top half vs bottom half -------------------------------------------------
 
 
 def rank_halves(scores: Sequence[float]) -> tuple[list[int], list[int]]:
@@ -334,6 +224,19 @@ def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs
     return pairs, metrics
 
 
+def token_pair(tokenizer, pair: Pair[Candidate], prompt_token_ids: Sequence[int] | None) -> Pair:
+    """The DPO example of an action pair: both actions in the context they were sampled from."""
+
+    ctx = context_ids(tokenizer, prompt_token_ids if prompt_token_ids is not None else pair.state.prompt_token_ids,
+                      pair.state.prompt)
+    eos = eos_id(tokenizer)
+    seg = lambda c: Segment(ctx, action_ids(c.token_ids, eos, c.finish_reason))  # noqa: E731
+    return Pair((seg(pair.chosen),), (seg(pair.rejected),), pair.task_id, pair.state)
+
+
+# ---- not in the paper, off by default: --anchor_coef, --critic oracle ------------------------------
+
+
 def anchor_candidates(scored: Sequence[tuple[State, Sequence[Candidate]]], n_pairs: int,
                       rng: random.Random) -> list[tuple[State, Candidate]]:
     """One anchor per pair: the first candidate of each state whose candidates all tie,
@@ -346,16 +249,6 @@ def anchor_candidates(scored: Sequence[tuple[State, Sequence[Candidate]]], n_pai
     return [tied[i % len(tied)] for i in range(n_pairs)]
 
 
-def token_pair(tokenizer, pair: Pair[Candidate], prompt_token_ids: Sequence[int] | None) -> Pair:
-    """The DPO example of an action pair: both actions in the context they were sampled from."""
-
-    ctx = context_ids(tokenizer, prompt_token_ids if prompt_token_ids is not None else pair.state.prompt_token_ids,
-                      pair.state.prompt)
-    eos = eos_id(tokenizer)
-    seg = lambda c: Segment(ctx, action_ids(c.token_ids, eos, c.finish_reason))  # noqa: E731
-    return Pair((seg(pair.chosen),), (seg(pair.rejected),), pair.task_id, pair.state)
-
-
 def token_action(tokenizer, state: State, cand: Candidate, prompt_token_ids: Sequence[int] | None) -> tuple[Segment]:
     """An anchor's NLL example: the candidate in the context it was sampled from."""
     ctx = context_ids(tokenizer, prompt_token_ids if prompt_token_ids is not None else state.prompt_token_ids,
@@ -363,89 +256,34 @@ def token_action(tokenizer, state: State, cand: Candidate, prompt_token_ids: Seq
     return (Segment(ctx, action_ids(cand.token_ids, eos_id(tokenizer), cand.finish_reason)),)
 
 
-# ---- the run ------------------------------------------------------------------------------
+def anchor_examples(tokenizer, scored: Sequence[tuple[State, Sequence[Candidate]]], n_pairs: int,
+                    rows: dict[str, CandidatesRow], seed: int, metrics: dict) -> list[tuple[Segment]] | None:
+    """`--anchor_coef`'s NLL examples, one per pair (`anchor_candidates`, seeded with seed + 1),
+    tokenized as sampled; None when no state's candidates all tie. Counts their states in `metrics`."""
+    drawn = anchor_candidates(scored, n_pairs, random.Random(seed + 1))
+    if not drawn:
+        print("sweet: --anchor_coef > 0 but no state has all-tied candidates: no anchors")
+        return None
+    metrics["sweet/anchor_states"] = len({state_key(s) for s, _ in drawn})
+    return [token_action(tokenizer, s, c, rows[state_key(s)].prompt_token_ids) for s, c in drawn]
 
 
-def first_episodes(episodes: Sequence, cfg: SweetConfig) -> list:
-    """Stage 2's share of the episodes file, from its start: the first `max_episodes`,
-    else the first ceil(episode_fraction x all) (paper: the first 10%)."""
-    n = cfg.max_episodes if cfg.max_episodes is not None else math.ceil(cfg.episode_fraction * len(episodes))
-    return list(episodes[:n])
+def load_oracle_scorer(model_cfg: ModelConfig, cfg: SweetConfig) -> Scorer:
+    """`--critic oracle`, a diagnostic (test bed only): the test bed's exact advantage through
+    the registry (ORACLE_SCORER), decoded with the policy's tokenizer (the sampler shares it)."""
+    if cfg.env != "testbed":
+        raise ValueError(f"--critic {ORACLE_CRITIC} is the test bed's exact advantage: it needs --env testbed, "
+                         f"got --env {cfg.env}")
+    from colbench.registry import load_target
+
+    OracleScorer, task_spec = load_target(ORACLE_SCORER), load_target(ORACLE_TASK_SPEC)
+    specs = {task_spec(t).name for t in load_tasks(cfg.tasks, env=cfg.env, validate=False)}
+    if len(specs) != 1:
+        raise ValueError(f"--critic {ORACLE_CRITIC}: --tasks {cfg.tasks} mixes test-bed specs {sorted(specs)}")
+    return OracleScorer(load_tokenizer(model_cfg.model), cfg.env, spec=specs.pop())
 
 
-def load_states(cfg: SweetConfig) -> list[State]:
-    """One State per agent turn of the episodes, with the task's training-time information."""
-
-    on_error = "raise" if cfg.strict_tasks else "skip"
-    episodes = first_episodes(load_episodes(cfg.episodes, env=cfg.env, on_error=on_error, usable_only=True), cfg)
-    # candidates are sampled at the recorded prompts: they must be of one agent prompt, --agent_prompt's
-    check_recorded_prompts(episodes, cfg.env, cfg.agent_prompt, cfg.episodes)
-    unusable: set[str] = set()
-    info = load_training_info(cfg.tasks, env=cfg.env, strict=cfg.strict_tasks, unusable=unusable)
-    episodes = [ep for ep in episodes if ep.task_id not in unusable]  # no reference to learn from (warned)
-    missing = sorted({ep.task_id for ep in episodes} - set(info))
-    if missing:
-        raise ValueError(f"{cfg.episodes}: tasks {missing[:5]} are not in --tasks {cfg.tasks}")
-    return [s for ep in episodes for s in episode_states(ep, info[ep.task_id])]
-
-
-def default_sampler(model_cfg: ModelConfig) -> str:
-    return "hf:" + resolve_model_path(model_cfg.model)
-
-
-def load_scorer(model_cfg: ModelConfig, cfg: SweetConfig) -> Scorer:
-    """The critic `--critic` names: a stage-1 critic dir, or `oracle` (the test bed's exact
-    advantage, decoded with the policy's tokenizer: the sampler shares it)."""
-    if not cfg.critic:
-        raise ValueError("SweetConfig.critic is required to score candidates: give --critic <critic dir>")
-    if cfg.critic == ORACLE_CRITIC:
-        if cfg.env != "testbed":
-            raise ValueError(f"--critic {ORACLE_CRITIC} is the test bed's exact advantage: it needs --env testbed, "
-                             f"got --env {cfg.env}")
-        from colbench.registry import load_target
-
-        OracleScorer, task_spec = load_target(ORACLE_SCORER), load_target(ORACLE_TASK_SPEC)
-        specs = {task_spec(t).name for t in load_tasks(cfg.tasks, env=cfg.env, validate=False)}
-        if len(specs) != 1:
-            raise ValueError(f"--critic {ORACLE_CRITIC}: --tasks {cfg.tasks} mixes test-bed specs {sorted(specs)}")
-        return OracleScorer(load_tokenizer(model_cfg.model), cfg.env, spec=specs.pop())
-
-    return CriticScorer.load(cfg.critic)
-
-
-def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cfg: SweetConfig, cand: CandidateConfig,
-                       path: Path, seed: int, scorer: Scorer | None) -> None:
-    """Load the sampler and the critic (unless every state is done), sample + score, free them."""
-    import gc
-
-
-    done = read_candidates(path)
-    if all(state_key(s) in done for s in states):
-        return
-    engine = None  # stored samples are checked before the critic loads: a wrong source fails at once
-    if cand.reuse_candidates:
-        engine = StoredSamples(Path(cand.reuse_candidates), sampling_settings(model_cfg, cfg, cand, seed))
-    if scorer is None:
-        scorer = load_scorer(model_cfg, cfg)
-    if engine is None:
-        options = EngineOptions(dtype=model_cfg.dtype, batch_size=cand.sampler_batch_size,
-                                tensor_parallel_size=cand.sampler_tensor_parallel,
-                                gpu_memory_utilization=cand.sampler_gpu_memory_utilization)
-        engine = load_engine(cand.sampler or default_sampler(model_cfg), options)
-    try:
-        sample_and_score(states, engine, scorer, cand, path, seed)
-    finally:
-        engine.close()
-        del engine, scorer
-        gc.collect()
-        _empty_cuda_cache()
-
-
-def _empty_cuda_cache() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+# ---- the run: states -> K candidates (sweet_candidates.py) -> pairs -> per-turn DPO ----------------
 
 
 def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand: CandidateConfig | None = None,
@@ -457,46 +295,26 @@ def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand
     cand = cand or CandidateConfig()
     out = Path(train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / CANDIDATES_FILE
-    # candidates of other sampling settings: a resume names them; a fresh start moves them aside with
-    # the rest of the earlier run, and keeps them (a cache of these same settings) otherwise
-    same_samples = not sampling_changes(path, model_cfg, cfg, cand, train.seed)
-    if train.resume and not same_samples:
-        check_sampling_settings(path, model_cfg, cfg, cand, train.seed)  # raises, naming the changes
-    keep = (CANDIDATES_FILE, SAMPLING_FILE) if same_samples else ()
+    cache = CandidateCache(out, sampling_settings(model_cfg, cand, cfg.critic, train.seed))
+    keep = cache.files_to_keep(train.resume)  # a fresh start keeps candidates of these same settings
     if (done := finished_run(train, keep=keep, model=model_cfg, sweet=cfg, candidates=cand)) is not None:
         return done
     run_config = save_resolved_config(out, algorithm="sweet", model=model_cfg, train=train, sweet=cfg, candidates=cand)
     states = load_states(cfg)
     proc = process_state()  # on CPU, PartialState() alone would leave each process on its own
     if cfg.stage != "train":
-        done = read_candidates(path)
-        if proc.num_processes > 1 and not all(state_key(s) in done for s in states):
-            raise RuntimeError(f"{path} is incomplete: sample candidates in ONE process first (--stage sample), "
-                               "then launch training with several processes (--stage train)")
-        if proc.is_main_process:
-            check_sampling_settings(path, model_cfg, cfg, cand, train.seed)
-            collect_candidates(states, model_cfg, cfg, cand, path, train.seed, scorer)
+        cache.fill(states, cand, model_cfg, train.seed, proc,
+                   load_scorer=lambda: scorer if scorer is not None else load_scorer(model_cfg, cfg))
         if cfg.stage == "sample":
             return None
-    rows = read_candidates(path)
-    missing = [state_key(s) for s in states if state_key(s) not in rows]
-    if missing:
-        raise ValueError(f"{path}: no candidates for {len(missing)} states (e.g. {missing[0]}); run --stage sample first")
+    rows = cache.rows(states)
     scored = [(s, rows[state_key(s)].for_state(s)) for s in states]
     pairs, metrics = make_action_pairs(scored, cfg.pairs_per_state, random.Random(train.seed))
     print(f"sweet: {metrics['sweet/states']} states, {metrics['sweet/tied_states']} all-tied, {len(pairs)} pairs")
     if not pairs:
-        raise ValueError(f"no preference pairs: the critic scored every state's candidates equal ({path})")
+        raise ValueError(f"no preference pairs: the critic scored every state's candidates equal ({cache.path})")
     tokenizer = load_tokenizer(model_cfg.model)
     token_pairs = [token_pair(tokenizer, p, rows[state_key(p.state)].prompt_token_ids) for p in pairs]
-    anchors = None
-    if cfg.anchor_coef > 0:
-        drawn = anchor_candidates(scored, len(pairs), random.Random(train.seed + 1))
-        if drawn:
-            anchors = [token_action(tokenizer, s, c, rows[state_key(s)].prompt_token_ids) for s, c in drawn]
-            metrics["sweet/anchor_states"] = len({state_key(s) for s, _ in drawn})
-        else:
-            print("sweet: --anchor_coef > 0 but no state has all-tied candidates: no anchors")
+    anchors = anchor_examples(tokenizer, scored, len(pairs), rows, train.seed, metrics) if cfg.anchor_coef > 0 else None
     return train_dpo(token_pairs, model_cfg, train, tokenizer, beta=cfg.beta, nll_coef=cfg.nll_coef,
                      run_config=run_config, first_metrics=metrics, anchors=anchors, anchor_coef=cfg.anchor_coef)
