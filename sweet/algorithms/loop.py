@@ -72,7 +72,8 @@ import json
 import math
 import random
 import sys
-from dataclasses import dataclass, field
+from contextlib import closing
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
@@ -84,7 +85,6 @@ from colbench.types import Episode
 from engines.base import SamplingParams
 from engines.hf import HFEngine
 from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION
-from simulators import load_simulator
 from sweet.core.config import (
     LearningRates,
     ModelConfig,
@@ -99,10 +99,10 @@ from sweet.core.config import (
 )
 from sweet.core.fingerprint import begin_run
 from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
-from sweet.core.rollouts import prompted_env
+from sweet.core.rollouts import rollout_session
 from sweet.core.scoring import sharded_scores
 from sweet.core.tokens import make_batch, turn_segment
-from sweet.core.trainer import Trainer, mark_finished
+from sweet.core.trainer import Trainer, mark_finished, process_state, schedule_offset
 
 if TYPE_CHECKING:
     import torch
@@ -200,7 +200,7 @@ class LoopTrainConfig(TrainConfig):
 CONFIGS = (ModelConfig, LoopTrainConfig, LoopConfig)
 
 
-# ---- the maths ---------------------------------------------------------------------
+# ---- advantages (step 3) ----------------------------------------------------------------
 
 
 def leave_one_out_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -236,6 +236,57 @@ def turn_gae(values: Sequence[float], reward: float, lam: float) -> tuple[list[f
         running = (nxt - values[t]) + lam * running
         adv[t] = running
     return adv, [a + v for a, v in zip(adv, values)]
+
+
+def ppo_advantages(values: Sequence[Sequence[float]], rewards: Sequence[float], lam: float,
+                   normalize: bool) -> tuple[torch.Tensor, list[float], torch.Tensor]:
+    """PPO's advantage: `turn_gae` over each trajectory's turns (values[g]: V(s_t) of
+    trajectory g's turns, rewards[g]: its R), concatenated in trajectory order. Returns
+    (the policy's A_t, normalised over all the turns when `normalize`; the value targets
+    A_t + V_t, never normalised; the raw A_t, float64)."""
+    import torch
+
+    raw, targets = [], []
+    for v, r in zip(values, rewards):
+        a, target = turn_gae(v, r, lam)
+        raw += a
+        targets += target
+    raw_t = torch.tensor(raw, dtype=torch.float64)
+    policy = normalize_advantages(raw_t) if normalize and len(raw) > 1 else raw_t
+    return policy, targets, raw_t
+
+
+def episode_advantages(episodes: Sequence[Episode], cfg: LoopConfig) -> tuple[list[Episode], list[float], dict]:
+    """loo/grpo: each task group's advantages; returns the kept episodes (|A| ≥
+    `min_abs_advantage`), their A and metrics. ppo: every episode, no A (its advantage
+    comes per turn from the value head, `ppo_advantages`), the same group metrics."""
+    import torch
+
+    by_task: dict[str, list[Episode]] = {}
+    for ep in episodes:
+        by_task.setdefault(ep.task_id, []).append(ep)
+    kept, kept_adv, all_adv, flat = [], [], [], 0
+    for group in by_task.values():
+        rewards = torch.tensor([e.reward for e in group], dtype=torch.float64)
+        flat += int(bool(torch.all(rewards == rewards[0])))
+        if len(group) < 2:
+            continue
+        adv = grpo_advantages(rewards) if cfg.advantage == "grpo" else leave_one_out_advantages(rewards)
+        all_adv += adv.tolist()
+        for ep, a in zip(group, adv.tolist()):
+            if abs(a) >= cfg.min_abs_advantage:
+                kept.append(ep)
+                kept_adv.append(a)
+    a = torch.tensor(all_adv or [0.0])
+    metrics = {"loop/advantage_std": float(a.std()) if len(all_adv) > 1 else 0.0,
+               "loop/advantage_abs_mean": float(a.abs().mean()),
+               "loop/groups_without_variance": flat / max(len(by_task), 1)}
+    if cfg.advantage == "ppo":
+        return list(episodes), [], metrics
+    return kept, kept_adv, metrics
+
+
+# ---- the loss (step 5) ------------------------------------------------------------------
 
 
 def clipped_policy_loss(
@@ -297,49 +348,65 @@ def clipped_policy_loss(
     return loss, sums
 
 
-# ---- data --------------------------------------------------------------------------
+def value_loss(values: torch.Tensor, targets: torch.Tensor, n_turns: torch.Tensor) -> torch.Tensor:
+    """PPO's value loss per turn, ½(V(s_t) − target_t)² / T_τ ([B]): summed over a
+    trajectory's turns it is the trajectory's turn mean."""
+    return 0.5 * (values - targets) ** 2 / n_turns
 
 
-@dataclass(eq=False)
-class LoopTurn:
-    """One agent turn as a training item, with its trajectory's bookkeeping.
+# ---- the batch (step 4: built by the no-grad pass, never changed) -----------------------
 
-    `old`, `ref`: log π_old / log π_ref of the action tokens ([A], from the pre-pass);
-    `keep`: [A] bool, tokens inside the sampler/trainer gap guard; `traj_tokens`: N_τ, the
-    kept action tokens of the whole trajectory; `first`: the trajectory's first turn
-    (it counts the trajectory once in the step's normaliser)."""
+
+@dataclass(frozen=True, eq=False)
+class SampledTurn:
+    """One agent turn as played: its recorded prompt ids and generated ids (`turn_segment`),
+    the sampler's log-probs of those ids ([A] or None), its trajectory and place in it."""
 
     context: tuple[int, ...]
     action: tuple[int, ...]
     sampler_logprobs: list[float] | None
-    advantage: float
     trajectory: int
-    index: int  # turn position within the trajectory
-    first: bool = False
-    n_turns: int = 1
+    first: bool  # the trajectory's first turn: counts the trajectory once in the step's normaliser
+    n_turns: int  # T_τ, the trajectory's agent turns with generated ids
+
+
+@dataclass(frozen=True, eq=False)
+class LoopTurn:
+    """One agent turn as a training item, as the no-grad pass leaves it.
+
+    `old`, `ref`: log π_old / log π_ref of the action tokens ([A]; ref None without KL);
+    `keep`: [A] bool, tokens inside the sampler/trainer gap guard; `traj_tokens`: N_τ, the
+    kept action tokens of the whole trajectory; `advantage`: the turn's A; `value_target`:
+    ppo's A_t + V_t (else None); `traj_log_ratio`: ratio_level 'trajectory' only, set per
+    optimiser step on a copy (`trajectory_log_ratios`)."""
+
+    turn: SampledTurn
+    advantage: float
+    old: torch.Tensor
+    ref: torch.Tensor | None
+    keep: torch.Tensor
+    traj_tokens: int
     value_target: float | None = None
-    old: torch.Tensor | None = None
-    ref: torch.Tensor | None = None
-    keep: torch.Tensor | None = None
-    traj_tokens: int = 0
     traj_log_ratio: float = 0.0
 
+    @property
+    def trajectory(self) -> int:
+        return self.turn.trajectory
 
-def turn_items(episodes: Sequence[Episode], advantages: Sequence[float], tokenizer) -> list[LoopTurn]:
-    """Every agent turn with generated ids, as items (the one turn->tokens rule)."""
 
-    out: list[LoopTurn] = []
-    for g, (ep, adv) in enumerate(zip(episodes, advantages)):
+def sampled_turns(episodes: Sequence[Episode], tokenizer) -> list[SampledTurn]:
+    """Every agent turn with generated ids, in trajectory order (the one turn->tokens rule)."""
+    out: list[SampledTurn] = []
+    for g, ep in enumerate(episodes):
         turns = [t for t in ep.agent_turns if t.token_ids]
         for i, t in enumerate(turns):
             seg = turn_segment(tokenizer, t)
-            out.append(LoopTurn(seg.context, seg.action, t.logprobs, float(adv), g, i, first=i == 0,
-                                n_turns=len(turns)))
+            out.append(SampledTurn(seg.context, seg.action, t.logprobs, g, i == 0, len(turns)))
     return out
 
 
-def _batch(items: Sequence[LoopTurn], pad_id: int, model_cfg: ModelConfig):
-    return make_batch([(it.context, it.action) for it in items], pad_id, model_cfg.max_length, model_cfg.keep_head)
+def _batch(turns: Sequence[SampledTurn], pad_id: int, model_cfg: ModelConfig):
+    return make_batch([(t.context, t.action) for t in turns], pad_id, model_cfg.max_length, model_cfg.keep_head)
 
 
 def _forward(model, batch, with_value: bool):
@@ -360,17 +427,14 @@ def _action_rows(logp: torch.Tensor, batch) -> list[torch.Tensor]:
     return [logp[i, batch.action_mask[i].bool()] for i in range(logp.shape[0])]
 
 
-# ---- the update ----------------------------------------------------------------------
-
-
-def score_items(model, items: Sequence[LoopTurn], acc, pad_id: int, model_cfg: ModelConfig, micro: int,
+def score_turns(model, turns: Sequence[SampledTurn], acc, pad_id: int, model_cfg: ModelConfig, micro: int,
                 with_value: bool = False, ref=None) -> list[tuple[torch.Tensor, torch.Tensor | None, float | None]]:
-    """(log π [A], log π_ref [A] or None, V(s_t) or None) per item, no grad, the items dealt
+    """(log π [A], log π_ref [A] or None, V(s_t) or None) per turn, no grad, the turns dealt
     across processes and gathered (sweet.core.scoring.sharded_scores)."""
     from sweet.core.logprobs import token_logprobs
 
     def score(idx: list[int]):
-        batch = _batch([items[i] for i in idx], pad_id, model_cfg).to(acc.device)
+        batch = _batch([turns[i] for i in idx], pad_id, model_cfg).to(acc.device)
         logp, values = _forward(model, batch, with_value)
         ref_rows: list = [None] * batch.input_ids.shape[0]
         if ref == "disable_adapter":  # LoRA: π_ref = the base model, adapters switched off
@@ -383,43 +447,50 @@ def score_items(model, items: Sequence[LoopTurn], acc, pad_id: int, model_cfg: M
         return [(rows[j].float().cpu(), None if ref_rows[j] is None else ref_rows[j].float().cpu(),
                  None if values is None else float(values[j])) for j in range(len(idx))]
 
-    return sharded_scores(acc, model, len(items), score, micro=micro)
+    return sharded_scores(acc, model, len(turns), score, micro=micro)
 
 
-def prepare_items(items: list[LoopTurn], scored, cfg: LoopConfig) -> float:
-    """Fill old/ref log-probs and the gap guard; returns the mean |sampler − trainer| gap."""
+def build_batch(turns: Sequence[SampledTurn], scored, advantages: Sequence[float],
+                value_targets: Sequence[float] | None, cfg: LoopConfig) -> tuple[tuple[LoopTurn, ...], float]:
+    """The iteration's immutable batch: π_old (the trainer's log-probs, or the sampler's
+    with `old_logprobs sampler`), π_ref and the gap guard per turn; returns it and the mean
+    |sampler − trainer| log-prob gap."""
     import torch
 
-    gap_sum, n_gap = 0.0, 0
-    for it, (lp, rf, _) in zip(items, scored):
+    gap_sum, n_gap, olds, keeps = 0.0, 0, [], []
+    for t, (lp, _, _) in zip(turns, scored):
         old = lp.clone()
         keep = torch.ones(len(lp), dtype=torch.bool)
-        if it.sampler_logprobs is not None:
-            n = min(len(it.sampler_logprobs), len(lp))
-            s = torch.tensor(it.sampler_logprobs[:n], dtype=torch.float32)
+        if t.sampler_logprobs is not None:
+            n = min(len(t.sampler_logprobs), len(lp))
+            s = torch.tensor(t.sampler_logprobs[:n], dtype=torch.float32)
             gap = (s - lp[:n]).abs()
             keep[:n] = gap <= cfg.max_logprob_gap
             gap_sum, n_gap = gap_sum + float(gap.sum()), n_gap + n
             if cfg.old_logprobs == "sampler":
                 old[:n] = s
-        it.old, it.ref, it.keep = old, rf, keep
+        olds.append(old)
+        keeps.append(keep)
     tokens: dict[int, int] = {}
-    for it in items:
-        tokens[it.trajectory] = tokens.get(it.trajectory, 0) + int(it.keep.sum())
-    for it in items:
-        it.traj_tokens = tokens[it.trajectory]
-    return gap_sum / max(n_gap, 1)
+    for t, keep in zip(turns, keeps):
+        tokens[t.trajectory] = tokens.get(t.trajectory, 0) + int(keep.sum())
+    batch = tuple(LoopTurn(t, float(a), old, rf, keep, tokens[t.trajectory],
+                           None if value_targets is None else value_targets[i])
+                  for i, (t, a, old, (_, rf, _), keep) in enumerate(zip(turns, advantages, olds, scored, keeps)))
+    return batch, gap_sum / max(n_gap, 1)
+
+
+# ---- one iteration -----------------------------------------------------------------------
 
 
 def make_loss_fn(cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int, with_value: bool):
     """The trainer's loss hook: Σ over the micro-batch's turns of their trajectories' share
     of the step's loss (token weights 1/N_τ; the trainer divides by the trajectory count)."""
-
     import torch
 
     def loss_fn(model, items: Sequence[LoopTurn]):
         device = next(model.parameters()).device
-        batch = _batch(items, pad_id, model_cfg).to(device)
+        batch = _batch([it.turn for it in items], pad_id, model_cfg).to(device)
         logp, values = _forward(model, batch, with_value)
         old = torch.zeros_like(logp)
         ref = torch.zeros_like(logp) if cfg.kl_coef > 0 else None
@@ -436,7 +507,7 @@ def make_loss_fn(cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int, with_valu
                                          traj_lr, ref, cfg.kl_coef)
         if with_value:
             target = torch.tensor([it.value_target for it in items], device=device)
-            per_turn = 0.5 * (values - target) ** 2 / torch.tensor([it.n_turns for it in items], device=device)
+            per_turn = value_loss(values, target, torch.tensor([it.turn.n_turns for it in items], device=device))
             loss = loss + cfg.value_coef * per_turn.sum()
             sums["loss/value"] = per_turn.detach().sum()
         return loss, {k: float(v) for k, v in sums.items()}
@@ -444,61 +515,44 @@ def make_loss_fn(cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int, with_valu
     return loss_fn
 
 
-def _traj_log_ratios(trainer, items: Sequence[LoopTurn], pad_id: int, model_cfg: ModelConfig, with_value: bool):
-    """ratio_level 'trajectory': each trajectory's mean log π_θ − log π_old at the current weights."""
-    scored = score_items(trainer.model, items, trainer.accelerator, pad_id, model_cfg, trainer.train.micro_batch_size,
-                         with_value)
+def trajectory_log_ratios(trainer, items: Sequence[LoopTurn], pad_id: int, model_cfg: ModelConfig,
+                          with_value: bool) -> list[LoopTurn]:
+    """ratio_level 'trajectory': copies of `items` carrying their trajectory's mean
+    log π_θ − log π_old at the current weights."""
+    scored = score_turns(trainer.model, [it.turn for it in items], trainer.accelerator, pad_id, model_cfg,
+                         trainer.train.micro_batch_size, with_value)
     num: dict[int, float] = {}
     for it, (lp, _, _) in zip(items, scored):
         num[it.trajectory] = num.get(it.trajectory, 0.0) + float(((lp - it.old) * it.keep).sum())
-    for it in items:
-        it.traj_log_ratio = num[it.trajectory] / max(it.traj_tokens, 1)
+    return [replace(it, traj_log_ratio=num[it.trajectory] / max(it.traj_tokens, 1)) for it in items]
 
 
-def schedule_offset(step: int, steps: int, planned: int) -> int:
-    """Where step `step` of an iteration that takes `steps` optimiser steps sits in its
-    `planned` steps of the learning-rate schedule (planned for every episode kept): evenly
-    spread, so an iteration that drops episodes still walks its whole share of the decay."""
-    return (step * planned) // max(steps, 1)
-
-
-def advance_schedule(scheduler, position: int) -> None:
-    """Step the schedule (without an optimiser step) up to `position`."""
-    import warnings
-
-    with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": intended here
-        warnings.simplefilter("ignore", UserWarning)
-        while scheduler.last_epoch < position:
-            scheduler.step()
-
-
-def iteration_update(trainer, items: list[LoopTurn], cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int,
-                     seed: int, with_value: bool = False, planned_steps: int = 0) -> dict[str, float]:
-    """`ppo_epochs` passes over the kept trajectories, `batch_size` trajectories per
+def update(trainer, batch: Sequence[LoopTurn], cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int,
+           seed: int, with_value: bool = False, planned_steps: int = 0) -> dict[str, float]:
+    """`ppo_epochs` passes over the batch's trajectories, `batch_size` trajectories per
     optimiser step (seeded order); returns the steps' mean metrics. `planned_steps`: the
     iteration's share of the schedule (steps for all K x tasks episodes), spread over
     the steps taken (0: one schedule step per optimiser step)."""
     by_traj: dict[int, list[LoopTurn]] = {}
-    for it in items:
+    for it in batch:
         by_traj.setdefault(it.trajectory, []).append(it)
-    trajs = list(by_traj)
+    trajs, size = list(by_traj), trainer.train.batch_size
     loss_fn = make_loss_fn(cfg, model_cfg, pad_id, with_value)
     sums: dict[str, float] = {}
-    n_steps = 0
-    total = cfg.ppo_epochs * math.ceil(len(trajs) / trainer.train.batch_size)
+    n_steps, total = 0, cfg.ppo_epochs * math.ceil(len(trajs) / size)
     base = trainer.scheduler.last_epoch  # the iteration's start on the schedule
     trainer.model.train()
     for epoch in range(cfg.ppo_epochs):
         order = trajs[:]
         random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        for s in range(0, len(order), trainer.train.batch_size):
+        for s in range(0, len(order), size):
             if planned_steps:  # spread the iteration's share of the schedule over the steps it takes
-                advance_schedule(trainer.scheduler, base + schedule_offset(n_steps, total, planned_steps))
-            step_items = [it for g in order[s: s + trainer.train.batch_size] for it in by_traj[g]]
+                trainer.advance_schedule(base + schedule_offset(n_steps, total, planned_steps))
+            step_items = [it for g in order[s: s + size] for it in by_traj[g]]
             if cfg.ratio_level == "trajectory":
-                _traj_log_ratios(trainer, step_items, pad_id, model_cfg, with_value)
+                step_items = trajectory_log_ratios(trainer, step_items, pad_id, model_cfg, with_value)
             # whole trajectories: a variable number of turns (the trainer adds accumulation rounds)
-            metrics = trainer.optimizer_step(step_items, loss_fn, lambda it: 1.0 if it.first else 0.0)
+            metrics = trainer.optimizer_step(step_items, loss_fn, lambda it: 1.0 if it.turn.first else 0.0)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
             n_steps += 1
@@ -507,243 +561,222 @@ def iteration_update(trainer, items: list[LoopTurn], cfg: LoopConfig, model_cfg:
     return out
 
 
-def group_advantages(episodes: Sequence[Episode], cfg: LoopConfig) -> tuple[list[Episode], list[float], dict]:
-    """loo/grpo advantages per task group; returns the kept episodes, their A and metrics."""
-    import torch
-
-    by_task: dict[str, list[Episode]] = {}
-    for ep in episodes:
-        by_task.setdefault(ep.task_id, []).append(ep)
-    kept, kept_adv, all_adv, flat = [], [], [], 0
-    for group in by_task.values():
-        rewards = torch.tensor([e.reward for e in group], dtype=torch.float64)
-        flat += int(bool(torch.all(rewards == rewards[0])))
-        if len(group) < 2:
-            continue
-        adv = grpo_advantages(rewards) if cfg.advantage == "grpo" else leave_one_out_advantages(rewards)
-        all_adv += adv.tolist()
-        for ep, a in zip(group, adv.tolist()):
-            if abs(a) >= cfg.min_abs_advantage:
-                kept.append(ep)
-                kept_adv.append(a)
-    a = torch.tensor(all_adv or [0.0])
-    metrics = {"loop/advantage_std": float(a.std()) if len(all_adv) > 1 else 0.0,
-               "loop/advantage_abs_mean": float(a.abs().mean()),
-               "loop/groups_without_variance": flat / max(len(by_task), 1)}
-    return kept, kept_adv, metrics
-
-
 def train_on_episodes(trainer, episodes: Sequence[Episode], cfg: LoopConfig, model_cfg: ModelConfig, tokenizer,
                       seed: int, ref=None, planned_steps: int = 0) -> dict[str, float]:
-    """Advantages, pre-pass (π_old, π_ref, V) and the update for one iteration's episodes
-    (`planned_steps`: iteration_update's)."""
+    """Steps 3-5 on one iteration's episodes: advantages, the no-grad pass (π_old, π_ref,
+    V) that builds the batch, and `update` (`planned_steps`: its)."""
     import torch
 
     with_value = cfg.advantage == "ppo"
     rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float64)
-    metrics = {
-        "env/reward": float(rewards.mean()),
-        "env/success_rate": float(sum(e.success for e in episodes) / len(episodes)),
-        "env/turns": float(sum(len(e.agent_turns) for e in episodes) / len(episodes)),
-        "loop/episodes_total": float(len(episodes)),
-    }
-    kept, adv, m = group_advantages(episodes, cfg)  # ppo: only the group metrics
+    metrics = {"env/reward": float(rewards.mean()),
+               "env/success_rate": float(sum(e.success for e in episodes) / len(episodes)),
+               "env/turns": float(sum(len(e.agent_turns) for e in episodes) / len(episodes)),
+               "loop/episodes_total": float(len(episodes))}
+    kept, episode_adv, m = episode_advantages(episodes, cfg)
     metrics.update(m)
-    if with_value:
-        kept, adv = list(episodes), [0.0] * len(episodes)
     metrics["loop/episodes_kept"] = float(len(kept))
-    items = turn_items(kept, adv, tokenizer)
+    turns = sampled_turns(kept, tokenizer)
     metrics["loop/optimizer_steps"] = 0.0
-    if not items:
+    if not turns:
         return metrics
     pad = tokenizer.pad_token_id
-    acc = trainer.accelerator
-    scored = score_items(trainer.model, items, acc, pad, model_cfg, trainer.train.micro_batch_size, with_value, ref)
-    metrics["loop/sampler_trainer_logprob_gap"] = prepare_items(items, scored, cfg)
+    scored = score_turns(trainer.model, turns, trainer.accelerator, pad, model_cfg, trainer.train.micro_batch_size,
+                         with_value, ref)
+    targets = None
     if with_value:
-        by_traj: dict[int, list[int]] = {}
-        for i, it in enumerate(items):
-            by_traj.setdefault(it.trajectory, []).append(i)
-        all_adv = []
-        for g, idx in by_traj.items():
-            a, target = turn_gae([scored[i][2] for i in idx], kept[g].reward, cfg.gae_lambda)
-            for i, ai, ti in zip(idx, a, target):
-                items[i].advantage, items[i].value_target = ai, ti
-            all_adv += a
-        a = torch.tensor(all_adv, dtype=torch.float64)
-        metrics["loop/advantage_abs_mean"] = float(a.abs().mean())  # before normalising (nothing to learn: 0)
-        metrics["loop/advantage_std"] = float(a.std()) if len(all_adv) > 1 else 0.0
+        values = [[] for _ in kept]
+        for t, (_, _, v) in zip(turns, scored):
+            values[t.trajectory].append(v)
+        advantages, targets, raw = ppo_advantages(values, [e.reward for e in kept], cfg.gae_lambda,
+                                                  cfg.normalize_advantages)
+        advantages = advantages.tolist()
+    else:
+        advantages = [episode_adv[t.trajectory] for t in turns]
+    batch, metrics["loop/sampler_trainer_logprob_gap"] = build_batch(turns, scored, advantages, targets, cfg)
+    if with_value:
+        metrics["loop/advantage_abs_mean"] = float(raw.abs().mean())  # before normalising (nothing to learn: 0)
+        metrics["loop/advantage_std"] = float(raw.std()) if len(raw) > 1 else 0.0
         metrics["loop/value_mean"] = float(torch.tensor([s[2] for s in scored]).mean())
-        if cfg.normalize_advantages and len(all_adv) > 1:
-            # items are in trajectory order, as all_adv (by_traj is filled in item order)
-            order = [i for idx in by_traj.values() for i in idx]
-            normalised = normalize_advantages(a)
-            for i, value in zip(order, normalised.tolist()):
-                items[i].advantage = value
-    metrics.update(iteration_update(trainer, items, cfg, model_cfg, pad, seed, with_value, planned_steps))
+    metrics.update(update(trainer, batch, cfg, model_cfg, pad, seed, with_value, planned_steps))
     return metrics
 
 
-# ---- the loop ----------------------------------------------------------------------
+# ---- the loop ----------------------------------------------------------------------------
 
 
-def load_env_and_tasks(cfg: LoopConfig):
-    env = prompted_env(cfg.env, cfg.agent_prompt)  # --agent_prompt: the rollouts' agent prompt file
-    if cfg.max_turns is not None:
-        env.max_turns = cfg.max_turns
+def load_loop_tasks(cfg: LoopConfig):
+    """The tasks LOOP samples from (`--tasks` for `--env`)."""
     loaded = load_tasks(cfg.tasks, env=cfg.env, on_error="raise" if cfg.strict_tasks else "keep")
     tasks = usable_tasks(loaded, source=cfg.tasks)  # no reference to score against: one warning
     if not tasks:
         raise ValueError(f"--tasks {cfg.tasks}: no tasks for env {cfg.env!r}")
-    return env, tasks
+    return tasks
+
+
+def session(cfg: LoopConfig, main_process: bool = True):
+    """The run's environment and simulated human (`sweet.core.rollouts.rollout_session`,
+    both closed when the block ends); only the main process, which plays, loads the human."""
+    return rollout_session(cfg.env, cfg.simulator if main_process else None, max_turns=cfg.max_turns,
+                           agent_prompt=cfg.agent_prompt, human_prompt=cfg.human_prompt if main_process else None)
 
 
 class Sampler:
-    """The engine that plays the episodes, always following the trained weights.
+    """The engine that plays the episodes, always following the trained weights. Every
+    process builds one (before `trainer.prepare`) and calls `sync` after each update; only
+    the main process holds an engine.
 
-    hf (default): wraps the live policy in memory, so it needs no syncing.
-    vllm: a vLLM engine started from the initial model; after each update `sync`
-    loads the new LoRA adapter (saved to output_dir/sampler-adapter) or copies the
-    full weights in, and the sampler/trainer log-prob gap measures any drift.
+    hf (default): the live policy in memory. Under FSDP or ZeRO-3 the trained weights are
+    sharded (a forward on the main process alone would wait for the others' shards), so
+    the main process plays with an unsharded copy, given the gathered weights at each
+    `sync` (a collective; the memory of one more model there). (ZeRO-3 is untested here:
+    DeepSpeed does not run on this project's CPU test machines.)
+    vllm: a vLLM engine started from the initial model; each `sync` loads the new LoRA
+    adapter (saved to output_dir/sampler-adapter) or copies the full weights in, and the
+    sampler/trainer log-prob gap measures any drift.
     """
 
-    def __init__(self, kind: str, policy, tokenizer, model_path: str, lora: bool, out: Path,
-                 gpu_memory_utilization: float = COLOCATED_GPU_MEMORY_UTILIZATION):
+    def __init__(self, trainer, cfg: LoopConfig, model_cfg: ModelConfig, tokenizer):
+        import copy
 
-        self.kind, self.policy, self.tokenizer, self.out = kind, policy, tokenizer, out
-        if kind == "vllm":
-            from engines.base import EngineOptions
-            from engines.vllm_engine import VLLMEngine
+        from accelerate.utils import DistributedType
 
-            # the sampler shares the GPU with the policy being trained (arithmetic in engines.vllm_engine)
-            options = EngineOptions(enable_lora=lora, gpu_memory_utilization=gpu_memory_utilization,
-                                    max_lora_rank=policy.peft_config["default"].r if lora else None)
-            self.engine = VLLMEngine(model_path, options, spec=f"vllm:{model_path}")
-            self.lora = lora
-            self.sync()  # a resumed policy differs from the initial weights
-        else:
-            self.engine = HFEngine.from_model(policy, tokenizer, spec="hf:loop-policy")
+        acc = self.acc = trainer.accelerator
+        self.trainer, self.cfg, self.model_cfg, self.tokenizer = trainer, cfg, model_cfg, tokenizer
+        zero3 = acc.distributed_type == DistributedType.DEEPSPEED and acc.state.deepspeed_plugin.zero_stage == 3
+        self.mirrored = (acc.distributed_type == DistributedType.FSDP or zero3) and not cfg.sampler
+        self.copy = (copy.deepcopy(trainer.model).requires_grad_(False)
+                     if self.mirrored and acc.is_main_process else None)
+        self.engine = None
 
     def sync(self) -> None:
-        if self.kind != "vllm":
+        """Give the engine the trained weights (the first call starts it). Every process."""
+        weights = self.acc.get_state_dict(self.trainer.model) if self.mirrored else None  # a collective
+        if not self.acc.is_main_process:
             return
-        if self.lora:
-            path = self.out / "sampler-adapter"
-            self.policy.save_pretrained(path)
+        if self.copy is not None:
+            self.copy.load_state_dict(weights)
+        if self.engine is None:
+            self.engine = self._start()
+        elif self.cfg.sampler == "vllm":
+            self._load_vllm()
+
+    def _start(self):
+        from sweet.core.value_head import ValueHeadModel
+
+        if self.cfg.sampler != "vllm":
+            unwrapped = self.copy if self.mirrored else self.acc.unwrap_model(self.trainer.model)
+            policy = unwrapped.lm if isinstance(unwrapped, ValueHeadModel) else unwrapped
+            return HFEngine.from_model(policy, self.tokenizer, spec="hf:loop-policy")
+        from engines.base import EngineOptions
+        from engines.vllm_engine import VLLMEngine
+
+        path, lora = resolve_model_path(self.model_cfg.model), self.model_cfg.lora
+        # the sampler shares the GPU with the policy being trained (arithmetic in engines.vllm_engine)
+        options = EngineOptions(enable_lora=lora, gpu_memory_utilization=self.cfg.sampler_gpu_memory_utilization,
+                                max_lora_rank=self._policy().peft_config["default"].r if lora else None)
+        self.engine = VLLMEngine(path, options, spec=f"vllm:{path}")
+        self._load_vllm()  # a resumed policy differs from the initial weights
+        return self.engine
+
+    def _policy(self):
+        from sweet.core.value_head import ValueHeadModel
+
+        unwrapped = self.acc.unwrap_model(self.trainer.model)
+        return unwrapped.lm if isinstance(unwrapped, ValueHeadModel) else unwrapped
+
+    def _load_vllm(self) -> None:
+        if self.model_cfg.lora:
+            path = self.trainer.out / "sampler-adapter"
+            self._policy().save_pretrained(path)
             self.engine.load_lora(str(path))
         else:
-            self.engine.update_weights(self.policy.state_dict().items())
+            self.engine.update_weights(self._policy().state_dict().items())
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
 
 
 def collect(sampler: Sampler, env, simulator, tasks, cfg: LoopConfig, seed: int, out_path: Path) -> list[Episode]:
-    """K episodes per task with the current policy."""
-
+    """Step 1-2: K episodes per task with the current policy, scored by the environment."""
     agent = ModelAgent(sampler.engine, SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens),
                        name="policy")
     return rollout(env, tasks, agent, simulator, seeds=episode_seeds(seed, cfg.k), out_path=out_path)
 
 
+def iteration(trainer, sampler: Sampler, env, simulator, tasks, it: int, cfg: LoopConfig, model_cfg: ModelConfig,
+              tokenizer, ref, per_iteration: int) -> dict[str, float]:
+    """One LOOP iteration (the module docstring's steps): collect on the main process and
+    broadcast, learn from the episodes, finish the iteration's share of the schedule,
+    hand the sampler the new weights."""
+    seed = trainer.train.seed * 100_003 + it
+    path = trainer.out / "episodes" / f"iter-{it:04d}.jsonl"
+    episodes = trainer.from_main(lambda: collect(sampler, env, simulator, tasks, cfg, seed, path))
+    metrics = train_on_episodes(trainer, episodes, cfg, model_cfg, tokenizer, seed, ref, planned_steps=per_iteration)
+    trainer.advance_schedule((it + 1) * per_iteration)  # the iteration's share, whatever it dropped
+    return metrics
+
+
+def report(trainer, it: int, metrics: dict[str, float]) -> bool:
+    """Log iteration `it`; returns whether it learned (some update with some advantage:
+    min_abs_advantage 0 keeps A = 0 episodes), warning when not."""
+    learned = metrics["loop/optimizer_steps"] > 0 and metrics["loop/advantage_abs_mean"] > 0
+    trainer.step = it  # LOOP counts checkpoints and metric rows in iterations
+    trainer.log(metrics, step=it)
+    trainer.accelerator.print(f"[loop] iteration {it}: " + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+    if not learned:
+        trainer.accelerator.print(f"[loop] WARNING iteration {it}: nothing learned. " + (
+            NO_VARIANCE_HINT if metrics["loop/groups_without_variance"] == 1.0 else
+            "no kept episode has generated token ids to train on"), file=sys.stderr)
+    return learned
+
+
 def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -> Path:
     """Run LOOP; returns the path of the final model (HF format)."""
-    import copy
-
-    from accelerate.utils import DistributedType, broadcast_object_list
-
     from sweet.core.value_head import ValueHeadModel
 
-    out = Path(train_cfg.output_dir)
-    if begin_run(out, {"loop": loop_cfg, "model": model_cfg, "train": train_cfg}, resume=train_cfg.resume) is not None:
+    out, configs = Path(train_cfg.output_dir), {"loop": loop_cfg, "model": model_cfg, "train": train_cfg}
+    if begin_run(out, configs, resume=train_cfg.resume) is not None:
         print(f"{out / 'final'} exists: training already finished (use a new output_dir or --resume false)")
         return out / "final"
-    env, tasks = load_env_and_tasks(loop_cfg)
-    tokenizer = load_tokenizer(model_cfg.model)
-    set_seed(train_cfg.seed)
-    model = load_model(model_cfg)
-    if loop_cfg.advantage == "ppo":
-        model = ValueHeadModel(model, policy=True)
-    configs = {"loop": loop_cfg, "model": model_cfg, "train": train_cfg}
-    trainer = Trainer(model_cfg, train_cfg, tokenizer, model=model, name="loop",
-                      run_config=resolved_config(**configs))
-    acc = trainer.accelerator
-    # FSDP and ZeRO-3 shard the trained weights: a forward on the main process alone would wait
-    # for the others' shards. The transformers sampler then plays with an unsharded copy there,
-    # given the gathered weights after each update (the memory of one more model on that process).
-    # (ZeRO-3 is untested here: DeepSpeed does not run on this project's CPU test machines.)
-    zero3 = acc.distributed_type == DistributedType.DEEPSPEED and acc.state.deepspeed_plugin.zero_stage == 3
-    mirrored = (acc.distributed_type == DistributedType.FSDP or zero3) and not loop_cfg.sampler
-    sampling_copy = copy.deepcopy(model).requires_grad_(False) if mirrored and acc.is_main_process else None
-
-    def refresh_sampling_copy() -> None:
-        if mirrored:
-            weights = acc.get_state_dict(trainer.model)  # a collective: every process gathers
-            if sampling_copy is not None:
-                sampling_copy.load_state_dict(weights)
-
-    per_iteration = loop_cfg.ppo_epochs * math.ceil(loop_cfg.tasks_per_iteration * loop_cfg.k / train_cfg.batch_size)
-    trainer.prepare(loop_cfg.iterations * per_iteration)
-    ref = None
-    if loop_cfg.kl_coef > 0:
+    tasks = load_loop_tasks(loop_cfg)
+    with session(loop_cfg, process_state().is_main_process) as (env, simulator):
+        tokenizer = load_tokenizer(model_cfg.model)
+        set_seed(train_cfg.seed)
+        model = load_model(model_cfg)
+        model = ValueHeadModel(model, policy=True) if loop_cfg.advantage == "ppo" else model
+        trainer = Trainer(model_cfg, train_cfg, tokenizer, model=model, name="loop",
+                          run_config=resolved_config(**configs))
+        sampler = Sampler(trainer, loop_cfg, model_cfg, tokenizer)  # an FSDP/ZeRO-3 mirror: before sharding
+        per_iteration = loop_cfg.ppo_epochs * math.ceil(loop_cfg.tasks_per_iteration * loop_cfg.k
+                                                        / train_cfg.batch_size)
+        trainer.prepare(loop_cfg.iterations * per_iteration)
         # π_ref = the initial model: LoRA disables its adapters, full weights keep a frozen copy
-        ref = "disable_adapter" if model_cfg.lora else load_model(model_cfg, trainable=False).to(acc.device)
-    state = trainer.restore()
-    start = state["iteration"] + 1 if state else 0
-    if acc.is_main_process:
-        save_resolved_config(out, **configs)
-    rng = random.Random(train_cfg.seed)
-    for _ in range(start):  # keep the task sampling identical after a resume
-        rng.sample(tasks, min(loop_cfg.tasks_per_iteration, len(tasks)))
-    refresh_sampling_copy()  # a resumed run's weights
-    unwrapped = sampling_copy if mirrored else acc.unwrap_model(trainer.model)
-    policy = unwrapped.lm if isinstance(unwrapped, ValueHeadModel) else unwrapped
-    sampler = simulator = None
-    if acc.is_main_process:  # rollouts on one process (one engine), broadcast to the others
-        simulator = load_simulator(loop_cfg.simulator, env, prompt_file=loop_cfg.human_prompt)
-        sampler = Sampler(loop_cfg.sampler, policy, tokenizer, resolve_model_path(model_cfg.model), model_cfg.lora, out,
-                          loop_cfg.sampler_gpu_memory_utilization)
-    ran = updated = 0
-    try:
-        for it in range(start, loop_cfg.iterations):
-            batch_tasks = rng.sample(tasks, min(loop_cfg.tasks_per_iteration, len(tasks)))
-            box = [None]
-            if acc.is_main_process:
-                box[0] = collect(sampler, env, simulator, batch_tasks, loop_cfg, train_cfg.seed * 100_003 + it,
-                                 out / "episodes" / f"iter-{it:04d}.jsonl")
-            if acc.num_processes > 1:
-                broadcast_object_list(box, from_process=0)
-            metrics = train_on_episodes(trainer, box[0], loop_cfg, model_cfg, tokenizer, train_cfg.seed * 100_003 + it,
-                                        ref, planned_steps=per_iteration)
-            advance_schedule(trainer.scheduler, (it + 1) * per_iteration)  # the iteration's share, whatever it dropped
-            ran += 1
-            # learned: some update with some advantage (min_abs_advantage 0 keeps A = 0 episodes)
-            learned = metrics["loop/optimizer_steps"] > 0 and metrics["loop/advantage_abs_mean"] > 0
-            updated += learned
-            trainer.step = it  # LOOP counts checkpoints and metric rows in iterations
-            trainer.log(metrics, step=it)
-            acc.print(f"[loop] iteration {it}: " + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
-            if not learned:
-                acc.print(f"[loop] WARNING iteration {it}: nothing learned. " + (
-                    NO_VARIANCE_HINT if metrics["loop/groups_without_variance"] == 1.0 else
-                    "no kept episode has generated token ids to train on"), file=sys.stderr)
-            if trainer.snapshot_due(it + 1):  # LOOP's path is counted in iterations, as its checkpoints
-                trainer.snapshot(it + 1)
-            trainer.save_checkpoint({"iteration": it})
-            refresh_sampling_copy()
-            if sampler is not None:
+        ref = None if loop_cfg.kl_coef == 0 else "disable_adapter" if model_cfg.lora else \
+            load_model(model_cfg, trainable=False).to(trainer.accelerator.device)
+        rng, n_tasks = random.Random(train_cfg.seed), min(loop_cfg.tasks_per_iteration, len(tasks))
+        start = trainer.resume_iterations(replay=lambda: rng.sample(tasks, n_tasks))  # the same tasks after a resume
+        if trainer.is_main:
+            save_resolved_config(out, **configs)
+        ran = updated = 0
+        with closing(sampler):
+            sampler.sync()  # a resumed run's weights
+            for it in range(start, loop_cfg.iterations):
+                metrics = iteration(trainer, sampler, env, simulator, rng.sample(tasks, n_tasks), it, loop_cfg,
+                                    model_cfg, tokenizer, ref, per_iteration)
+                ran, updated = ran + 1, updated + report(trainer, it, metrics)
+                if trainer.snapshot_due(it + 1):  # LOOP's path is counted in iterations, as its checkpoints
+                    trainer.snapshot(it + 1)
+                trainer.save_checkpoint({"iteration": it})
                 sampler.sync()
-    finally:  # the session's environment, simulated human and sampler, on errors too
-        env.close()
-        if simulator is not None:
-            simulator.close()
-        if sampler is not None:
-            sampler.engine.close()
     if train_cfg.snapshot_steps:
         trainer.snapshot(loop_cfg.iterations)  # the end of the path
     final = trainer.save_final()
-    if acc.is_main_process:
+    if trainer.is_main:
         mark_finished(out, final=final.name, step=trainer.step, updated_iterations=updated)
-    acc.wait_for_everyone()
+    trainer.accelerator.wait_for_everyone()
     if ran and not updated:
         raise SystemExit(f"LOOP: {ran} iteration(s) ran and none had a reward signal to learn from "
-                         f"({NO_VARIANCE_HINT}). "
-                         f"The unchanged model was saved to {final}.")
+                         f"({NO_VARIANCE_HINT}). The unchanged model was saved to {final}.")
     return final

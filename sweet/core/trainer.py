@@ -8,7 +8,10 @@
 or, for a loop that makes its own data (LOOP):
 
     state = trainer.restore()                            # None, or the dict given to save_checkpoint
+    start = trainer.resume_iterations(replay)            # or: restore() + the loop's seeded draws replayed
+    data = trainer.from_main(make_data)                  # made on the main process, broadcast
     metrics = trainer.optimizer_step(step_items, loss_fn, count_fn)
+    trainer.advance_schedule(position)                   # the schedule moved without an optimiser step
     trainer.log(metrics); trainer.save_checkpoint({"iteration": it}); trainer.save_final()
 
 The loss hook (one contract for every algorithm):
@@ -193,6 +196,23 @@ def configure_deepspeed(ds_config: dict[str, Any], train: TrainConfig, accum: in
     return ds_config
 
 
+def schedule_offset(step: int, steps: int, planned: int) -> int:
+    """Where step `step` of a round that takes `steps` optimiser steps sits in its
+    `planned` steps of the learning-rate schedule: evenly spread, so a round that takes
+    fewer steps than planned still walks its whole share of the decay."""
+    return (step * planned) // max(steps, 1)
+
+
+def advance_schedule(scheduler, position: int) -> None:
+    """Step `scheduler` (without an optimiser step) up to `position`."""
+    import warnings
+
+    with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": intended here
+        warnings.simplefilter("ignore", UserWarning)
+        while scheduler.last_epoch < position:
+            scheduler.step()
+
+
 def epoch_order(n_items: int, epoch: int, seed: int) -> list[int]:
     """The seeded permutation of one epoch (the same on every process)."""
     import random
@@ -301,6 +321,32 @@ class Trainer:
         self.accelerator.print(f"resuming from {ckpt} (step {self.step})")
         self.accelerator.wait_for_everyone()
         return state
+
+    def resume_iterations(self, replay: Callable[[], Any] | None = None) -> int:
+        """`restore()` for a loop counted in iterations (its checkpoints' state holds
+        "iteration"): returns the first iteration to run (0 on a fresh start), having called
+        `replay()` once per finished iteration, so a seeded draw of the loop's own (e.g. the
+        tasks it samples) is where the uninterrupted run had it."""
+        state = self.restore()
+        start = state["iteration"] + 1 if state else 0
+        for _ in range(start if replay is not None else 0):
+            replay()
+        return start
+
+    def from_main(self, make: Callable[[], Any]) -> Any:
+        """`make()` run on the main process alone, its result sent to every process (e.g.
+        rollouts played by one engine). Every process must call it."""
+        from accelerate.utils import broadcast_object_list
+
+        box = [make() if self.is_main else None]
+        if self.world > 1:
+            broadcast_object_list(box, from_process=0)
+        return box[0]
+
+    def advance_schedule(self, position: int) -> None:
+        """Step the learning-rate schedule, without an optimiser step, up to `position`
+        (a loop whose steps per iteration vary keeps each iteration's planned share)."""
+        advance_schedule(self.scheduler, position)
 
     # ---- one optimiser step ----------------------------------------------------------------
 

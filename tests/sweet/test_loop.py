@@ -128,15 +128,15 @@ def test_loop_config_validates():
 
 
 def test_defaults_follow_the_environment_and_the_paper(capsys):
-    from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, load_env_and_tasks
+    from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, load_loop_tasks, session
     from sweet.train_policy import main
 
-    env, _ = load_env_and_tasks(LoopConfig(env="backend", tasks="builtin:train", simulator=None))
-    assert env.max_turns == 10  # ColBench's own limit, not a LOOP default
-    env.close()
-    env, _ = load_env_and_tasks(LoopConfig(max_turns=2))
-    assert env.max_turns == 2
-    env.close()
+    cfg = LoopConfig(env="backend", tasks="builtin:train", simulator=None)
+    assert load_loop_tasks(cfg)
+    with session(cfg) as (env, _):
+        assert env.max_turns == 10  # ColBench's own limit, not a LOOP default
+    with session(LoopConfig(max_turns=2)) as (env, _):
+        assert env.max_turns == 2
     from sweet.core.config import ModelConfig, resolve_learning_rate
 
     # LoRA: the public code's 5e-5; full weights: 1/10 of it (resolved once, after parsing)
@@ -502,7 +502,7 @@ def test_ppo_iteration_zero_has_a_baseline(tmp_path, monkeypatch):
     from sweet.algorithms import loop
 
     seen = {}
-    original = loop.iteration_update
+    original = loop.update
 
     def recording(trainer, items, *args, **kwargs):
         seen["adv"] = [it.advantage for it in items]
@@ -510,7 +510,7 @@ def test_ppo_iteration_zero_has_a_baseline(tmp_path, monkeypatch):
         seen["target"] = [it.value_target for it in items]
         return original(trainer, items, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "iteration_update", recording)
+    monkeypatch.setattr(loop, "update", recording)
     raw_update, raw = run_update(tmp_path, "raw", advantage="ppo", normalize_advantages=False)
     raw_adv, raw_target = seen["adv"], seen["target"]
     norm_update, norm = run_update(tmp_path, "norm", advantage="ppo")
@@ -529,7 +529,7 @@ def test_schedule_ends_at_zero_when_episodes_are_dropped():
     that dropped episodes takes fewer steps, which are spread over its share, and the
     schedule is moved to the iteration's end: the last step runs near zero and the run
     ends at zero, as with nothing dropped."""
-    from sweet.algorithms.loop import advance_schedule, schedule_offset
+    from sweet.core.trainer import advance_schedule, schedule_offset
     from sweet.core.config import TrainConfig
     from sweet.core.models import make_optimizer
 
