@@ -98,6 +98,11 @@ def test_sweet_variants_rank_the_candidates_the_first_finished_variant_sampled(t
     (sd / "sweet_no_info" / "final" / "config.json").write_text("{}")
     assert learning.shared_candidates(sd, "sweet_sum") == {}  # a final/ without the finished marker: unfinished
     mark_finished(sd / "sweet_no_info", final="final")
+    assert learning.shared_candidates(sd, "sweet_sum") == {}  # a marker whose final/ holds no weights: unfinished
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(sd / "sweet_no_info" / "final" / "model.safetensors"))
     assert learning.shared_candidates(sd, "sweet") == {}  # only earlier variants (the run order) are sources
     assert learning.shared_candidates(sd, "sweet_sum") == {"reuse_candidates": str(sd / "sweet_no_info" / "candidates.jsonl")}
     assert learning.shared_candidates(sd, "rft") == {} and learning.shared_candidates(sd, "loop") == {}
