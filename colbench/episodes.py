@@ -399,11 +399,11 @@ def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: l
         ))
         n_agent = len(lv.episode.agent_turns)
         if config.single_turn:
-            _end(lv, STOP_SINGLE_TURN, env.extract_answer(s.text))
+            _end(lv, STOP_SINGLE_TURN, _answer(env, lv, s.text))
         elif env.is_final(s.text):
-            _end(lv, STOP_ANSWERED, env.extract_answer(s.text))
+            _end(lv, STOP_ANSWERED, _answer(env, lv, s.text))
         elif n_agent >= config.max_turns:
-            _end(lv, STOP_TURN_LIMIT, env.extract_answer(s.text))
+            _end(lv, STOP_TURN_LIMIT, _answer(env, lv, s.text))
         else:
             asking.append(lv)
             continue
@@ -431,7 +431,7 @@ def _human_turns(env: Environment, simulator: Simulator | None, asking: list[_Li
         if r.failed:
             lv.episode.n_simulator_failures += 1
             # The question is the last agent message: score it as at the turn limit.
-            _end(lv, STOP_SIMULATOR_ERROR, env.extract_answer(lv.episode.agent_turns[-1].content))
+            _end(lv, STOP_SIMULATOR_ERROR, _answer(env, lv, lv.episode.agent_turns[-1].content))
             ended.append(lv)
     return ended
 
@@ -441,6 +441,14 @@ def _engine_failed(lv: _Live, error: EngineError) -> None:
     _end(lv, STOP_ENGINE_ERROR, answer="")
     lv.episode.meta["error"] = f"{type(error).__name__}: {error}"
     lv.episode.score = Score(0.0, False, error=lv.episode.meta["error"])
+
+
+def _answer(env: Environment, lv: _Live, agent_text: str) -> str:
+    """The answer to score: `env.episode_answer(task, turns)` when the environment defines it
+    (an answer built from the whole episode, e.g. AppWorld's code turns), else
+    `env.extract_answer(agent_text)`."""
+    whole = getattr(env, "episode_answer", None)
+    return whole(lv.task, lv.episode.turns) if whole is not None else env.extract_answer(agent_text)
 
 
 def _end(lv: _Live, reason: str, answer: str) -> None:

@@ -80,7 +80,9 @@ class Environment(Protocol):
         ...
 
     def extract_answer(self, agent_text: str) -> str:
-        """The answer to score from a final agent message (code or HTML)."""
+        """The answer to score from a final agent message (code or HTML). An environment
+        whose answer is the whole episode (AppWorld: every code turn) also offers
+        `episode_answer(task, turns) -> str`, which the runner then uses instead."""
         ...
 
     def score(self, tasks: Sequence[Task], answers: Sequence[str]) -> list[Score]:

@@ -132,7 +132,8 @@ class _Row:
 # Generated task sources: `builtin:...` of these environments is made, not read from
 # tasks/<env>/. "module:function" loaded on use (colbench.registry), called as
 # function(source, split, limit) -> list[Task]; the test bed's is testbed/env.py's.
-GENERATED_SOURCES: dict[str, str] = {"testbed": "testbed.env:builtin_tasks"}
+GENERATED_SOURCES: dict[str, str] = {"testbed": "testbed.env:builtin_tasks",
+                                     "appworld": "colbench.envs.appworld:builtin_tasks"}
 
 
 # ------------------------------------------------------------------------------ public API
