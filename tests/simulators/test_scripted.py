@@ -59,7 +59,7 @@ def test_registry_loads_scripted_and_user_simulators():
     env = TestbedEnv()
     assert load_simulator(None, env) is None
     assert isinstance(load_simulator("scripted:backend", env, max_reply_chars=50), ScriptedBackendSimulator)
-    with pytest.raises(SpecError, match="unknown simulator 'scripted:nope'; known: scripted:backend"):
+    with pytest.raises(SpecError, match="unknown simulator 'scripted:nope'; known: scripted:appworld, scripted:backend"):
         load_simulator("scripted:nope", env)
     register_simulator("echo-idk", "simulators.scripted:DontKnowSimulator")
     assert "echo-idk" in simulator_names()
