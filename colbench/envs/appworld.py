@@ -111,9 +111,10 @@ class AppWorldServer:
             raise AppWorldError(f"AppWorld server {self.url}{path}: HTTP {e.code}: {text}") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
-            raise AppWorldError(f"AppWorld environment server not reachable at {self.url} ({reason}): start it in "
-                                f"AppWorld's own venv with `appworld serve environment --port <port>` and list it "
-                                f"in ${URLS_VAR}; {SETUP_HINT}") from None
+            raise AppWorldError(f"AppWorld environment server not reachable at {self.url} ({reason}): in AppWorld's "
+                                f"own venv (pip install appworld; appworld install; appworld download data) start "
+                                f"`appworld serve environment --port <port>` and list it in ${URLS_VAR}; "
+                                f"{SETUP_HINT}") from None
 
 
 @dataclass
