@@ -90,7 +90,7 @@ class EvalConfig:
     engine_spec_fields = ("agent", "simulator", "baseline_agent")
 
     output: str = field(default="", metadata={"help": "output directory (required)"})
-    env: str = field(default="backend", metadata={"help": "environment: backend or frontend"})
+    env: str = field(default="backend", metadata={"help": "environment: backend, frontend or appworld (docs/appworld.md)"})
     agent: list[str] = field(default_factory=list, metadata={
         "help": "agent spec, repeatable: a model spec (tiny, hf:, vllm:, openai:), 'reference', "
                 "'replay:<file.jsonl>', optionally '<name>=<spec>'"})

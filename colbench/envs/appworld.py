@@ -132,7 +132,9 @@ class WorldPool:
         if not servers:
             raise ValueError("WorldPool needs at least one AppWorld server")
         self.worlds = [_World(s) for s in servers]
-        self.experiment_name = experiment_name
+        # A world's state lives on the server's disk under experiments/outputs/<experiment>/tasks/<task id>/,
+        # wiped when a world of that task starts: servers sharing a root need one experiment name each.
+        self.experiment_names = [f"{experiment_name}-{i}" for i in range(len(servers))]
         self.replayed = 0  # executions repeated to rebuild an evicted world
         self._clock = 0
 
@@ -143,9 +145,10 @@ class WorldPool:
         for w in self.worlds:
             if w.task_id == task_id and w.history == history:
                 return w
-        w = min(self.worlds, key=lambda w: (w.task_id is not None, w.last_used))
+        i = min(range(len(self.worlds)), key=lambda i: (self.worlds[i].task_id is not None, self.worlds[i].last_used))
+        w = self.worlds[i]
         self.release(w)
-        w.server.call("initialize", task_id=task_id, experiment_name=self.experiment_name)
+        w.server.call("initialize", task_id=task_id, experiment_name=self.experiment_names[i])
         w.task_id = task_id
         for code in history:
             self.execute(w, code)
@@ -197,7 +200,8 @@ class AppWorldEnv:
                       else http://localhost:8000); as many as episodes in flight avoids replays.
     max_turns:        agent turns (code executions) at most (LOOP: 40 interactions).
     max_output_chars: an execution's output shown to the agent is cut to this many characters.
-    experiment_name:  AppWorld's experiment folder for the worlds' outputs (on the server's side).
+    experiment_name:  AppWorld's experiment name for the worlds' outputs, server i's being
+                      "<experiment_name>-<i>" (on the servers' side, under their root).
     timeout:          seconds per HTTP request.
     prompt_path:      the agent's instructions, an appworld_agent template file (None: ours).
     """

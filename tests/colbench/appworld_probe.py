@@ -52,6 +52,9 @@ def main() -> None:
         "routes": routes(),
         "appworld_init": [p for p in inspect.signature(AppWorld.__init__).parameters if p != "self"],
         "evaluate_output_keys": tracker_keys,
+        # a world's outputs (its saved databases, which /evaluate reads) are kept per experiment and task
+        "world_outputs_per_experiment_and_task": 'os.path.join(output_directory, "tasks", task_id)'
+        in inspect.getsource(AppWorld.__init__),
         "scenario_ids": {t: task_id_to_generator_id(t) for t in ("82e2fac_1", "692c77d_2", "50e1ac9_10")},
     }, indent=1))
 

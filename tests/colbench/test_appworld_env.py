@@ -184,6 +184,7 @@ def check_routes_against(interface: dict) -> None:
     # the evaluation's output that _score_one reads; the init argument the adapter passes
     assert {"success", "num_tests", "passes", "failures"} <= set(interface["evaluate_output_keys"])
     assert "experiment_name" in interface["appworld_init"]
+    assert interface["world_outputs_per_experiment_and_task"]  # why each server gets its own experiment name
     assert "environment" in interface["server_types"]  # `appworld serve environment`
     assert {t: scenario_id(t) for t in interface["scenario_ids"]} == interface["scenario_ids"]
 
@@ -227,6 +228,8 @@ def test_episodes_run_code_in_their_own_worlds_and_are_scored_by_evaluate(server
         match = [f for m, p, f in ROUTES.values() if m == method and p == path]
         assert match and set(match[0]) == fields, (method, path, fields)
     assert sum(p == "/evaluate" for _, p, _ in sent) == 5 and env.pool.replayed == 0
+    names = {s.url: {b["experiment_name"] for m, p, b in s.requests if p == "/initialize"} for s in servers}
+    assert sorted(n for ns in names.values() for n in ns) == [f"colbench-{i}" for i in range(4)]  # one per server
 
 
 def test_one_server_replays_and_gives_the_same_results(servers):
