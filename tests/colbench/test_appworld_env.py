@@ -334,3 +334,24 @@ def test_loop_smoke_run_against_the_stand_in(servers, tmp_path):
     assert sent.count("/evaluate") == 2 and sent.count("/execute") >= 2
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["loop/episodes_total"] == 2.0
+
+
+def test_the_documented_commands_parse_with_the_papers_settings(monkeypatch, tmp_path):
+    """docs/appworld.md's LOOP and evaluation commands, parsed with the real parsers: K = 6, the
+    public code's LoRA learning rate, 40 interactions, a 32K-token context, the AppWorld env."""
+    import shlex
+
+    from colbench.evaluate import parse_config
+    from sweet.train_policy import parse, split_algorithm
+
+    monkeypatch.chdir(tmp_path)
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "docs" / "appworld.md").read_text())
+    commands = {m.group(1): shlex.split(m.group(2)) for m in re.finditer(r"python -m (\S+)(.*)", text)}
+    assert set(commands) == {"colbench.evaluate", "sweet.train_policy"}
+    name, _ = split_algorithm(commands["sweet.train_policy"])
+    _, (model, train, algo) = parse(commands["sweet.train_policy"])
+    assert name == "loop" and algo.env == "appworld" and algo.simulator == "scripted:appworld"
+    assert algo.k == 6 and algo.max_turns == 40 and model.max_length == 32768 and algo.advantage == "loo"
+    assert model.lora and train.learning_rate == pytest.approx(5e-5)
+    config = parse_config(commands["colbench.evaluate"])
+    assert config.env == "appworld" and config.simulator == "scripted:appworld" and config.max_turns == 40
