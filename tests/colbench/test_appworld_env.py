@@ -239,13 +239,14 @@ def test_one_server_replays_and_gives_the_same_results(servers):
     one = AppWorldEnv(urls=[servers[0].url])
     tasks = [task("aaa_1"), task("bbb_1")]
     try:
-        stall_many = run_episodes(many, tasks, CodeAgent(stall=True), AppWorldExecutor(many), seeds=(0, 1), progress=False)
+        stall_many = run_episodes(many, tasks, CodeAgent(stall=True), AppWorldExecutor(many), seeds=(0, 1),
+                                  progress=False)
         stall_one = run_episodes(one, tasks, CodeAgent(stall=True), AppWorldExecutor(one), seeds=(0, 1), progress=False)
         solved_one = run_episodes(one, tasks, CodeAgent(), AppWorldExecutor(one), seeds=(0, 1), progress=False)
     finally:
         many.close()
         one.close()
-    for ep in stall_one:  # turn limit (40 by default is long: the runner's own limit is 10)
+    for ep in stall_one:  # run_episodes' default turn limit (10)
         outputs = [t.content for t in ep.turns if t.role == "human"]
         assert outputs == [f"Output:\n```\nstep {n}\n```" for n in range(1, len(outputs) + 1)]
         assert ep.stop_reason == "turn_limit" and not ep.success
