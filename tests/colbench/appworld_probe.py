@@ -37,6 +37,26 @@ def routes() -> dict:
     return dict(sorted(out.items()))
 
 
+def task_record_keys() -> dict:
+    """The keys of the task record that /initialize and GET /tasks/{id} answer with (their
+    `output = {...}` literals in the server's source), nested dicts as {key: [subkeys]}."""
+    import ast
+
+    import appworld.serve.environment as server
+
+    def keys(node: ast.Dict) -> dict:
+        return {k.value: sorted(keys(v)) if isinstance(v, ast.Dict) else None for k, v in zip(node.keys, node.values)}
+
+    out = {}
+    for fn in ast.walk(ast.parse(inspect.getsource(server))):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in ("initialize", "show_task"):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "output" \
+                        and isinstance(node.value, ast.Dict):
+                    out[fn.name] = keys(node.value)
+    return out
+
+
 def main() -> None:
     from appworld.cli import ServerType
     from appworld.environment import AppWorld
@@ -50,6 +70,7 @@ def main() -> None:
         "server_module": "appworld.serve.environment",
         "server_types": sorted(t.value for t in ServerType),
         "routes": routes(),
+        "task_record": task_record_keys(),
         "appworld_init": [p for p in inspect.signature(AppWorld.__init__).parameters if p != "self"],
         "evaluate_output_keys": tracker_keys,
         # a world's outputs (its saved databases, which /evaluate reads) are kept per experiment and task

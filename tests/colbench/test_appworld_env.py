@@ -197,6 +197,18 @@ def test_routes_match_the_snapshot():
     check_routes_against(json.loads(SNAPSHOT.read_text()))
 
 
+def test_task_records_match_the_real_server():
+    """The stand-in's task record has the real server's keys, and the adapter reads only those."""
+    real = json.loads(SNAPSHOT.read_text())["task_record"]
+    record = StandInAppWorld.task_record("aaa_1")
+    for route in ("initialize", "show_task"):
+        assert set(real[route]) == set(record) and real[route]["supervisor"] == sorted(record["supervisor"])
+    from colbench.envs.appworld import task_description
+
+    read = {"instruction": "do it", "supervisor": {k: f"<{k}>" for k in real["show_task"]["supervisor"]}}
+    assert all(f"<{k}>" in task_description(read) for k in real["show_task"]["supervisor"])
+
+
 def test_stand_in_matches_the_real_routes():
     """The stand-in serves exactly the adapter's routes, reading the real servers' field names."""
     routes = json.loads(SNAPSHOT.read_text())["routes"]
