@@ -68,6 +68,8 @@ class Environment(Protocol):
     name: str  # "backend", "frontend", ...
     answer_marker: str  # the agent ends the dialogue with this marker (default ANSWER_MARKER)
     max_turns: int  # agent turns at most (paper: 10)
+    # optional: max_context_tokens (int | None): an agent turn whose prompt + generation reach it
+    # ends the episode (stop "token_limit"), as the turn limit does; AppWorld: 32K (LOOP)
 
     def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
         """The chat the agent sees before its next turn: system/instructions with the

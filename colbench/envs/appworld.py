@@ -20,7 +20,8 @@ An episode (docs/appworld.md):
   by the executor (`AppWorldExecutor`, simulator spec `scripted:appworld`): the output
   is the next "user" turn;
 - a turn whose code calls `apis.supervisor.complete_task(` ends the episode (the
-  answer marker); so does the turn limit (LOOP: 40 interactions);
+  answer marker); so do the turn limit (LOOP: 40 interactions) and the context limit
+  (`max_context_tokens`, LOOP: 32K tokens);
 - the final code is executed, then AppWorld's own evaluation (`/evaluate`) scores the
   world: reward 1.0 when every test passes (task goal completion, TGC), else 0.0.
   Leaderboards add scenario goal completion (SGC: a scenario counts when all of its
@@ -199,6 +200,8 @@ class AppWorldEnv:
     urls:             environment-server URLs, one world each (None: ${COLBENCH_APPWORLD_URLS},
                       else http://localhost:8000); as many as episodes in flight avoids replays.
     max_turns:        agent turns (code executions) at most (LOOP: 40 interactions).
+    max_context_tokens: an agent turn whose prompt + generation reach this many tokens ends the
+                      episode (LOOP: 32K per task; None: no limit; needs an engine reporting token ids).
     max_output_chars: an execution's output shown to the agent is cut to this many characters.
     experiment_name:  AppWorld's experiment name for the worlds' outputs, server i's being
                       "<experiment_name>-<i>" (on the servers' side, under their root).
@@ -211,13 +214,17 @@ class AppWorldEnv:
     # reward is binary (TGC): LOOP's leave-one-out needs no pairing rule; success = reward 1
     training_defaults = TrainingDefaults(success_threshold=1.0, min_reward_gap=0.0, rft_top_fraction=1.0)
 
-    def __init__(self, urls: str | Sequence[str] | None = None, max_turns: int = 40, max_output_chars: int = 4000,
+    def __init__(self, urls: str | Sequence[str] | None = None, max_turns: int = 40,
+                 max_context_tokens: int | None = 32768, max_output_chars: int = 4000,
                  experiment_name: str = "colbench", timeout: float = 120.0, prompt_path: str | Path | None = None):
         if max_turns < 1:
             raise ValueError(f"AppWorldEnv.max_turns must be >= 1, got {max_turns}")
+        if max_context_tokens is not None and max_context_tokens < 1:
+            raise ValueError(f"AppWorldEnv.max_context_tokens must be >= 1 or None, got {max_context_tokens}")
         if max_output_chars < 1:
             raise ValueError(f"AppWorldEnv.max_output_chars must be >= 1, got {max_output_chars}")
         self.max_turns = max_turns
+        self.max_context_tokens = max_context_tokens
         self.max_output_chars = max_output_chars
         self.agent_prompt = load_prompt("appworld_agent", prompt_path)
         self.pool = WorldPool([AppWorldServer(u, timeout) for u in server_urls(urls)], experiment_name)

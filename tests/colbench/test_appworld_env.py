@@ -267,6 +267,27 @@ def test_one_server_replays_and_gives_the_same_results(servers):
     assert all(e.success for e in solved_one)
 
 
+class GrowingContextAgent(CodeAgent):
+    """Prints forever; its engine reports a prompt of 100 tokens per turn so far and 10 generated."""
+
+    def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
+        return [Sample(text="```python\nprint(1)\n```", token_ids=[1] * 10, logprobs=[0.0] * 10,
+                       prompt_token_ids=[2] * (100 * len(r.messages))) for r in requests]
+
+
+def test_the_context_limit_ends_an_episode_and_it_is_scored(servers):
+    """LOOP's 32K-token budget, in miniature: turn 1's prompt (2 messages) + generation = 210
+    tokens, turn 2's = 410 >= 400 ends it (stop "token_limit"), its last cell runs, /evaluate scores."""
+    env = AppWorldEnv(urls=[servers[0].url], max_context_tokens=400)
+    try:
+        (ep,) = run_episodes(env, [task("aaa_1")], GrowingContextAgent(), AppWorldExecutor(env), progress=False)
+    finally:
+        env.close()
+    assert ep.stop_reason == "token_limit" and len(ep.agent_turns) == 2 and ep.score.error is None
+    assert [p for _, p, _ in servers[0].requests].count("/execute") == 2  # turn 1 by the executor, turn 2 by score
+    assert AppWorldEnv(urls="http://x").max_context_tokens == 32768  # LOOP's limit by default
+
+
 def test_unreachable_server_fails_its_episode_with_a_one_line_error(tmp_path):
     env = AppWorldEnv(urls=["http://127.0.0.1:9"], timeout=5)
     code_turn = Turn("agent", "```python\nprint(1)\n```")
