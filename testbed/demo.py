@@ -68,7 +68,7 @@ class DemoConfig:
     output_dir: str = field(default="runs/demo", metadata={"help": "everything goes here"})
     episodes_per_task: int = field(default=8, metadata={"help": "episodes per train task to learn from"})
     seed: int = field(default=0, metadata={"help": "random seed"})
-    spec: str = field(default="default", metadata={
+    spec: str = field(default=testbed_spec.DEFAULT_SPEC, metadata={
         "help": "test-bed preset (testbed/spec.py): default, long, or legacy (the earlier bed)"})
     critic_baseline_samples: int = field(default=CRITIC_BASELINE_SAMPLES, metadata={
         "help": "K: the critic's advantages centred by K warm-start actions per turn (sweet/critic/baseline.py; "

@@ -603,7 +603,7 @@ def format_table(p: Prediction) -> str:
 
 def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags the solver's command lines share (this module's, testbed.agreement's)."""
-    parser.add_argument("--spec", default="default", help=f"a preset: {', '.join(ts.PRESETS)}")
+    parser.add_argument("--spec", default=ts.DEFAULT_SPEC, help=f"a preset: {', '.join(ts.PRESETS)}")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--episodes-per-task", type=int, default=8, help="K episodes per task behind the pairs")
     parser.add_argument("--candidates", type=int, default=8, help="stage-2 candidates per state")

@@ -417,7 +417,7 @@ def test_sweet_end_to_end_with_the_real_critic(data, critic, tmp_path):
     # the checkpoint plays through the evaluation CLI beside the reference agent
     report = tmp_path / "eval"
     proc = subprocess.run(
-        [sys.executable, "-m", "colbench.evaluate", "--env", "testbed", "--tasks", "builtin:train", "--limit", "2",
+        [sys.executable, "-m", "colbench.evaluate", "--env", "testbed", "--tasks", "builtin:legacy/train", "--limit", "2",
          "--agent", f"sweet=hf:{out / 'final'}", "--agent", "reference", "--simulator", "scripted:testbed",
          "--max-turns", "2", "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32",
          "--output", str(report), "--no-progress"],
