@@ -57,8 +57,9 @@ from testbed.pipeline import (
 
 
 # 0: the paper's critic. `--critic_baseline_samples 4` centres it (sweet/critic/baseline.py),
-# which on the benchmark's training states moves its credit from the answer to the
-# questions (docs/testbed.md, "A centred critic"); the main job's figures are the paper's.
+# which on the benchmark's training states moves its credit from the answer to the questions
+# (testbed/results/2026-12-02-default-centred-critic-anchored-stage2.md); the main job's
+# figures are the paper's.
 CRITIC_BASELINE_SAMPLES = 0
 SNAPSHOT_STEPS = 9  # stage 2's path is snapshotted every 9 of its ~45 steps; the best on validation is kept
 
