@@ -33,7 +33,6 @@ steps to learn. The scripted explorer the warm start imitates (testbed/human.py)
 chooses per turn between asking about positive numbers, negative numbers, a vague
 question and answering now, and writes a never-right default (x * 1, x + 0) for any
 constant it was not told: success comes only from asking both useful questions.
-
 """
 
 from __future__ import annotations
@@ -229,8 +228,9 @@ class TestbedEnv(BackendEnv):
         if not single_turn:
             s = testbed_spec.task_spec(task)
             if "spec" in task.meta and s.turns != self.max_turns:
-                raise ValueError(f"task {task.task_id} is of test-bed spec {s.name!r} ({s.turns} agent turns) but the "
-                                 f"env allows {self.max_turns}: use TestbedEnv(spec={s.name!r}) or --max-turns {s.turns}")
+                raise ValueError(f"task {task.task_id} is of test-bed spec {s.name!r} ({s.turns} agent turns) but "
+                                 f"the env allows {self.max_turns}: use TestbedEnv(spec={s.name!r}) or --max-turns "
+                                 f"{s.turns}")
             if "spec" not in task.meta and not self.turns_chosen:
                 raise ValueError(f"task {task.task_id} is of the legacy test bed ({s.turns} agent turns) but the env "
                                  f"has the {self.spec.name!r} bed's limit ({self.max_turns}): use "
