@@ -191,7 +191,7 @@ class TestbedEnv(BackendEnv):
           `max_turns` is given (or set later). A task carrying another turn count than the
           env's limit is refused: its bed would silently change. A legacy task (no spec:
           `builtin:legacy/<split>`) runs at any limit chosen for it (`spec="legacy"`,
-          `max_turns`, --max-turns) and is refused at the default bed's limit."""
+          `max_turns`, or set later) and is refused at the default bed's limit."""
 
     name = "testbed"
     __test__ = False  # not a pytest class
@@ -214,13 +214,14 @@ class TestbedEnv(BackendEnv):
 
     @staticmethod
     def turns_for(tasks: Sequence[Task]) -> int | None:
-        """The agent-turn limit that tasks carrying a spec set (None for legacy tasks, whose
-        limit --max-turns may change); specs with different turn counts, or legacy tasks
-        beside them, cannot share one env (ValueError)."""
-        turns = {testbed_spec.task_spec(t).turns for t in tasks if "spec" in t.meta}
+        """The agent-turn limit the tasks' bed sets (legacy tasks, which carry no spec: the
+        legacy bed's 4; None for no tasks); beds with different turn counts, or legacy tasks
+        beside spec tasks, cannot share one env (ValueError)."""
+        turns = {testbed_spec.task_spec(t).turns for t in tasks}
+        specs = {"spec" in t.meta for t in tasks}
         if not turns:
             return None
-        if len(turns) > 1 or any("spec" not in t.meta for t in tasks):
+        if len(turns) > 1 or len(specs) > 1:
             raise ValueError("the tasks mix test-bed specs with different turn limits: evaluate them apart")
         return turns.pop()
 

@@ -212,7 +212,7 @@ def test_scripted_dialogues_sample_the_one_explorer_on_any_spec():
 def test_evaluate_takes_a_specs_turn_limit_from_its_tasks(tmp_path):
     from colbench.evaluate import main
 
-    assert TestbedEnv.turns_for(make_tasks("test", spec="legacy")) is None  # legacy: --max-turns may change it
+    assert TestbedEnv.turns_for(make_tasks("test", spec="legacy")) == 4  # the legacy bed's, though its tasks carry no spec
     assert TestbedEnv.turns_for(make_tasks("test", spec="long")) == 5
     with pytest.raises(ValueError, match="mix test-bed specs"):
         TestbedEnv.turns_for(make_tasks("test", n=1, spec="legacy") + make_tasks("test", n=1))
@@ -222,3 +222,7 @@ def test_evaluate_takes_a_specs_turn_limit_from_its_tasks(tmp_path):
     assert main(base + ["--output", str(tmp_path / "ok")]) == 0
     config = json.loads((tmp_path / "ok" / "config.json").read_text())
     assert config["episode"]["max_turns"] == 3
+    legacy = ["--env", "testbed", "--tasks", "builtin:legacy/test", "--limit", "2", "--agent", "reference",
+              "--simulator", "scripted:testbed", "--no-progress", "--output", str(tmp_path / "legacy")]
+    assert main(legacy) == 0  # the default env's limit is not the legacy bed's: its tasks set theirs
+    assert json.loads((tmp_path / "legacy" / "config.json").read_text())["episode"]["max_turns"] == 4
