@@ -127,7 +127,7 @@ def builtin_source(source: str, split: str | None) -> tuple[str, str]:
 
 
 def spec_tasks(s: TestbedSpec, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
-    """A non-legacy spec's tasks: each an independent draw of c (testbed_spec.draw_hidden),
+    """A non-legacy spec's tasks: each an independent draw of c (testbed.spec.draw_hidden),
     rendered as its reference, with five hidden test inputs per branch. Train and test
     use different random streams, so the held-out tasks are fresh draws. Validation
     tasks ("val") are the train stream's next n_val draws after its n_train tasks:

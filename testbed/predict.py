@@ -14,7 +14,7 @@ sees (questions and the kind of each reply). numpy only, no torch.
 Computed:
 - V*/Q* given c (`optimal_value`, `exact_advantage`: the oracle critic's per-turn
   advantage A*(h, a, c) = Q* − V*, on real message texts), the warm start's (the scripted
-  explorer, `testbed_spec.explorer_probs`) and the optimal policy's success.
+  explorer, `testbed.spec.explorer_probs`) and the optimal policy's success.
 - Each method's population limit at KL 0.5 / 1 / 2 nats from the warm start, KL measured
   on the policy's own trajectories (E_π log π(τ)/π0(τ)), so learning rates and epochs drop
   out; each is a gradient flow in the tabular logits from π0, stopped at the target KL:

@@ -143,7 +143,7 @@ def copy_check_dialogues(n: int = 48, seed: int = 0, spec: str = DEFAULT_SPEC):
 def copy_score(answers: list[str], told: list[tuple[int | None, ...]], spec: str = DEFAULT_SPEC) -> float:
     """The share of checked constants (not None in `told`) that the answers wrote, read
     as the scorer reads an answer (legacy: testbed.env.answer_constants; a
-    spec: testbed_spec.answer_values)."""
+    spec: testbed.spec.answer_values)."""
 
     s = testbed_spec.spec(spec)
     right = total = 0

@@ -27,7 +27,7 @@ from testbed.human import DONT_KNOW, scripted_dialogue
 LEGACY = ts.spec("legacy")
 
 
-def reply_for(question: str, a: int, b: int) -> str:
+def legacy_reply(question: str, a: int, b: int) -> str:
     """The scripted human's reply on a legacy task with constants (a, b)."""
     return ts.human_reply(LEGACY, REFERENCE.format(a=a, b=b), question)
 
@@ -74,19 +74,19 @@ def test_reward_is_the_fraction_of_hidden_tests(env, a_guess, b_guess, expected)
 def test_scripted_human_answers_only_what_is_asked():
     """testbed.spec.human_reply on the legacy bed: every side the message names, in fact
     order, whatever the wording's case; nothing named: "I don't know." (no docstring)."""
-    assert reply_for(QUESTION_POS, 3, 7) == "For positive numbers it is x * 3."
-    assert reply_for(QUESTION_NEG, 3, 7) == "For negative numbers it is x + 7."
-    assert reply_for(QUESTION_VAGUE, 3, 7) == DONT_KNOW
+    assert legacy_reply(QUESTION_POS, 3, 7) == "For positive numbers it is x * 3."
+    assert legacy_reply(QUESTION_NEG, 3, 7) == "For negative numbers it is x + 7."
+    assert legacy_reply(QUESTION_VAGUE, 3, 7) == DONT_KNOW
     both = "For positive numbers it is x * 3. For negative numbers it is x + 7."
-    assert reply_for("positive and negative?", 3, 7) == reply_for("NEGATIVE and Positive?", 3, 7) == both
+    assert legacy_reply("positive and negative?", 3, 7) == legacy_reply("NEGATIVE and Positive?", 3, 7) == both
     with pytest.raises(ValueError, match="not a 'legacy' test-bed reference"):
         ts.human_reply(LEGACY, "def f(x):\n    return x\n", QUESTION_POS)
 
 
 def test_told_constants_reads_only_the_tasks_stated_values():
     a, b = 3, 20
-    assert told_constants([reply_for(QUESTION_POS, a, b)], a, b) == (True, False)
-    assert told_constants([reply_for(QUESTION_VAGUE, a, b), reply_for(QUESTION_NEG, a, b)], a, b) == (False, True)
+    assert told_constants([legacy_reply(QUESTION_POS, a, b)], a, b) == (True, False)
+    assert told_constants([legacy_reply(QUESTION_VAGUE, a, b), legacy_reply(QUESTION_NEG, a, b)], a, b) == (False, True)
     assert told_constants(["For positive numbers it is x * 2."], a, b) == (False, False)  # another task's A
     assert told_constants(["x * 30 and x + 200"], a, b) == (False, False)  # not A or B, though they start alike
 
