@@ -5,8 +5,8 @@ Sources (the `source` argument):
     path/to/rows.jsonl | .json | .parquet   a local file in the official row format
     builtin:train | builtin:test            the sets bundled in tasks/<env>/ (see tasks/README.md)
     builtin:<spec>/train | .../test         env testbed only: a preset of testbed/spec.py
-                                            (legacy, default, long); builtin:train is the shipped
-                                            spec (testbed_spec.SHIPPED_SPEC, legacy for now)
+                                            (default, long, legacy); builtin:train is the
+                                            preset `default` (testbed.spec.DEFAULT_SPEC)
     hf:facebook/collaborative_agent_bench   the published data (downloads; online users only);
                                             append [train] or [test] to pick the split
     hf:HuggingFaceM4/WebSight[train|test]   frontend tasks as the paper builds them (streams;

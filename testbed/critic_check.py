@@ -17,8 +17,8 @@ from pathlib import Path
 def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
                      folders: dict[str, dict[int, str]] | None = None) -> dict[str, dict]:
     """How each SWEET-RL variant's critic ranked its stage-2 candidates against the test
-    bed's exact advantage A* (testbed.oracle.exact_advantages for the setup's spec:
-    the legacy bed's reward-valued one, a spec's success-valued one), from the scores in
+    bed's exact advantage A* (testbed.oracle.exact_advantages for the setup's spec,
+    success-valued), from the scores in
     candidates.jsonl (in `folders[name][seed]`, default seed<S>/<name>), over all seeds:
       pairs: of candidate pairs at one state whose A* differ, the share the critic orders
              the same way (a critic tie counts half); per_turn the same by agent turn;
@@ -33,7 +33,8 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
              apart: stage 2 turns each into a preference the exact critic would not give
              (the solver: what limits stage 2 for a critic with continuous scores)."""
     from colbench.protocols import ANSWER_MARKER
-    from sweet.algorithms.sweet_rl import SweetConfig, load_states, read_candidates, state_key
+    from sweet.algorithms.sweet_rl import SweetConfig, load_states
+    from sweet.core.records import read_candidates, state_key
     from testbed.oracle import exact_advantages
 
     checks = {}

@@ -57,8 +57,9 @@ from testbed.pipeline import (
 
 
 # 0: the paper's critic. `--critic_baseline_samples 4` centres it (sweet/critic/baseline.py),
-# which on the benchmark's training states moves its credit from the answer to the
-# questions (docs/testbed.md, "A centred critic"); the main job's figures are the paper's.
+# which on the benchmark's training states moves its credit from the answer to the questions
+# (testbed/results/2026-12-02-default-centred-critic-anchored-stage2.md); the main job's
+# figures are the paper's.
 CRITIC_BASELINE_SAMPLES = 0
 SNAPSHOT_STEPS = 9  # stage 2's path is snapshotted every 9 of its ~45 steps; the best on validation is kept
 
@@ -68,7 +69,7 @@ class DemoConfig:
     output_dir: str = field(default="runs/demo", metadata={"help": "everything goes here"})
     episodes_per_task: int = field(default=8, metadata={"help": "episodes per train task to learn from"})
     seed: int = field(default=0, metadata={"help": "random seed"})
-    spec: str = field(default="default", metadata={
+    spec: str = field(default=testbed_spec.DEFAULT_SPEC, metadata={
         "help": "test-bed preset (testbed/spec.py): default, long, or legacy (the earlier bed)"})
     critic_baseline_samples: int = field(default=CRITIC_BASELINE_SAMPLES, metadata={
         "help": "K: the critic's advantages centred by K warm-start actions per turn (sweet/critic/baseline.py; "

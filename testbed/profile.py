@@ -98,7 +98,7 @@ def profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> Dialogue
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testbed.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("episodes", nargs="+", help="episodes JSONL files (e.g. RUN/leaderboard/episodes/*.jsonl)")
-    parser.add_argument("--spec", default="default", help=f"the test-bed preset the episodes ran on: {', '.join(ts.PRESETS)}")
+    parser.add_argument("--spec", default=ts.DEFAULT_SPEC, help=f"the test-bed preset the episodes ran on: {', '.join(ts.PRESETS)}")
     parser.add_argument("--json", action="store_true", help="one JSON object, keyed by file")
     args = parser.parse_args(argv)
     try:

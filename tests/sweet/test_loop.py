@@ -309,7 +309,7 @@ def test_a_run_that_cannot_learn_says_so(tmp_path):
     non-zero after saving the (unchanged) model; a rerun resumes and does not redo it."""
     out = tmp_path / "loop"
     cmd = [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
-           "--iterations", "2", "--tasks_per_iteration", "1", "--k", "3", "--max_new_tokens", "8", "--max_turns", "2",
+           "--iterations", "2", "--tasks_per_iteration", "1", "--k", "3", "--max_new_tokens", "8",
            "--micro_batch_size", "4", "--report_to", "none", "--output_dir", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode != 0, res.stderr[-3000:]
@@ -335,7 +335,7 @@ def test_one_iteration_with_a_vllm_sampler(tmp_path):
     out = tmp_path / "loop"
     cmd = [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
            "--sampler", "vllm", "--lora", "true", "--iterations", "2", "--tasks_per_iteration", "2", "--k", "2",
-           "--max_new_tokens", "8", "--max_turns", "2", "--report_to", "none", "--output_dir", str(out)]
+           "--max_new_tokens", "8", "--report_to", "none", "--output_dir", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert "Traceback" not in res.stderr, res.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -350,7 +350,7 @@ def runnable_answer_tasks(path: Path) -> Path:
     and LOOP has something to learn from (real sampling, real sandbox scoring)."""
     from testbed.env import make_tasks
 
-    tasks = [replace(t, tests=("0", "1")) for t in make_tasks("train", n=4)]
+    tasks = [replace(t, tests=("0", "1")) for t in make_tasks("train", n=4, spec="legacy")]
     path.write_text("".join(json.dumps(t.to_json()) + "\n" for t in tasks))
     return path
 

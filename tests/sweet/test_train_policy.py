@@ -417,9 +417,9 @@ def test_sweet_end_to_end_with_the_real_critic(data, critic, tmp_path):
     # the checkpoint plays through the evaluation CLI beside the reference agent
     report = tmp_path / "eval"
     proc = subprocess.run(
-        [sys.executable, "-m", "colbench.evaluate", "--env", "testbed", "--tasks", "builtin:train", "--limit", "2",
+        [sys.executable, "-m", "colbench.evaluate", "--env", "testbed", "--tasks", "builtin:legacy/train", "--limit", "2",
          "--agent", f"sweet=hf:{out / 'final'}", "--agent", "reference", "--simulator", "scripted:testbed",
-         "--max-turns", "2", "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32",
+         "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32",
          "--output", str(report), "--no-progress"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
