@@ -374,6 +374,47 @@ def needed_turns(data: CriticData, turn_idx: list[int]) -> list[int]:
     return list(turn_idx) + extra
 
 
+@dataclass(frozen=True)
+class PairTurns:
+    """The turns a set of trajectory pairs is scored on.
+
+    episodes:   the pairs' episodes, sorted; scores are indexed by position in this list.
+    turns:      their turns, episode by episode, in turn order.
+    needed:     `turns`, then the baseline turns they need (centred critic): what a
+                forward pass scores.
+    episode_of: for each of `turns`, its episode's position in `episodes`.
+    chosen / rejected: per pair, the positions of its two episodes.
+    """
+
+    episodes: list[int]
+    turns: list[int]
+    needed: list[int]
+    episode_of: list[int]
+    chosen: list[int]
+    rejected: list[int]
+
+    @classmethod
+    def of(cls, data: CriticData, pairs: list[tuple[int, int]]) -> "PairTurns":
+        episodes = sorted({e for pair in pairs for e in pair})
+        slot = {e: k for k, e in enumerate(episodes)}
+        turns = [t for e in episodes for t in data.episode_turns[e]]
+        episode_of = [slot[e] for e in episodes for _ in data.episode_turns[e]]
+        return cls(episodes, turns, needed_turns(data, turns), episode_of, [slot[c] for c, _ in pairs],
+                   [slot[r] for _, r in pairs])
+
+    def per_episode(self, values):
+        """Σ over each episode's turns of per-turn `values` [len(turns)] -> [len(episodes)]."""
+        import torch
+
+        index = torch.tensor(self.episode_of, device=values.device)
+        return trajectory_scores(values, index, len(self.episodes))
+
+    def scores(self, logp, ref_sums, data: CriticData, ccfg: CriticConfig):
+        """score(τ) = Σ_t A(o_t, a_t, c) per episode [len(episodes)], from `logp`, the Σ over
+        a of log π_θ (value head: of v) of `needed` (A centred when the critic is)."""
+        return self.per_episode(turn_advantages(logp, ref_sums, data, self.turns, self.needed, ccfg))
+
+
 def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[int, int]], ccfg: CriticConfig,
                mcfg: ModelConfig, device) -> tuple[Any, Any, Any]:
     """One forward over every turn of the pairs' episodes (and their baseline actions).
@@ -381,47 +422,30 @@ def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[i
     the value head), and the margin."""
     import torch
 
-
-    episodes = sorted({e for pair in pairs for e in pair})
-    slot = {e: k for k, e in enumerate(episodes)}
-    turn_idx = [t for e in episodes for t in data.episode_turns[e]]
-    needed = needed_turns(data, turn_idx)
-    traj = torch.tensor([slot[e] for e in episodes for _ in data.episode_turns[e]], device=device)
-    batch = critic_batch(tokenizer, [data.turns[t] for t in needed], ccfg.header, mcfg.max_length, mcfg.keep_head,
-                         ccfg.training_info, ccfg.context_template())
+    pt = PairTurns.of(data, pairs)
+    batch = critic_batch(tokenizer, [data.turns[t] for t in pt.needed], ccfg.header, mcfg.max_length,
+                         mcfg.keep_head, ccfg.training_info, ccfg.context_template())
     logp = action_sums(model, batch.to(device), ccfg.head)  # Σ over a_t of log π_θ (value head: of v)
-    advantages = turn_advantages(logp, ref_sums, data, turn_idx, needed, ccfg)
-    scores = trajectory_scores(advantages, traj, len(episodes))
-    chosen = torch.tensor([slot[c] for c, _ in pairs], device=device)
-    rejected = torch.tensor([slot[r] for _, r in pairs], device=device)
-    bt, _ = bradley_terry_loss(scores[chosen], scores[rejected])
+    scores = pt.scores(logp, ref_sums, data, ccfg)
+    chosen, rejected = scores[pt.chosen], scores[pt.rejected]
+    bt, _ = bradley_terry_loss(chosen, rejected)
     if ccfg.head == "value":
-        nll = torch.zeros(len(episodes), device=device)
+        nll = torch.zeros(len(pairs), device=device)
     else:
-        n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in turn_idx], device=device, dtype=logp.dtype)
-        n = len(turn_idx)
-        nll = -trajectory_scores(logp[:n], traj, len(episodes)) / trajectory_scores(n_tokens, traj, len(episodes))
-    return bt, nll[chosen], (scores[chosen] - scores[rejected]).detach()
+        n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in pt.turns], device=device, dtype=logp.dtype)
+        nll = (-pt.per_episode(logp[:len(pt.turns)]) / pt.per_episode(n_tokens))[pt.chosen]
+    return bt, nll, (chosen - rejected).detach()
 
 
 def evaluate(accelerator, model, tokenizer, data: CriticData, ref_sums, ccfg: CriticConfig,
              mcfg: ModelConfig) -> dict[str, float]:
     """Held-out pairwise accuracy and mean margin."""
-    import torch
-
-
     if not data.eval_pairs:
         return {}
-    episodes = sorted({e for pair in data.eval_pairs for e in pair})
-    turn_idx = [t for e in episodes for t in data.episode_turns[e]]
-    needed = needed_turns(data, turn_idx)
-    logp = sharded_action_sums(accelerator, model, tokenizer, data.turns, needed, mcfg, ccfg)
-    adv = turn_advantages(logp, ref_sums, data, turn_idx, needed, ccfg)
-    slot = {e: k for k, e in enumerate(episodes)}
-    traj = torch.tensor([slot[e] for e in episodes for _ in data.episode_turns[e]], device=logp.device)
-    scores = trajectory_scores(adv, traj, len(episodes))
-    acc, margin = pair_accuracy_and_margin(scores[[slot[c] for c, _ in data.eval_pairs]],
-                                           scores[[slot[r] for _, r in data.eval_pairs]])
+    pt = PairTurns.of(data, data.eval_pairs)
+    logp = sharded_action_sums(accelerator, model, tokenizer, data.turns, pt.needed, mcfg, ccfg)
+    scores = pt.scores(logp, ref_sums, data, ccfg)
+    acc, margin = pair_accuracy_and_margin(scores[pt.chosen], scores[pt.rejected])
     return {"critic/pair_accuracy": acc, "critic/margin": margin}
 
 
