@@ -121,7 +121,8 @@ class LoopConfig:
     simulator: str | None = field(default="scripted:testbed", metadata={"help": "simulator spec"})
     iterations: int = field(default=10, metadata={"help": "LOOP iterations"})
     tasks_per_iteration: int = field(default=8, metadata={"help": "tasks sampled per iteration"})
-    k: int = field(default=6, metadata={"help": "episodes per task (K; paper: 6)"})
+    episodes_per_task: int = field(default=6, metadata={"help": "K: episodes per task per iteration (paper: 6)",
+                                                         "aliases": ["--k"]})
     ppo_epochs: int = field(default=2, metadata={"help": "passes over each batch (off-policy reuse; public code: 2)"})
     clip_low: float = field(default=1 / 1.1, metadata={"help": "lower clip of the importance ratio"})
     clip_high: float = field(default=1.1, metadata={"help": "upper clip of the importance ratio"})
@@ -156,10 +157,16 @@ class LoopConfig:
     agent_prompt: str | None = agent_prompt_field(collects=True)
     human_prompt: str | None = human_prompt_field()
 
+    @property
+    def k(self) -> int:
+        """The paper's K: episodes per task (`episodes_per_task`)."""
+        return self.episodes_per_task
+
     def __post_init__(self) -> None:
         check_prompt_flags(self.env, self.simulator, self.agent_prompt, self.human_prompt)  # PromptError: one line
-        if self.k < 2:
-            raise ValueError(f"LoopConfig.k must be >= 2 for leave-one-out advantages, got {self.k}")
+        if self.episodes_per_task < 2:
+            raise ValueError("LoopConfig.episodes_per_task must be >= 2 for leave-one-out advantages, "
+                             f"got {self.episodes_per_task}")
         for name in ("iterations", "tasks_per_iteration", "ppo_epochs", "max_new_tokens"):
             check_range(self, name, low=1)
         for name in ("clip_low", "clip_high", "gae_lambda", "value_coef", "kl_coef", "min_abs_advantage"):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
+from colbench.cli import canonical_keys
 from colbench.jsonl import Appender
 from engines import EngineOptions, load_engine
 from engines.base import Sample, SamplingParams
@@ -47,7 +48,8 @@ class CandidateConfig:
     reuse_candidates: str = field(default="", metadata={
         "help": "another stage-2 run's candidates.jsonl, sampled with these same settings: score its samples with "
                 "this run's critic instead of sampling again (ablations then differ only in the ranking)"})
-    num_candidates: int = field(default=16, metadata={"help": "K candidate actions per state (paper: 16)"})
+    candidates_per_state: int = field(default=16, metadata={
+        "help": "K: candidate actions sampled per state (paper: 16)", "aliases": ["--num_candidates"]})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the candidates"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling of the candidates"})
     max_new_tokens: int = field(default=512, metadata={"help": "max tokens per candidate"})
@@ -85,12 +87,19 @@ def default_sampler(model_cfg: ModelConfig) -> str:
 
 def sampling_settings(model_cfg: ModelConfig, cand: CandidateConfig, critic: str, seed: int) -> dict:
     """What candidates.jsonl is sampled and scored with (candidates.settings.json)."""
-    settings = {"sampler": cand.sampler or default_sampler(model_cfg), "num_candidates": cand.num_candidates,
-                "temperature": cand.temperature, "top_p": cand.top_p, "max_new_tokens": cand.max_new_tokens,
+    settings = {"sampler": cand.sampler or default_sampler(model_cfg),
+                "candidates_per_state": cand.candidates_per_state, "temperature": cand.temperature, "top_p": cand.top_p,
+                "max_new_tokens": cand.max_new_tokens,
                 "critic": critic, "seed": seed}
     if cand.reuse_candidates:
         settings["reused_from"] = cand.reuse_candidates
     return settings
+
+
+def read_settings(side: Path) -> dict:
+    """A candidates.settings.json, its keys under today's names (a file written when
+    `candidates_per_state` was `num_candidates` reads the same)."""
+    return canonical_keys([CandidateConfig], json.loads(side.read_text()), str(side))
 
 
 class CandidateCache:
@@ -104,7 +113,7 @@ class CandidateCache:
         side = self.path.with_name(SAMPLING_FILE)
         if not side.exists():
             return {}
-        old = json.loads(side.read_text())
+        old = read_settings(side)
         return {k: f"{old.get(k)!r} -> {v!r}" for k, v in self.settings.items() if old.get(k) != v}
 
     def files_to_keep(self, resume: bool) -> tuple[str, ...]:
@@ -216,8 +225,8 @@ class StoredSamples:
         side = path.with_name(SAMPLING_FILE)
         if not side.exists():
             raise ValueError(f"--reuse_candidates {path}: no {SAMPLING_FILE} beside it")
-        theirs = json.loads(side.read_text())
-        drawn = ("sampler", "num_candidates", "temperature", "top_p", "max_new_tokens", "seed")
+        theirs = read_settings(side)
+        drawn = ("sampler", "candidates_per_state", "temperature", "top_p", "max_new_tokens", "seed")
         changed = {k: f"{theirs.get(k)!r} there, {settings[k]!r} here" for k in drawn if theirs.get(k) != settings[k]}
         if changed:
             raise ValueError(f"--reuse_candidates {path} was sampled with other settings: {changed}")

@@ -38,7 +38,7 @@ sweet/workflows/rounds.py. The paper trains one round.
 
     # CPU, tiny model (critic from `python -m sweet.train_critic ... --output_dir runs/critic-tiny`)
     python -m sweet.train_policy --algorithm sweet --episodes eps.jsonl --tasks tasks.jsonl \\
-        --critic runs/critic-tiny --model tiny --num_candidates 4 --max_new_tokens 32 \\
+        --critic runs/critic-tiny --model tiny --candidates_per_state 4 --max_new_tokens 32 \\
         --output_dir runs/sweet-tiny --micro_batch_size 4
 
     # Llama-3.1-8B on 8 GPUs: sample with vLLM in one process, then train LoRA with accelerate

@@ -18,7 +18,7 @@ agent turn (the answer) and how much from the turns before it (the questions), a
 many pairs each part alone orders right. A critic that explains outcomes by the answer
 alone (the earlier turns ordering pairs at chance) gives stage 2 nothing to rank
 questions by, however well it fits its pairs (docs/testbed.md, "Where the learned critic
-puts its credit"). A centred critic's advantages (`--baseline_samples`) are shown and split
+puts its credit"). A centred critic's advantages (`--baseline_samples_per_state`) are shown and split
 centred, as it was trained: A − mean_k A(o_t, a_k, c) over its state's baseline samples.
 """
 

@@ -126,10 +126,11 @@ class CriticConfig:
     agent_prompt: str | None = agent_prompt_field()
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns that carry no token_ids (published data)"})
     eval_batch_size: int = field(default=8, metadata={"help": "turns per forward pass when computing π_ref and held-out scores"})
-    baseline_samples: int = field(default=0, metadata={
+    baseline_samples_per_state: int = field(default=0, metadata={
         "help": "K: centre each turn's advantage by the mean of K actions of the initial policy at its state, "
                 "A − (1/K)·Σ_k A(o_t, a_k, c) (sweet/critic/baseline.py: an advantage has zero mean under its "
-                "policy, so a turn whose action the policy always takes carries no credit); 0: the paper's A"})
+                "policy, so a turn whose action the policy always takes carries no credit); 0: the paper's A",
+        "aliases": ["--baseline_samples"]})
     baseline_sampler: str = field(default="", metadata={"help": "engine spec of the policy the baseline samples come "
                                                                 "from (default: hf:<--model>, the critic's initial model)"})
     baseline_max_new_tokens: int = field(default=512, metadata={"help": "max tokens per baseline sample"})
@@ -147,8 +148,8 @@ class CriticConfig:
             raise ValueError(f"CriticConfig.nll_coef must be >= 0, got {self.nll_coef}")
         if self.max_pairs < 0 or self.eval_batch_size < 1:
             raise ValueError("CriticConfig.max_pairs must be >= 0 and eval_batch_size >= 1")
-        if self.baseline_samples < 0 or self.baseline_max_new_tokens < 1:
-            raise ValueError("CriticConfig.baseline_samples must be >= 0 and baseline_max_new_tokens >= 1")
+        if self.baseline_samples_per_state < 0 or self.baseline_max_new_tokens < 1:
+            raise ValueError("CriticConfig.baseline_samples_per_state must be >= 0 and baseline_max_new_tokens >= 1")
         if self.head not in HEADS:
             raise ValueError(f"CriticConfig.head must be one of {HEADS}, got {self.head!r}")
         if self.head == "value" and self.nll_coef > 0:
@@ -473,8 +474,8 @@ def attach_baselines(data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig, to
 
     proc = process_state()
     sampler = ccfg.baseline_sampler or "hf:" + resolve_model_path(mcfg.model)
-    args = (data.turns, sampler, ccfg.baseline_samples, ccfg.baseline_max_new_tokens, int(tokenizer.eos_token_id),
-            out, seed)
+    args = (data.turns, sampler, ccfg.baseline_samples_per_state, ccfg.baseline_max_new_tokens,
+            int(tokenizer.eos_token_id), out, seed)
     if proc.is_main_process:
         sample_baselines(*args, dtype=mcfg.dtype)
     proc.wait_for_everyone()
@@ -483,8 +484,8 @@ def attach_baselines(data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig, to
     data.baseline = baseline_index(data.turns, n, samples)
     same = sum(all(data.turns[b].action_ids == data.turns[t].action_ids for b in row)
                for t, row in enumerate(data.baseline))
-    proc.print(f"critic: centred by {ccfg.baseline_samples} samples of {sampler} per turn; {same} of {n} turns' "
-               f"samples all equal the action taken (their centred advantage is 0); {len(data.turns) - n} "
+    proc.print(f"critic: centred by {ccfg.baseline_samples_per_state} samples of {sampler} per turn; {same} of {n} "
+               f"turns' samples all equal the action taken (their centred advantage is 0); {len(data.turns) - n} "
                "other baseline actions scored")
 
 
@@ -507,7 +508,7 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
     if tokenizer.eos_token_id is None:
         raise ValueError(f"model {mcfg.model!r}: tokenizer has no eos token (needed to end every action)")
     data = build_data(ccfg, tokenizer, tcfg.seed)
-    if ccfg.baseline_samples:
+    if ccfg.baseline_samples_per_state:
         attach_baselines(data, ccfg, mcfg, tokenizer, out, tcfg.seed)
     set_seed(tcfg.seed)  # the initial model (LoRA adapters) is rebuilt identically on a resume
     trainer = Trainer(mcfg, tcfg, tokenizer, model=_value_model(mcfg) if ccfg.head == "value" else None,

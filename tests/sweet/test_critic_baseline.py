@@ -1,4 +1,4 @@
-"""The centred critic (`--baseline_samples K`, sweet/critic/baseline.py): its loss by hand,
+"""The centred critic (`--baseline_samples_per_state K`, sweet/critic/baseline.py): its loss by hand,
 a turn the policy always takes carries nothing, and the samples are drawn once, resumably."""
 
 import json
@@ -28,7 +28,7 @@ def _data(tmp_path, tok, make_synthetic, samples_of):
     tasks, episodes = make_synthetic(tok, 3, secrets=("apple", "river"))
     ccfg = CriticConfig(episodes=str(_write(tmp_path / "e.jsonl", episodes)),
                         tasks=str(_write(tmp_path / "t.jsonl", tasks)), eval_fraction=0.0, beta=0.5,
-                        baseline_samples=2)
+                        baseline_samples_per_state=2)
     data = build_data(ccfg, tok, 0)
     n = len(data.turns)
     samples = {state_key(t): samples_of(t) for t in data.turns}
@@ -203,7 +203,7 @@ def test_centred_critic_on_two_cpu_processes_matches_one(tmp_path, synthetic_fil
     args = lambda out: ["--episodes", str(synthetic_files[0]), "--tasks", str(synthetic_files[1]),  # noqa: E731
                         "--output_dir", str(out), "--num_epochs", "1", "--batch_size", "4", "--micro_batch_size", "2",
                         "--learning_rate", "2e-3", "--eval_fraction", "0.2", "--max_pairs", "8", "--max_length", "512",
-                        "--report_to", "none", "--baseline_samples", "2", "--baseline_max_new_tokens", "6"]
+                        "--report_to", "none", "--baseline_samples_per_state", "2", "--baseline_max_new_tokens", "6"]
     one = tmp_path / "one"
     final = cli(args(one))
     ddp = tmp_path / "ddp"

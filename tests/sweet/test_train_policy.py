@@ -266,7 +266,7 @@ def test_sweet_anchor_trains_the_tied_states_candidates(data, tmp_path):
 
     episodes, tasks, eps = data
     model = ModelConfig(model="tiny", dtype="float32", max_length=512, keep_head=64)
-    cand = CandidateConfig(num_candidates=4, max_new_tokens=8)
+    cand = CandidateConfig(candidates_per_state=4, max_new_tokens=8)
     finals = {}
     for coef in (0.0, 1.0):
         out = tmp_path / f"anchor{coef}"
@@ -404,7 +404,8 @@ def test_sweet_end_to_end_with_the_real_critic(data, critic, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "sweet"
     _cli("--algorithm", "sweet", "--episodes", str(episodes), "--tasks", str(tasks), "--env", "testbed",
-         "--critic", str(critic), "--output_dir", str(out), *FAST, "--num_candidates", "4", "--max_new_tokens", "8",
+         "--critic", str(critic), "--output_dir", str(out), *FAST, "--candidates_per_state", "4",
+         "--max_new_tokens", "8",
          "--max_episodes", "2", "--learning_rate", "1e-3", "--micro_batch_size", "4")
     from sweet.algorithms.sweet_rl import CANDIDATES_FILE, read_candidates
 
@@ -433,7 +434,8 @@ def test_sweet_two_rounds(data, critic, tmp_path):
     episodes, tasks, _ = data
     out = tmp_path / "rounds"
     _cli("--algorithm", "sweet", "--episodes", str(episodes), "--tasks", str(tasks), "--env", "testbed",
-         "--critic", str(critic), "--output_dir", str(out), *FAST, "--num_candidates", "4", "--max_new_tokens", "8",
+         "--critic", str(critic), "--output_dir", str(out), *FAST, "--candidates_per_state", "4",
+         "--max_new_tokens", "8",
          "--max_episodes", "2", "--learning_rate", "1e-3", "--micro_batch_size", "4", "--rounds", "2",
          "--simulator", "scripted:testbed", "--rollouts_per_task", "2", "--max_turns", "2", timeout=900)
     r1 = out / "round-1"
@@ -453,8 +455,9 @@ def test_cli_errors_name_the_bad_field(tmp_path):
 
     with pytest.raises(ValueError, match="MTDPOConfig.pairing"):  # a UserError: one line, exit 2 from the CLI
         main(["--algorithm", "mtdpo", "--episodes", "x.jsonl", "--pairing", "nope"])
-    with pytest.raises(ValueError, match="CandidateConfig.num_candidates"):  # a UserError: one line, exit 2 from the CLI
-        main(["--algorithm", "sweet", "--episodes", "x", "--tasks", "y", "--num_candidates", "1"])
+    # a UserError: one line, exit 2 from the CLI
+    with pytest.raises(ValueError, match="CandidateConfig.candidates_per_state"):
+        main(["--algorithm", "sweet", "--episodes", "x", "--tasks", "y", "--candidates_per_state", "1"])
     with pytest.raises(ValueError, match="unknown 'ppo'"):  # a UserError: one line, exit 2 from the CLI
         main(["--algorithm", "ppo"])
     with pytest.raises(ValueError, match="RFTConfig.episodes is required"):  # a UserError: one line, exit 2 from the CLI
@@ -486,7 +489,7 @@ def test_help_lists_the_algorithm_flags(algorithm, capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "--episodes" in out and "--learning_rate" in out and "--lora" in out
-    assert ("--num_candidates" in out) == (algorithm == "sweet")
+    assert ("--candidates_per_state" in out) == (algorithm == "sweet")
 
 
 @pytest.mark.slow

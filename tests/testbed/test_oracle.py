@@ -102,7 +102,7 @@ def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):
     model = ModelConfig(model="tiny", dtype="float32")
     train = SweetTrainConfig(output_dir=str(out), report_to="none")
     cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", critic="oracle", stage="sample")
-    cand = CandidateConfig(num_candidates=2, max_new_tokens=6)
+    cand = CandidateConfig(candidates_per_state=2, max_new_tokens=6)
     assert main(model, train, cfg, cand) is None
     assert json.loads((out / SAMPLING_FILE).read_text())["critic"] == "oracle"
     rows = read_candidates(out / CANDIDATES_FILE)
