@@ -100,7 +100,7 @@ from sweet.core.config import (
 from sweet.core.fingerprint import begin_run
 from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
 from sweet.core.rollouts import rollout_session
-from sweet.core.scoring import sharded_scores
+from sweet.core.nograd_pass import sharded_scores
 from sweet.core.tokens import make_batch, turn_segment
 from sweet.core.trainer import Trainer, mark_finished, process_state, schedule_offset
 
@@ -437,7 +437,7 @@ def _action_rows(logp: torch.Tensor, batch) -> list[torch.Tensor]:
 def score_turns(model, turns: Sequence[SampledTurn], acc, pad_id: int, model_cfg: ModelConfig, micro: int,
                 with_value: bool = False, ref=None) -> list[tuple[torch.Tensor, torch.Tensor | None, float | None]]:
     """(log π [A], log π_ref [A] or None, V(s_t) or None) per turn, no grad, the turns dealt
-    across processes and gathered (sweet.core.scoring.sharded_scores)."""
+    across processes and gathered (sweet.core.nograd_pass.sharded_scores)."""
     from sweet.core.logprobs import token_logprobs
 
     def score(idx: list[int]):

@@ -37,7 +37,7 @@ reduction and context as training:
 
 Or everything from a YAML file (`--config run.yaml`; flags override it). Outputs:
 `final/` (HF weights; LoRA: merged weights + `final-adapter/`), `critic_config.json`
-(what `sweet.critic.model.CriticScorer.load` needs), `metrics.jsonl` (`loss/bt`, `loss/nll`,
+(what `sweet.critic.model.TrainedCritic.load` needs), `metrics.jsonl` (`loss/bt`, `loss/nll`,
 `critic/pair_accuracy`, `critic/margin`), `config.json`, `checkpoint-<step>/` each
 epoch (and every `--save_steps`): accelerate's full training state, so rerunning the
 command after a crash resumes from the last checkpoint with the same result as an
@@ -77,7 +77,7 @@ from sweet.core.fingerprint import begin_run
 from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
 from sweet.core.records import group_by_task, make_trajectory_pairs
 from sweet.core.runs import trainer_run
-from sweet.core.scoring import REFERENCE_CACHE, ReferenceCache, sharded_scores
+from sweet.core.nograd_pass import REFERENCE_CACHE, ReferenceCache, sharded_scores
 from sweet.core.trainer import Trainer, mark_finished
 from sweet.critic.baseline import baseline_index, centred, sample_baselines
 from sweet.critic.model import (
@@ -293,7 +293,7 @@ def build_data(cfg: CriticConfig, tokenizer, seed: int) -> CriticData:
 def sharded_action_sums(accelerator, model, tokenizer, turns: list[CriticTurn], indices: list[int],
                         mcfg: ModelConfig, ccfg: CriticConfig, desc: str = "") -> Any:
     """Σ_{y ∈ a_t} log π(y | o_t, c) (value head: Σ v) for turns[indices], no grad, split
-    over processes (sweet.core.scoring.sharded_scores, contexts of similar length together:
+    over processes (sweet.core.nograd_pass.sharded_scores, contexts of similar length together:
     less padding); every process gets all values, float64 [len(indices)]."""
     import torch
 

@@ -52,20 +52,20 @@ class RoundsConfig:
             raise ValueError(f"RoundsConfig.rounds must be >= 1, got {self.rounds}")
         if self.rounds > 1 and not self.simulator:
             raise ValueError("RoundsConfig.simulator is required with rounds > 1 (new episodes need a simulated human)")
-        if self.rollouts_per_task < 1:
-            raise ValueError(f"RoundsConfig.rollouts_per_task must be >= 1, got {self.rollouts_per_task}")
+        if self.episodes_per_task < 1:
+            raise ValueError(f"RoundsConfig.episodes_per_task must be >= 1, got {self.episodes_per_task}")
 
 
-def main(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
+def main(model_cfg, train, cfg, cand, rounds: RoundsConfig, ranker=None):
     """`--algorithm sweet`: one round of stage 2, or `rounds.rounds` rounds."""
     if rounds.rounds == 1:
-        return run_round(model_cfg, train, cfg, cand, scorer)
+        return run_round(model_cfg, train, cfg, cand, ranker)
     if cfg.critic == ORACLE_CRITIC:  # rounds retrain the critic from its dir's config.json
         raise ValueError(f"--critic {ORACLE_CRITIC} runs one round: there is no critic to retrain")
-    return run_rounds(model_cfg, train, cfg, cand, rounds, scorer)
+    return run_rounds(model_cfg, train, cfg, cand, rounds, ranker)
 
 
-def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
+def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, ranker=None):
     """`rounds.rounds` rounds of stage 2; returns the last round's final model."""
 
     if process_state().num_processes > 1 or cfg.stage != "all":
@@ -76,7 +76,7 @@ def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
     from colbench.prompts import check_prompt_flags
 
     check_prompt_flags(cfg.env, rounds.simulator, cfg.agent_prompt, rounds.human_prompt)  # before round 1 trains
-    final = run_round(model_cfg, train, cfg, cand, scorer)
+    final = run_round(model_cfg, train, cfg, cand, ranker)
     episodes = [cfg.episodes]
     for r in range(1, rounds.rounds):
         out = Path(train.output_dir) / f"round-{r}"

@@ -149,22 +149,22 @@ def test_centred_critic_trains_end_to_end(tmp_path, synthetic_files, fresh_accel
     metrics = cli(["--episodes", str(synthetic_files[0]), "--tasks", str(synthetic_files[1]), "--output_dir", str(out),
                    "--num_epochs", "1", "--batch_size", "4", "--micro_batch_size", "2", "--learning_rate", "2e-3",
                    "--eval_fraction", "0.2", "--max_pairs", "8", "--max_length", "512", "--report_to", "none",
-                   "--baseline_samples", "2", "--baseline_max_new_tokens", "6"])
+                   "--baseline_samples_per_state", "2", "--baseline_max_new_tokens", "6"])
     assert 0.0 <= metrics["critic/pair_accuracy"] <= 1.0
     rows = [json.loads(x) for x in (out / SAMPLES_FILE).read_text().splitlines()]
     assert rows and all(len(r["actions"]) == 2 for r in rows)
     logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(math.isfinite(r["loss/bt"]) for r in logged if "loss/bt" in r)
-    assert json.loads((out / "config.json").read_text())["critic"]["baseline_samples"] == 2
+    assert json.loads((out / "config.json").read_text())["critic"]["baseline_samples_per_state"] == 2
     # the inspector centres as training did: with every state's samples = the first action
     # recorded there, a turn that took it scores 0 and another turn A(its action) − A(that one)
     from colbench.episodes import load_episodes
     from sweet.core.records import episode_states
     from sweet.critic.baseline import state_key_of
     from sweet.critic.inspect import advantages_of
-    from sweet.critic.model import CriticScorer, load_training_info
+    from sweet.critic.model import TrainedCritic, load_training_info
 
-    scorer = CriticScorer.load(str(out))
+    scorer = TrainedCritic.load(str(out))
     episodes = load_episodes(synthetic_files[0], env="backend")[:10]
     info = load_training_info(str(synthetic_files[1]), env="backend")
     first, taken = {}, {}

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from testbed.env import DEFAULT_B, QUESTION_NEG, QUESTION_VAGUE, answer_text, optimal_advantage
-from testbed.oracle import OracleScorer
+from testbed.oracle import OracleCritic
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +32,9 @@ def test_oracle_scores_candidates_of_real_states(episode, tiny_tokenizer):
     assert f"x * {a}" in states[3].prompt[-1]["content"]  # the human told A before the last turn
     texts = [QUESTION_NEG, "What about positive and negative numbers?", QUESTION_VAGUE, answer_text(a, b),
              answer_text(a, DEFAULT_B)]
-    scorer = OracleScorer(tiny_tokenizer, "testbed")
+    ranker = OracleCritic(tiny_tokenizer, "testbed")
     items = [(s, _ids(tiny_tokenizer, texts), ["stop"] * len(texts)) for s in states]
-    scores = scorer.score_states(items)
+    scores = ranker.score_states(items)
     # hand-computed Q* - V*: turn 0 and 1 have time to ask both; turn 2 (nothing known, 2 turns
     # left) needs the question naming both; turn 3 (A known, last turn) is the answer
     assert scores == [
@@ -52,28 +52,28 @@ def test_oracle_decodes_without_special_tokens_and_scores_cut_answers(episode, t
     task, states, _ = episode
     right = answer_text(task.meta["a"], task.meta["b"])
     ids = _ids(tiny_tokenizer, [right], eos=False)[0]
-    scorer = OracleScorer(tiny_tokenizer)
-    [[with_eos, without_eos, cut]] = scorer.score_states(
+    ranker = OracleCritic(tiny_tokenizer)
+    [[with_eos, without_eos, cut]] = ranker.score_states(
         [(states[3], [ids + [tiny_tokenizer.eos_token_id], ids, ids[:12]], ["stop", "stop", "length"])])
     assert with_eos == without_eos == 0.5
     assert cut == -0.5  # cut at max_new_tokens: the code does not compile, the answer scores 0
 
 
 def test_oracle_is_for_the_test_bed_only(tiny_tokenizer):
-    from sweet.algorithms.sweet_rl import SweetConfig, load_scorer
+    from sweet.algorithms.sweet_rl import SweetConfig, load_ranker
     from sweet.core.config import ModelConfig
 
     with pytest.raises(ValueError, match="'testbed' environment only.*'backend'"):
-        OracleScorer(tiny_tokenizer, "backend")
+        OracleCritic(tiny_tokenizer, "backend")
     cfg = SweetConfig(episodes="eps.jsonl", tasks="builtin:train", env="backend", critic="oracle")
     with pytest.raises(ValueError, match="--critic oracle .*--env testbed, got --env backend"):
-        load_scorer(ModelConfig(model="tiny"), cfg)
+        load_ranker(ModelConfig(model="tiny"), cfg)
     tb = SweetConfig(episodes="eps.jsonl", tasks="builtin:train", env="testbed", critic="oracle")
-    scorer = load_scorer(ModelConfig(model="tiny"), tb)
-    assert isinstance(scorer, OracleScorer) and scorer.spec.name == "legacy"
+    ranker = load_ranker(ModelConfig(model="tiny"), tb)
+    assert isinstance(ranker, OracleCritic) and ranker.spec.name == "legacy"
     # the spec comes from the tasks: a spec bed's oracle scores its success-valued A*
     spec_bed = SweetConfig(episodes="eps.jsonl", tasks="builtin:default/train", env="testbed", critic="oracle")
-    assert load_scorer(ModelConfig(model="tiny"), spec_bed).spec.name == "default"
+    assert load_ranker(ModelConfig(model="tiny"), spec_bed).spec.name == "default"
 
 
 def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):
