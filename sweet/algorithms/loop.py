@@ -126,7 +126,7 @@ class LoopConfig:
     ppo_epochs: int = field(default=2, metadata={"help": "passes over each batch (off-policy reuse; public code: 2)"})
     clip_low: float = field(default=1 / 1.1, metadata={"help": "lower clip of the importance ratio"})
     clip_high: float = field(default=1.1, metadata={"help": "upper clip of the importance ratio"})
-    ratio_level: str = field(default="token", metadata={"help": "importance ratio per token (paper's best), turn or "
+    ratio_level: str = field(default="token", metadata={"help": "importance ratio per token (the paper's), turn or "
                                                                 "trajectory"})
     advantage: str = field(default="loo", metadata={"help": "loo: leave-one-out (LOOP); grpo: group mean/std "
                                                             "normalised; ppo: learned value head + GAE over turns"})

@@ -92,8 +92,8 @@ class SweetConfig:
     tasks: str = field(default="", metadata={"help": "tasks file (or builtin:<split>) holding the training-time information c"})
     env: str = field(default="backend", metadata={"help": "environment name (training_info, offline trajectory format)"})
     episode_fraction: float = field(default=0.1, metadata={"help": "use the first share of the episodes file (paper: "
-                                                                   "the first 10 percent of its 15k offline "
-                                                                   "trajectories, as more epochs overfitted; 1: all)"})
+                                                                   "0.1, the first 10 percent of its 15k offline "
+                                                                   "trajectories; 1: all)"})
     max_episodes: int | None = field(default=None, metadata={"help": "use the first N episodes instead of "
                                                                      "episode_fraction"})
     critic: str = field(default="", metadata={"help": "stage-1 critic dir (output_dir of python -m sweet.train_critic); "

@@ -109,9 +109,15 @@ class CriticConfig:
                                                                 "(default 0: the paper trains on all pairs; no held-out "
                                                                 "metrics then, final_metrics.json is {})"})
     beta: float = field(default=1.0, metadata={"help": "β in A = β·mean(log π_θ − log π_ref); not stated in the paper"})
-    length_normalize: bool = field(default=True, metadata={"help": "mean over the action's tokens (paper); false: sum (ablation sweet_sum; paper: 3.6%% success)"})
-    training_info: bool = field(default=True, metadata={"help": "add the hidden reference c to the critic's context (paper); false: without it, in training and in scoring (ablation sweet_no_info; paper: 31.2%%); --tasks is then not needed"})
-    head: str = field(default="lm", metadata={"help": "lm: A = β·mean(log π_θ − log π_ref) read through the LM head (paper); value: a scalar regression head on the last hidden state, A = β·mean over the action's tokens of v (ablation sweet_value_head; paper: 36.2%%), no π_ref"})
+    length_normalize: bool = field(default=True, metadata={
+        "help": "mean over the action's tokens (paper); false: sum (the paper's sweet_sum ablation)"})
+    training_info: bool = field(default=True, metadata={
+        "help": "add the hidden reference c to the critic's context (paper); false: without it, in training and in "
+                "scoring (the paper's sweet_no_info ablation); --tasks is then not needed"})
+    head: str = field(default="lm", metadata={
+        "help": "lm: A = β·mean(log π_θ − log π_ref) read through the LM head (paper); value: a scalar regression "
+                "head on the last hidden state, A = β·mean over the action's tokens of v, no π_ref (the paper's "
+                "sweet_value_head ablation)"})
     nll_coef: float = field(default=0.0, metadata={"help": "weight of an NLL term on the chosen trajectories' actions"})
     success_threshold: float | None = field(default=None, metadata={"help": f"a task yields pairs when its best reward reaches this (default: the --env's: {defaults_help('success_threshold')}; backend 1.0 = all tests pass)"})
     min_reward_gap: float | None = field(default=None, metadata={"help": f"rejected episodes must be worse than the best by more than this (default: the --env's: {defaults_help('min_reward_gap')})"})
