@@ -148,7 +148,7 @@ def credit_splits(out: Path, seeds: list[int], policies: list[str], setup) -> di
     (pair-weighted means)."""
     from colbench.episodes import load_episodes
     from sweet.critic.inspect import score_credit_split
-    from sweet.critic.model import CriticScorer, load_training_info
+    from sweet.critic.model import TrainedCritic, load_training_info
 
     info = load_training_info(setup.train_tasks, env=setup.env)
     found: dict[str, dict] = {}
@@ -159,7 +159,7 @@ def credit_splits(out: Path, seeds: list[int], policies: list[str], setup) -> di
             if not (critic / "critic_config.json").exists():
                 continue
             episodes = load_episodes(out / f"seed{seed}" / "episodes.jsonl", env=setup.env)
-            split = score_credit_split(CriticScorer.load(critic), str(critic), episodes, info)
+            split = score_credit_split(TrainedCritic.load(critic), str(critic), episodes, info)
             if split is not None:
                 per_seed[str(seed)] = split.to_json()
         if per_seed:

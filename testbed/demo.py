@@ -9,7 +9,7 @@ Steps (each skipped when its output exists, so an interrupted run resumes):
   1. warm start: the tiny model fine-tuned on a scripted explorer's dialogues;
   2. collect K episodes per train task with the warm-started policy;
   3. SWEET-RL stage 1: train the critic with the training-time information
-     (`--critic_baseline_samples 4`: centred by 4 warm-start samples per turn);
+     (`--baseline_samples_per_state 4`: centred by 4 warm-start samples per turn);
   4. SWEET-RL stage 2: sample candidates per state, rank them with the critic, DPO, with
      snapshots along the way; the snapshot with the best success on validation tasks (drawn
      from the train split, never the test tasks) is the policy (early stopping);
@@ -56,7 +56,7 @@ from testbed.pipeline import (
 )
 
 
-# 0: the paper's critic. `--critic_baseline_samples 4` centres it (sweet/critic/baseline.py),
+# 0: the paper's critic. `--baseline_samples_per_state 4` centres it (sweet/critic/baseline.py),
 # which on the benchmark's training states moves its credit from the answer to the questions
 # (testbed/results/2026-12-02-default-centred-critic-anchored-stage2.md); the main job's
 # figures are the paper's.
@@ -71,9 +71,9 @@ class DemoConfig:
     seed: int = field(default=0, metadata={"help": "random seed"})
     spec: str = field(default=testbed_spec.DEFAULT_SPEC, metadata={
         "help": "test-bed preset (testbed/spec.py): default, long, or legacy (the earlier bed)"})
-    critic_baseline_samples: int = field(default=CRITIC_BASELINE_SAMPLES, metadata={
+    baseline_samples_per_state: int = field(default=CRITIC_BASELINE_SAMPLES, metadata={
         "help": "K: the critic's advantages centred by K warm-start actions per turn (sweet/critic/baseline.py; "
-                "0: the paper's uncentred critic)"})
+                "0: the paper's uncentred critic)", "aliases": ["--critic_baseline_samples"]})
     smoke: bool = field(default=False, metadata={
         "help": "a 1-2 minute run of every step at toy sizes (tests); trains on the scripted dialogues"})
 
@@ -105,7 +105,7 @@ def main(cfg: DemoConfig) -> Path:
     say(2)
     with timed(setup, "critic"):
         critic = train_critic(episodes, str(warm), setup, out / "critic", seed=cfg.seed,
-                              extra={"baseline_samples": cfg.critic_baseline_samples,
+                              extra={"baseline_samples_per_state": cfg.baseline_samples_per_state,
                                      "baseline_max_new_tokens": setup.max_new_tokens})
     say(3)
     with timed(setup, "policy"):

@@ -46,7 +46,7 @@ and diagnostics, not the paper's ablations (run only when --policies names them)
                     to tell a wrong critic from a stage 2 that cannot use a right ranking
   sweet_anchor      SWEET-RL's critic, stage 2 with an NLL anchor on the states its critic
                     leaves unranked (--anchor_coef 1): does likelihood displacement break it?
-  sweet_centred     a critic centred by 4 samples of the warm start per turn (--baseline_samples
+  sweet_centred     a critic centred by 4 samples of the warm start per turn (--baseline_samples_per_state
                     4, sweet/critic/baseline.py): does it credit the questions?
 
 Outputs in OUT: summary.json ({"spec", "seeds", "predicted": {"warm_start", "optimum"},
@@ -125,7 +125,7 @@ POLICIES: dict[str, Policy] = {
     "sweet_sum": Policy("sweet", (("length_normalize", False),)),
     "sweet_oracle": Policy("sweet", oracle=True),
     "sweet_anchor": Policy("sweet", stage2_settings=(("anchor_coef", 1.0),)),
-    "sweet_centred": Policy("sweet", (("baseline_samples", 4),)),
+    "sweet_centred": Policy("sweet", (("baseline_samples_per_state", 4),)),
 }
 DIAGNOSTICS = ("sweet_oracle", "sweet_anchor", "sweet_centred")  # run only when --policies names them
 CURVE_KEY = {"rft": "loss/nll", "mtdpo": "loss/dpo", "sweet": "loss/dpo", "loop": "env/reward"}

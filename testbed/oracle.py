@@ -1,4 +1,4 @@
-"""An oracle critic for the CPU test bed: the exact per-turn advantage, as a Scorer.
+"""An oracle critic for the CPU test bed: the exact per-turn advantage, as a CandidateRanker.
 
 A diagnostic, not part of SWEET-RL: stage 2 (sweet/algorithms/sweet_rl.py, `--critic oracle`)
 ranks candidates with the advantage the stage-1 critic is meant to learn, computed
@@ -16,8 +16,8 @@ from testbed import mdp
 from testbed import spec as testbed_spec
 
 
-class OracleScorer:
-    """The Scorer protocol (sweet.algorithms.sweet_candidates.Scorer) with the test bed's exact advantage.
+class OracleCritic:
+    """The CandidateRanker protocol (sweet.algorithms.sweet_candidates) with the test bed's exact advantage.
 
     tokenizer: the policy's (candidates are its token ids; decoded without special tokens).
     env:       the environment name; only "testbed" has an exact advantage.
@@ -26,7 +26,7 @@ class OracleScorer:
 
     def __init__(self, tokenizer, env: str = "testbed", spec: str = testbed_spec.DEFAULT_SPEC):
         if env != "testbed":
-            raise ValueError(f"OracleScorer knows the exact advantage of the 'testbed' environment only, got {env!r}")
+            raise ValueError(f"OracleCritic knows the exact advantage of the 'testbed' environment only, got {env!r}")
         self.tokenizer = tokenizer
         self.spec = testbed_spec.spec(spec)
 

@@ -261,7 +261,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
                 "num_epochs": 2, "batch_size": 8, "micro_batch_size": 8, "success_threshold": 1.0}
     elif algorithm == "sweet":
         args = {"episodes": str(episodes), "tasks": setup.train_tasks, "env": setup.env, "critic": str(critic),
-                "num_candidates": setup.candidates, "max_new_tokens": setup.max_new_tokens,
+                "candidates_per_state": setup.candidates, "max_new_tokens": setup.max_new_tokens,
                 "learning_rate": 3e-5, "beta": 0.1, "nll_coef": 0.1, "num_epochs": 1,
                 "batch_size": 16, "micro_batch_size": 16, "pairs_per_state": 4,
                 "max_episodes": setup.stage2_episodes, "episode_fraction": 1.0}
@@ -270,7 +270,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
         budget = setup.n_train * setup.episodes_per_task  # as many episodes as the offline algorithms
         args = {"env": setup.env, "simulator": setup.simulator, "tasks": setup.train_tasks,
                 "iterations": max(1, budget // (n_tasks * 6)), "tasks_per_iteration": n_tasks,
-                "k": 6, "max_turns": setup.max_turns, "max_new_tokens": setup.max_new_tokens,
+                "episodes_per_task": 6, "max_turns": setup.max_turns, "max_new_tokens": setup.max_new_tokens,
                 "learning_rate": 1e-4, "micro_batch_size": 16}
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}")

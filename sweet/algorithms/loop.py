@@ -100,7 +100,7 @@ from sweet.core.config import (
 from sweet.core.fingerprint import begin_run
 from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
 from sweet.core.rollouts import rollout_session
-from sweet.core.scoring import sharded_scores
+from sweet.core.nograd_pass import sharded_scores
 from sweet.core.tokens import make_batch, turn_segment
 from sweet.core.trainer import Trainer, mark_finished, process_state, schedule_offset
 
@@ -121,11 +121,12 @@ class LoopConfig:
     simulator: str | None = field(default="scripted:testbed", metadata={"help": "simulator spec"})
     iterations: int = field(default=10, metadata={"help": "LOOP iterations"})
     tasks_per_iteration: int = field(default=8, metadata={"help": "tasks sampled per iteration"})
-    k: int = field(default=6, metadata={"help": "episodes per task (K; paper: 6)"})
+    episodes_per_task: int = field(default=6, metadata={"help": "K: episodes per task per iteration (paper: 6)",
+                                                         "aliases": ["--k"]})
     ppo_epochs: int = field(default=2, metadata={"help": "passes over each batch (off-policy reuse; public code: 2)"})
     clip_low: float = field(default=1 / 1.1, metadata={"help": "lower clip of the importance ratio"})
     clip_high: float = field(default=1.1, metadata={"help": "upper clip of the importance ratio"})
-    ratio_level: str = field(default="token", metadata={"help": "importance ratio per token (paper's best), turn or "
+    ratio_level: str = field(default="token", metadata={"help": "importance ratio per token (the paper's), turn or "
                                                                 "trajectory"})
     advantage: str = field(default="loo", metadata={"help": "loo: leave-one-out (LOOP); grpo: group mean/std "
                                                             "normalised; ppo: learned value head + GAE over turns"})
@@ -156,10 +157,16 @@ class LoopConfig:
     agent_prompt: str | None = agent_prompt_field(collects=True)
     human_prompt: str | None = human_prompt_field()
 
+    @property
+    def k(self) -> int:
+        """The paper's K: episodes per task (`episodes_per_task`)."""
+        return self.episodes_per_task
+
     def __post_init__(self) -> None:
         check_prompt_flags(self.env, self.simulator, self.agent_prompt, self.human_prompt)  # PromptError: one line
-        if self.k < 2:
-            raise ValueError(f"LoopConfig.k must be >= 2 for leave-one-out advantages, got {self.k}")
+        if self.episodes_per_task < 2:
+            raise ValueError("LoopConfig.episodes_per_task must be >= 2 for leave-one-out advantages, "
+                             f"got {self.episodes_per_task}")
         for name in ("iterations", "tasks_per_iteration", "ppo_epochs", "max_new_tokens"):
             check_range(self, name, low=1)
         for name in ("clip_low", "clip_high", "gae_lambda", "value_coef", "kl_coef", "min_abs_advantage"):
@@ -430,7 +437,7 @@ def _action_rows(logp: torch.Tensor, batch) -> list[torch.Tensor]:
 def score_turns(model, turns: Sequence[SampledTurn], acc, pad_id: int, model_cfg: ModelConfig, micro: int,
                 with_value: bool = False, ref=None) -> list[tuple[torch.Tensor, torch.Tensor | None, float | None]]:
     """(log π [A], log π_ref [A] or None, V(s_t) or None) per turn, no grad, the turns dealt
-    across processes and gathered (sweet.core.scoring.sharded_scores)."""
+    across processes and gathered (sweet.core.nograd_pass.sharded_scores)."""
     from sweet.core.logprobs import token_logprobs
 
     def score(idx: list[int]):

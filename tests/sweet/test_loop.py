@@ -119,8 +119,8 @@ def test_kl_term_by_hand():
 def test_loop_config_validates():
     from sweet.algorithms.loop import LoopConfig
 
-    with pytest.raises(ValueError, match="k must be >= 2"):
-        LoopConfig(k=1)
+    with pytest.raises(ValueError, match="episodes_per_task must be >= 2"):
+        LoopConfig(episodes_per_task=1)
     with pytest.raises(ValueError, match="ratio_level"):
         LoopConfig(ratio_level="episode")
     with pytest.raises(ValueError, match="advantage"):
