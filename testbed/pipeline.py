@@ -316,6 +316,6 @@ def evaluate(agents: dict[str, str], setup: TestbedSetup, out: Path, seed_round:
     ev.evaluate(ev.EvalConfig(
         output=str(out), env=setup.env, simulator=setup.simulator, tasks=setup.test_tasks,
         agent=[f"{name}=hf:{model}" for name, model in agents.items()], limit=setup.test_limit or None,
-        seeds=setup.eval_seeds, seed_round=seed_round, temperature=setup.eval_temperature,
+        episodes_per_task=setup.eval_seeds, seed_round=seed_round, temperature=setup.eval_temperature,
         max_turns=setup.max_turns, max_new_tokens=setup.max_new_tokens, progress=False))
     return json.loads((out / "leaderboard.json").read_text())
