@@ -31,8 +31,9 @@ whatever `micro_batch_size` and the number of processes: the update is the same
 (tests/sweet/test_trainer.py, test_policy_invariance.py compare the weights). Scaling, why: accelerate's
 `backward` divides by the accumulation steps (DeepSpeed's engine by the ones it was
 configured with) and DDP/FSDP/DeepSpeed average the gradients over processes, so each
-micro-batch's `loss_sum` is multiplied by world·accum/N (`optimizer_step`). `metric_sums` are sums over the same units (floats);
-the trainer logs Σ/N per key (so a hook returns `mean * batch` for a per-pair mean).
+micro-batch's `loss_sum` is multiplied by world·accum/N (`optimizer_step`). `metric_sums`
+are sums over the same units (floats); the trainer logs Σ/N per key (so a hook returns
+`mean * batch` for a per-pair mean).
 
 Batches: an optimiser step takes `batch_size` items (the last step of an epoch what is
 left) from a seeded per-epoch permutation; item j of the step goes to micro-batch slot
