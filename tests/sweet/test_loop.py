@@ -453,7 +453,8 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
         return [*launcher, "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
                 "--tasks", str(tasks), "--iterations", "2", "--tasks_per_iteration", "2", "--k", "8",
                 "--temperature", "3", "--max_new_tokens", "1", "--max_turns", "2", "--batch_size", "3",
-                "--micro_batch_size", "1", "--learning_rate", "1e-3", "--report_to", "none", "--output_dir", str(out)]
+                "--micro_batch_size", "1", "--learning_rate", "1e-3", "--kl_coef", "0.05", "--report_to", "none",
+                "--output_dir", str(out)]
 
     for out, launcher in ((tmp_path / "one", (sys.executable, "-m")), (tmp_path / "two", launch)):
         res = subprocess.run(cmd(out, launcher), cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -464,6 +465,7 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
     for r1, r2 in zip(rows["one"], rows["two"]):
         assert {k: v for k, v in r1.items() if k.startswith("env/")} == {k: v for k, v in r2.items() if k.startswith("env/")}
         assert r1["loss/policy"] == pytest.approx(r2["loss/policy"], abs=1e-5)
+        assert r1["loop/kl"] == pytest.approx(r2["loop/kl"], abs=1e-5)  # π_ref loaded whole, also under ZeRO-3
         assert r2["loop/sampler_trainer_logprob_gap"] < 1e-5  # the sampler plays the trained weights
     a, b = _final_weights(tmp_path / "one" / "final"), _final_weights(tmp_path / "two" / "final")
     assert all(torch.allclose(a[k], b[k], rtol=0, atol=2e-4) for k in a)
