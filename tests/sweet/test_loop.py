@@ -183,12 +183,22 @@ def fixed_episodes(tok):
     return eps
 
 
+class Fixed:
+    """A collector whose every iteration has the same (already scored) episodes."""
+
+    def __init__(self, episodes):
+        self.fixed = episodes
+
+    def episodes(self, it):
+        return self.fixed
+
+
 def run_update(tmp_path, name, *, micro=16, batch=8, lora=False, sgd=True, **loop_kwargs):
     """One iteration's update on fixed_episodes with the real trainer; returns (weight deltas,
     metrics). `sgd`: the inner optimiser is plain SGD, so the update IS the gradient (Adam's
     first step would hide a gradient's scale)."""
     from engines.tiny import tiny_model_path
-    from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, train_on_episodes
+    from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, iteration
     from sweet.core.config import ModelConfig
     from sweet.core.models import load_model, load_tokenizer
     from sweet.core.trainer import Trainer
@@ -211,7 +221,7 @@ def run_update(tmp_path, name, *, micro=16, batch=8, lora=False, sgd=True, **loo
     ref = None
     if cfg.kl_coef > 0:
         ref = "disable_adapter" if lora else load_model(model_cfg, trainable=False)
-    metrics = train_on_episodes(trainer, fixed_episodes(tok), cfg, model_cfg, tok, seed=0, ref=ref)
+    metrics = iteration(trainer, Fixed(fixed_episodes(tok)), 0, cfg, model_cfg, tok, ref=ref)
     deltas = {n: p.detach() - before[n] for n, p in named() if p.requires_grad}
     return deltas, metrics
 
@@ -502,15 +512,16 @@ def test_ppo_iteration_zero_has_a_baseline(tmp_path, monkeypatch):
     from sweet.algorithms import loop
 
     seen = {}
-    original = loop.update
+    original = loop.frozen_batch
 
-    def recording(trainer, items, *args, **kwargs):
+    def recording(*args, **kwargs):
+        items, metrics = original(*args, **kwargs)
         seen["adv"] = [it.advantage for it in items]
         seen["traj"] = [it.trajectory for it in items]
         seen["target"] = [it.value_target for it in items]
-        return original(trainer, items, *args, **kwargs)
+        return items, metrics
 
-    monkeypatch.setattr(loop, "update", recording)
+    monkeypatch.setattr(loop, "frozen_batch", recording)
     raw_update, raw = run_update(tmp_path, "raw", advantage="ppo", normalize_advantages=False)
     raw_adv, raw_target = seen["adv"], seen["target"]
     norm_update, norm = run_update(tmp_path, "norm", advantage="ppo")
