@@ -6,11 +6,14 @@
         --model hf:meta-llama/Llama-3.1-8B-Instruct --simulator openai:...@http://localhost:8000/v1 \
         --output_dir runs/loop-8b                                         # 1 GPU, vLLM rollouts
     ... --advantage grpo        # the paper's GRPO row (58.0); --advantage ppo: PPO + value head (50.8)
+    ... --async_rollouts true --staleness 1   # play iteration i+1's episodes while training on i's
 
 Each iteration (paper, Algorithm 1):
   1. sample `tasks_per_iteration` tasks and run K episodes per task with the current
      policy (transformers: the very model in memory; `--sampler vllm`: a vLLM engine
-     that loads the new LoRA adapter or weights after every update);
+     that loads the new LoRA adapter or weights after every update). `--async_rollouts`:
+     with the policy of `staleness` = s iterations ago, played by a model copy in a
+     background thread during the previous iterations' training (`Collector`);
   2. reward R_k = the environment's score (fraction of tests passed);
   3. advantage, `--advantage`:
        loo  (LOOP, default)  A_k = R_k − 1/(K−1) Σ_{j≠k} R_j, not divided by the std;
@@ -57,6 +60,12 @@ Departures from the paper / its public code, stated:
     ρ = 1 exactly on the first step); the sampler's log-probs are compared with it, the gap
     is logged, and tokens whose gap exceeds `max_logprob_gap` are masked out (guard
     against a drifted sampler, e.g. a vLLM engine with stale weights);
+  - `--async_rollouts`: the paper's iterations overlap generation and training too; here the
+    lag is fixed (exactly s versions, so a run is reproducible), π_old is the sampler's
+    log-probs at its version (the ratio corrects the lag), and the gap guard compares them
+    with the trainer's forward at that same version, computed by the sampler on its copy.
+    Bit-exact runs need a training step that draws no random numbers (no dropout): the
+    sampler's thread shares torch's generator;
   - the importance ratio can also be per turn or per trajectory (the paper's ablation);
   - max_turns follows the environment (ColBench: 10; test bed: 4) unless given;
   - learning rate: 5e-5 with --lora (the public code's, which trains LoRA adapters),
