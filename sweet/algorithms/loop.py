@@ -633,9 +633,10 @@ def iteration(trainer, collector, it: int, cfg: LoopConfig, model_cfg: ModelConf
     if turns:
         batch, m = frozen_batch(trainer, turns, kept, episode_adv, cfg, model_cfg, pad, ref)  # no grad, immutable
         metrics.update(m)
-        loss_fn, seed, size = make_loss_fn(cfg, model_cfg, pad, with_value), iteration_seed(trainer.train.seed, it), \
-            trainer.train.batch_size
-        total, base, sums, n = cfg.ppo_epochs * math.ceil(len({t.trajectory for t in turns}) / size), trainer.scheduler.last_epoch, {}, 0
+        loss_fn = make_loss_fn(cfg, model_cfg, pad, with_value)
+        seed, size = iteration_seed(trainer.train.seed, it), trainer.train.batch_size
+        total = cfg.ppo_epochs * math.ceil(len({t.trajectory for t in turns}) / size)  # the steps it takes
+        base, sums, n = trainer.scheduler.last_epoch, {}, 0
         trainer.model.train()
         for epoch in range(cfg.ppo_epochs):  # 5: epochs x minibatches of whole trajectories
             for step_items in minibatches(batch, size, seed, epoch):
@@ -644,7 +645,9 @@ def iteration(trainer, collector, it: int, cfg: LoopConfig, model_cfg: ModelConf
                 if cfg.ratio_level == "trajectory":
                     step_items = trajectory_log_ratios(trainer, step_items, pad, model_cfg, with_value)
                 step = trainer.optimizer_step(step_items, loss_fn, lambda x: 1.0 if x.turn.first else 0.0)
-                sums, n = {k: sums.get(k, 0.0) + step.get(k, 0.0) for k in {*sums, *step}}, n + 1
+                for k, v in step.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                n += 1
         metrics.update({k: v / n for k, v in sums.items()}, **{"loop/optimizer_steps": float(n)})
     if per_iteration:
         trainer.advance_schedule((it + 1) * per_iteration)  # the iteration's share, whatever it dropped
