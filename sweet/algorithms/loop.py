@@ -705,7 +705,8 @@ class Sampler:
             self.tokenizer = copy.deepcopy(tokenizer)
             if model_cfg.gradient_checkpointing:  # the thread samples from torch's RNG: the recomputation must not
                 # reset it (nothing to replay without dropout)
-                trainer.model.gradient_checkpointing_enable(
+                lm = getattr(trainer.model, "lm", trainer.model)  # ppo: the LM inside the value-head wrapper
+                lm.gradient_checkpointing_enable(
                     gradient_checkpointing_kwargs={"use_reentrant": True, "preserve_rng_state": False})
         self.engine, self.version = None, None
 
