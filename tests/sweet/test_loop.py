@@ -125,6 +125,29 @@ def test_loop_config_validates():
         LoopConfig(ratio_level="episode")
     with pytest.raises(ValueError, match="advantage"):
         LoopConfig(advantage="gae")
+    with pytest.raises(ValueError, match=r"^LoopConfig.staleness must be >= 0, got -1$"):
+        LoopConfig(async_rollouts=True, staleness=-1)
+    with pytest.raises(ValueError, match="LoopConfig.async_rollouts"):
+        LoopConfig(async_rollouts=True, sampler="vllm")
+
+
+def test_async_batch_takes_pi_old_from_the_sampler_and_guards_against_its_version():
+    """Async rollouts: π_old is the sampler's log-probs, and the gap guard compares them
+    with the trainer's recomputation at the sampler's version (`recomputed`), never with
+    this pass's current log-probs. Numbers by hand, max_logprob_gap 0.5."""
+    from sweet.algorithms.loop import LoopConfig, SampledTurn, build_batch
+
+    turn = SampledTurn((1,), (2, 3, 4), [-1.0, -2.0, -3.0], 0, True, 1, recomputed=[-1.1, -2.9, -3.0])
+    current = torch.tensor([-5.0, -2.0, -3.0])  # the trainer now: far from the sampler on token 0 only
+    scored = [(current, None, None)]
+    batch, gap = build_batch([turn], scored, [1.0], None, LoopConfig(async_rollouts=True, max_logprob_gap=0.5))
+    assert batch[0].old.tolist() == [-1.0, -2.0, -3.0]  # the behaviour policy's
+    # |sampler − recomputed| = 0.1, 0.9, 0: token 1 masked (token 0 is not, though 4 away from the current)
+    assert batch[0].keep.tolist() == [True, False, True] and batch[0].traj_tokens == 2
+    assert gap == pytest.approx((0.1 + 0.9 + 0.0) / 3, abs=1e-6)
+    sync, sync_gap = build_batch([replace(turn, recomputed=None)], scored, [1.0], None, LoopConfig(max_logprob_gap=0.5))
+    assert sync[0].old.tolist() == [-5.0, -2.0, -3.0] and sync[0].keep.tolist() == [False, True, True]
+    assert sync_gap == pytest.approx(4 / 3, abs=1e-6)
 
 
 def test_defaults_follow_the_environment_and_the_paper(capsys):
@@ -183,12 +206,22 @@ def fixed_episodes(tok):
     return eps
 
 
+class Fixed:
+    """A collector whose every iteration has the same (already scored) episodes."""
+
+    def __init__(self, episodes):
+        self.fixed = episodes
+
+    def episodes(self, it):
+        return self.fixed
+
+
 def run_update(tmp_path, name, *, micro=16, batch=8, lora=False, sgd=True, **loop_kwargs):
     """One iteration's update on fixed_episodes with the real trainer; returns (weight deltas,
     metrics). `sgd`: the inner optimiser is plain SGD, so the update IS the gradient (Adam's
     first step would hide a gradient's scale)."""
     from engines.tiny import tiny_model_path
-    from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, train_on_episodes
+    from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, iteration
     from sweet.core.config import ModelConfig
     from sweet.core.models import load_model, load_tokenizer
     from sweet.core.trainer import Trainer
@@ -211,7 +244,7 @@ def run_update(tmp_path, name, *, micro=16, batch=8, lora=False, sgd=True, **loo
     ref = None
     if cfg.kl_coef > 0:
         ref = "disable_adapter" if lora else load_model(model_cfg, trainable=False)
-    metrics = train_on_episodes(trainer, fixed_episodes(tok), cfg, model_cfg, tok, seed=0, ref=ref)
+    metrics = iteration(trainer, Fixed(fixed_episodes(tok)), 0, cfg, model_cfg, tok, ref=ref)
     deltas = {n: p.detach() - before[n] for n, p in named() if p.requires_grad}
     return deltas, metrics
 
@@ -400,6 +433,59 @@ def test_killed_and_resumed_run_gives_the_uninterrupted_weights(tmp_path):
     assert (killed / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # four runs of the CLI
+def test_async_run_is_exact_across_runs_and_a_kill(tmp_path):
+    """Async rollouts at lag 1, 3 iterations: two runs give bit-identical weights, and so
+    does a run killed (SIGKILL) once iteration 0's checkpoint exists and rerun; no sampled
+    episode is lost (the killed run's episode files equal the whole run's), and every
+    episode records the version that played it: iteration j's, max(j − 1, 0)."""
+    import signal
+    import time
+
+    tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
+
+    def cmd(out):
+        return [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed",
+                "--model", "tiny", "--tasks", str(tasks), "--gradient_checkpointing", "true", "--iterations", "3",
+                "--tasks_per_iteration", "2", "--k", "8", "--temperature", "3", "--max_new_tokens", "1",
+                "--max_turns", "2", "--batch_size", "3", "--micro_batch_size", "4", "--learning_rate", "1e-3",
+                "--async_rollouts", "true", "--staleness", "1", "--report_to", "none", "--output_dir", str(out)]
+
+    runs = {name: tmp_path / name for name in ("a", "b", "killed")}
+    for name in ("a", "b"):
+        res = subprocess.run(cmd(runs[name]), cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+    assert "the sampler's model copy holds" in res.stdout + res.stderr
+    proc = subprocess.Popen(cmd(runs["killed"]), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 900
+    while not (runs["killed"] / "checkpoint-0" / "state.json").exists() and time.time() < deadline \
+            and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (runs["killed"] / "final").exists(), "the run finished before it could be killed"
+    res = subprocess.run(cmd(runs["killed"]), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming" in res.stdout + res.stderr
+
+    a = _final_weights(runs["a"] / "final")
+    for name in ("b", "killed"):
+        other = _final_weights(runs[name] / "final")
+        assert a.keys() == other.keys() and all(torch.equal(a[k], other[k]) for k in a), name
+        assert (runs[name] / "metrics.jsonl").read_text() == (runs["a"] / "metrics.jsonl").read_text(), name
+    rows = [json.loads(line) for line in (runs["a"] / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loop/policy_lag"] for r in rows] == [0.0, 1.0, 1.0]
+    assert all(r["loop/optimizer_steps"] > 0 for r in rows), rows
+    for j in range(3):
+        name = f"iter-{j:04d}.jsonl"
+        stored = (runs["a"] / "episodes" / name).read_text()
+        assert (runs["killed"] / "episodes" / name).read_text() == stored
+        episodes = [json.loads(line) for line in stored.splitlines()]
+        assert {e["meta"]["policy_version"] for e in episodes} == {max(j - 1, 0)}
+        assert all(len(e["meta"]["trainer_logprobs"]) == 2 for e in episodes)  # one row per agent turn
+
+
 def test_snapshots_count_iterations(tmp_path):
     """LOOP's path is counted in iterations (as its checkpoints): --snapshot_steps 1 over 2
     iterations writes path/step-1 and path/step-2, the last one the final model's weights."""
@@ -504,15 +590,16 @@ def test_ppo_iteration_zero_has_a_baseline(tmp_path, monkeypatch):
     from sweet.algorithms import loop
 
     seen = {}
-    original = loop.update
+    original = loop.frozen_batch
 
-    def recording(trainer, items, *args, **kwargs):
+    def recording(*args, **kwargs):
+        items, metrics = original(*args, **kwargs)
         seen["adv"] = [it.advantage for it in items]
         seen["traj"] = [it.trajectory for it in items]
         seen["target"] = [it.value_target for it in items]
-        return original(trainer, items, *args, **kwargs)
+        return items, metrics
 
-    monkeypatch.setattr(loop, "update", recording)
+    monkeypatch.setattr(loop, "frozen_batch", recording)
     raw_update, raw = run_update(tmp_path, "raw", advantage="ppo", normalize_advantages=False)
     raw_adv, raw_target = seen["adv"], seen["target"]
     norm_update, norm = run_update(tmp_path, "norm", advantage="ppo")
