@@ -690,8 +690,7 @@ class Sampler:
     with `async_rollouts` the trainer changes them while the sampler plays, so in both
     cases the main process plays with its own copy of the model, given the (gathered)
     weights at each `sync` (FSDP/ZeRO-3: a collective) and the memory of one more model
-    there (`copy_bytes`). (ZeRO-3 is untested here: DeepSpeed does not run on this
-    project's CPU test machines.)
+    there (`copy_bytes`). (ZeRO-3 is tested with 2 CPU processes over gloo, docs/distributed.md.)
     vllm: a vLLM engine started from the initial model; each `sync` loads the new LoRA
     adapter (saved to output_dir/sampler-adapter) or copies the full weights in, and the
     sampler/trainer log-prob gap measures any drift.
