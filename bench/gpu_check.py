@@ -366,8 +366,12 @@ def loop_iteration(scale: Scale, path: Path, device: str, work: Path) -> dict:
 def trl_comparison(scale: Scale, path: Path, device: str, work: Path, seconds_left: float) -> dict:
     """bench/trainer_vs_trl.py on the saved model, stage 2's shapes: `dpo_pairs` pairs per step
     (micro-batches of 2), contexts up to `dpo_context`, actions of `action_len` tokens."""
+    import importlib.util
     import subprocess
 
+    if importlib.util.find_spec("trl") is None:
+        raise RuntimeError("trl is not installed on this machine: pip install 'trl>=1.0' (on a machine without "
+                           "network, carry its wheels and those of datasets, dill and multiprocess)")
     out = work / "trainer_vs_trl.json"
     argv = [sys.executable, str(Path(__file__).resolve().parent / "trainer_vs_trl.py"), "--model", str(path),
             "--device", device, "--lora", "--gradient_checkpointing", "--context", str(scale.dpo_context),
@@ -381,7 +385,8 @@ def trl_comparison(scale: Scale, path: Path, device: str, work: Path, seconds_le
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"trainer_vs_trl did not finish in the {seconds_left:.0f} s left") from None
     if res.returncode != 0:
-        raise RuntimeError(f"trainer_vs_trl exit {res.returncode}: {res.stderr[-1500:]}")
+        last = (res.stderr.strip().splitlines() or [""])[-1]  # the exception, ahead of the truncated log
+        raise RuntimeError(f"trainer_vs_trl exit {res.returncode}: {last} | {res.stderr[-1500:]}")
     results = json.loads(out.read_text())["results"]
     keep = ("tokens", "seconds", "tokens_per_s", "peak", "unit", "ref_s", "losses", "clock")
     return {"headline": res.stdout.strip().splitlines()[-1], "seconds": round(time.perf_counter() - start, 1),
