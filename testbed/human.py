@@ -71,7 +71,8 @@ class TestbedSimulator:
 
 # ---- the scripted exploratory agent used for the warm start -------------------------
 
-def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6) -> list[tuple[str, str]]:
+def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6,
+                      p_other: float = 0.0) -> list[tuple[str, str]]:
     """A dialogue of the exploratory scripted agent against the scripted human, as
     (role, text) pairs: the warm start imitates it.
 
@@ -85,8 +86,9 @@ def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6) -> lis
 
     The explorer is testbed.spec's (`sample_explorer`, with `p_ask` in
     place of the spec's); a task of another spec gets that spec's turns, questions,
-    guesses and human."""
-    spec = replace(testbed_spec.task_spec(task), p_ask=p_ask)
+    guesses and human. `p_other` > 0: the explorer that reads its dialogue (right after a
+    side question it asks another side with that probability; testbed_spec.TEACHERS)."""
+    spec = replace(testbed_spec.task_spec(task), p_ask=p_ask, p_other=p_other)
     history: list[str] = []
     while True:
         text = testbed_spec.sample_explorer(spec, history, rng)

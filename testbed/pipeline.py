@@ -84,9 +84,13 @@ class TestbedSetup:
         return min(n, self.train_limit) if self.train_limit else n
 
 
-def warm_start(out: Path, seed: int = 0, smoke: bool = False, spec: str = SHIPPED_SPEC) -> Path:
+def warm_start(out: Path, seed: int = 0, smoke: bool = False, spec: str = SHIPPED_SPEC,
+               teacher: str | None = None) -> Path:
     """The shared warm start (testbed/warm_start.py) on the train tasks of test-bed
-    preset `spec`, in two phases on the scripted explorer's dialogues (testbed/human.py):
+    preset `spec`, in two phases on the scripted explorer's dialogues (testbed/human.py),
+    the explorer being `teacher` (testbed_spec.TEACHERS; None: "reads" on a spec bed, the
+    explorer that reads its dialogue, "blind" on the legacy bed; the solver's π0 is
+    `testbed_spec.teacher_spec(spec, teacher)`):
 
     1. copy:   an explorer that asks on every turn before the last (p_ask 1.0), so most
                answers use a constant the human stated: the tiny model learns to
@@ -103,11 +107,12 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False, spec: str = SHIPPE
     from testbed.warm_start import main as run
 
     if smoke:  # toy sizes: one short phase
-        return run(WarmStartConfig(output_dir=str(out / "behave"), seed=seed, n_dialogues=160, epochs=1, spec=spec))
+        return run(WarmStartConfig(output_dir=str(out / "behave"), seed=seed, n_dialogues=160, epochs=1, spec=spec,
+                                   teacher=teacher))
     copy = checked_phase(out, "copy", "tiny", COPY_PASS, seed=seed, learning_rates=(2e-3, 1e-3), p_ask=1.0,
-                         n_dialogues=1600, spec=spec)
+                         n_dialogues=1600, spec=spec, teacher=teacher)
     return checked_phase(out, "behave", str(copy), BEHAVE_PASS, seed=seed + 1, learning_rates=(1e-3,),
-                         p_ask=testbed_spec.spec(spec).p_ask, n_dialogues=600, spec=spec)
+                         p_ask=testbed_spec.spec(spec).p_ask, n_dialogues=600, spec=spec, teacher=teacher)
 
 
 # The phases' bars: the held-out share of told constants written right when answering on

@@ -95,6 +95,106 @@ def profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> Dialogue
     return DialogueProfile(len(episodes), twice, {k: bootstrap_ci(list(values[k].values())) for k in FIELDS})
 
 
+# ---- does a policy read its dialogue? Its per-history profile beside its teacher's -------------
+
+# the histories the default bed's policies choose at before the last turn, and each one's moves
+MOVES = {"first": ("side", "vague", "answer"),
+         "after a side": ("other side", "same side", "vague", "answer"),
+         "after vague": ("side", "vague", "answer")}
+
+
+def _move(s: ts.TestbedSpec, before: Sequence[int], a: int | None) -> tuple[str, str]:
+    """(history, move) of an action `a` (None: the answer) after the questions `before`."""
+    history = "first" if not before else "after vague" if before[-1] == s.facts else "after a side"
+    if a is None:
+        return history, "answer"
+    if a == s.facts:
+        return history, "vague"
+    if history == "after a side":
+        return history, "same side" if a == before[-1] else "other side"
+    return history, "side"
+
+
+def history_profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> dict[str, dict[str, Metric]]:
+    """P(move | history) on the first two turns (`MOVES`), measured on `episodes`, each with
+    a 95% bootstrap interval over tasks (a ratio: the episodes that reached the history)."""
+    s = ts.spec(spec)
+    values: dict[tuple[str, str], dict[str, list[float]]] = {(h, m): {} for h, ms in MOVES.items() for m in ms}
+    for ep in sorted(episodes, key=lambda e: (e.task_id, e.seed)):
+        acts = episode_actions(s, ep)
+        for turn in range(min(2, s.turns - 1)):
+            if turn > len(acts):
+                break
+            history, move = _move(s, acts[:turn], acts[turn] if turn < len(acts) else None)
+            for m in MOVES[history]:
+                values[(history, m)].setdefault(ep.task_id, []).append(float(m == move))
+    return {h: {m: bootstrap_ci(list(values[(h, m)].values())) for m in ms} for h, ms in MOVES.items()}
+
+
+def teacher_history_profile(spec: str | ts.TestbedSpec) -> dict[str, dict[str, float]]:
+    """The explorer's exact P(move | history) (`MOVES`) on `spec` (its p_ask and p_other:
+    testbed_spec.teacher_spec), read from the one explorer (testbed.mdp.explorer_action_probs)."""
+    from testbed.mdp import explorer_action_probs
+
+    s = ts.spec(spec)
+    out: dict[str, dict[str, float]] = {h: dict.fromkeys(ms, 0.0) for h, ms in MOVES.items()}
+    for before, node in (((), ()), ((0,), ((0, True),)), ((s.facts,), ((s.facts, False),))):
+        for a, p in explorer_action_probs(s, node).items():
+            history, move = _move(s, before, None if a == s.facts + 1 else a)
+            out[history][move] += p
+    return out
+
+
+@dataclass
+class ReadsCheck:
+    """A policy's measured repeat rate and per-history profile beside its teacher's exact
+    ones (and the blind explorer's): it imitates the teacher where every teacher value lies
+    in the measured 95% interval."""
+
+    teacher: str
+    repeat: Metric
+    teacher_repeat: float
+    blind_repeat: float
+    measured: dict[str, dict[str, Metric]]
+    expected: dict[str, dict[str, float]]
+    blind: dict[str, dict[str, float]]
+
+    def cells(self) -> list[tuple[str, Metric, float, float]]:
+        """(name, measured, teacher's, blind's) for the repeat rate and every (history, move)."""
+        return [("repeat", self.repeat, self.teacher_repeat, self.blind_repeat)] + [
+            (f"{h}: {m}", self.measured[h][m], self.expected[h][m], self.blind[h][m])
+            for h, ms in MOVES.items() for m in ms]
+
+    @property
+    def matched(self) -> int:
+        return sum(m.low <= want <= m.high for _, m, want, _ in self.cells())
+
+    def to_json(self) -> dict:
+        return {"teacher": self.teacher, "matched": self.matched, "cells": len(self.cells()),
+                **{name: {**m.to_json(), "teacher": round(want, 4), "blind": round(blind, 4)}
+                   for name, m, want, blind in self.cells()}}
+
+    def line(self) -> str:
+        shown = [c for c in self.cells() if c[0] in ("repeat", "after a side: other side", "after a side: same side")]
+        parts = [f"{name} {m.value:.3f} [{m.low:.3f}, {m.high:.3f}] (teacher {want:.3f}, blind {blind:.3f})"
+                 for name, m, want, blind in shown]
+        return (f"{'; '.join(parts)}; {self.matched} of {len(self.cells())} (repeat rate and every P(move | history)) "
+                f"within the 95% intervals")
+
+
+def reads_check(spec: str | ts.TestbedSpec, teacher: str | None, episodes: Sequence[Episode]) -> ReadsCheck:
+    """`episodes` (a policy's, held-out) beside the exact profile of the warm-start `teacher`
+    (testbed_spec.teacher_spec) and of the blind explorer."""
+    from testbed.mdp import build
+    from testbed.policy_class import repeat_rate
+
+    taught, blind = ts.teacher_spec(spec, teacher), ts.teacher_spec(spec, "blind")
+    prof = profile(taught, episodes)
+    rates = [repeat_rate(bed, bed.logp0) for bed in (build(taught), build(blind))]
+    return ReadsCheck(teacher or ts.default_teacher(spec), prof.metrics["repeat"], rates[0], rates[1],
+                      history_profile(taught, episodes), teacher_history_profile(taught), teacher_history_profile(blind))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testbed.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("episodes", nargs="+", help="episodes JSONL files (e.g. RUN/leaderboard/episodes/*.jsonl)")

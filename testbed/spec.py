@@ -32,7 +32,7 @@ import ast
 import random
 import re
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 from colbench.protocols import ANSWER_MARKER
@@ -94,6 +94,10 @@ class TestbedSpec:
     p_ask:          the explorer asks on each turn before the last with this probability,
                     uniformly over the questions (one per fact, and the vague one); else
                     it answers, writing what it was told and the guess for the rest.
+    p_other:        the explorer reads its dialogue: right after a question about one side
+                    (fact), it asks about a side it has not asked yet with this probability
+                    (uniformly among them), and otherwise chooses as p_ask says
+                    (0: the blind explorer, whose choice ignores the dialogue).
     n_train/n_test: tasks per split; test tasks are fresh draws (another seed).
     n_val:          validation tasks: the next draws of the train split's stream after
                     its n_train (disjoint from them, never test tasks), for choosing
@@ -110,6 +114,7 @@ class TestbedSpec:
     one_side: bool = True
     p_guess_right: float = 0.5
     p_ask: float = 0.75
+    p_other: float = 0.0
     n_train: int = 56
     n_test: int = 256  # many fresh draws of c, few episodes each: c decides most of the variance
     n_val: int = 128
@@ -118,6 +123,7 @@ class TestbedSpec:
         checks = [("facts", 1 <= self.facts <= len(FACTS)), ("turns", self.turns >= 1),
                   ("p_state", 0.0 <= self.p_state <= 1.0), ("p_doc", 0.0 <= self.p_doc <= 1.0),
                   ("p_guess_right", 0.0 <= self.p_guess_right <= 1.0), ("p_ask", 0.0 <= self.p_ask <= 1.0),
+                  ("p_other", 0.0 <= self.p_other <= 1.0),
                   ("n_train", self.n_train >= 1), ("n_test", self.n_test >= 1), ("n_val", self.n_val >= 0)]
         for field_name, ok in checks:
             if not ok:
@@ -348,8 +354,9 @@ def explorer_probs(s: TestbedSpec, history: Sequence[str]) -> dict[str, float]:
     """The scripted explorer's next message as {text: probability}, from the dialogue so far
     (`history`: the agent's and the human's messages alternating, agent first, without the
     task description). Before the last turn it asks with probability p_ask, uniformly over
-    `s.questions()`, whatever it already knows; otherwise (and always on the last turn) it
-    answers with what the human stated and the fixed guess for the rest. A pure function:
+    `s.questions()`, whatever it already knows (with p_other > 0, right after a side
+    question it asks a side not yet asked with probability p_other, else as above);
+    otherwise (and always on the last turn) it answers with what the human stated and the fixed guess for the rest. A pure function:
     the solver's π0, the `explorer` agent and the warm start's dialogues all read it."""
     turn = (len(history) + 1) // 2  # agent turns already taken
     if turn >= s.turns:
@@ -361,6 +368,13 @@ def explorer_probs(s: TestbedSpec, history: Sequence[str]) -> dict[str, float]:
     probs = {q: s.p_ask / len(qs) for q in qs}
     if s.p_ask < 1.0:
         probs[answer] = 1.0 - s.p_ask
+    if s.p_other > 0.0 and history and named_facts(s, history[-2]):  # right after a side question
+        asked = {j for text in history[0::2] for j in named_facts(s, text)[:1]}
+        others = [question(f) for j, f in enumerate(s.fact_list) if j not in asked]
+        if others:
+            probs = {t: (1.0 - s.p_other) * p for t, p in probs.items()}
+            for q in others:
+                probs[q] += s.p_other / len(others)
     return probs
 
 
@@ -368,7 +382,7 @@ def explorer_probs(s: TestbedSpec, history: Sequence[str]) -> dict[str, float]:
 def sample_explorer(s: TestbedSpec, history: Sequence[str], rng: random.Random) -> str:
     """One draw from `explorer_probs`: before the last turn one `rng.random()` decides
     asking (below the questions' total probability), then `rng.choice` picks among the
-    equally likely questions; the last turn answers without a draw. This is the random
+    equally likely questions (`rng.choices` by weight when they are not); the last turn answers without a draw. This is the random
     stream today's scripted dialogues consume, so legacy warm-start data stay identical."""
     probs = explorer_probs(s, history)
     questions = [t for t in probs if ANSWER_MARKER not in t]
@@ -376,5 +390,39 @@ def sample_explorer(s: TestbedSpec, history: Sequence[str], rng: random.Random) 
     if (len(history) + 1) // 2 >= s.turns - 1:
         return answer
     if rng.random() < sum(probs[q] for q in questions):
-        return rng.choice(questions)
+        weights = [probs[q] for q in questions]
+        if max(weights) - min(weights) < 1e-12:  # the blind explorer: today's stream
+            return rng.choice(questions)
+        return rng.choices(questions, weights=weights)[0]
     return answer if answer is not None else rng.choice(questions)
+
+
+# ---- the warm start's teachers: the explorer, blind or reading its dialogue --------------------
+
+READS_P_OTHER = 0.5
+"""The reading teacher's p_other on the default bed: its exact success is 0.540 (the blind
+explorer's 0.490, the optimum 0.784; `python -m testbed.predict`), and its second question
+repeats the first with probability 0.20 (the blind explorer's 1/3)."""
+TEACHERS = {"reads": READS_P_OTHER, "blind": 0.0}
+
+
+def default_teacher(s: str | TestbedSpec) -> str:
+    """The warm start's teacher unless one is named: "reads" on a spec bed, "blind" on the
+    legacy bed (kept bit for bit)."""
+    return "blind" if spec(s).legacy else "reads"
+
+
+def teacher_spec(s: str | TestbedSpec, teacher: str | None = None, p_other: float | None = None) -> TestbedSpec:
+    """The spec whose explorer is the named warm-start teacher ("reads": p_other
+    READS_P_OTHER, or `p_other`; "blind": 0, today's explorer; None: `default_teacher`). The
+    solver's π0 (testbed.mdp.build) on this spec is the teacher's exact tabular policy."""
+    base = spec(s)
+    teacher = default_teacher(base) if teacher is None else teacher
+    if teacher not in TEACHERS:
+        raise ValueError(f"teacher: {teacher!r}; one of {', '.join(TEACHERS)}")
+    if teacher == "blind" and p_other not in (None, 0.0):
+        raise ValueError(f"p_other: {p_other} with teacher 'blind' (whose p_other is 0)")
+    p = TEACHERS[teacher] if p_other is None else p_other
+    if p > 0.0 and base.legacy:
+        raise ValueError(f"teacher: {teacher!r} (p_other {p}) needs a spec bed, not 'legacy'")
+    return replace(base, p_other=p)

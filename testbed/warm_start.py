@@ -50,21 +50,35 @@ class WarmStartConfig:
     micro_batch_size: int | None = field(default=None, metadata={"help": "examples per forward pass (default: batch_size; "
                                                                          "the update does not depend on it)"})
     seed: int = field(default=0, metadata={"help": "random seed"})
-    teacher: str = field(default="explorer", metadata={
-        "help": "whose dialogues to imitate: explorer (the warm start's), optimal (the exact solver's optimal "
-                "agent on a spec bed: a reference point, not a method, since it uses the solver) or optimal_shuffled "
-                "(the same agent with its facts in a random order per dialogue: imitating it needs reading which "
-                "question was asked)"})
+    teacher: str | None = field(default=None, metadata={
+        "help": "whose dialogues to imitate: reads (the explorer that reads its dialogue: right after a side question "
+                "it asks another side with probability p_other; the default on a spec bed), blind (the explorer "
+                "whose choice ignores the dialogue; the default on the legacy bed), optimal (the exact solver's "
+                "optimal agent on a spec bed: a reference point, not a method, since it uses the solver) or "
+                "optimal_shuffled (the same agent with its facts in a random order per dialogue)"})
+    p_other: float | None = field(default=None, metadata={
+        "help": "the reading explorer's probability of asking another side right after a side question "
+                f"(default: {testbed_spec.READS_P_OTHER}, testbed_spec.READS_P_OTHER)"})
 
     def __post_init__(self):
+        if self.teacher is None:
+            self.teacher = testbed_spec.default_teacher(self.spec)
         if self.teacher not in TEACHERS:
             raise ValueError(f"WarmStartConfig.teacher: {self.teacher!r}; one of {', '.join(TEACHERS)}")
-        if self.teacher != "explorer" and testbed_spec.spec(self.spec).legacy:
+        if self.teacher not in testbed_spec.TEACHERS and testbed_spec.spec(self.spec).legacy:
             raise ValueError(f"WarmStartConfig.teacher: {self.teacher} needs a spec bed (--spec default, long), "
                              f"not {self.spec!r}")
+        if self.teacher in testbed_spec.TEACHERS:
+            try:  # resolved here, so that the recorded settings (SETTINGS_FILE) say which explorer it was
+                self.p_other = testbed_spec.teacher_spec(self.spec, self.teacher, self.p_other).p_other
+            except ValueError as e:
+                raise ValueError(f"WarmStartConfig.{e}") from None
+        elif self.p_other is not None:
+            raise ValueError(f"WarmStartConfig.p_other: {self.p_other} is the explorer's; teacher {self.teacher} has none")
 
 
-TEACHERS = ("explorer", "optimal", "optimal_shuffled")
+TEACHERS = (*testbed_spec.TEACHERS, "optimal", "optimal_shuffled")
+SETTINGS_FILE = "warm_start.json"  # the settings the scripted dialogues were written with
 
 
 def spec_env(spec: str) -> TestbedEnv:
@@ -73,19 +87,23 @@ def spec_env(spec: str) -> TestbedEnv:
 
 
 def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = SHIPPED_SPEC,
-                      teacher: str = "explorer") -> list[Episode]:
-    """`n` scripted episodes (the explorer's; with teacher "optimal" the solver's optimal
-    agent's, "optimal_shuffled" that agent with a random order of the facts per dialogue)
-    on the test bed's train tasks of `spec`, tokenised."""
+                      teacher: str | None = None, p_other: float | None = None) -> list[Episode]:
+    """`n` scripted episodes of `teacher` (`WarmStartConfig.teacher`: the explorer that
+    reads its dialogue or the blind one, at `p_ask` and `p_other`; or the solver's optimal
+    agent, "optimal_shuffled" with a random order of the facts per dialogue) on the test
+    bed's train tasks of `spec`, tokenised."""
 
     env = spec_env(spec)
     tasks = make_tasks("train", spec=spec)
     rng = random.Random(seed)
+    teacher = testbed_spec.default_teacher(spec) if teacher is None else teacher
+    if teacher in testbed_spec.TEACHERS:
+        p_other = testbed_spec.teacher_spec(spec, teacher, p_other).p_other
     episodes = []
     for i in range(n):
         task = tasks[i % len(tasks)]
         turns: list[Turn] = []
-        for role, text in _teacher_dialogue(teacher, task, rng, p_ask):
+        for role, text in _teacher_dialogue(teacher, task, rng, p_ask, p_other or 0.0):
             if role == "agent":
                 prompt = env.agent_messages(task, turns)
                 turns.append(Turn("agent", text, prompt=prompt, prompt_token_ids=template_ids(tokenizer, prompt),
@@ -102,13 +120,13 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = SH
     return episodes
 
 
-def _dialogue(task, rng, p_ask):
-    return scripted_dialogue(task, rng, p_ask=p_ask)
+def _dialogue(task, rng, p_ask, p_other: float = 0.0):
+    return scripted_dialogue(task, rng, p_ask=p_ask, p_other=p_other)
 
 
-def _teacher_dialogue(teacher: str, task, rng: random.Random, p_ask: float):
-    if teacher == "explorer":
-        return _dialogue(task, rng, p_ask)
+def _teacher_dialogue(teacher: str, task, rng: random.Random, p_ask: float, p_other: float):
+    if teacher in testbed_spec.TEACHERS:
+        return _dialogue(task, rng, p_ask, p_other)
     facts = testbed_spec.task_spec(task).facts
     return optimal_dialogue(task, rng.sample(range(facts), facts) if teacher == "optimal_shuffled" else None)
 
@@ -181,21 +199,40 @@ def write_episodes(episodes: list[Episode], path: Path) -> None:
             f.write(json.dumps(ep.to_json()) + "\n")
 
 
+def dialogue_settings(cfg: WarmStartConfig, p_ask: float) -> dict:
+    """What the scripted dialogues depend on (the teacher and its p_other included), as
+    recorded in OUT/warm_start.json: a rerun with other settings is refused."""
+    return {"spec": cfg.spec, "teacher": cfg.teacher, "p_ask": p_ask, "p_other": cfg.p_other,
+            "n_dialogues": cfg.n_dialogues, "seed": cfg.seed}
+
+
 def main(cfg: WarmStartConfig) -> Path:
-    """Write scripted episodes, then fine-tune on all of them (RFT with no filter)."""
+    """Write scripted episodes, then fine-tune on all of them (RFT with no filter). The
+    dialogues' settings (`dialogue_settings`) are recorded beside them; reusing the
+    folder with other settings is a one-line error, so a blind warm start is never taken
+    for a reading one."""
 
     out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    episodes_path = out / "scripted_episodes.jsonl"
+    p_ask = testbed_spec.spec(cfg.spec).p_ask if cfg.p_ask is None else cfg.p_ask
+    settings = dialogue_settings(cfg, p_ask)
+    record = out / SETTINGS_FILE
+    if episodes_path.exists():  # the dialogues' settings are part of the run's fingerprint (their hash)
+        old = json.loads(record.read_text()) if record.exists() else None
+        if old != settings:
+            raise ValueError(f"{episodes_path}: written with {old or 'unrecorded settings'}, not {settings}: "
+                             f"use another --output_dir")
+    else:
+        tokenizer = load_tokenizer(cfg.model)
+        episodes = scripted_episodes(tokenizer, cfg.n_dialogues, p_ask, cfg.seed, cfg.spec, cfg.teacher, cfg.p_other)
+        write_episodes(episodes, episodes_path)
+        record.write_text(json.dumps(settings, indent=2))
+        success = sum(e.success for e in episodes) / len(episodes)
+        print(f"warm start: {len(episodes)} scripted dialogues, {cfg.teacher} success rate {success:.2f}")
     if finished(out) is not None:
         print(f"warm start: {out / 'final'} exists, reusing it")
         return out / "final"
-    episodes_path = out / "scripted_episodes.jsonl"
-    if not episodes_path.exists():
-        tokenizer = load_tokenizer(cfg.model)
-        p_ask = testbed_spec.spec(cfg.spec).p_ask if cfg.p_ask is None else cfg.p_ask
-        episodes = scripted_episodes(tokenizer, cfg.n_dialogues, p_ask, cfg.seed, cfg.spec, cfg.teacher)
-        write_episodes(episodes, episodes_path)
-        success = sum(e.success for e in episodes) / len(episodes)
-        print(f"warm start: {len(episodes)} scripted dialogues, {cfg.teacher} success rate {success:.2f}")
     model_cfg = ModelConfig(model=cfg.model, max_length=512, keep_head=64)
     train = rft.RFTTrainConfig(output_dir=str(out), learning_rate=cfg.learning_rate, num_epochs=cfg.epochs,
                                batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size or cfg.batch_size, seed=cfg.seed,
