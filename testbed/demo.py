@@ -70,6 +70,9 @@ class DemoConfig:
     seed: int = field(default=0, metadata={"help": "random seed"})
     spec: str = field(default="default", metadata={
         "help": "test-bed preset (testbed/spec.py): default, long, or legacy (the earlier bed)"})
+    teacher: str | None = field(default=None, metadata={
+        "help": "the warm start's teacher (testbed/spec.py TEACHERS): reads (the explorer that reads its dialogue; "
+                "the default on a spec bed) or blind (its choice ignores the dialogue; the legacy bed's)"})
     critic_baseline_samples: int = field(default=CRITIC_BASELINE_SAMPLES, metadata={
         "help": "K: the critic's advantages centred by K warm-start actions per turn (sweet/critic/baseline.py; "
                 "0: the paper's uncentred critic)"})
@@ -93,7 +96,7 @@ def main(cfg: DemoConfig) -> Path:
 
     say(0)
     with timed(setup, "warm_start"):
-        warm = warm_start(out / "warm_start", seed=cfg.seed, smoke=cfg.smoke, spec=cfg.spec)
+        warm = warm_start(out / "warm_start", seed=cfg.seed, smoke=cfg.smoke, spec=cfg.spec, teacher=cfg.teacher)
     say(1)
     with timed(setup, "collect"):
         episodes = collect_episodes(str(warm), setup, out / "episodes" / "train.jsonl", seed=cfg.seed)
@@ -130,11 +133,19 @@ def main(cfg: DemoConfig) -> Path:
               f"[{m['success_rate']['ci95'][0]:.3f}, {m['success_rate']['ci95'][1]:.3f}]  "
               f"tests passed {m['tests_passed']['value']:.3f}")
     print(compare(rows, "warm_start", "sweet_rl"))
-    summary = main_job_summary(rows, cfg.spec)
+    kl = None
+    if not testbed_spec.spec(cfg.spec).legacy:  # sampled at temperature 1: the policy itself (sweet/core/kl.py)
+        with timed(setup, "kl"):
+            kl = measured_kl(str(policy), str(warm), out / "leaderboard" / "episodes" / "sweet_rl.jsonl")
+    summary = main_job_summary(rows, cfg.spec, cfg.teacher, kl)
     if summary.get("optimum") is not None:
-        print(f"exact solver ({cfg.spec!r} bed): warm start {summary['predicted_warm_start']:.3f}, optimum "
-              f"{summary['optimum']:.3f}; SWEET-RL closed {summary['gap_closed']:.0%} of the measured warm start's "
-              f"distance to the optimum")
+        at = summary["predicted_at_kl"]
+        print(f"exact solver ({cfg.spec!r} bed, {summary['teacher']} teacher): warm start "
+              f"{summary['predicted_warm_start']:.3f}, optimum {summary['optimum']:.3f}; SWEET-RL closed "
+              f"{summary['gap_closed']:.0%} of the measured warm start's distance to the optimum")
+        print(f"SWEET-RL measured {summary['sweet_rl']['value']:.3f} at KL {at['kl']:.3f} from the warm start; the "
+              f"exact solver's SWEET-RL at that KL: {at['sweet_rl']:.3f}"
+              + ("" if at["reached"] else f" (its path stops at KL {at['path_kl']:.3f})"))
         blind = summary["predicted_blind"]
         print(f"exact solver, for a policy blind to which question it asked (testbed_policy_class): SWEET-RL "
               f"{blind['sweet_rl']['0.5']:.3f} at KL 0.5, at most {blind['ceiling']:.3f} "
@@ -151,6 +162,11 @@ def main(cfg: DemoConfig) -> Path:
             prof = testbed_profile.profile(cfg.spec, read_episodes(out / "leaderboard" / "episodes" / f"{agent}.jsonl"))
             summary["dialogue"][agent] = prof.to_json()
             print(f"{agent} dialogues: {prof.line()}")
+        # does the warm start read its dialogue as its teacher does (testbed.profile.reads_check)?
+        check = testbed_profile.reads_check(cfg.spec, cfg.teacher,
+                                            read_episodes(out / "leaderboard" / "episodes" / "warm_start.jsonl"))
+        summary["reads_check"] = check.to_json()
+        print(f"warm start vs its teacher ({check.teacher}), held-out: {check.line()}")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"summary: {out / 'summary.json'}")
     (out / "timings.json").write_text(json.dumps(setup.timings, indent=2))
@@ -162,26 +178,46 @@ def main(cfg: DemoConfig) -> Path:
     return out
 
 
-def main_job_summary(rows: list[dict], spec: str) -> dict:
+def measured_kl(policy: str, warm: str, episodes: Path) -> float:
+    """KL(π‖π0) of the policy from the warm start, the mean log-ratio over its own
+    held-out episodes (sweet.core.kl)."""
+    from sweet.core.kl import kl_from_models
+
+    ratios = kl_from_models(policy, warm, read_episodes(episodes))
+    return sum(ratios) / len(ratios)
+
+
+def main_job_summary(rows: list[dict], spec: str, teacher: str | None = None, kl: float | None = None) -> dict:
     """OUT/summary.json: {"warm_start": M, "sweet_rl": M, "optimum": v} with M =
     {"value", "ci95"} (held-out success), the optimum and the warm start's success as the
-    exact solver computes them (testbed.predict; None on the legacy bed, whose
-    optimum is 1), the share of the warm start's distance to the optimum closed, and
-    "predicted_blind": SWEET-RL's success per KL level, its ceiling and repeat rate for a
-    policy blind to the dialogue (testbed.policy_class, the turn class)."""
+    exact solver computes them from the warm start's teacher (testbed_spec.teacher_spec:
+    its exact tabular policy is π0; None on the legacy bed, whose optimum is 1), the share of
+    the warm start's distance to the optimum closed, "predicted_at_kl": the solver's
+    SWEET-RL at the policy's measured KL `kl` (testbed.predict), and "predicted_blind":
+    SWEET-RL's success per KL level, its ceiling and repeat rate for a policy blind to the
+    dialogue (testbed.policy_class, the turn class)."""
+    from testbed import predict as testbed_predict
+
     m = {r["agent"]: r["metrics"]["success_rate"] for r in rows}
-    out: dict = {"spec": spec, "warm_start": m["warm_start"], "sweet_rl": m["sweet_rl"]}
+    out: dict = {"spec": spec, "warm_start": m["warm_start"], "sweet_rl": m["sweet_rl"],
+                 "teacher": teacher or testbed_spec.default_teacher(spec)}
     if testbed_spec.spec(spec).legacy:
         out["optimum"] = None
         return out
-    bed = mdp.build(spec)
+    taught = testbed_spec.teacher_spec(spec, teacher)
+    out["p_other"] = taught.p_other
+    bed = mdp.build(taught)
     best = mdp.optimum(bed)[0]
     warm = m["warm_start"]["value"]
     predicted_warm = mdp.evaluate(bed, bed.logp0).success
     out.update(optimum=round(best, 4), predicted_warm_start=round(predicted_warm, 4),
                gap_closed=(m["sweet_rl"]["value"] - warm) / (best - warm) if best > warm else None)
     # what SWEET-RL can reach if the policy cannot read which question it asked (the turn class)
-    _, (blind,) = testbed_policy_class.predict_classes(spec, ("turn",), methods=("sweet",))
+    if kl is not None:
+        point = testbed_predict.predict(taught, levels=(max(kl, 1e-6),)).methods["sweet"][max(kl, 1e-6)]
+        out["predicted_at_kl"] = {"kl": round(kl, 4), "sweet_rl": round(point.success, 4), "reached": point.reached,
+                                  "path_kl": round(point.kl, 4)}
+    _, (blind,) = testbed_policy_class.predict_classes(taught, ("turn",), methods=("sweet",))
     levels = {f"{k:.1f}": p.success for k, p in blind.methods["sweet"].items()}
     ceiling = max(levels.values())
     out["predicted_blind"] = {"sweet_rl": {k: round(v, 4) for k, v in levels.items()}, "ceiling": round(ceiling, 4),

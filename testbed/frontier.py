@@ -265,15 +265,19 @@ def solver_name(policy: str) -> str:
     return PREDICTED_AS.get(policy, policy)
 
 
-def prediction(spec: str, setup, finite_reps: int, out: Path) -> dict:
+def prediction(spec: str, setup, finite_reps: int, out: Path, teacher: str | None = None) -> dict:
     """The exact solver's success per policy and KL level (testbed.predict:
     `predict`, the population limit, or `predict_finite` at the benchmark's budget with
-    --predict-finite REPS), with the warm start's and the optimum; cached in
+    --predict-finite REPS), with the warm start's and the optimum, all from the warm
+    start's teacher (testbed_spec.teacher_spec: its exact tabular policy is π0); cached in
     OUT/prediction.json under its settings."""
     from testbed import mdp, predict
+    from testbed import spec as testbed_spec
 
-    key = {"spec": spec, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates,
-           "finite_reps": finite_reps, "n_tasks": setup.n_train}
+    name, spec = spec, testbed_spec.teacher_spec(spec, teacher)
+    key = {"spec": name, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates,
+           "finite_reps": finite_reps, "n_tasks": setup.n_train,
+           "teacher": teacher or testbed_spec.default_teacher(name), "p_other": spec.p_other}
     cache = out / "prediction.json"
     if cache.exists() and (d := json.loads(cache.read_text())).get("key") == key and "policy_class" in d:
         return d
@@ -291,7 +295,7 @@ def prediction(spec: str, setup, finite_reps: int, out: Path) -> dict:
     return d
 
 
-def policy_classes(spec: str, setup) -> dict:
+def policy_classes(spec, setup) -> dict:
     """The solver's flows with the logits tied over the turn alone (a policy blind to the
     dialogue, testbed.policy_class) beside the tabular ones: per class and
     method, success and the repeat rate at each KL level (population limit)."""

@@ -542,6 +542,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warm-start", "--warm_start", type=Path, default=None,
                    help="a warm-started model folder every policy starts from (default: build it, checked, in "
                         "OUT/warm_start with testbed.pipeline.warm_start)")
+    p.add_argument("--teacher", choices=("reads", "blind"), default=None,
+                   help="the warm start's teacher (testbed/spec.py TEACHERS; default: reads on a spec bed, the "
+                        "explorer that reads its dialogue; blind on the legacy bed); the solver predicts from it")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "learning")
     args = p.parse_args(argv)
     policies = [a for a in args.policies.split(",") if a and a != "warm_start"]
@@ -555,6 +558,12 @@ def main(argv: list[str] | None = None) -> dict:
             p.error(f"{flag} must be >= 1")
     if args.predict_finite < 0:
         p.error("--predict-finite must be >= 0")
+    if args.teacher is not None:
+        from testbed import spec as testbed_spec
+        try:
+            testbed_spec.teacher_spec(args.spec, args.teacher)
+        except ValueError as e:
+            p.error(f"--teacher: {e}")
     for flag, value in (("--train-limit", args.train_limit), ("--test-limit", args.test_limit),
                         ("--val-limit", args.val_limit)):
         if value is not None and value < 1:
@@ -585,7 +594,7 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     t0 = time.perf_counter()
     if args.warm_start is not None and not (args.warm_start / "config.json").exists():
         p.error(f"--warm-start {args.warm_start}: no model there (no config.json)")
-    warm = args.warm_start or warm_start(args.out / "warm_start", spec=setup.spec)
+    warm = args.warm_start or warm_start(args.out / "warm_start", spec=setup.spec, teacher=args.teacher)
     setup.timings["warm_start"] = time.perf_counter() - t0
     seeds = list(range(args.seed_start, args.seed_start + args.seeds))
     print(f"one rule for every method: {search_rule(proto)}", flush=True)
@@ -593,7 +602,8 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
 
     names = ["warm_start", *policies]
     with_prediction = [n for n in names if solver_name(n) in PREDICTED]
-    predicted = prediction(args.spec, setup, proto.predict_finite, args.out) if setup.env == "testbed" else None
+    predicted = (prediction(args.spec, setup, proto.predict_finite, args.out, args.teacher)
+                 if setup.env == "testbed" else None)
     boot, paths = paths_of(results, names, warm, setup.spec if setup.env == "testbed" else None)
     summary = {"spec": args.spec, **summarise(results, names, boot, paths, predicted), "hp": hp}
     folders = {n: {s: r[n]["folder"] for s, r in results.items()} for n in policies}
