@@ -5,8 +5,12 @@
     python -m testbed.demo --spec legacy         # the earlier bed (4 turns, deterministic human)
     python -m testbed.demo --help                # (bash scripts/demo.sh runs it)
 
+    python -m testbed.demo --teacher blind       # the warm start's earlier teacher, blind to its dialogue
+
 Steps (each skipped when its output exists, so an interrupted run resumes):
-  1. warm start: the tiny model fine-tuned on a scripted explorer's dialogues;
+  1. warm start: the tiny model fine-tuned on a scripted explorer's dialogues (the teacher
+     `reads` by default: right after a side question it asks another side with probability
+     0.5, so imitating it needs reading which question was asked; testbed/spec.py TEACHERS);
   2. collect K episodes per train task with the warm-started policy;
   3. SWEET-RL stage 1: train the critic with the training-time information
      (`--critic_baseline_samples 4`: centred by 4 warm-start samples per turn);
@@ -19,10 +23,14 @@ Steps (each skipped when its output exists, so an interrupted run resumes):
      critic's credit split: how much of its margin on its own pairs sits on the answer and
      how much on the questions (summary.json "critic_credit").
 It prints both policies' held-out success with 95% intervals beside the exact solver's
-warm start and optimum (testbed.predict), the share of the distance to the
-optimum SWEET-RL closed, whether the warm start passed its checks at once, and each policy's
-dialogues as the solver's actions (testbed.profile: early answers, the rate at
-which the second question repeats the first, ...; summary.json "dialogue"), and writes
+warm start and optimum (testbed.predict, from the teacher's exact tabular policy), the share
+of the distance to the optimum SWEET-RL closed, the policy's KL from the warm start measured
+on its own held-out episodes with the solver's SWEET-RL at that KL beside it, whether the
+warm start passed its checks at once, each policy's dialogues as the solver's actions
+(testbed.profile: early answers, the rate at which the second question repeats the first,
+...; summary.json "dialogue"), and whether the warm start reads its dialogue as its teacher
+does (its repeat rate and P(move | history) on held-out tasks against the teacher's exact
+values, testbed.profile.reads_check; summary.json "reads_check"), and writes
 OUT/summary.json ({"warm_start": M, "sweet_rl": M, "optimum": v, ...}).
 
 The test bed is not ColBench: see testbed/spec.py and docs/testbed.md.
@@ -78,6 +86,12 @@ class DemoConfig:
                 "0: the paper's uncentred critic)"})
     smoke: bool = field(default=False, metadata={
         "help": "a 1-2 minute run of every step at toy sizes (tests); trains on the scripted dialogues"})
+
+    def __post_init__(self):
+        try:
+            testbed_spec.teacher_spec(self.spec, self.teacher)
+        except ValueError as e:
+            raise ValueError(f"DemoConfig.{e}") from None
 
 
 def main(cfg: DemoConfig) -> Path:

@@ -70,8 +70,12 @@ def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
                         "--val-limit", "8", "--warm-start", str(smoke_warm_start))
     assert summary["spec"] == "default" and summary["seeds"] == 1
     check_schema(summary, ["warm_start", "rft", "mtdpo"])
-    finite = predict.predict_finite("default", 2, 4, 8, candidates=8)
-    population = predict.predict("default")
+    from testbed import spec as ts
+
+    taught = ts.teacher_spec("default")  # the solver predicts from the warm start's teacher (reads, by default)
+    finite = predict.predict_finite(taught, 2, 4, 8, candidates=8)
+    population = predict.predict(taught)
+    assert population.warm_start == pytest.approx(0.5395, abs=5e-5)
     for name in ("rft", "mtdpo"):
         assert summary["policies"][name]["predicted"] == {f"{k:.1f}": round(v[0], 4) for k, v in finite[name].items()}
     assert summary["policies"]["warm_start"]["predicted"] == round(population.warm_start, 4)
@@ -101,8 +105,8 @@ def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
     assert warm["at_kl"]["0.5"]["repeat_rate"]["value"] == pytest.approx(
         testbed_profile.profile("default", episodes).metrics["repeat"].value)
     check_metric(warm["at_kl"]["1.0"]["repeat_rate"])
-    assert warm["predicted_repeat"] == {"history": 0.3333, "turn": 0.3333}
-    _, (blind,) = testbed_policy_class.predict_classes("default", ("turn",))
+    assert warm["predicted_repeat"] == {"history": 0.2, "turn": 0.2}  # the reading teacher's
+    _, (blind,) = testbed_policy_class.predict_classes(taught, ("turn",))
     assert summary["policies"]["mtdpo"]["predicted_blind"] == blind.to_json()["mtdpo"]
     assert summary["policies"]["mtdpo"]["predicted_repeat"]["turn"] == blind.to_json()["repeat_rate"]["mtdpo"]
     assert "predicted_blind" not in summary["policies"]["rft"]  # RFT's one-round limit is not a flow to tie
