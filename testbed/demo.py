@@ -160,6 +160,7 @@ def main(cfg: DemoConfig) -> Path:
         print(f"SWEET-RL measured {summary['sweet_rl']['value']:.3f} at KL {at['kl']:.3f} from the warm start; the "
               f"exact solver's SWEET-RL at that KL: {at['sweet_rl']:.3f}"
               + ("" if at["reached"] else f" (its path stops at KL {at['path_kl']:.3f})"))
+    if summary.get("predicted_blind") is not None:
         blind = summary["predicted_blind"]
         print(f"exact solver, for a policy blind to which question it asked (testbed_policy_class): SWEET-RL "
               f"{blind['sweet_rl']['0.5']:.3f} at KL 0.5, at most {blind['ceiling']:.3f} "
@@ -231,6 +232,9 @@ def main_job_summary(rows: list[dict], spec: str, teacher: str | None = None, kl
         point = testbed_predict.predict(taught, levels=(max(kl, 1e-6),)).methods["sweet"][max(kl, 1e-6)]
         out["predicted_at_kl"] = {"kl": round(kl, 4), "sweet_rl": round(point.success, 4), "reached": point.reached,
                                   "path_kl": round(point.kl, 4)}
+    if not testbed_policy_class.holds_warm_start(bed, "turn"):  # a reading warm start is in no blind class
+        out["predicted_blind"] = None
+        return out
     _, (blind,) = testbed_policy_class.predict_classes(taught, ("turn",), methods=("sweet",))
     levels = {f"{k:.1f}": p.success for k, p in blind.methods["sweet"].items()}
     ceiling = max(levels.values())

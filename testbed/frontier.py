@@ -297,14 +297,17 @@ def prediction(spec: str, setup, finite_reps: int, out: Path, teacher: str | Non
 
 def policy_classes(spec, setup) -> dict:
     """The solver's flows with the logits tied over the turn alone (a policy blind to the
-    dialogue, testbed.policy_class) beside the tabular ones: per class and
-    method, success and the repeat rate at each KL level (population limit)."""
+    dialogue, testbed.policy_class; only where that class holds the warm start, i.e. a
+    blind teacher's) beside the tabular ones: per class and method, success and the repeat
+    rate at each KL level (population limit)."""
     from testbed import mdp, predict
     from testbed import policy_class as testbed_policy_class
 
-    _, preds = testbed_policy_class.predict_classes(spec, ("history", "turn"), episodes_per_task=setup.episodes_per_task,
-                                                    candidates=setup.candidates)
     bed = mdp.build(spec)
+    # the turn class (blind to the dialogue) holds a blind warm start only, not the reading teacher's
+    names = tuple(c for c in ("history", "turn") if testbed_policy_class.holds_warm_start(bed, c))
+    _, preds = testbed_policy_class.predict_classes(spec, names, episodes_per_task=setup.episodes_per_task,
+                                                    candidates=setup.candidates)
     return {"warm_start_repeat_rate": round(testbed_policy_class.repeat_rate(bed, bed.logp0), 4),
             **{p.name: {"optimum": round(p.optimum, 4), "methods": {m: p.to_json()[m] for m in p.methods},
                         "repeat_rate": p.to_json()["repeat_rate"]} for p in preds}}

@@ -443,13 +443,14 @@ def summarise(results: dict[int, dict[str, dict]], names: list[str], boot=None, 
                                "predicted": pred[name]})
         if classes:  # the solver's flows for a policy blind to the dialogue, and both repeat rates
             m = solver_name(name)
+            kinds = [c for c in ("history", "turn") if c in classes]  # turn: only from a blind warm start
             if name == "warm_start":
                 w = classes["warm_start_repeat_rate"]
-                policies[name].update({"predicted_blind": predicted["warm_start"],
-                                       "predicted_repeat": {"history": w, "turn": w}})
-            elif m in classes["turn"]["methods"]:  # (rft is not tied: its one-round limit has no flow)
-                policies[name].update({"predicted_blind": classes["turn"]["methods"][m],
-                                       "predicted_repeat": {c: classes[c]["repeat_rate"][m] for c in ("history", "turn")}})
+                policies[name].update({"predicted_repeat": {c: w for c in kinds},
+                                       **({"predicted_blind": predicted["warm_start"]} if "turn" in kinds else {})})
+            elif m in classes["history"]["methods"]:  # (rft is not tied: its one-round limit has no flow)
+                policies[name].update({"predicted_repeat": {c: classes[c]["repeat_rate"][m] for c in kinds},
+                                       **({"predicted_blind": classes["turn"]["methods"][m]} if "turn" in kinds else {})})
     out["predicted"] = ({"warm_start": predicted["warm_start"], "optimum": predicted["optimum"],
                          "source": predicted["source"]} if predicted else None)
     out["pairs"] = pairs(boot, {n: paths[n] for n in names}, pred)

@@ -59,6 +59,18 @@ def tie_classes(bed: mdp.Bed, name: str) -> np.ndarray:
     return tie
 
 
+def holds_warm_start(bed: mdp.Bed, name: str) -> bool:
+    """Whether policy class `name` holds the bed's warm start (π0 is equal inside each of
+    its classes): the blind classes hold the blind explorer, not one that reads its dialogue."""
+    try:
+        tie_classes(bed, name)
+    except ValueError as e:
+        if "the warm start differs" in str(e):
+            return False
+        raise
+    return True
+
+
 def tied(grad, tie: np.ndarray):
     """A flow's gradient on the tied logits, broadcast back to the nodes: dL/dφ_k = Σ_{h in k} dL/dθ_h."""
     def g(logpi: np.ndarray) -> np.ndarray:

@@ -46,10 +46,8 @@ def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     assert check["teacher"] == "reads" and check["cells"] == 11 and check["repeat"]["teacher"] == 0.2
     assert f"of 11 (repeat rate and every P(move | history)) within the 95% intervals" in res.stdout
     assert f"optimum {summary['optimum']:.3f}" in res.stdout and "warm start checks:" in res.stdout
-    # beside it, the solver's SWEET-RL for a policy blind to which question it asked (testbed_policy_class)
-    blind = summary["predicted_blind"]
-    assert 0.59 < blind["sweet_rl"]["0.5"] <= blind["ceiling"] < 0.62 and blind["repeat_rate"]["0.5"] > 0.3
-    assert f"at most {blind['ceiling']:.3f} ({blind['ceiling_closed']:.1%} of the distance)" in res.stdout
+    # no prediction for a policy blind to which question it asked: the reading warm start is in no blind class
+    assert summary["predicted_blind"] is None and "blind to which question it asked" not in res.stdout
     # the credit inspector shows the critic's advantage on the training dialogues' turns
     page = (out / "inspect" / "index.html").read_text()
     assert "per-turn credit inspector: " + str(out / "inspect" / "index.html") in res.stdout
