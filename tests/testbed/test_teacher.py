@@ -125,3 +125,15 @@ def test_the_teacher_and_p_other_are_in_the_warm_starts_settings(tmp_path):
     (out / SETTINGS_FILE).unlink()  # nor dialogues whose settings were never recorded (an older, blind warm start)
     with pytest.raises(ValueError, match="unrecorded settings"):
         main(cfg)
+
+
+def test_only_a_class_that_sees_the_questions_holds_the_reading_warm_start():
+    """The blind policy classes (testbed.policy_class: told, turn) cannot start from a warm
+    start that reads which question it asked; the benchmark and the main job then skip the
+    blind prediction (testbed.frontier.policy_classes keeps the classes that hold it)."""
+    reads, blind = mdp.build(ts.teacher_spec("default", "reads")), mdp.build(ts.teacher_spec("default", "blind"))
+    assert {c: pc.holds_warm_start(reads, c) for c in pc.CLASSES} == {"history": True, "asked": True, "told": False,
+                                                                      "turn": False}
+    assert all(pc.holds_warm_start(blind, c) for c in pc.CLASSES)
+    with pytest.raises(ValueError, match="unknown policy class"):
+        pc.holds_warm_start(reads, "nope")
