@@ -1,5 +1,5 @@
 """Stage-2 scoring: A(o_t, a, c) for N candidate actions of one state, batched
-(`CriticScorer.advantages(state, actions)`: the context once, its KV cache shared by
+(`TrainedCritic.advantages(state, actions)`: the context once, its KV cache shared by
 all candidates) vs the naive way (one context + action pass per candidate), and the
 padded batch without prefix sharing. Prints the times, ratios and largest difference.
 
@@ -35,10 +35,10 @@ def make_scorer(args):
 
     from sweet.core.config import ModelConfig
     from sweet.core.models import load_model, load_tokenizer
-    from sweet.critic.model import CriticScorer, CriticSpec
+    from sweet.critic.model import TrainedCritic, CriticSpec
 
     if args.critic_dir:
-        return CriticScorer.load(args.critic_dir, device=args.device, batch_size=args.candidates)
+        return TrainedCritic.load(args.critic_dir, device=args.device, batch_size=args.candidates)
     # stand-in critic: π_ref = the model, θ = the model with seeded noise (so A ≠ 0)
     tok = load_tokenizer(args.model)
     cfg = ModelConfig(model=args.model)
@@ -50,7 +50,7 @@ def make_scorer(args):
     with torch.no_grad():
         for param in theta.parameters():
             param.add_(0.02 * param.float().std() * torch.randn(param.shape, generator=g).to(param.dtype))
-    return CriticScorer(spec, theta.to(device), load_model(cfg, trainable=False).to(device), tok, device,
+    return TrainedCritic(spec, theta.to(device), load_model(cfg, trainable=False).to(device), tok, device,
                         batch_size=args.candidates)
 
 

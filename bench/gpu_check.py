@@ -346,7 +346,7 @@ def loop_iteration(scale: Scale, path: Path, device: str, work: Path) -> dict:
     out = work / "loop"
     argv = ["--algorithm", "loop", "--env", "testbed", "--model", str(path), "--lora", "true",
             "--lora_r", str(scale.lora_r), "--gradient_checkpointing", "true", "--iterations", "1",
-            "--tasks_per_iteration", "2", "--k", "2", "--max_new_tokens", str(scale.loop_new_tokens),
+            "--tasks_per_iteration", "2", "--episodes_per_task", "2", "--max_new_tokens", str(scale.loop_new_tokens),
             "--micro_batch_size", "2", "--min_abs_advantage", "0", "--report_to", "none", "--output_dir", str(out)]
     if not device.startswith("cuda"):
         argv += ["--dtype", "float32"]

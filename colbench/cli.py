@@ -10,6 +10,10 @@
   (`--agent a b`); the flags replace the default or YAML list, they do not add to it.
 - `--config run.yaml` supplies defaults that flags override (TRL style); its keys are
   field names in either spelling, and an unknown key is an error naming the file.
+- A field renamed in a later version keeps its earlier name as an alias,
+  `metadata={"aliases": ["--num_candidates"]}`: the alias works as a flag, a YAML key, a
+  `make_configs` key and a key of a run's recorded fingerprint (`canonical_keys`), and
+  --help says "(alias: --num_candidates)". Both names in one command is an error naming both.
 - Values are type-checked at parse time, from flags (argparse) and YAML alike: a YAML
   `batch_size: 2.5` for an int field is a ConfigError naming the file and the field.
 - A field's own checks (`__post_init__`) raise ValueError naming the field; parse_configs
@@ -110,6 +114,45 @@ class _ExtendList(argparse.Action):
         setattr(namespace, self.dest, items + list(values))
 
 
+class _AliasedStore(argparse._StoreAction):
+    """A field's store action that refuses its name and one of its aliases in one command."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = f"_cli_name_{self.dest}"
+        name = _flag_name(option_string or "")
+        first = getattr(namespace, seen, None)
+        if first is not None and first != name:
+            parser.error(f"--{first} and --{name} name the same setting ({self.dest}); give one of them")
+        setattr(namespace, seen, name)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _flag_name(option: str) -> str:
+    """`--num-candidates` -> `num_candidates`: a flag's name whichever spelling was typed."""
+    return option.lstrip("-").replace("-", "_")
+
+
+def aliases(tp: type) -> dict[str, str]:
+    """Earlier name -> field name, for the fields of dataclass `tp` that keep one
+    (`metadata["aliases"]`, flags like "--num_candidates")."""
+    return {_flag_name(a): f.name for f in dataclasses.fields(tp) for a in f.metadata.get("aliases", ())}
+
+
+def canonical_keys(types: Sequence[type], values: dict[str, Any], where: str) -> dict[str, Any]:
+    """`values` (settings by name: a YAML file, a saved config, a fingerprint) with each
+    key in underscore spelling and each alias renamed to its field name (`aliases`). A
+    setting given under two names is a ConfigError naming both and `where`."""
+    renamed = {k: v for tp in types for k, v in aliases(tp).items()}
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for key, value in values.items():
+        name = renamed.get(_flag_name(str(key)), _flag_name(str(key)))
+        if name in out:
+            raise ConfigError(f"{where}: {given[name]!r} and {key!r} name the same setting ({name}); give one of them")
+        out[name], given[name] = value, str(key)
+    return out
+
+
 def make_parser(types: Sequence[type], *, description: str | None = None, prog: str | None = None,
                 **kwargs: Any) -> argparse.ArgumentParser:
     """The parser for some dataclass configs, with `--config` (see the module docstring)."""
@@ -132,7 +175,12 @@ def make_parser(types: Sequence[type], *, description: str | None = None, prog: 
 
     parser.error = one_line_error  # type: ignore[method-assign]
     has_flag = {s for a in parser._actions for s in a.option_strings}
+    aliased = {name for tp in types for name in aliases(tp).values()}
     for action in parser._actions:
+        if action.dest in aliased and type(action) is argparse._StoreAction:
+            action.__class__ = _AliasedStore
+            names = [o for o in action.option_strings if _flag_name(o) != action.dest]
+            action.help = f"{action.help or ''} (alias: {', '.join(names)})".strip()
         if action.dest in lists:
             action.__class__ = _ExtendList  # same constructor arguments as the store action it replaces
         if action.dest in bools and action.const is True and f"--no_{action.dest}" not in has_flag:
@@ -172,8 +220,9 @@ def parse_configs(types: Sequence[type], argv: Sequence[str] | None = None, *, d
 def make_configs(types: Sequence[type], values: dict[str, Any] | None = None) -> list[Any]:
     """The programmatic twin of `parse_configs`: one instance per type, each taking the
     `values` whose keys are its field names (a name several types share sets them all, as
-    one flag does). A key no type has is an error naming it, before any work starts."""
-    values = dict(values or {})
+    one flag does; an alias names its field, colbench.cli.aliases). A key no type has is an
+    error naming it, before any work starts."""
+    values = canonical_keys(types, dict(values or {}), "make_configs")
     known = {f.name for tp in types for f in dataclasses.fields(tp) if f.init}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -203,7 +252,7 @@ def read_config_file(path: Path, types: Sequence[type]) -> dict[str, Any]:
         raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
     hints = {f.name: typing.get_type_hints(tp)[f.name] for tp in types for f in dataclasses.fields(tp)}
     values = {}
-    for key, value in data.items():
+    for key, value in canonical_keys(types, data, str(path)).items():
         name = str(key).replace("-", "_")
         if name not in hints:
             raise ConfigError(f"{path}: unknown setting {key!r}")

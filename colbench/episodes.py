@@ -17,7 +17,9 @@ Each episode records the prompt files it was built with, path and sha256, in
 Episode rules (ColBench): the agent sees `env.agent_messages(task, turns)`; a turn
 holding the env's answer marker ends the dialogue (stop "answered"); otherwise the
 simulated human replies. After `max_turns` agent turns, the last agent message is
-the answer (stop "turn_limit"). In single-turn mode the first message is the answer.
+the answer (stop "turn_limit"); so it is when an environment with `max_context_tokens` sees
+an agent turn's prompt and generation reach it (stop "token_limit"; engines that report
+token ids only). In single-turn mode the first message is the answer.
 
 Unusable tasks (`Task.meta["unusable"]`, see colbench.tasks): the agent and the simulator
 never see them; each gets an episode scored 0 with stop reason "unusable_task", the reason
@@ -58,6 +60,7 @@ from colbench.types import (
     STOP_ENGINE_ERROR,
     STOP_SIMULATOR_ERROR,
     STOP_SINGLE_TURN,
+    STOP_TOKEN_LIMIT,
     STOP_TURN_LIMIT,
     STOP_UNUSABLE,
     Episode,
@@ -399,11 +402,13 @@ def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: l
         ))
         n_agent = len(lv.episode.agent_turns)
         if config.single_turn:
-            _end(lv, STOP_SINGLE_TURN, env.extract_answer(s.text))
+            _end(lv, STOP_SINGLE_TURN, _answer(env, lv, s.text))
         elif env.is_final(s.text):
-            _end(lv, STOP_ANSWERED, env.extract_answer(s.text))
+            _end(lv, STOP_ANSWERED, _answer(env, lv, s.text))
         elif n_agent >= config.max_turns:
-            _end(lv, STOP_TURN_LIMIT, env.extract_answer(s.text))
+            _end(lv, STOP_TURN_LIMIT, _answer(env, lv, s.text))
+        elif _context_full(env, lv.episode.turns[-1]):
+            _end(lv, STOP_TOKEN_LIMIT, _answer(env, lv, s.text))
         else:
             asking.append(lv)
             continue
@@ -431,7 +436,7 @@ def _human_turns(env: Environment, simulator: Simulator | None, asking: list[_Li
         if r.failed:
             lv.episode.n_simulator_failures += 1
             # The question is the last agent message: score it as at the turn limit.
-            _end(lv, STOP_SIMULATOR_ERROR, env.extract_answer(lv.episode.agent_turns[-1].content))
+            _end(lv, STOP_SIMULATOR_ERROR, _answer(env, lv, lv.episode.agent_turns[-1].content))
             ended.append(lv)
     return ended
 
@@ -441,6 +446,23 @@ def _engine_failed(lv: _Live, error: EngineError) -> None:
     _end(lv, STOP_ENGINE_ERROR, answer="")
     lv.episode.meta["error"] = f"{type(error).__name__}: {error}"
     lv.episode.score = Score(0.0, False, error=lv.episode.meta["error"])
+
+
+def _context_full(env: Environment, turn: Turn) -> bool:
+    """Whether an agent turn's prompt plus generation reach the environment's optional
+    `max_context_tokens` (None or absent: no limit; a turn without token ids: unknown, no)."""
+    limit = getattr(env, "max_context_tokens", None)
+    if not limit or turn.prompt_token_ids is None:
+        return False
+    return len(turn.prompt_token_ids) + len(turn.token_ids or ()) >= limit
+
+
+def _answer(env: Environment, lv: _Live, agent_text: str) -> str:
+    """The answer to score: `env.episode_answer(task, turns)` when the environment defines it
+    (an answer built from the whole episode, e.g. AppWorld's code turns), else
+    `env.extract_answer(agent_text)`."""
+    whole = getattr(env, "episode_answer", None)
+    return whole(lv.task, lv.episode.turns) if whole is not None else env.extract_answer(agent_text)
 
 
 def _end(lv: _Live, reason: str, answer: str) -> None:

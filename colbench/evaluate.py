@@ -9,7 +9,7 @@
 
     # several agents, 3 sampled seeds each, the same output dir (finished agents are reused)
     python -m colbench.evaluate --env backend --agent tiny --agent mine=hf:runs/sweet/final \\
-        --simulator tiny --seeds 3 --temperature 0.7 --output runs/cmp
+        --simulator tiny --episodes_per_task 3 --temperature 0.7 --output runs/cmp
 
     # frontend: win rate against a baseline agent, VLM simulator, tiny CLIP for a CPU demo
     python -m colbench.evaluate --env frontend --agent tiny --baseline-agent reference \\
@@ -25,7 +25,7 @@ An agent whose spec equals --simulator shares the simulator's engine (one copy o
 the model plays both sides).
 
 Determinism: sampling defaults to temperature 0 (greedy) and seed 0, so a rerun gives
-the same episodes. `--seeds S` runs seeds 0..S-1 with `--temperature` (set it > 0,
+the same episodes. `--episodes_per_task S` runs seeds 0..S-1 with `--temperature` (set it > 0,
 otherwise the seeds repeat one another); confidence intervals bootstrap over tasks
 with a fixed seed, so they are deterministic too.
 
@@ -90,7 +90,7 @@ class EvalConfig:
     engine_spec_fields = ("agent", "simulator", "baseline_agent")
 
     output: str = field(default="", metadata={"help": "output directory (required)"})
-    env: str = field(default="backend", metadata={"help": "environment: backend or frontend"})
+    env: str = field(default="backend", metadata={"help": "environment: backend, frontend or appworld (docs/appworld.md)"})
     agent: list[str] = field(default_factory=list, metadata={
         "help": "agent spec, repeatable: a model spec (tiny, hf:, vllm:, openai:), 'reference', "
                 "'replay:<file.jsonl>', optionally '<name>=<spec>'"})
@@ -100,7 +100,9 @@ class EvalConfig:
     tasks: str = field(default="builtin:test", metadata={
         "help": "task source: builtin:test, builtin:train, a JSONL/Parquet file, or hf:<dataset id>"})
     limit: int | None = field(default=None, metadata={"help": "evaluate the first N tasks only"})
-    seeds: int = field(default=1, metadata={"help": "run seeds 0..S-1 per task, S <= 1000 (use with --temperature > 0)"})
+    episodes_per_task: int = field(default=1, metadata={
+        "help": "S: episodes per task and agent, seeds 0..S-1, S <= 1000 (use with --temperature > 0)",
+        "aliases": ["--seeds"]})
     seed_round: int = field(default=0, metadata={
         "help": "sampling round R: run seeds R*1000 .. R*1000+S-1 instead, an evaluation independent of round 0's"})
     single_turn: bool = field(default=False, metadata={"help": "the agent's first message is its answer"})
@@ -138,7 +140,7 @@ class EvalConfig:
             raise UsageError("--output DIR is required")
         if not self.agent:
             raise UsageError("give at least one --agent SPEC")
-        checks = [("seeds", 1 <= self.seeds <= 1000, "an integer in 1..1000"),
+        checks = [("episodes_per_task", 1 <= self.episodes_per_task <= 1000, "an integer in 1..1000"),
                   ("seed_round", self.seed_round >= 0, "an integer >= 0"),
                   ("temperature", self.temperature >= 0 and math.isfinite(self.temperature), "a number >= 0"),
                   ("max_new_tokens", self.max_new_tokens >= 1, "an integer >= 1"),
@@ -233,7 +235,8 @@ def prepare(config: EvalConfig) -> Plan:
     _check_scoring_versions(out_dir, [n for n, _ in agents], config.rescore)
     from colbench.rollout import episode_seeds
 
-    return Plan(tasks=tasks, agents=agents, baseline=baseline, seeds=episode_seeds(config.seed_round, config.seeds),
+    return Plan(tasks=tasks, agents=agents, baseline=baseline,
+                seeds=episode_seeds(config.seed_round, config.episodes_per_task),
                 out_dir=out_dir, prompts=prompts)
 
 
@@ -498,8 +501,9 @@ def evaluate(config: EvalConfig) -> list[Any]:
     from colbench.outdir import OutputLock
 
     plan = prepare(config)
-    if config.seeds > 1 and config.temperature == 0:
-        print(f"warning: --seeds {config.seeds} at temperature 0 repeats the same greedy episodes", file=sys.stderr)
+    if config.episodes_per_task > 1 and config.temperature == 0:
+        print(f"warning: --episodes_per_task {config.episodes_per_task} at temperature 0 repeats the same greedy "
+              "episodes", file=sys.stderr)
     with OutputLock(plan.out_dir, command=f"{PROG} --output {config.output}"):
         try:
             rows = run(config, plan)

@@ -11,6 +11,7 @@ from the published evaluator's):
     kind            flag                      placeholders (default file: KINDS[kind].default_path())
     backend_agent   --agent_prompt            {max_turns} {answer_marker}, optional
     frontend_agent  --agent_prompt            {max_turns} {answer_marker}, optional
+    appworld_agent  --agent_prompt            {max_turns} {answer_marker}, optional
     backend_human   --human_prompt            {problem_description} {hidden_information}; {dialogue_history} optional
     frontend_vlm    --human_prompt            {problem_description} {dialogue_history}, optional
     frontend_text   --human_prompt            {problem_description} {dialogue_history}, optional
@@ -85,6 +86,8 @@ KINDS: dict[str, PromptKind] = {k.name: k for k in [
     PromptKind("backend_agent", "agent", "--agent_prompt", "colbench", "envs/prompts/backend_agent.txt",
                optional=_AGENT),
     PromptKind("frontend_agent", "agent", "--agent_prompt", "colbench", "envs/prompts/frontend_agent.txt",
+               optional=_AGENT),
+    PromptKind("appworld_agent", "agent", "--agent_prompt", "colbench", "envs/prompts/appworld_agent.txt",
                optional=_AGENT),
     PromptKind("backend_human", "human", "--human_prompt", "simulators", "prompts/backend_human.txt",
                required=("problem_description", "hidden_information"), optional=("dialogue_history",),
@@ -183,7 +186,7 @@ def load_prompt(kind: str, path: str | Path | None = None) -> PromptTemplate:
 
 def agent_kind(env: str) -> str | None:
     """The agent template kind of a bundled environment (None: it has no prompt file)."""
-    return {"backend": "backend_agent", "frontend": "frontend_agent"}.get(env)
+    return {"backend": "backend_agent", "frontend": "frontend_agent", "appworld": "appworld_agent"}.get(env)
 
 
 def human_kind(env: str, simulator: str | None) -> str | None:

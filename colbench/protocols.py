@@ -68,6 +68,8 @@ class Environment(Protocol):
     name: str  # "backend", "frontend", ...
     answer_marker: str  # the agent ends the dialogue with this marker (default ANSWER_MARKER)
     max_turns: int  # agent turns at most (paper: 10)
+    # optional: max_context_tokens (int | None): an agent turn whose prompt + generation reach it
+    # ends the episode (stop "token_limit"), as the turn limit does; AppWorld: 32K (LOOP)
 
     def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
         """The chat the agent sees before its next turn: system/instructions with the
@@ -80,7 +82,9 @@ class Environment(Protocol):
         ...
 
     def extract_answer(self, agent_text: str) -> str:
-        """The answer to score from a final agent message (code or HTML)."""
+        """The answer to score from a final agent message (code or HTML). An environment
+        whose answer is the whole episode (AppWorld: every code turn) also offers
+        `episode_answer(task, turns) -> str`, which the runner then uses instead."""
         ...
 
     def score(self, tasks: Sequence[Task], answers: Sequence[str]) -> list[Score]:

@@ -24,7 +24,7 @@ SEED_STRIDE = 1000  # seeds of round r are r*1000 .. r*1000+k-1: disjoint across
 
 def episode_seeds(seed: int, k: int) -> list[int]:
     """The episode seeds of the k episodes per task of round (or iteration) `seed`.
-    Round 0 gives 0..k-1, what `python -m colbench.evaluate --seeds k` runs."""
+    Round 0 gives 0..k-1, what `python -m colbench.evaluate --episodes_per_task k` runs."""
     if k < 1 or k > SEED_STRIDE:
         raise ValueError(f"episodes per task must be in 1..{SEED_STRIDE}, got {k}")
     return [seed * SEED_STRIDE + j for j in range(k)]

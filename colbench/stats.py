@@ -9,6 +9,10 @@ Metrics (values are fractions in [0, 1] except clip_similarity, a cosine):
     tests_passed     mean fraction of unit tests passed (backend reward)
     success_rate     share of episodes passing all tests
     clip_similarity  mean CLIP cosine of the final render vs the target (frontend reward)
+    tgc              appworld: task goal completion, share of episodes whose task passes all
+                     AppWorld tests (the reward)
+    sgc              appworld: scenario goal completion, share of (scenario, seed) pairs whose
+                     tasks all pass; the interval resamples scenarios
     win_rate         share of tasks where the agent's mean reward over seeds beats the
                      baseline agent's; ties count half (the baseline scores 0.5)
 """
@@ -92,12 +96,27 @@ def env_metrics(env: str, episodes: Sequence[Episode], baseline: Sequence[Episod
     metrics: dict[str, Metric] = {}
     if env == "frontend":
         metrics["clip_similarity"] = bootstrap_ci(rewards)
+    elif env == "appworld":
+        metrics["tgc"] = bootstrap_ci(list(by_task(episodes, lambda e: float(e.success)).values()))
+        metrics["sgc"] = bootstrap_ci(scenario_outcomes(episodes))
     else:
         metrics["tests_passed"] = bootstrap_ci(rewards)
         metrics["success_rate"] = bootstrap_ci(list(by_task(episodes, lambda e: float(e.success)).values()))
     if baseline is not None:
         metrics["win_rate"] = bootstrap_ci([[w] for w in win_outcomes(episodes, baseline)])
     return metrics
+
+
+def scenario_outcomes(episodes: Sequence[Episode]) -> list[list[float]]:
+    """AppWorld's scenario goal completion per scenario: for each seed, 1.0 when every task of
+    the scenario played with that seed succeeded (appworld.evaluator's min over a scenario's
+    tasks), one list per scenario."""
+    from colbench.envs.appworld import scenario_id
+
+    grouped: dict[str, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for ep in episodes:
+        grouped[scenario_id(ep.task_id)][ep.seed].append(ep.success)
+    return [[float(all(ok)) for ok in seeds.values()] for seeds in grouped.values()]
 
 
 def _asked(ep: Episode) -> int:

@@ -5,8 +5,8 @@ Sources (the `source` argument):
     path/to/rows.jsonl | .json | .parquet   a local file in the official row format
     builtin:train | builtin:test            the sets bundled in tasks/<env>/ (see tasks/README.md)
     builtin:<spec>/train | .../test         env testbed only: a preset of testbed/spec.py
-                                            (legacy, default, long); builtin:train is the shipped
-                                            spec (testbed_spec.SHIPPED_SPEC, legacy for now)
+                                            (default, long, legacy); builtin:train is the
+                                            preset `default` (testbed.spec.DEFAULT_SPEC)
     hf:facebook/collaborative_agent_bench   the published data (downloads; online users only);
                                             append [train] or [test] to pick the split
     hf:HuggingFaceM4/WebSight[train|test]   frontend tasks as the paper builds them (streams;
@@ -132,7 +132,8 @@ class _Row:
 # Generated task sources: `builtin:...` of these environments is made, not read from
 # tasks/<env>/. "module:function" loaded on use (colbench.registry), called as
 # function(source, split, limit) -> list[Task]; the test bed's is testbed/env.py's.
-GENERATED_SOURCES: dict[str, str] = {"testbed": "testbed.env:builtin_tasks"}
+GENERATED_SOURCES: dict[str, str] = {"testbed": "testbed.env:builtin_tasks",
+                                     "appworld": "colbench.envs.appworld:builtin_tasks"}
 
 
 # ------------------------------------------------------------------------------ public API

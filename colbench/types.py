@@ -21,6 +21,7 @@ from engines.base import Message
 # Stop reasons recorded on every episode.
 STOP_ANSWERED = "answered"  # the agent used the answer marker
 STOP_TURN_LIMIT = "turn_limit"  # max agent turns reached; the last message is the answer
+STOP_TOKEN_LIMIT = "token_limit"  # the agent's context reached the env's max_context_tokens; as at the turn limit
 STOP_SINGLE_TURN = "single_turn"  # single-turn mode: the first message is the answer
 STOP_ENGINE_ERROR = "engine_error"  # the agent's engine failed for good
 STOP_SIMULATOR_ERROR = "simulator_error"  # the simulated human failed for good

@@ -206,6 +206,9 @@ class HFEngine:
             generation_config=config,
             logits_processor=LogitsProcessorList(processors),
             stopping_criteria=StoppingCriteriaList(criteria),
+            # one process generates with a whole model: never wait on the others (transformers
+            # turns this on whenever ZeRO-3 is configured in the process, e.g. LOOP's sampler copy)
+            synced_gpus=False,
         )
         logprobs = recorder.finish(sequences).tolist()
         generated = sequences[:, width:].tolist()

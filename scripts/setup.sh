@@ -20,7 +20,8 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # torch first, pinned, so nothing else can pull a different build.
   .venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
-  .venv/bin/python -m pip install -q -e ".[test]"
+  # deepspeed: the ZeRO-2/3 2-process CPU tests (pytest -m slow tests/sweet); skipped without it
+  .venv/bin/python -m pip install -q -e ".[test,deepspeed]"
   # OpenEnv (the `serve` extra: colbench.serve / colbench.client) without gradio, which every
   # OpenEnv release requires for its web UI only and which would downgrade pillow; the
   # server and client paths never import it (docs/interop.md, scripts/check_serve.sh).

@@ -4,6 +4,8 @@ Simulator spec strings (the `--simulator` flag of `python -m colbench.evaluate`)
 
     scripted:<name>       a registered rule-based simulator (scripted:backend,
                           scripted:idk, scripted:flaky: simulators.scripted;
+                          scripted:appworld: runs the agent's code in AppWorld,
+                          colbench.envs.appworld;
                           scripted:testbed: the test bed's human, testbed.human)
     <model spec>          backend: an LLM simulated human (simulators.llm.LLMSimulator);
                           frontend: a vision-language model comparing screenshots
@@ -36,6 +38,7 @@ __all__ = ["SimReply", "SimRequest", "Simulator", "check_simulator_spec", "load_
            "register_simulator", "simulator_names"]
 
 _REGISTRY: dict[str, str] = {
+    "appworld": "colbench.envs.appworld:AppWorldExecutor",
     "backend": "simulators.scripted:ScriptedBackendSimulator",
     "idk": "simulators.scripted:DontKnowSimulator",
     "flaky": "simulators.scripted:FlakySimulator",

@@ -17,7 +17,7 @@ format: `--agent hf:<output_dir>/final` in `python -m colbench.evaluate`).
 
     # CPU, tiny model: SWEET-RL stage 2 with a stage-1 critic
     python -m sweet.train_policy --algorithm sweet --episodes eps.jsonl --tasks tasks.jsonl \\
-        --critic runs/critic-tiny --model tiny --num_candidates 4 --max_new_tokens 32 --output_dir runs/sweet-tiny
+        --critic runs/critic-tiny --model tiny --candidates_per_state 4 --max_new_tokens 32 --output_dir runs/sweet-tiny
 
     # 8B on 8 GPUs: vLLM sampling (one process), then LoRA DPO (see sweet/algorithms/sweet_rl.py;
     # the paper's settings are the defaults, LoRA's lr 2e-6 = 10x the paper's full 2e-7)

@@ -22,10 +22,10 @@ SCRIPTED_TESTBED = ("explorer", "optimal")
 
 class ScriptedTestbedAgent:
     """The test bed's scripted agents, with no model: `explorer` samples the scripted
-    explorer's next message (testbed_spec.sample_explorer) with a random stream per
+    explorer's next message (testbed.spec.sample_explorer) with a random stream per
     (task, episode seed, turn), so episodes are reproducible; `optimal` plays the exact
     solver's optimal policy (mdp.optimal_message). Each task's spec is read
-    from the task (testbed_spec.task_spec). `env`, when given, must be the test bed."""
+    from the task (testbed.spec.task_spec). `env`, when given, must be the test bed."""
 
     needs_simulator = True
 

@@ -17,8 +17,8 @@ from pathlib import Path
 def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
                      folders: dict[str, dict[int, str]] | None = None) -> dict[str, dict]:
     """How each SWEET-RL variant's critic ranked its stage-2 candidates against the test
-    bed's exact advantage A* (testbed.oracle.exact_advantages for the setup's spec:
-    the legacy bed's reward-valued one, a spec's success-valued one), from the scores in
+    bed's exact advantage A* (testbed.oracle.exact_advantages for the setup's spec,
+    success-valued), from the scores in
     candidates.jsonl (in `folders[name][seed]`, default seed<S>/<name>), over all seeds:
       pairs: of candidate pairs at one state whose A* differ, the share the critic orders
              the same way (a critic tie counts half); per_turn the same by agent turn;
@@ -33,7 +33,8 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
              apart: stage 2 turns each into a preference the exact critic would not give
              (the solver: what limits stage 2 for a critic with continuous scores)."""
     from colbench.protocols import ANSWER_MARKER
-    from sweet.algorithms.sweet_rl import SweetConfig, load_states, read_candidates, state_key
+    from sweet.algorithms.sweet_rl import SweetConfig, load_states
+    from sweet.core.records import read_candidates, state_key
     from testbed.oracle import exact_advantages
 
     checks = {}
@@ -147,7 +148,7 @@ def credit_splits(out: Path, seeds: list[int], policies: list[str], setup) -> di
     (pair-weighted means)."""
     from colbench.episodes import load_episodes
     from sweet.critic.inspect import score_credit_split
-    from sweet.critic.model import CriticScorer, load_training_info
+    from sweet.critic.model import TrainedCritic, load_training_info
 
     info = load_training_info(setup.train_tasks, env=setup.env)
     found: dict[str, dict] = {}
@@ -158,7 +159,7 @@ def credit_splits(out: Path, seeds: list[int], policies: list[str], setup) -> di
             if not (critic / "critic_config.json").exists():
                 continue
             episodes = load_episodes(out / f"seed{seed}" / "episodes.jsonl", env=setup.env)
-            split = score_credit_split(CriticScorer.load(critic), str(critic), episodes, info)
+            split = score_credit_split(TrainedCritic.load(critic), str(critic), episodes, info)
             if split is not None:
                 per_seed[str(seed)] = split.to_json()
         if per_seed:

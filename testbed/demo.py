@@ -13,7 +13,7 @@ Steps (each skipped when its output exists, so an interrupted run resumes):
      0.5, so imitating it needs reading which question was asked; testbed/spec.py TEACHERS);
   2. collect K episodes per train task with the warm-started policy;
   3. SWEET-RL stage 1: train the critic with the training-time information
-     (`--critic_baseline_samples 4`: centred by 4 warm-start samples per turn);
+     (`--baseline_samples_per_state 4`: centred by 4 warm-start samples per turn);
   4. SWEET-RL stage 2: sample candidates per state, rank them with the critic, DPO, with
      snapshots along the way; the snapshot with the best success on validation tasks (drawn
      from the train split, never the test tasks) is the policy (early stopping);
@@ -64,9 +64,10 @@ from testbed.pipeline import (
 )
 
 
-# 0: the paper's critic. `--critic_baseline_samples 4` centres it (sweet/critic/baseline.py),
-# which on the benchmark's training states moves its credit from the answer to the
-# questions (docs/testbed.md, "A centred critic"); the main job's figures are the paper's.
+# 0: the paper's critic. `--baseline_samples_per_state 4` centres it (sweet/critic/baseline.py),
+# which on the benchmark's training states moves its credit from the answer to the questions
+# (testbed/results/2026-12-02-default-centred-critic-anchored-stage2.md); the main job's
+# figures are the paper's.
 CRITIC_BASELINE_SAMPLES = 0
 SNAPSHOT_STEPS = 9  # stage 2's path is snapshotted every 9 of its ~45 steps; the best on validation is kept
 
@@ -76,14 +77,14 @@ class DemoConfig:
     output_dir: str = field(default="runs/demo", metadata={"help": "everything goes here"})
     episodes_per_task: int = field(default=8, metadata={"help": "episodes per train task to learn from"})
     seed: int = field(default=0, metadata={"help": "random seed"})
-    spec: str = field(default="default", metadata={
+    spec: str = field(default=testbed_spec.DEFAULT_SPEC, metadata={
         "help": "test-bed preset (testbed/spec.py): default, long, or legacy (the earlier bed)"})
     teacher: str | None = field(default=None, metadata={
         "help": "the warm start's teacher (testbed/spec.py TEACHERS): reads (the explorer that reads its dialogue; "
                 "the default on a spec bed) or blind (its choice ignores the dialogue; the legacy bed's)"})
-    critic_baseline_samples: int = field(default=CRITIC_BASELINE_SAMPLES, metadata={
+    baseline_samples_per_state: int = field(default=CRITIC_BASELINE_SAMPLES, metadata={
         "help": "K: the critic's advantages centred by K warm-start actions per turn (sweet/critic/baseline.py; "
-                "0: the paper's uncentred critic)"})
+                "0: the paper's uncentred critic)", "aliases": ["--critic_baseline_samples"]})
     smoke: bool = field(default=False, metadata={
         "help": "a 1-2 minute run of every step at toy sizes (tests); trains on the scripted dialogues"})
 
@@ -121,7 +122,7 @@ def main(cfg: DemoConfig) -> Path:
     say(2)
     with timed(setup, "critic"):
         critic = train_critic(episodes, str(warm), setup, out / "critic", seed=cfg.seed,
-                              extra={"baseline_samples": cfg.critic_baseline_samples,
+                              extra={"baseline_samples_per_state": cfg.baseline_samples_per_state,
                                      "baseline_max_new_tokens": setup.max_new_tokens})
     say(3)
     with timed(setup, "policy"):

@@ -3,7 +3,16 @@
 Not ColBench: a toy with ColBench's interfaces (Task, Environment, Simulator, real
 sandbox scoring), small enough that a ~2M-parameter model learns it in minutes.
 
-Each task hides a function from one parametrised family
+Its knobs and presets are testbed/spec.py's; the bed every command runs unless told
+otherwise is the preset `default` (`DEFAULT_SPEC`): `make_tasks(split)`, `builtin:train`,
+`TestbedEnv()`. `make_tasks(..., spec=NAME)` draws a preset's tasks (`spec_tasks`); each
+carries `meta["spec"]`, from which the env and the scripted human read their rules. The
+exact solver of any spec is testbed/mdp.py (values, A*, the optimal policy) and
+testbed/predict.py; the oracle critic (testbed/oracle.py, `--critic oracle`) is
+testbed.mdp.exact_advantage.
+
+The `legacy` preset (`builtin:legacy/<split>`) is the first bed, kept bit for bit: its
+tasks are drawn here and carry no spec. Each hides a function from one parametrised family
 
     def f(x):
         if x >= 0:
@@ -24,16 +33,6 @@ steps to learn. The scripted explorer the warm start imitates (testbed/human.py)
 chooses per turn between asking about positive numbers, negative numbers, a vague
 question and answering now, and writes a never-right default (x * 1, x + 0) for any
 constant it was not told: success comes only from asking both useful questions.
-
-`optimal_advantage` is SWEET-RL's per-turn advantage computed exactly from the hidden
-constants: the oracle critic (testbed/oracle.py, `--critic oracle`), a diagnostic.
-
-This is the `legacy` preset of testbed/spec.py, which holds the knobs
-(turns, facts, how often the human can state a constant, docstrings, the guess rule,
-the explorer) and the other presets (`default`, `long`). `make_tasks(..., spec=NAME)`
-draws a preset's tasks; each carries `meta["spec"]`, from which the env and the
-scripted human read their rules (a task without one is legacy). The exact solver of
-any spec is testbed/mdp.py (values, A*, the optimal policy) and testbed/predict.py.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ from colbench.scoring.backend import extract_code
 from colbench.types import Task, Turn
 from engines.base import Message
 from testbed import spec as testbed_spec
-from testbed.spec import LEGACY_GUESS, PRESETS, SHIPPED_SPEC, SYSTEM, TestbedSpec
+from testbed.spec import DEFAULT_SPEC, LEGACY_GUESS, PRESETS, SYSTEM, TestbedSpec
 
 DESCRIPTION = "I need a function f(x) for my numbers. It treats positive and negative numbers differently. def f(x)"
 QUESTION_POS, QUESTION_NEG, QUESTION_VAGUE = PRESETS["legacy"].questions()  # "What happens to positive numbers?", ...
@@ -86,11 +85,11 @@ def make_task(index: int, split: str, a: int, b: int, rng: random.Random) -> Tas
 
 
 def make_tasks(split: str = "train", n: int | None = None, seed: int = 0,
-               spec: str | TestbedSpec = SHIPPED_SPEC) -> list[Task]:
-    """Deterministic task sets. Legacy: 56 train and 16 test tasks cycling through the four
-    (A, B) pairs, each with its own hidden test inputs. The description is the same for
-    every task, so a task's constants are learnable only by asking, never by memorising.
-    Another spec: `spec_tasks`."""
+               spec: str | TestbedSpec = DEFAULT_SPEC) -> list[Task]:
+    """Deterministic task sets of a preset (default: `DEFAULT_SPEC`; `spec_tasks`).
+    Legacy: 56 train and 16 test tasks cycling through the four (A, B) pairs, each with
+    its own hidden test inputs. The description is the same for every task, so a task's
+    constants are learnable only by asking, never by memorising."""
     s = testbed_spec.spec(spec)
     if not s.legacy and split in ("train", "val", "test"):
         return spec_tasks(s, split, n, seed)
@@ -111,11 +110,11 @@ def builtin_tasks(source: str, split: str | None = None, limit: int | None = Non
 
 
 def builtin_source(source: str, split: str | None) -> tuple[str, str]:
-    """(spec, split) of a test-bed source: builtin:<split> (the shipped spec) or
+    """(spec, split) of a test-bed source: builtin:<split> (`DEFAULT_SPEC`) or
     builtin:<spec>/<split>; a bad spec or split is a one-line error naming the presets."""
     body = source.partition(":")[2]
     spec, _, named = body.rpartition("/")
-    spec, named = spec or SHIPPED_SPEC, named or split or ""
+    spec, named = spec or DEFAULT_SPEC, named or split or ""
     usage = f"use builtin:train, builtin:test or builtin:<spec>/<split> with spec one of {', '.join(PRESETS)}"
     if spec not in PRESETS:
         raise ValueError(f"testbed source {source!r}: unknown spec {spec!r}; {usage}")
@@ -128,7 +127,7 @@ def builtin_source(source: str, split: str | None) -> tuple[str, str]:
 
 
 def spec_tasks(s: TestbedSpec, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
-    """A non-legacy spec's tasks: each an independent draw of c (testbed_spec.draw_hidden),
+    """A non-legacy spec's tasks: each an independent draw of c (testbed.spec.draw_hidden),
     rendered as its reference, with five hidden test inputs per branch. Train and test
     use different random streams, so the held-out tasks are fresh draws. Validation
     tasks ("val") are the train stream's next n_val draws after its n_train tasks:
@@ -148,53 +147,7 @@ def spec_tasks(s: TestbedSpec, split: str, n: int | None = None, seed: int = 0) 
     return tasks
 
 
-class TestbedEnv(BackendEnv):
-    """Backend programming's environment (sandboxed scoring, answer marker) with the
-    test bed's short instructions and a 4-turn limit (legacy).
-
-    spec: a preset name; the turn limit is then the spec's (`max_turns` overrides it). A
-          task carrying another turn count than the env's limit is refused: its bed would
-          silently change."""
-
-    name = "testbed"
-    __test__ = False  # not a pytest class
-
-    def __init__(self, max_turns: int | None = None, answer_marker: str = ANSWER_MARKER, workers: int = 2,
-                 limits=None, spec: str | None = None):
-        self.spec = testbed_spec.spec(spec) if spec is not None else None
-        if max_turns is None:
-            max_turns = self.spec.turns if self.spec is not None else MAX_TURNS
-        super().__init__(answer_marker=answer_marker, max_turns=max_turns, workers=workers, limits=limits)
-        self.agent_prompt = None  # its instructions are SYSTEM, not a template file (colbench.prompts)
-
-    @staticmethod
-    def turns_for(tasks: Sequence[Task]) -> int | None:
-        """The agent-turn limit that tasks carrying a spec set (None for legacy tasks, whose
-        limit --max-turns may change); specs with different turn counts, or legacy tasks
-        beside them, cannot share one env (ValueError)."""
-        turns = {testbed_spec.task_spec(t).turns for t in tasks if "spec" in t.meta}
-        if not turns:
-            return None
-        if len(turns) > 1 or any("spec" not in t.meta for t in tasks):
-            raise ValueError("the tasks mix test-bed specs with different turn limits: evaluate them apart")
-        return turns.pop()
-
-    def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
-        if "spec" in task.meta and not single_turn:
-            s = testbed_spec.task_spec(task)
-            if s.turns != self.max_turns:
-                raise ValueError(f"task {task.task_id} is of test-bed spec {s.name!r} ({s.turns} agent turns) but the "
-                                 f"env allows {self.max_turns}: use TestbedEnv(spec={s.name!r}) or --max-turns {s.turns}")
-        system = SYSTEM if not single_turn else f"Write {self.answer_marker} and the code now."
-        return agent_chat(system, task.description, turns)
-
-
-# ---- the exact advantage: an oracle critic for diagnosing stage 2 ------------------------
-#
-# SWEET-RL's critic estimates a per-turn advantage A(o_t, a_t, c) from the training-time
-# information c. On the test bed that advantage can be computed exactly, so ranking
-# candidates with it (testbed/oracle.py, `--critic oracle`) tells a wrong critic from
-# a stage 2 that cannot use a right ranking.
+# ---- the legacy bed's answer readers (the warm start's copy check) ----------------------------
 
 _STATED_A = re.compile(r"\bx\s*\*\s*(-?\d+)")
 _STATED_B = re.compile(r"\bx\s*\+\s*(-?\d+)")
@@ -214,14 +167,6 @@ def _code_constants(code: str) -> tuple[int | None, int | None]:
     return (int(a.group(1)) if a else None), (int(b.group(1)) if b else None)
 
 
-def constants_from_reference(code: str) -> tuple[int, int]:
-    """(A, B) of a task's hidden reference (its training-time information, REFERENCE)."""
-    a, b = _code_constants(code)
-    if a is None or b is None:
-        raise ValueError(f"not a test-bed reference (no `x * A` and `x + B`): {code[:80]!r}")
-    return a, b
-
-
 def answer_constants(text: str) -> tuple[int | None, int | None]:
     """(A, B) that an agent's final message writes (None: a side it does not write, or
     code that does not compile). The code is read as the runner reads it
@@ -231,12 +176,6 @@ def answer_constants(text: str) -> tuple[int | None, int | None]:
     return _code_constants(extract_code(after if found and after.strip() else text))
 
 
-def _answer_reward(text: str, a: int, b: int) -> float:
-    """The reward the scorer gives an agent's final message: half per side it gets right."""
-    got_a, got_b = answer_constants(text)
-    return 0.5 * (got_a == a) + 0.5 * (got_b == b)
-
-
 def told_constants(replies: Sequence[str], a: int, b: int) -> tuple[bool, bool]:
     """Whether the human's replies so far stated A (`x * A`) and B (`x + B`) of a task
     with constants (a, b): what the agent has been told."""
@@ -244,39 +183,58 @@ def told_constants(replies: Sequence[str], a: int, b: int) -> tuple[bool, bool]:
             any(re.search(rf"x \+ {b}\b", r) for r in replies))
 
 
-def _optimal_value(know_a: bool, know_b: bool, turns_left: int) -> float:
-    """V*: the best expected reward from here. Answering writes the known constants (a
-    default guess never matches); a question reveals A, B, both or nothing, and on the
-    last turn a question is scored as the answer (0: it holds no code)."""
-    answer = 0.5 * know_a + 0.5 * know_b
-    if turns_left <= 1:
-        return answer
-    asks = (_optimal_value(know_a or pos, know_b or neg, turns_left - 1)
-            for pos in (False, True) for neg in (False, True))  # what a question reveals
-    return max(answer, *asks)
+class TestbedEnv(BackendEnv):
+    """Backend programming's environment (sandboxed scoring, answer marker) with the
+    test bed's short instructions and the turn limit of its spec.
 
+    spec: a preset name (default `DEFAULT_SPEC`); the turn limit is the spec's unless
+          `max_turns` is given (or set later). A task carrying another turn count than the
+          env's limit is refused: its bed would silently change. A legacy task (no spec:
+          `builtin:legacy/<split>`) runs at any limit chosen for it (`spec="legacy"`,
+          `max_turns`, or set later) and is refused at the default bed's limit."""
 
-def optimal_advantage(history: Sequence[str], action: str, a: int, b: int, turns_left: int) -> float:
-    """Q*(s, action) − V*(s) on a test-bed task with constants (a, b), under optimal play
-    from the next turn on: SWEET-RL's per-turn advantage, computed exactly.
+    name = "testbed"
+    __test__ = False  # not a pytest class
 
-    history:    the human's replies so far; the agent knows A once one stated `x * A`
-                (and B once one stated `x + B`).
-    action:     the agent's message. With the answer marker, or on the last turn
-                (turns_left == 1, as the runner scores it), it is the answer: half a
-                point per constant it gets right (`_answer_reward`). Otherwise it is a
-                question that reveals A if it says "positive" and B if it says
-                "negative" (the scripted human's rule, testbed.human.reply_for).
-    turns_left: agent turns left, this one included (MAX_TURNS - turn index).
+    def __init__(self, max_turns: int | None = None, answer_marker: str = ANSWER_MARKER, workers: int = 2,
+                 limits=None, spec: str | None = None):
+        self.spec = testbed_spec.spec(spec if spec is not None else DEFAULT_SPEC)
+        super().__init__(answer_marker=answer_marker, max_turns=self.spec.turns if max_turns is None else max_turns,
+                         workers=workers, limits=limits)
+        self.turns_chosen = max_turns is not None or spec is not None  # the setter marks later changes
+        self.agent_prompt = None  # its instructions are SYSTEM, not a template file (colbench.prompts)
 
-    It sees the hidden constants, as the critic sees c: a lucky guess of an untold
-    constant counts as right, though V* never relies on guessing."""
-    if turns_left < 1:
-        raise ValueError(f"turns_left must be >= 1, got {turns_left}")
-    know_a, know_b = told_constants(history, a, b)
-    if ANSWER_MARKER in action or turns_left == 1:
-        q = _answer_reward(action, a, b)
-    else:
-        words = action.lower()
-        q = _optimal_value(know_a or "positive" in words, know_b or "negative" in words, turns_left - 1)
-    return q - _optimal_value(know_a, know_b, turns_left)
+    @property
+    def max_turns(self) -> int:
+        return self._max_turns
+
+    @max_turns.setter
+    def max_turns(self, value: int) -> None:
+        self._max_turns, self.turns_chosen = value, True
+
+    @staticmethod
+    def turns_for(tasks: Sequence[Task]) -> int | None:
+        """The agent-turn limit the tasks' bed sets (legacy tasks, which carry no spec: the
+        legacy bed's 4; None for no tasks); beds with different turn counts, or legacy tasks
+        beside spec tasks, cannot share one env (ValueError)."""
+        turns = {testbed_spec.task_spec(t).turns for t in tasks}
+        specs = {"spec" in t.meta for t in tasks}
+        if not turns:
+            return None
+        if len(turns) > 1 or len(specs) > 1:
+            raise ValueError("the tasks mix test-bed specs with different turn limits: evaluate them apart")
+        return turns.pop()
+
+    def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
+        if not single_turn:
+            s = testbed_spec.task_spec(task)
+            if "spec" in task.meta and s.turns != self.max_turns:
+                raise ValueError(f"task {task.task_id} is of test-bed spec {s.name!r} ({s.turns} agent turns) but "
+                                 f"the env allows {self.max_turns}: use TestbedEnv(spec={s.name!r}) or --max-turns "
+                                 f"{s.turns}")
+            if "spec" not in task.meta and not self.turns_chosen:
+                raise ValueError(f"task {task.task_id} is of the legacy test bed ({s.turns} agent turns) but the env "
+                                 f"has the {self.spec.name!r} bed's limit ({self.max_turns}): use "
+                                 f"TestbedEnv(spec='legacy') or --max-turns {s.turns}")
+        system = SYSTEM if not single_turn else f"Write {self.answer_marker} and the code now."
+        return agent_chat(system, task.description, turns)

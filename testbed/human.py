@@ -1,13 +1,10 @@
 """The test bed's scripted human: deterministic, rule-based, no model.
 
-It reads the agent's latest message for the words "positive" and "negative" and
-answers from the task's hidden constants; anything else gets "I don't know." It
-never writes code. See testbed/env.py for the task family.
-
-A task of another spec (`meta["spec"]`, testbed/spec.py) is answered by
-that spec's rule, `testbed_spec.human_reply`: a deterministic function of the task's
-hidden reference and the question (stated literal, "not sure" for an expression, the
-docstring for the vague question).
+Every task is answered by its spec's rule (`meta["spec"]`; none: legacy),
+testbed.spec.human_reply: a deterministic function of the task's hidden reference and
+the agent's latest message (the constant of each branch it names, stated if a literal,
+"not sure" if an expression; the docstring, or "I don't know.", for a message naming
+none). It never writes code. See testbed/env.py for the tasks.
 """
 
 from __future__ import annotations
@@ -25,19 +22,6 @@ from testbed.mdp import optimal_message
 DONT_KNOW = testbed_spec.DONT_KNOW
 
 
-def reply_for(question: str, a: int, b: int) -> str:
-    """The human's reply to one agent message, given the hidden constants."""
-    q = question.lower()
-    parts = []
-    # The constant is stated as a formula ("x * 6") rather than in words so that a
-    # tiny model can learn to copy it with an induction head in a few hundred steps.
-    if "positive" in q:
-        parts.append(f"For positive numbers it is x * {a}.")
-    if "negative" in q:
-        parts.append(f"For negative numbers it is x + {b}.")
-    return " ".join(parts) if parts else DONT_KNOW
-
-
 class TestbedSimulator:
     """Simulator contract (colbench.protocols.Simulator) for the `testbed` environment."""
 
@@ -50,18 +34,11 @@ class TestbedSimulator:
     def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
         out = []
         for r in requests:
-            if "spec" in r.task.meta:
-                try:
-                    text = _reply(r.task, r.turns[-1].content)
-                except ValueError as e:  # an unknown spec or a reference that is not the spec's
-                    out.append(SimReply("", failed=True, error=f"task {r.task.task_id}: {e}"))
-                    continue
-                out.append(SimReply(text[: self.max_reply_chars]))
+            try:
+                text = _reply(r.task, r.turns[-1].content)
+            except ValueError as e:  # an unknown spec or a reference that is not the spec's
+                out.append(SimReply("", failed=True, error=f"task {r.task.task_id} is not a testbed task: {e}"))
                 continue
-            if "a" not in r.task.meta or "b" not in r.task.meta:
-                out.append(SimReply("", failed=True, error=f"task {r.task.task_id} is not a testbed task"))
-                continue
-            text = reply_for(r.turns[-1].content, r.task.meta["a"], r.task.meta["b"])
             out.append(SimReply(text[: self.max_reply_chars]))
         return out
 
@@ -114,6 +91,4 @@ def optimal_dialogue(task: Task, order: Sequence[int] | None = None) -> list[tup
 
 
 def _reply(task: Task, question: str) -> str:
-    if "spec" in task.meta:
-        return testbed_spec.human_reply(testbed_spec.task_spec(task), task.hidden, question)
-    return reply_for(question, task.meta["a"], task.meta["b"])
+    return testbed_spec.human_reply(testbed_spec.task_spec(task), task.hidden, question)

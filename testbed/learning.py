@@ -4,7 +4,7 @@ compared under one rule at matched KL from the warm start.
     python -m testbed.learning                                   # --spec default, 3 seeds (0, 1, 2)
     python -m testbed.learning --seeds 3 --seed-start 10         # seeds 10, 11, 12
     python -m testbed.learning --seeds 1 --policies sweet,mtdpo --hp-grid 1 --out runs/learning-quick
-    python -m testbed.learning --spec legacy                     # today's bed (testbed/env.py)
+    python -m testbed.learning --spec legacy                     # the first bed (testbed/env.py)
 
 All policies start from the same warm-started tiny model (testbed.pipeline.warm_start,
 built once into OUT/warm_start, or --warm-start) on a test-bed spec (testbed/spec.py).
@@ -46,7 +46,7 @@ and diagnostics, not the paper's ablations (run only when --policies names them)
                     to tell a wrong critic from a stage 2 that cannot use a right ranking
   sweet_anchor      SWEET-RL's critic, stage 2 with an NLL anchor on the states its critic
                     leaves unranked (--anchor_coef 1): does likelihood displacement break it?
-  sweet_centred     a critic centred by 4 samples of the warm start per turn (--baseline_samples
+  sweet_centred     a critic centred by 4 samples of the warm start per turn (--baseline_samples_per_state
                     4, sweet/critic/baseline.py): does it credit the questions?
 
 Outputs in OUT: summary.json ({"spec", "seeds", "predicted": {"warm_start", "optimum"},
@@ -125,7 +125,7 @@ POLICIES: dict[str, Policy] = {
     "sweet_sum": Policy("sweet", (("length_normalize", False),)),
     "sweet_oracle": Policy("sweet", oracle=True),
     "sweet_anchor": Policy("sweet", stage2_settings=(("anchor_coef", 1.0),)),
-    "sweet_centred": Policy("sweet", (("baseline_samples", 4),)),
+    "sweet_centred": Policy("sweet", (("baseline_samples_per_state", 4),)),
 }
 DIAGNOSTICS = ("sweet_oracle", "sweet_anchor", "sweet_centred")  # run only when --policies names them
 CURVE_KEY = {"rft": "loss/nll", "mtdpo": "loss/dpo", "sweet": "loss/dpo", "loop": "env/reward"}
@@ -506,11 +506,11 @@ def _number(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from testbed.spec import PRESETS
+    from testbed.spec import DEFAULT_SPEC, PRESETS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--spec", default="default", choices=list(PRESETS),
-                   help="the test-bed preset (testbed/spec.py; legacy: today's bed)")
+    p.add_argument("--spec", default=DEFAULT_SPEC, choices=list(PRESETS),
+                   help="the test-bed preset (testbed/spec.py)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (S)")
     p.add_argument("--seed-start", "--seed_start", type=int, default=0, help="first seed (K): seeds K..K+S-1")
     p.add_argument("--policies", "--algorithms", default=",".join(n for n in POLICIES if n not in DIAGNOSTICS),

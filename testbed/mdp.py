@@ -27,7 +27,6 @@ import numpy as np
 
 from colbench.protocols import ANSWER_MARKER
 from testbed import spec as ts
-from testbed.env import constants_from_reference
 from testbed.spec import TestbedSpec
 
 
@@ -106,25 +105,21 @@ def exact_advantage(spec: str | TestbedSpec, reference: str, replies: Sequence[s
     agent knows a constant once a reply stated its true value); action: the agent's
     message, an answer if it holds the marker or on the last turn (turns_left == 1), then
     scored 1 if every constant it writes is right; otherwise a question, which tells the
-    facts it names (the scripted human's rule). Legacy tasks keep
-    `testbed.env.optimal_advantage` (reward-valued) as well."""
+    facts it names (the scripted human's rule, testbed.spec.human_reply). V* is over the
+    bed's actions (one fact, the vague question, the answer), so on the legacy bed, whose
+    human answers every side a message names, a message naming several can score above 0.
+    The one oracle of every preset: `--critic oracle` (testbed/oracle.py) ranks by it."""
     s = ts.spec(spec)
     if turns_left < 1:
         raise ValueError(f"turns_left must be >= 1, got {turns_left}")
     c = c_of_reference(s, reference)
-    values = _true_values(s, reference)
+    values = ts.read_reference(s, reference).values
     known = frozenset(j for j, v in enumerate(ts.told_values(s, replies)) if v is not None and v == values[j])
     if ANSWER_MARKER in action or turns_left == 1:
         q = float(ts.answer_values(s, action) == values)
     else:
         q = optimal_value(s, c, known | revealed(s, c, ts.named_facts(s, action)), turns_left - 1)
     return q - optimal_value(s, c, known, turns_left)
-
-
-def _true_values(s: TestbedSpec, reference: str) -> tuple[int, ...]:
-    if s.legacy:
-        return constants_from_reference(reference)
-    return ts.read_reference(s, reference).values
 
 
 # ---- the MDP over histories ------------------------------------------------------------------
@@ -214,7 +209,7 @@ def build(spec: str | TestbedSpec) -> Bed:
 
 
 def explorer_action_probs(s: TestbedSpec, h: tuple) -> dict[int, float]:
-    """π0 at an abstract history: `testbed_spec.explorer_probs` (the one explorer) read on
+    """π0 at an abstract history: `testbed.spec.explorer_probs` (the one explorer) read on
     a rendered dialogue with that history, its messages mapped back to actions."""
     facts, history = s.fact_list, []
     for a, told in h:

@@ -1,10 +1,10 @@
-"""An oracle critic for the CPU test bed: the exact per-turn advantage, as a Scorer.
+"""An oracle critic for the CPU test bed: the exact per-turn advantage, as a CandidateRanker.
 
 A diagnostic, not part of SWEET-RL: stage 2 (sweet/algorithms/sweet_rl.py, `--critic oracle`)
 ranks candidates with the advantage the stage-1 critic is meant to learn, computed
-exactly from the training-time information c (testbed.env.optimal_advantage).
-If stage 2 learns with it but not with the trained critic, the critic is wrong; if it
-fails with both, stage 2 cannot use even a right ranking.
+exactly from the training-time information c (testbed.mdp.exact_advantage, in success
+probability, on every preset). If stage 2 learns with it but not with the trained critic,
+the critic is wrong; if it fails with both, stage 2 cannot use even a right ranking.
 """
 
 from __future__ import annotations
@@ -14,22 +14,19 @@ from typing import Sequence
 from sweet.core.records import State
 from testbed import mdp
 from testbed import spec as testbed_spec
-from testbed.env import MAX_TURNS, constants_from_reference, optimal_advantage
 
 
-class OracleScorer:
-    """The Scorer protocol (sweet.algorithms.sweet_candidates.Scorer) with the test bed's exact advantage.
+class OracleCritic:
+    """The CandidateRanker protocol (sweet.algorithms.sweet_candidates) with the test bed's exact advantage.
 
     tokenizer: the policy's (candidates are its token ids; decoded without special tokens).
     env:       the environment name; only "testbed" has an exact advantage.
-    spec:      the test-bed spec of the tasks (testbed/spec.py); legacy keeps
-               today's reward-valued advantage, any other spec the solver's success-valued
-               A* (testbed.mdp.exact_advantage).
+    spec:      the test-bed preset of the tasks (testbed/spec.py; default `DEFAULT_SPEC`).
     """
 
-    def __init__(self, tokenizer, env: str = "testbed", spec: str = "legacy"):
+    def __init__(self, tokenizer, env: str = "testbed", spec: str = testbed_spec.DEFAULT_SPEC):
         if env != "testbed":
-            raise ValueError(f"OracleScorer knows the exact advantage of the 'testbed' environment only, got {env!r}")
+            raise ValueError(f"OracleCritic knows the exact advantage of the 'testbed' environment only, got {env!r}")
         self.tokenizer = tokenizer
         self.spec = testbed_spec.spec(spec)
 
@@ -42,14 +39,11 @@ class OracleScorer:
                 for state, actions, _ in items]
 
 
-def exact_advantages(state: State, texts: Sequence[str], spec: testbed_spec.TestbedSpec | str = "legacy") -> list[float]:
-    """A*(o_t, a, c) of each candidate message `texts` at a test-bed State: its human
-    replies so far, its turns left and the constants in its training-time information."""
+def exact_advantages(state: State, texts: Sequence[str],
+                     spec: testbed_spec.TestbedSpec | str = testbed_spec.DEFAULT_SPEC) -> list[float]:
+    """A*(o_t, a, c) (testbed.mdp.exact_advantage) of each candidate message `texts` at a
+    test-bed State of a task of `spec`: its human replies so far, its turns left and its
+    training-time information (the hidden reference)."""
     s = testbed_spec.spec(spec)
     replies = [m["content"] for m in state.prompt if m["role"] == "user"][1:]  # the first is the description
-    if not s.legacy:
-        return [mdp.exact_advantage(s, state.training_info, replies, text, s.turns - state.turn_index)
-                for text in texts]
-    a, b = constants_from_reference(state.training_info)
-    turns_left = MAX_TURNS - state.turn_index
-    return [optimal_advantage(replies, text, a, b, turns_left) for text in texts]
+    return [mdp.exact_advantage(s, state.training_info, replies, text, s.turns - state.turn_index) for text in texts]

@@ -29,16 +29,18 @@ from sweet.critic import train as critic_train
 from sweet.critic.baseline import SAMPLES_FILE as BASELINE_SAMPLES
 from sweet.critic.baseline import BaselineRow
 from testbed import spec as testbed_spec
-from testbed.spec import SHIPPED_SPEC
+from testbed.spec import DEFAULT_SPEC
 
 
 @dataclass
 class TestbedSetup:
-    """The CPU test bed's sizes; the defaults fit the ~10-minute demo. Settings that
+    """The CPU test bed's sizes; the defaults are the `default` preset's
+    (`for_spec(DEFAULT_SPEC)`, whose sources name it) and fit the main job. Settings that
     differ from the papers' (the CLI defaults stay the papers'): 8 stage-2 candidates
     (16) on the first 112 of the sorted episodes (the first 10%), critic lr 1e-3 on
     pairs whose best reward >= 0.5 (1.0), DPO lr 3e-5 and NLL 0.1 (0.01; higher lrs
-    collapsed the tiny policy to 0% success), evaluation at temperature 0.7."""
+    collapsed the tiny policy to 0% success); evaluation at temperature 1.0 (the legacy
+    bed: 0.7, 8 episodes per test task)."""
 
     __test__ = False  # not a pytest class
 
@@ -47,19 +49,19 @@ class TestbedSetup:
     train_tasks: str = "builtin:train"
     test_tasks: str = "builtin:test"
     episodes_per_task: int = 8  # K rollouts per train task for the offline algorithms
-    max_turns: int = 4
+    max_turns: int = 3
     max_new_tokens: int = 64
     temperature: float = 1.0  # collection (exploration)
-    eval_seeds: int = 8  # sampled evaluation episodes per test task
-    eval_temperature: float = 0.7
+    eval_seeds: int = 2  # sampled evaluation episodes per test task
+    eval_temperature: float = 1.0
     candidates: int = 8  # SWEET stage 2: K candidates per state (paper: 16)
     stage2_episodes: int = 112  # SWEET stage 2 uses the first N episodes' states (paper: the first 10%)
     train_limit: int | None = None  # collect on the first N train tasks only (smoke runs)
     test_limit: int | None = None  # evaluate on the first N test tasks only (smoke runs)
     val_limit: int | None = None  # validate on the first N validation tasks only (smoke runs)
     timings: dict[str, float] = field(default_factory=dict)
-    spec: str = SHIPPED_SPEC  # the test-bed preset (testbed/spec.py) the task sources name
-    val_tasks: str | None = None  # validation tasks, drawn from the train split (non-legacy specs)
+    spec: str = DEFAULT_SPEC  # the test-bed preset (testbed/spec.py) the task sources name
+    val_tasks: str | None = "builtin:val"  # validation tasks, drawn from the train split (None: legacy)
 
     @classmethod
     def for_spec(cls, name: str, **sizes: Any) -> "TestbedSetup":
@@ -71,7 +73,8 @@ class TestbedSetup:
         so 256 tasks x 2 halve the interval of 64 x 8 at the same cost."""
         s = testbed_spec.spec(name)
         if s.legacy:
-            return cls(**sizes)
+            return cls(**{"train_tasks": "builtin:legacy/train", "test_tasks": "builtin:legacy/test", "val_tasks": None,
+                          "max_turns": s.turns, "eval_temperature": 0.7, "eval_seeds": 8, "spec": s.name, **sizes})
         return cls(**{"train_tasks": f"builtin:{s.name}/train", "test_tasks": f"builtin:{s.name}/test",
                       "val_tasks": f"builtin:{s.name}/val", "max_turns": s.turns, "eval_temperature": 1.0,
                       "eval_seeds": 2,
@@ -84,7 +87,7 @@ class TestbedSetup:
         return min(n, self.train_limit) if self.train_limit else n
 
 
-def warm_start(out: Path, seed: int = 0, smoke: bool = False, spec: str = SHIPPED_SPEC,
+def warm_start(out: Path, seed: int = 0, smoke: bool = False, spec: str = DEFAULT_SPEC,
                teacher: str | None = None) -> Path:
     """The shared warm start (testbed/warm_start.py) on the train tasks of test-bed
     preset `spec`, in two phases on the scripted explorer's dialogues (testbed/human.py),
@@ -152,7 +155,7 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
                                         **explorer)))
         if k >= len(checks):
             checks.append({"model": model, "copy_accuracy": copy_accuracy(model, seed=seed,
-                                                                          spec=explorer.get("spec", SHIPPED_SPEC))})
+                                                                          spec=explorer.get("spec", DEFAULT_SPEC))})
             out.mkdir(parents=True, exist_ok=True)
             record.write_text(json.dumps(checks, indent=2))
         print(f"warm start: {phase} pass {k + 1}: held-out copy accuracy {checks[k]['copy_accuracy']:.2f} "
@@ -263,7 +266,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
                 "num_epochs": 2, "batch_size": 8, "micro_batch_size": 8, "success_threshold": 1.0}
     elif algorithm == "sweet":
         args = {"episodes": str(episodes), "tasks": setup.train_tasks, "env": setup.env, "critic": str(critic),
-                "num_candidates": setup.candidates, "max_new_tokens": setup.max_new_tokens,
+                "candidates_per_state": setup.candidates, "max_new_tokens": setup.max_new_tokens,
                 "learning_rate": 3e-5, "beta": 0.1, "nll_coef": 0.1, "num_epochs": 1,
                 "batch_size": 16, "micro_batch_size": 16, "pairs_per_state": 4,
                 "max_episodes": setup.stage2_episodes, "episode_fraction": 1.0}
@@ -272,7 +275,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
         budget = setup.n_train * setup.episodes_per_task  # as many episodes as the offline algorithms
         args = {"env": setup.env, "simulator": setup.simulator, "tasks": setup.train_tasks,
                 "iterations": max(1, budget // (n_tasks * 6)), "tasks_per_iteration": n_tasks,
-                "k": 6, "max_turns": setup.max_turns, "max_new_tokens": setup.max_new_tokens,
+                "episodes_per_task": 6, "max_turns": setup.max_turns, "max_new_tokens": setup.max_new_tokens,
                 "learning_rate": 1e-4, "micro_batch_size": 16}
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}")
@@ -318,6 +321,6 @@ def evaluate(agents: dict[str, str], setup: TestbedSetup, out: Path, seed_round:
     ev.evaluate(ev.EvalConfig(
         output=str(out), env=setup.env, simulator=setup.simulator, tasks=setup.test_tasks,
         agent=[f"{name}=hf:{model}" for name, model in agents.items()], limit=setup.test_limit or None,
-        seeds=setup.eval_seeds, seed_round=seed_round, temperature=setup.eval_temperature,
+        episodes_per_task=setup.eval_seeds, seed_round=seed_round, temperature=setup.eval_temperature,
         max_turns=setup.max_turns, max_new_tokens=setup.max_new_tokens, progress=False))
     return json.loads((out / "leaderboard.json").read_text())

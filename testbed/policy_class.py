@@ -10,7 +10,7 @@ function of features of the dialogue, and the warm start imitates an explorer wh
 question choice ignores the dialogue, so nothing in its training asked it to read which
 question it already asked. This module ties the tabular logits over classes of histories
 (θ_h = φ_class(h); a method's gradient on φ is the sum of its gradient over the class's
-histories) and follows the same flows (`testbed_exact.flow`) at the same KL levels:
+histories) and follows the same flows (`testbed.predict.flow`) at the same KL levels:
 
     history  every history its own logits (the solver's predictions)
     asked    the turn and which questions were asked, not what the replies told
@@ -160,7 +160,7 @@ def predict_classes(spec: str | TestbedSpec, classes: Sequence[str] = tuple(CLAS
                     beta: float = 0.1, critic_steps: int = 400,
                     methods: Sequence[str] = TIED_METHODS) -> tuple[float, list[ClassPrediction]]:
     """The warm start's success and, per policy class, what mtdpo, sweet (the LM-head critic
-    with c, fitted on the trajectory pairs as in `testbed_exact.predict`), sweet_no_info and
+    with c, fitted on the trajectory pairs as in `testbed.predict.predict`), sweet_no_info and
     sweet_oracle (or those of them in `methods`) reach at each KL level when the policy's
     logits are tied within the class."""
     bad = [m for m in methods if m not in TIED_METHODS]
@@ -187,7 +187,7 @@ def predict_classes(spec: str | TestbedSpec, classes: Sequence[str] = tuple(CLAS
 
 
 def _flow_with_policies(bed: mdp.Bed, grad, levels: Sequence[float]) -> tuple[dict[float, predict.Point], dict[float, np.ndarray]]:
-    """`testbed_exact.flow`, and per level the first policy of the path at or past it (the
+    """`testbed.predict.flow`, and per level the first policy of the path at or past it (the
     path's last where it stops short), for the repeat rate."""
     seen: list[tuple[float, np.ndarray]] = [(0.0, bed.logp0)]
     points = predict.flow(bed, grad, levels, on_step=lambda kl, logpi: seen.append((kl, logpi)))

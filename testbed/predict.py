@@ -14,7 +14,7 @@ sees (questions and the kind of each reply). numpy only, no torch.
 Computed:
 - V*/Q* given c (`optimal_value`, `exact_advantage`: the oracle critic's per-turn
   advantage A*(h, a, c) = Q* − V*, on real message texts), the warm start's (the scripted
-  explorer, `testbed_spec.explorer_probs`) and the optimal policy's success.
+  explorer, `testbed.spec.explorer_probs`) and the optimal policy's success.
 - Each method's population limit at KL 0.5 / 1 / 2 nats from the warm start, KL measured
   on the policy's own trajectories (E_π log π(τ)/π0(τ)), so learning rates and epochs drop
   out; each is a gradient flow in the tabular logits from π0, stopped at the target KL:
@@ -603,7 +603,7 @@ def format_table(p: Prediction) -> str:
 
 def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags the solver's command lines share (this module's, testbed.agreement's)."""
-    parser.add_argument("--spec", default="default", help=f"a preset: {', '.join(ts.PRESETS)}")
+    parser.add_argument("--spec", default=ts.DEFAULT_SPEC, help=f"a preset: {', '.join(ts.PRESETS)}")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--episodes-per-task", type=int, default=8, help="K episodes per task behind the pairs")
     parser.add_argument("--candidates", type=int, default=8, help="stage-2 candidates per state")

@@ -198,7 +198,7 @@ def reads_check(spec: str | ts.TestbedSpec, teacher: str | None, episodes: Seque
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testbed.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("episodes", nargs="+", help="episodes JSONL files (e.g. RUN/leaderboard/episodes/*.jsonl)")
-    parser.add_argument("--spec", default="default", help=f"the test-bed preset the episodes ran on: {', '.join(ts.PRESETS)}")
+    parser.add_argument("--spec", default=ts.DEFAULT_SPEC, help=f"the test-bed preset the episodes ran on: {', '.join(ts.PRESETS)}")
     parser.add_argument("--json", action="store_true", help="one JSON object, keyed by file")
     args = parser.parse_args(argv)
     try:

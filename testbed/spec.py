@@ -5,15 +5,16 @@ there are, how often the human can state a constant, how often the reference has
 docstring, what an untold constant is guessed as, and how the warm start's scripted
 explorer behaves. Presets by name (`spec(name)`, `PRESETS`):
 
-    legacy    today's bed, bit for bit (testbed/env.py's tasks, human, scores):
-              2 facts, 4 turns, every constant stated, no docstring, defaults never right
-    default   the benchmark's bed, whose luck lives in c: 2 facts, 3 turns (no spare),
+    default   the bed every command runs unless told otherwise (`DEFAULT_SPEC`;
+              `builtin:train`, the main job), whose luck lives in c: 2 facts, 3 turns (no spare),
               each constant stated with p 0.75 (else an expression: "not sure"), a
               docstring with p 0.35 (the vague question then reads out both), one side
               per message, the untold guess right on half of the tasks, explorer p_ask 0.75
     long      3 facts, 5 turns (one spare): the horizon on which the exact solver
               (testbed.predict) puts per-turn DPO with the exact critic above
               trajectory DPO
+    legacy    the first bed, kept bit for bit (testbed/env.py's tasks; `builtin:legacy/<split>`):
+              2 facts, 4 turns, every constant stated, no docstring, defaults never right
 
 Everything the human does is decided by the task's hidden reference (c), and only by it:
 the reference's source shows whether a branch's constant is a literal (the human states
@@ -38,11 +39,10 @@ from typing import Sequence
 from colbench.protocols import ANSWER_MARKER
 from colbench.scoring.backend import extract_code
 
-SHIPPED_SPEC = "legacy"
-"""The spec that `builtin:train` / `builtin:test` mean: the earlier bed, kept bit for bit
-for regression. The main job (`python -m testbed.demo`) and the learning benchmark
-(`testbed/learning.py`) run `default` and name their specs (`--spec`); the other presets are
-`builtin:<spec>/<split>`."""
+DEFAULT_SPEC = "default"
+"""The preset every command runs unless told otherwise: what `builtin:train` / `builtin:test`,
+`make_tasks`, `TestbedEnv()`, the warm start, the oracle and the main job
+(`python -m testbed.demo`) mean. The other presets are `builtin:<spec>/<split>` and `--spec`."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class TestbedSpec:
 
     @property
     def legacy(self) -> bool:
-        """Today's bed: its own task generator and human (testbed/env.py)."""
+        """The first bed: its own task generator (testbed/env.py); its tasks carry no spec."""
         return self.name == "legacy"
 
     @property
@@ -148,10 +148,10 @@ def question(fact: Fact) -> str:
 
 
 PRESETS: dict[str, TestbedSpec] = {
-    "legacy": TestbedSpec("legacy", facts=2, turns=4, p_state=1.0, p_doc=0.0, one_side=False, p_guess_right=0.0,
-                          p_ask=0.6, n_train=56, n_test=16),
     "default": TestbedSpec("default"),
     "long": TestbedSpec("long", facts=3, turns=5),
+    "legacy": TestbedSpec("legacy", facts=2, turns=4, p_state=1.0, p_doc=0.0, one_side=False, p_guess_right=0.0,
+                          p_ask=0.6, n_train=56, n_test=16),
 }
 
 
@@ -165,8 +165,8 @@ def spec(name: str | TestbedSpec) -> TestbedSpec:
 
 
 def task_spec(task) -> TestbedSpec:
-    """The spec a test-bed Task was drawn from: `meta["spec"]`; none means legacy (today's
-    tasks carry no spec, so they stay bit-identical)."""
+    """The spec a test-bed Task was drawn from: `meta["spec"]`; none means legacy (the legacy
+    bed's tasks carry no spec, so they stay bit-identical)."""
     return spec(task.meta.get("spec", "legacy"))
 
 
@@ -282,10 +282,12 @@ def named_facts(s: TestbedSpec, text: str) -> list[int]:
 
 
 def human_reply(s: TestbedSpec, reference: str, question_text: str) -> str:
-    """The scripted human's reply to one agent message: about the branch(es) it names (one
-    side per message: the first named), stated if the reference's constant is a literal,
-    "not sure" if it is an expression; a message naming none gets the docstring read out
-    if the reference has one, else "I don't know". Never code, never random."""
+    """The scripted human's reply to one agent message, on every preset (the one rule:
+    testbed.human's simulator, the solver and the oracle all follow it): about the
+    branch(es) it names (`one_side`: only the first named; else all, in fact order), stated
+    if the reference's constant is a literal, "not sure" if it is an expression; a message
+    naming none gets the docstring read out if the reference has one, else "I don't know".
+    Never code, never random. A reference that is not the spec's is a ValueError."""
     h = read_reference(s, reference)
     named = named_facts(s, question_text)
     if not named:

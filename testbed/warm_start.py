@@ -32,7 +32,7 @@ from sweet.core.trainer import finished
 from testbed import spec as testbed_spec
 from testbed.env import TestbedEnv, answer_constants, make_tasks, told_constants
 from testbed.human import optimal_dialogue, scripted_dialogue
-from testbed.spec import SHIPPED_SPEC
+from testbed.spec import DEFAULT_SPEC
 
 
 @dataclass
@@ -40,7 +40,7 @@ class WarmStartConfig:
     output_dir: str = field(default="runs/warm_start", metadata={"help": "where the warm-started model goes (final/)"})
     model: str = field(default="tiny", metadata={"help": "model to fine-tune"})
     n_dialogues: int = field(default=1200, metadata={"help": "scripted dialogues to train on"})
-    spec: str = field(default=SHIPPED_SPEC, metadata={"help": "test-bed preset (testbed/spec.py) "
+    spec: str = field(default=DEFAULT_SPEC, metadata={"help": "test-bed preset (testbed/spec.py) "
                                                                  "whose train tasks the dialogues are on"})
     p_ask: float | None = field(default=None, metadata={"help": "probability that the explorer asks on each turn "
                                                                 "before the last (default: the spec's)"})
@@ -83,10 +83,10 @@ SETTINGS_FILE = "warm_start.json"  # the settings the scripted dialogues were wr
 
 def spec_env(spec: str) -> TestbedEnv:
     """The test-bed env of a preset (its turn limit)."""
-    return TestbedEnv() if testbed_spec.spec(spec).legacy else TestbedEnv(spec=spec)
+    return TestbedEnv(spec=spec)
 
 
-def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = SHIPPED_SPEC,
+def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = DEFAULT_SPEC,
                       teacher: str | None = None, p_other: float | None = None) -> list[Episode]:
     """`n` scripted episodes of `teacher` (`WarmStartConfig.teacher`: the explorer that
     reads its dialogue or the blind one, at `p_ask` and `p_other`; or the solver's optimal
@@ -131,7 +131,7 @@ def _teacher_dialogue(teacher: str, task, rng: random.Random, p_ask: float, p_ot
     return optimal_dialogue(task, rng.sample(range(facts), facts) if teacher == "optimal_shuffled" else None)
 
 
-def copy_check_dialogues(n: int = 48, seed: int = 0, spec: str = SHIPPED_SPEC):
+def copy_check_dialogues(n: int = 48, seed: int = 0, spec: str = DEFAULT_SPEC):
     """`n` held-out copy-check cases: the always-asking explorer's questions (one on every
     turn before the last: three on the legacy bed, two on a 3-turn spec) and the human's
     replies on the test tasks of `spec`, as (task, turns, want). want: per constant, what
@@ -158,10 +158,10 @@ def copy_check_dialogues(n: int = 48, seed: int = 0, spec: str = SHIPPED_SPEC):
     return cases
 
 
-def copy_score(answers: list[str], told: list[tuple[int | None, ...]], spec: str = SHIPPED_SPEC) -> float:
+def copy_score(answers: list[str], told: list[tuple[int | None, ...]], spec: str = DEFAULT_SPEC) -> float:
     """The share of checked constants (not None in `told`) that the answers wrote, read
     as the scorer reads an answer (legacy: testbed.env.answer_constants; a
-    spec: testbed_spec.answer_values)."""
+    spec: testbed.spec.answer_values)."""
 
     s = testbed_spec.spec(spec)
     right = total = 0
@@ -173,7 +173,7 @@ def copy_score(answers: list[str], told: list[tuple[int | None, ...]], spec: str
     return right / max(total, 1)
 
 
-def copy_accuracy(model: str, n: int = 48, seed: int = 0, spec: str = SHIPPED_SPEC) -> float:
+def copy_accuracy(model: str, n: int = 48, seed: int = 0, spec: str = DEFAULT_SPEC) -> float:
     """How often `model`, answering greedily after the always-asking explorer's questions
     on held-out tasks of `spec`, writes each constant as checked (`copy_check_dialogues`,
     `copy_score`). The warm start's copy phase must pass this before the behaviour

@@ -37,8 +37,8 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 @dataclass
 class ScriptedTestbedEpisode:
-    """One real test-bed episode against the scripted human: vague, vague, positive, then
-    the right answer on the last (4th) turn. `path` is its episodes JSONL file."""
+    """One real episode of the legacy test bed against the scripted human: vague, vague,
+    positive, then the right answer on the last (4th) turn. `path` is its episodes JSONL file."""
 
     task: object
     episode: object
@@ -68,9 +68,9 @@ def scripted_testbed_episode(tmp_path_factory) -> ScriptedTestbedEpisode:
                 out.append(Sample(script[asked] if asked < len(script) else answer_text(a, b)))
             return out
 
-    task = make_tasks("train", n=1)[0]
+    task = make_tasks("train", n=1, spec="legacy")[0]
     path = tmp_path_factory.mktemp("scripted_testbed") / "episodes.jsonl"
-    env = TestbedEnv()
+    env = TestbedEnv(spec="legacy")
     try:
         [ep] = rollout(env, [task], ScriptedAgent(), TestbedSimulator(), max_turns=4, out_path=path)
         states = episode_states(ep, env.training_info(task))

@@ -17,6 +17,7 @@ from colbench.protocols import ANSWER_MARKER, Environment
 from colbench.registry import load_target
 
 _REGISTRY: dict[str, str] = {
+    "appworld": "colbench.envs.appworld:AppWorldEnv",
     "backend": "colbench.envs.backend:BackendEnv",
     "frontend": "colbench.envs.frontend:FrontendEnv",
     "testbed": "testbed.env:TestbedEnv",

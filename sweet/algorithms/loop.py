@@ -1,16 +1,19 @@
 """LOOP: leave-one-out PPO for long-horizon agents (arXiv 2502.01600), online.
 
     python -m sweet.train_policy --algorithm loop --env testbed --model runs/warm_start/final \
-        --iterations 10 --k 6 --output_dir runs/loop                      # CPU test bed
+        --iterations 10 --episodes_per_task 6 --output_dir runs/loop                      # CPU test bed
     python -m sweet.train_policy --algorithm loop --env backend --sampler vllm --lora true \
         --model hf:meta-llama/Llama-3.1-8B-Instruct --simulator openai:...@http://localhost:8000/v1 \
         --output_dir runs/loop-8b                                         # 1 GPU, vLLM rollouts
     ... --advantage grpo        # the paper's GRPO row (58.0); --advantage ppo: PPO + value head (50.8)
+    ... --async_rollouts true --staleness 1   # play iteration i+1's episodes while training on i's
 
 Each iteration (paper, Algorithm 1):
   1. sample `tasks_per_iteration` tasks and run K episodes per task with the current
      policy (transformers: the very model in memory; `--sampler vllm`: a vLLM engine
-     that loads the new LoRA adapter or weights after every update);
+     that loads the new LoRA adapter or weights after every update). `--async_rollouts`:
+     with the policy of `staleness` = s iterations ago, played by a model copy in a
+     background thread during the previous iterations' training (`Collector`);
   2. reward R_k = the environment's score (fraction of tests passed);
   3. advantage, `--advantage`:
        loo  (LOOP, default)  A_k = R_k − 1/(K−1) Σ_{j≠k} R_j, not divided by the std;
@@ -57,6 +60,12 @@ Departures from the paper / its public code, stated:
     ρ = 1 exactly on the first step); the sampler's log-probs are compared with it, the gap
     is logged, and tokens whose gap exceeds `max_logprob_gap` are masked out (guard
     against a drifted sampler, e.g. a vLLM engine with stale weights);
+  - `--async_rollouts`: the paper's iterations overlap generation and training too; here the
+    lag is fixed (exactly s versions, so a run is reproducible), π_old is the sampler's
+    log-probs at its version (the ratio corrects the lag), and the gap guard compares them
+    with the trainer's forward at that same version, computed by the sampler on its copy.
+    Bit-exact runs need a training step that draws no random numbers (no dropout): the
+    sampler's thread shares torch's generator;
   - the importance ratio can also be per turn or per trajectory (the paper's ablation);
   - max_turns follows the environment (ColBench: 10; test bed: 4) unless given;
   - learning rate: 5e-5 with --lora (the public code's, which trains LoRA adapters),
@@ -79,6 +88,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from colbench.agents import ModelAgent
 from colbench.prompts import check_prompt_flags
+from colbench.episodes import write_episodes
 from colbench.rollout import episode_seeds, rollout
 from colbench.tasks import load_tasks, usable_tasks
 from colbench.types import Episode
@@ -100,7 +110,7 @@ from sweet.core.config import (
 from sweet.core.fingerprint import begin_run
 from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
 from sweet.core.rollouts import rollout_session
-from sweet.core.scoring import sharded_scores
+from sweet.core.nograd_pass import sharded_scores
 from sweet.core.tokens import make_batch, turn_segment
 from sweet.core.trainer import Trainer, mark_finished, process_state, schedule_offset
 
@@ -108,9 +118,11 @@ if TYPE_CHECKING:
     import torch
 
 ADVANTAGES = ("loo", "grpo", "ppo")
+TRAINER_LOGPROBS = "trainer_logprobs"  # Episode.meta: async rollouts' recomputation, per agent turn with ids
+POLICY_VERSION = "policy_version"  # Episode.meta: the policy version (updates before it) that played it
 NO_VARIANCE_HINT = ("no reward variance: every group of K episodes got the same reward, so no episode has an "
                     "advantage and nothing was learned; start from a warm start, e.g. --model runs/warm_start/final "
-                    "(python -m testbed.warm_start), or raise --k / --temperature")
+                    "(python -m testbed.warm_start), or raise --episodes_per_task / --temperature")
 
 
 @dataclass
@@ -121,11 +133,12 @@ class LoopConfig:
     simulator: str | None = field(default="scripted:testbed", metadata={"help": "simulator spec"})
     iterations: int = field(default=10, metadata={"help": "LOOP iterations"})
     tasks_per_iteration: int = field(default=8, metadata={"help": "tasks sampled per iteration"})
-    k: int = field(default=6, metadata={"help": "episodes per task (K; paper: 6)"})
+    episodes_per_task: int = field(default=6, metadata={"help": "K: episodes per task per iteration (paper: 6)",
+                                                         "aliases": ["--k"]})
     ppo_epochs: int = field(default=2, metadata={"help": "passes over each batch (off-policy reuse; public code: 2)"})
     clip_low: float = field(default=1 / 1.1, metadata={"help": "lower clip of the importance ratio"})
     clip_high: float = field(default=1.1, metadata={"help": "upper clip of the importance ratio"})
-    ratio_level: str = field(default="token", metadata={"help": "importance ratio per token (paper's best), turn or "
+    ratio_level: str = field(default="token", metadata={"help": "importance ratio per token (the paper's), turn or "
                                                                 "trajectory"})
     advantage: str = field(default="loo", metadata={"help": "loo: leave-one-out (LOOP); grpo: group mean/std "
                                                             "normalised; ppo: learned value head + GAE over turns"})
@@ -145,6 +158,12 @@ class LoopConfig:
                                                                   "exceeds this (a guard the paper does not have)"})
     sampler: str = field(default="", metadata={"help": "'' = the live policy via transformers; 'vllm' = a vLLM engine "
                                                    "that follows the weights (LoRA adapter or weight copy) each iteration"})
+    async_rollouts: bool = field(default=False, metadata={
+        "help": "play the episodes of iteration i+s (policy version i, the sampler's own model copy) in a background "
+                "thread while training on iteration i's; pi_old is then the sampler's log-probs (hf sampler only)"})
+    staleness: int = field(default=1, metadata={"help": "async_rollouts: the fixed lag s, in policy versions, of the "
+                                                        "episodes an iteration trains on (iteration i: version i-s, "
+                                                        "the initial policy below 0)"})
     sampler_gpu_memory_utilization: float = field(default=COLOCATED_GPU_MEMORY_UTILIZATION, metadata={
         "help": "vllm sampler: share of the GPU it takes beside the policy (the default fits an 8B LoRA policy and "
                 "its sampler on one 80 GB GPU; arithmetic in engines/vllm_engine.py)"})
@@ -156,15 +175,25 @@ class LoopConfig:
     agent_prompt: str | None = agent_prompt_field(collects=True)
     human_prompt: str | None = human_prompt_field()
 
+    @property
+    def k(self) -> int:
+        """The paper's K: episodes per task (`episodes_per_task`)."""
+        return self.episodes_per_task
+
     def __post_init__(self) -> None:
         check_prompt_flags(self.env, self.simulator, self.agent_prompt, self.human_prompt)  # PromptError: one line
-        if self.k < 2:
-            raise ValueError(f"LoopConfig.k must be >= 2 for leave-one-out advantages, got {self.k}")
+        if self.episodes_per_task < 2:
+            raise ValueError("LoopConfig.episodes_per_task must be >= 2 for leave-one-out advantages, "
+                             f"got {self.episodes_per_task}")
         for name in ("iterations", "tasks_per_iteration", "ppo_epochs", "max_new_tokens"):
             check_range(self, name, low=1)
         for name in ("clip_low", "clip_high", "gae_lambda", "value_coef", "kl_coef", "min_abs_advantage"):
             check_range(self, name)  # finite
         check_range(self, "temperature", low=0)
+        check_range(self, "staleness", low=0)
+        if self.async_rollouts and self.sampler:
+            raise ValueError(f"LoopConfig.async_rollouts runs the transformers sampler (a model copy) only, got "
+                             f"sampler {self.sampler!r}")
         check_range(self, "max_logprob_gap", low=0, strict=True)
         check_range(self, "sampler_gpu_memory_utilization", low=0, high=1, strict=True)
         if self.ratio_level not in ("token", "turn", "trajectory"):
@@ -360,7 +389,9 @@ def value_loss(values: torch.Tensor, targets: torch.Tensor, n_turns: torch.Tenso
 @dataclass(frozen=True, eq=False)
 class SampledTurn:
     """One agent turn as played: its recorded prompt ids and generated ids (`turn_segment`),
-    the sampler's log-probs of those ids ([A] or None), its trajectory and place in it."""
+    the sampler's log-probs of those ids ([A] or None), the trainer's log-probs of them at
+    the sampler's policy version ([A], async rollouts: `Collector`; else None), its
+    trajectory and place in it."""
 
     context: tuple[int, ...]
     action: tuple[int, ...]
@@ -368,6 +399,7 @@ class SampledTurn:
     trajectory: int
     first: bool  # the trajectory's first turn: counts the trajectory once in the step's normaliser
     n_turns: int  # T_τ, the trajectory's agent turns with generated ids
+    recomputed: list[float] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -399,9 +431,10 @@ def sampled_turns(episodes: Sequence[Episode], tokenizer) -> list[SampledTurn]:
     out: list[SampledTurn] = []
     for g, ep in enumerate(episodes):
         turns = [t for t in ep.agent_turns if t.token_ids]
-        for i, t in enumerate(turns):
+        recomputed = ep.meta.get(TRAINER_LOGPROBS) or [None] * len(turns)
+        for i, (t, rc) in enumerate(zip(turns, recomputed)):
             seg = turn_segment(tokenizer, t)
-            out.append(SampledTurn(seg.context, seg.action, t.logprobs, g, i == 0, len(turns)))
+            out.append(SampledTurn(seg.context, seg.action, t.logprobs, g, i == 0, len(turns), rc))
     return out
 
 
@@ -430,44 +463,56 @@ def _action_rows(logp: torch.Tensor, batch) -> list[torch.Tensor]:
 def score_turns(model, turns: Sequence[SampledTurn], acc, pad_id: int, model_cfg: ModelConfig, micro: int,
                 with_value: bool = False, ref=None) -> list[tuple[torch.Tensor, torch.Tensor | None, float | None]]:
     """(log π [A], log π_ref [A] or None, V(s_t) or None) per turn, no grad, the turns dealt
-    across processes and gathered (sweet.core.scoring.sharded_scores)."""
-    from sweet.core.logprobs import token_logprobs
-
+    across processes and gathered (sweet.core.nograd_pass.sharded_scores)."""
     def score(idx: list[int]):
-        batch = _batch([turns[i] for i in idx], pad_id, model_cfg).to(acc.device)
-        logp, values = _forward(model, batch, with_value)
-        ref_rows: list = [None] * batch.input_ids.shape[0]
-        if ref == "disable_adapter":  # LoRA: π_ref = the base model, adapters switched off
-            unwrapped = acc.unwrap_model(model)
-            with (unwrapped.lm if with_value else unwrapped).disable_adapter():
-                ref_rows = _action_rows(_forward(model, batch, with_value)[0], batch)
-        elif ref is not None:
-            ref_rows = _action_rows(token_logprobs(ref, batch), batch)
-        rows = _action_rows(logp, batch)
-        return [(rows[j].float().cpu(), None if ref_rows[j] is None else ref_rows[j].float().cpu(),
-                 None if values is None else float(values[j])) for j in range(len(idx))]
+        return score_rows(model, [turns[i] for i in idx], pad_id, model_cfg, with_value, ref, acc)
 
     return sharded_scores(acc, model, len(turns), score, micro=micro)
 
 
+def score_rows(model, turns: Sequence[SampledTurn], pad_id: int, model_cfg: ModelConfig, with_value: bool,
+               ref=None, acc=None) -> list[tuple[torch.Tensor, torch.Tensor | None, float | None]]:
+    """`score_turns` on one micro-batch of turns, on this process (the caller holds no_grad)."""
+    from sweet.core.logprobs import token_logprobs
+
+    device = acc.device if acc is not None else next(model.parameters()).device
+    batch = _batch(turns, pad_id, model_cfg).to(device)
+    logp, values = _forward(model, batch, with_value)
+    ref_rows: list = [None] * batch.input_ids.shape[0]
+    if ref == "disable_adapter":  # LoRA: π_ref = the base model, adapters switched off
+        unwrapped = acc.unwrap_model(model)
+        with (unwrapped.lm if with_value else unwrapped).disable_adapter():
+            ref_rows = _action_rows(_forward(model, batch, with_value)[0], batch)
+    elif ref is not None:
+        ref_rows = _action_rows(token_logprobs(ref, batch), batch)
+    rows = _action_rows(logp, batch)
+    return [(rows[j].float().cpu(), None if ref_rows[j] is None else ref_rows[j].float().cpu(),
+             None if values is None else float(values[j])) for j in range(len(turns))]
+
+
 def build_batch(turns: Sequence[SampledTurn], scored, advantages: Sequence[float],
                 value_targets: Sequence[float] | None, cfg: LoopConfig) -> tuple[tuple[LoopTurn, ...], float]:
-    """The iteration's immutable batch: π_old (the trainer's log-probs, or the sampler's
-    with `old_logprobs sampler`), π_ref and the gap guard per turn; returns it and the mean
-    |sampler − trainer| log-prob gap."""
+    """The iteration's immutable batch: π_old, π_ref and the gap guard per turn; returns it
+    and the mean |sampler − trainer| log-prob gap. The trainer's log-probs are those at the
+    sampler's policy version: `scored` (this pass; synchronous rollouts sample with the
+    current weights) or the turn's `recomputed` (async rollouts). π_old: the trainer's, or
+    the sampler's with `old_logprobs sampler` and always with `async_rollouts` (the
+    behaviour policy, so the ratio corrects the lag)."""
     import torch
 
+    sampler_old = cfg.old_logprobs == "sampler" or cfg.async_rollouts
     gap_sum, n_gap, olds, keeps = 0.0, 0, [], []
     for t, (lp, _, _) in zip(turns, scored):
-        old = lp.clone()
+        trainer_lp = lp if t.recomputed is None else torch.tensor(t.recomputed, dtype=torch.float32)
+        old = trainer_lp.clone()
         keep = torch.ones(len(lp), dtype=torch.bool)
         if t.sampler_logprobs is not None:
-            n = min(len(t.sampler_logprobs), len(lp))
+            n = min(len(t.sampler_logprobs), len(trainer_lp))
             s = torch.tensor(t.sampler_logprobs[:n], dtype=torch.float32)
-            gap = (s - lp[:n]).abs()
+            gap = (s - trainer_lp[:n]).abs()
             keep[:n] = gap <= cfg.max_logprob_gap
             gap_sum, n_gap = gap_sum + float(gap.sum()), n_gap + n
-            if cfg.old_logprobs == "sampler":
+            if sampler_old:
                 old[:n] = s
         olds.append(old)
         keeps.append(keep)
@@ -527,78 +572,92 @@ def trajectory_log_ratios(trainer, items: Sequence[LoopTurn], pad_id: int, model
     return [replace(it, traj_log_ratio=num[it.trajectory] / max(it.traj_tokens, 1)) for it in items]
 
 
-def update(trainer, batch: Sequence[LoopTurn], cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int,
-           seed: int, with_value: bool = False, planned_steps: int = 0) -> dict[str, float]:
-    """`ppo_epochs` passes over the batch's trajectories, `batch_size` trajectories per
-    optimiser step (seeded order); returns the steps' mean metrics. `planned_steps`: the
-    iteration's share of the schedule (steps for all K x tasks episodes), spread over
-    the steps taken (0: one schedule step per optimiser step)."""
-    by_traj: dict[int, list[LoopTurn]] = {}
-    for it in batch:
-        by_traj.setdefault(it.trajectory, []).append(it)
-    trajs, size = list(by_traj), trainer.train.batch_size
-    loss_fn = make_loss_fn(cfg, model_cfg, pad_id, with_value)
-    sums: dict[str, float] = {}
-    n_steps, total = 0, cfg.ppo_epochs * math.ceil(len(trajs) / size)
-    base = trainer.scheduler.last_epoch  # the iteration's start on the schedule
-    trainer.model.train()
-    for epoch in range(cfg.ppo_epochs):
-        order = trajs[:]
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        for s in range(0, len(order), size):
-            if planned_steps:  # spread the iteration's share of the schedule over the steps it takes
-                trainer.advance_schedule(base + schedule_offset(n_steps, total, planned_steps))
-            step_items = [it for g in order[s: s + size] for it in by_traj[g]]
-            if cfg.ratio_level == "trajectory":
-                step_items = trajectory_log_ratios(trainer, step_items, pad_id, model_cfg, with_value)
-            # whole trajectories: a variable number of turns (the trainer adds accumulation rounds)
-            metrics = trainer.optimizer_step(step_items, loss_fn, lambda it: 1.0 if it.turn.first else 0.0)
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + v
-            n_steps += 1
-    out = {k: v / max(n_steps, 1) for k, v in sums.items()}
-    out["loop/optimizer_steps"] = float(n_steps)
-    return out
+def iteration_seed(train_seed: int, it: int) -> int:
+    """Iteration `it`'s seed: its episodes' sampling seeds and its minibatch order."""
+    return train_seed * 100_003 + it
 
 
-def train_on_episodes(trainer, episodes: Sequence[Episode], cfg: LoopConfig, model_cfg: ModelConfig, tokenizer,
-                      seed: int, ref=None, planned_steps: int = 0) -> dict[str, float]:
-    """Steps 3-5 on one iteration's episodes: advantages, the no-grad pass (π_old, π_ref,
-    V) that builds the batch, and `update` (`planned_steps`: its)."""
+def episode_metrics(episodes: Sequence[Episode], it: int) -> dict[str, float]:
+    """The iteration's env/* metrics and the policy lag its episodes were played at."""
+    n = len(episodes)
+    return {"env/reward": sum(e.reward for e in episodes) / n,
+            "env/success_rate": sum(e.success for e in episodes) / n,
+            "env/turns": sum(len(e.agent_turns) for e in episodes) / n,
+            "loop/episodes_total": float(n),
+            "loop/policy_lag": sum(it - e.meta.get(POLICY_VERSION, it) for e in episodes) / n}
+
+
+def frozen_batch(trainer, turns: Sequence[SampledTurn], kept: Sequence[Episode], episode_adv: Sequence[float],
+                 cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int, ref=None) -> tuple[tuple[LoopTurn, ...], dict]:
+    """Step 4, the no-grad pass at the current weights: log π (π_old and the gap guard's
+    reference when rollouts are synchronous), log π_ref, and ppo's V(s_t), from which its
+    advantages come (`ppo_advantages`; loo/grpo: `episode_adv` per kept trajectory).
+    Returns the immutable batch and the pass's metrics."""
     import torch
 
     with_value = cfg.advantage == "ppo"
-    rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float64)
-    metrics = {"env/reward": float(rewards.mean()),
-               "env/success_rate": float(sum(e.success for e in episodes) / len(episodes)),
-               "env/turns": float(sum(len(e.agent_turns) for e in episodes) / len(episodes)),
-               "loop/episodes_total": float(len(episodes))}
-    kept, episode_adv, m = episode_advantages(episodes, cfg)
-    metrics.update(m)
-    metrics["loop/episodes_kept"] = float(len(kept))
-    turns = sampled_turns(kept, tokenizer)
-    metrics["loop/optimizer_steps"] = 0.0
-    if not turns:
-        return metrics
-    pad = tokenizer.pad_token_id
-    scored = score_turns(trainer.model, turns, trainer.accelerator, pad, model_cfg, trainer.train.micro_batch_size,
+    scored = score_turns(trainer.model, turns, trainer.accelerator, pad_id, model_cfg, trainer.train.micro_batch_size,
                          with_value, ref)
-    targets = None
+    metrics, targets = {}, None
     if with_value:
-        values = [[] for _ in kept]
+        values: list[list[float]] = [[] for _ in kept]
         for t, (_, _, v) in zip(turns, scored):
             values[t.trajectory].append(v)
-        advantages, targets, raw = ppo_advantages(values, [e.reward for e in kept], cfg.gae_lambda,
+        policy_adv, targets, raw = ppo_advantages(values, [e.reward for e in kept], cfg.gae_lambda,
                                                   cfg.normalize_advantages)
-        advantages = advantages.tolist()
+        advantages = policy_adv.tolist()
+        metrics = {"loop/advantage_abs_mean": float(raw.abs().mean()),  # before normalising (nothing to learn: 0)
+                   "loop/advantage_std": float(raw.std()) if len(raw) > 1 else 0.0,
+                   "loop/value_mean": float(torch.tensor([s[2] for s in scored]).mean())}
     else:
         advantages = [episode_adv[t.trajectory] for t in turns]
     batch, metrics["loop/sampler_trainer_logprob_gap"] = build_batch(turns, scored, advantages, targets, cfg)
-    if with_value:
-        metrics["loop/advantage_abs_mean"] = float(raw.abs().mean())  # before normalising (nothing to learn: 0)
-        metrics["loop/advantage_std"] = float(raw.std()) if len(raw) > 1 else 0.0
-        metrics["loop/value_mean"] = float(torch.tensor([s[2] for s in scored]).mean())
-    metrics.update(update(trainer, batch, cfg, model_cfg, pad, seed, with_value, planned_steps))
+    return batch, metrics
+
+
+def minibatches(batch: Sequence[LoopTurn], size: int, seed: int, epoch: int) -> list[list[LoopTurn]]:
+    """Epoch `epoch`'s optimiser steps: the batch's trajectories in a seeded order, `size`
+    whole trajectories (all their turns) per step."""
+    by_traj: dict[int, list[LoopTurn]] = {}
+    for it in batch:
+        by_traj.setdefault(it.trajectory, []).append(it)
+    order = list(by_traj)
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return [[it for g in order[s: s + size] for it in by_traj[g]] for s in range(0, len(order), size)]
+
+
+def iteration(trainer, collector, it: int, cfg: LoopConfig, model_cfg: ModelConfig, tokenizer, ref=None,
+              per_iteration: int = 0) -> dict[str, float]:
+    """One LOOP iteration, the module docstring's steps; returns its metrics (the steps'
+    means). `collector.episodes(it)`: the scored episodes (`Collector`); `per_iteration`:
+    the iteration's share of the schedule, spread over the steps it takes (0: one schedule
+    step per optimiser step)."""
+    episodes = collector.episodes(it)  # 1-2: played and scored
+    metrics = episode_metrics(episodes, it)
+    kept, episode_adv, m = episode_advantages(episodes, cfg)  # 3-4 (ppo: from the values, below)
+    metrics.update(m, **{"loop/episodes_kept": float(len(kept)), "loop/optimizer_steps": 0.0})
+    turns, pad, with_value = sampled_turns(kept, tokenizer), tokenizer.pad_token_id, cfg.advantage == "ppo"
+    if turns:
+        batch, m = frozen_batch(trainer, turns, kept, episode_adv, cfg, model_cfg, pad, ref)  # no grad, immutable
+        metrics.update(m)
+        loss_fn = make_loss_fn(cfg, model_cfg, pad, with_value)
+        seed, size = iteration_seed(trainer.train.seed, it), trainer.train.batch_size
+        total = cfg.ppo_epochs * math.ceil(len({t.trajectory for t in turns}) / size)  # the steps it takes
+        base, sums, n = trainer.scheduler.last_epoch, {}, 0
+        trainer.model.train()
+        for epoch in range(cfg.ppo_epochs):  # 5: epochs x minibatches of whole trajectories
+            for step_items in minibatches(batch, size, seed, epoch):
+                if per_iteration:
+                    trainer.advance_schedule(base + schedule_offset(n, total, per_iteration))
+                if cfg.ratio_level == "trajectory":
+                    step_items = trajectory_log_ratios(trainer, step_items, pad, model_cfg, with_value)
+                step = trainer.optimizer_step(step_items, loss_fn, lambda x: 1.0 if x.turn.first else 0.0)
+                for k, v in step.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                n += 1
+        metrics.update({k: v / n for k, v in sums.items()}, **{"loop/optimizer_steps": float(n)})
+    if per_iteration:
+        trainer.advance_schedule((it + 1) * per_iteration)  # the iteration's share, whatever it dropped
     return metrics
 
 
@@ -622,15 +681,16 @@ def session(cfg: LoopConfig, main_process: bool = True):
 
 
 class Sampler:
-    """The engine that plays the episodes, always following the trained weights. Every
-    process builds one (before `trainer.prepare`) and calls `sync` after each update; only
-    the main process holds an engine.
+    """The engine that plays the episodes, following the trained weights. Every process
+    builds one (before `trainer.prepare`) and calls `sync(version)` at each iteration's
+    start; only the main process holds an engine. A version's weights reach it once.
 
     hf (default): the live policy in memory. Under FSDP or ZeRO-3 the trained weights are
-    sharded (a forward on the main process alone would wait for the others' shards), so
-    the main process plays with an unsharded copy, given the gathered weights at each
-    `sync` (a collective; the memory of one more model there). (ZeRO-3 is untested here:
-    DeepSpeed does not run on this project's CPU test machines.)
+    sharded (a forward on the main process alone would wait for the others' shards), and
+    with `async_rollouts` the trainer changes them while the sampler plays, so in both
+    cases the main process plays with its own copy of the model, given the (gathered)
+    weights at each `sync` (FSDP/ZeRO-3: a collective) and the memory of one more model
+    there (`copy_bytes`). (ZeRO-3 is tested with 2 CPU processes over gloo, docs/distributed.md.)
     vllm: a vLLM engine started from the initial model; each `sync` loads the new LoRA
     adapter (saved to output_dir/sampler-adapter) or copies the full weights in, and the
     sampler/trainer log-prob gap measures any drift.
@@ -645,27 +705,60 @@ class Sampler:
         self.trainer, self.cfg, self.model_cfg, self.tokenizer = trainer, cfg, model_cfg, tokenizer
         zero3 = acc.distributed_type == DistributedType.DEEPSPEED and acc.state.deepspeed_plugin.zero_stage == 3
         self.mirrored = (acc.distributed_type == DistributedType.FSDP or zero3) and not cfg.sampler
-        self.copy = (copy.deepcopy(trainer.model).requires_grad_(False)
-                     if self.mirrored and acc.is_main_process else None)
-        self.engine = None
+        own = (self.mirrored or cfg.async_rollouts) and acc.is_main_process
+        self.copy = copy.deepcopy(trainer.model).requires_grad_(False).eval() if own else None
+        if cfg.async_rollouts:  # the sampler's thread must not share the trainer's (stateful) tokenizer
+            self.tokenizer = copy.deepcopy(tokenizer)
+            if model_cfg.gradient_checkpointing:  # the thread samples from torch's RNG: the recomputation must not
+                # reset it (nothing to replay without dropout)
+                lm = getattr(trainer.model, "lm", trainer.model)  # ppo: the LM inside the value-head wrapper
+                lm.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": True, "preserve_rng_state": False})
+        self.engine, self.version = None, None
 
-    def sync(self) -> None:
-        """Give the engine the trained weights (the first call starts it). Every process."""
+    @property
+    def copy_bytes(self) -> int:
+        """The memory of the sampler's own model copy (0 without one)."""
+        if self.copy is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in [*self.copy.parameters(), *self.copy.buffers()])
+
+    def sync(self, version: int) -> None:
+        """Give the engine policy version `version`, the trained weights now (the first call
+        starts it; a version already held is not sent again). Every process."""
+        if version == self.version:
+            return
+        self.version = version
         weights = self.acc.get_state_dict(self.trainer.model) if self.mirrored else None  # a collective
         if not self.acc.is_main_process:
             return
         if self.copy is not None:
-            self.copy.load_state_dict(weights)
+            self.copy.load_state_dict(weights if weights is not None else
+                                      self.acc.unwrap_model(self.trainer.model).state_dict())
         if self.engine is None:
             self.engine = self._start()
         elif self.cfg.sampler == "vllm":
             self._load_vllm()
 
+    def recompute(self, episodes: Sequence[Episode]) -> None:
+        """Async rollouts: record on each episode the trainer's log-probs of its generated
+        turns at the copy's weights (meta[TRAINER_LOGPROBS], [A] per turn with ids): the
+        trainer's own forward (`score_rows`), the gap guard's reference."""
+        import torch
+
+        turns, micro = sampled_turns(episodes, self.tokenizer), self.trainer.train.micro_batch_size
+        with torch.no_grad():
+            rows = [r[0].tolist() for i in range(0, len(turns), micro)
+                    for r in score_rows(self.copy, turns[i: i + micro], self.tokenizer.pad_token_id, self.model_cfg,
+                                        self.cfg.advantage == "ppo")]
+        for g, ep in enumerate(episodes):
+            ep.meta[TRAINER_LOGPROBS] = [r for t, r in zip(turns, rows) if t.trajectory == g]
+
     def _start(self):
         from sweet.core.value_head import ValueHeadModel
 
         if self.cfg.sampler != "vllm":
-            unwrapped = self.copy if self.mirrored else self.acc.unwrap_model(self.trainer.model)
+            unwrapped = self.copy if self.copy is not None else self.acc.unwrap_model(self.trainer.model)
             policy = unwrapped.lm if isinstance(unwrapped, ValueHeadModel) else unwrapped
             return HFEngine.from_model(policy, self.tokenizer, spec="hf:loop-policy")
         from engines.base import EngineOptions
@@ -699,23 +792,90 @@ class Sampler:
 
 
 def collect(sampler: Sampler, env, simulator, tasks, cfg: LoopConfig, seed: int, out_path: Path) -> list[Episode]:
-    """Step 1-2: K episodes per task with the current policy, scored by the environment."""
+    """K episodes per task with the sampler's policy, scored by the environment (episodes
+    already in `out_path` are read back, not played again)."""
     agent = ModelAgent(sampler.engine, SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens),
                        name="policy")
     return rollout(env, tasks, agent, simulator, seeds=episode_seeds(seed, cfg.k), out_path=out_path)
 
 
-def iteration(trainer, sampler: Sampler, env, simulator, tasks, it: int, cfg: LoopConfig, model_cfg: ModelConfig,
-              tokenizer, ref, per_iteration: int) -> dict[str, float]:
-    """One LOOP iteration (the module docstring's steps): collect on the main process and
-    broadcast, learn from the episodes, finish the iteration's share of the schedule,
-    hand the sampler the new weights."""
-    seed = trainer.train.seed * 100_003 + it
-    path = trainer.out / "episodes" / f"iter-{it:04d}.jsonl"
-    episodes = trainer.from_main(lambda: collect(sampler, env, simulator, tasks, cfg, seed, path))
-    metrics = train_on_episodes(trainer, episodes, cfg, model_cfg, tokenizer, seed, ref, planned_steps=per_iteration)
-    trainer.advance_schedule((it + 1) * per_iteration)  # the iteration's share, whatever it dropped
-    return metrics
+class Collector:
+    """Steps 1-2: the episodes iteration `it` trains on, played by the sampler on the main
+    process, scored, and sent to every process. Iteration j's tasks are the j-th `draw()`
+    and its episode seeds come from `iteration_seed`, so what is played never depends on
+    timing. Each played episode records meta[POLICY_VERSION].
+
+    Synchronous (default): iteration i's episodes are played by version i (the weights
+    after i iterations), then trained on.
+    `async_rollouts`, lag s = `staleness`: iteration i trains on episodes played by version
+    max(i − s, 0). At iteration i's start the sampler's copy takes version i and a
+    background thread plays iteration i+s's episodes while the trainer trains on iteration
+    i's (the first s iterations' are played by the initial policy before the loop). The
+    thread ends before the iteration's checkpoint (`wait`), so a checkpoint's
+    episodes/iter-*.jsonl hold every episode sampled so far and a resumed run reads them
+    back. The episodes also record the trainer's log-probs at their version
+    (`Sampler.recompute`), computed before the copy moves on.
+    """
+
+    def __init__(self, trainer, sampler: Sampler, env, simulator, cfg: LoopConfig, draw, iterations: int):
+        self.trainer, self.sampler, self.env, self.simulator, self.cfg = trainer, sampler, env, simulator, cfg
+        self.draw, self.iterations, self.lag = draw, iterations, cfg.staleness if cfg.async_rollouts else 0
+        self.ready: dict[int, list[Episode]] = {}
+        self.thread, self.error = None, None
+
+    def start(self, first: int) -> None:
+        """Before iteration `first` (every process): the sampler takes the weights; async:
+        iterations first..first+s−1's episodes (a resumed run's are read back)."""
+        self.sampler.sync(first)
+        if self.cfg.async_rollouts and self.trainer.is_main:
+            for j in range(first, min(first + self.lag, self.iterations)):
+                self.ready[j] = self.play(j, self.draw(), max(j - self.lag, 0))
+
+    def episodes(self, it: int) -> list[Episode]:
+        """Iteration `it`'s episodes, on every process (all call it at the iteration's start)."""
+        self.sampler.sync(it)
+        if not self.cfg.async_rollouts:
+            return self.trainer.from_main(lambda: self.play(it, self.draw(), it))
+        return self.trainer.from_main(lambda: self._launch_and_take(it))
+
+    def _launch_and_take(self, it: int) -> list[Episode]:
+        import threading
+
+        if it + self.lag < self.iterations:
+            self.thread = threading.Thread(target=self._background, args=(it + self.lag, self.draw(), it), daemon=True)
+            self.thread.start()
+        if it not in self.ready:  # lag 0: nothing to overlap
+            self.wait()
+        return self.ready.pop(it)
+
+    def _background(self, j: int, tasks, version: int) -> None:
+        try:
+            self.ready[j] = self.play(j, tasks, version)
+        except BaseException as e:  # re-raised on the training thread by `wait`
+            self.error = e
+
+    def wait(self) -> None:
+        """Block until the background rollout has ended; re-raise its error."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            raise RuntimeError(f"async rollout failed: {self.error}") from self.error
+
+    def play(self, j: int, tasks, version: int) -> list[Episode]:
+        """Iteration j's episodes played by the sampler's current weights (`version`),
+        recorded in output_dir/episodes/iter-j.jsonl."""
+        path = self.trainer.out / "episodes" / f"iter-{j:04d}.jsonl"
+        episodes = collect(self.sampler, self.env, self.simulator, tasks, self.cfg,
+                           iteration_seed(self.trainer.train.seed, j), path)
+        fresh = [ep for ep in episodes if POLICY_VERSION not in ep.meta]  # read-back episodes keep theirs
+        for ep in fresh:
+            ep.meta[POLICY_VERSION] = version
+        if fresh and self.cfg.async_rollouts:
+            self.sampler.recompute(fresh)
+        if fresh:
+            write_episodes(path, episodes)
+        return episodes
 
 
 def report(trainer, it: int, metrics: dict[str, float]) -> bool:
@@ -748,7 +908,10 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
         model = ValueHeadModel(model, policy=True) if loop_cfg.advantage == "ppo" else model
         trainer = Trainer(model_cfg, train_cfg, tokenizer, model=model, name="loop",
                           run_config=resolved_config(**configs))
-        sampler = Sampler(trainer, loop_cfg, model_cfg, tokenizer)  # an FSDP/ZeRO-3 mirror: before sharding
+        sampler = Sampler(trainer, loop_cfg, model_cfg, tokenizer)  # its own model copy: before sharding
+        if loop_cfg.async_rollouts:
+            trainer.accelerator.print(f"[loop] async rollouts at lag {loop_cfg.staleness}: the sampler's model copy "
+                                      f"holds {sampler.copy_bytes / 2**20:.1f} MiB")
         per_iteration = loop_cfg.ppo_epochs * math.ceil(loop_cfg.tasks_per_iteration * loop_cfg.k
                                                         / train_cfg.batch_size)
         trainer.prepare(loop_cfg.iterations * per_iteration)
@@ -759,17 +922,18 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
         start = trainer.resume_iterations(replay=lambda: rng.sample(tasks, n_tasks))  # the same tasks after a resume
         if trainer.is_main:
             save_resolved_config(out, **configs)
+        collector = Collector(trainer, sampler, env, simulator, loop_cfg, lambda: rng.sample(tasks, n_tasks),
+                              loop_cfg.iterations)
         ran = updated = 0
         with closing(sampler):
-            sampler.sync()  # a resumed run's weights
+            collector.start(start)
             for it in range(start, loop_cfg.iterations):
-                metrics = iteration(trainer, sampler, env, simulator, rng.sample(tasks, n_tasks), it, loop_cfg,
-                                    model_cfg, tokenizer, ref, per_iteration)
+                metrics = iteration(trainer, collector, it, loop_cfg, model_cfg, tokenizer, ref, per_iteration)
+                collector.wait()  # the background rollout's episodes are on disk before the checkpoint
                 ran, updated = ran + 1, updated + report(trainer, it, metrics)
                 if trainer.snapshot_due(it + 1):  # LOOP's path is counted in iterations, as its checkpoints
                     trainer.snapshot(it + 1)
                 trainer.save_checkpoint({"iteration": it})
-                sampler.sync()
     if train_cfg.snapshot_steps:
         trainer.snapshot(loop_cfg.iterations)  # the end of the path
     final = trainer.save_final()

@@ -31,11 +31,11 @@ from sweet.algorithms.losses import dpo_loss
 from sweet.core.config import ModelConfig, TrainConfig
 from sweet.core.fingerprint import begin_run
 from sweet.core.records import Pair
-from sweet.core.scoring import REFERENCE_CACHE, ReferenceCache, sharded_scores
+from sweet.core.nograd_pass import REFERENCE_CACHE, ReferenceCache, sharded_scores
 from sweet.core.tokens import Segment
 from sweet.core.trainer import Trainer, mark_finished
 
-REF_CACHE = REFERENCE_CACHE  # sweet.core.scoring's one format
+REF_CACHE = REFERENCE_CACHE  # sweet.core.nograd_pass's one format
 
 
 @dataclass
@@ -113,7 +113,7 @@ def pairs_key(pairs: Sequence[Pair], model_cfg: ModelConfig) -> str:
 def reference_logps(trainer, pairs: Sequence[Pair], path: Path):
     """log π_ref(chosen), log π_ref(rejected) of every pair with the trainer's current
     (initial) model: a [P, 2] CPU float64 tensor, cached in `path` under `pairs_key`
-    (sweet.core.scoring: the one scoring pass and reference cache)."""
+    (sweet.core.nograd_pass: the one sharded no-grad pass and reference cache)."""
     import torch
 
     cache = ReferenceCache(path, pairs_key(pairs, trainer.model_cfg))

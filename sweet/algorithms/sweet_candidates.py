@@ -13,8 +13,8 @@ them with the critic; this module keeps them on disk so a rerun does not draw th
   drawn with the same sampler settings, served instead of a sampler's and scored with
   this run's critic.
 
-Also here: `CandidateConfig` (K and the sampler, the `--num_candidates`... flags) and
-`Scorer`, what the critic offers. The algorithm calls the cache in a few lines:
+Also here: `CandidateConfig` (K and the sampler, the `--candidates_per_state`... flags) and
+`CandidateRanker`, what the critic offers. The algorithm calls the cache in a few lines:
 `CandidateCache(out, settings)`, `.files_to_keep(resume)` before the run starts,
 `.fill(...)` (sample + score what is missing), then `.rows(states)`.
 """
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
+from colbench.cli import canonical_keys
 from colbench.jsonl import Appender
 from engines import EngineOptions, load_engine
 from engines.base import Sample, SamplingParams
@@ -47,7 +48,8 @@ class CandidateConfig:
     reuse_candidates: str = field(default="", metadata={
         "help": "another stage-2 run's candidates.jsonl, sampled with these same settings: score its samples with "
                 "this run's critic instead of sampling again (ablations then differ only in the ranking)"})
-    num_candidates: int = field(default=16, metadata={"help": "K candidate actions per state (paper: 16)"})
+    candidates_per_state: int = field(default=16, metadata={
+        "help": "K: candidate actions sampled per state (paper: 16)", "aliases": ["--num_candidates"]})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the candidates"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling of the candidates"})
     max_new_tokens: int = field(default=512, metadata={"help": "max tokens per candidate"})
@@ -61,17 +63,18 @@ class CandidateConfig:
         check_range(self, "top_p", low=0, high=1, strict=True)
         check_range(self, "sampler_gpu_memory_utilization", low=0, high=1, strict=True)
         check_range(self, "sampler_tensor_parallel", low=1)
-        for name in ("num_candidates", "max_new_tokens", "sample_batch_size", "sampler_batch_size"):
+        for name in ("candidates_per_state", "max_new_tokens", "sample_batch_size", "sampler_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"CandidateConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_candidates < 2:
-            raise ValueError(f"CandidateConfig.num_candidates must be >= 2 to form pairs, got {self.num_candidates}")
+        if self.candidates_per_state < 2:
+            raise ValueError("CandidateConfig.candidates_per_state must be >= 2 to form pairs, "
+                             f"got {self.candidates_per_state}")
         if self.temperature < 0:
             raise ValueError(f"CandidateConfig.temperature must be >= 0, got {self.temperature}")
 
 
-class Scorer(Protocol):
-    """What ranks candidates: sweet.critic.CriticScorer, or any object with this method."""
+class CandidateRanker(Protocol):
+    """What ranks candidates: sweet.critic.model.TrainedCritic, testbed.oracle.OracleCritic, or any object with this method."""
 
     def score_states(self, items: Sequence[tuple[State, Sequence[Sequence[int]], Sequence[str | None]]]
                      ) -> list[list[float]]:
@@ -85,12 +88,19 @@ def default_sampler(model_cfg: ModelConfig) -> str:
 
 def sampling_settings(model_cfg: ModelConfig, cand: CandidateConfig, critic: str, seed: int) -> dict:
     """What candidates.jsonl is sampled and scored with (candidates.settings.json)."""
-    settings = {"sampler": cand.sampler or default_sampler(model_cfg), "num_candidates": cand.num_candidates,
-                "temperature": cand.temperature, "top_p": cand.top_p, "max_new_tokens": cand.max_new_tokens,
+    settings = {"sampler": cand.sampler or default_sampler(model_cfg),
+                "candidates_per_state": cand.candidates_per_state, "temperature": cand.temperature, "top_p": cand.top_p,
+                "max_new_tokens": cand.max_new_tokens,
                 "critic": critic, "seed": seed}
     if cand.reuse_candidates:
         settings["reused_from"] = cand.reuse_candidates
     return settings
+
+
+def read_settings(side: Path) -> dict:
+    """A candidates.settings.json, its keys under today's names (a file written when
+    `candidates_per_state` was `num_candidates` reads the same)."""
+    return canonical_keys([CandidateConfig], json.loads(side.read_text()), str(side))
 
 
 class CandidateCache:
@@ -104,7 +114,7 @@ class CandidateCache:
         side = self.path.with_name(SAMPLING_FILE)
         if not side.exists():
             return {}
-        old = json.loads(side.read_text())
+        old = read_settings(side)
         return {k: f"{old.get(k)!r} -> {v!r}" for k, v in self.settings.items() if old.get(k) != v}
 
     def files_to_keep(self, resume: bool) -> tuple[str, ...]:
@@ -126,7 +136,7 @@ class CandidateCache:
         self.path.with_name(SAMPLING_FILE).write_text(json.dumps(self.settings, indent=2))
 
     def fill(self, states: Sequence[State], cand: CandidateConfig, model_cfg: ModelConfig, seed: int, proc,
-             load_scorer: Callable[[], Scorer]) -> None:
+             load_ranker: Callable[[], CandidateRanker]) -> None:
         """Sample and score every state not yet in the file, in the main process only (`proc`:
         accelerate's PartialState); several processes need a complete file."""
         done = read_candidates(self.path)
@@ -135,7 +145,7 @@ class CandidateCache:
                                "then launch training with several processes (--stage train)")
         if proc.is_main_process:
             self.check_settings()
-            collect_candidates(states, model_cfg, cand, self.path, seed, self.settings, load_scorer)
+            collect_candidates(states, model_cfg, cand, self.path, seed, self.settings, load_ranker)
 
     def rows(self, states: Sequence[State]) -> dict[str, CandidatesRow]:
         """The file's rows by state key; every state must have one."""
@@ -148,7 +158,7 @@ class CandidateCache:
 
 
 def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cand: CandidateConfig, path: Path, seed: int,
-                       settings: dict, load_scorer: Callable[[], Scorer]) -> None:
+                       settings: dict, load_ranker: Callable[[], CandidateRanker]) -> None:
     """Load the sampler and the critic (unless every state is done), sample + score, free them."""
     import gc
 
@@ -158,22 +168,22 @@ def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cand: Ca
     engine = None  # stored samples are checked before the critic loads: a wrong source fails at once
     if cand.reuse_candidates:
         engine = StoredSamples(Path(cand.reuse_candidates), settings)
-    scorer = load_scorer()
+    ranker = load_ranker()
     if engine is None:
         options = EngineOptions(dtype=model_cfg.dtype, batch_size=cand.sampler_batch_size,
                                 tensor_parallel_size=cand.sampler_tensor_parallel,
                                 gpu_memory_utilization=cand.sampler_gpu_memory_utilization)
         engine = load_engine(cand.sampler or default_sampler(model_cfg), options)
     try:
-        sample_and_score(states, engine, scorer, cand, path, seed)
+        sample_and_score(states, engine, ranker, cand, path, seed)
     finally:
         engine.close()
-        del engine, scorer
+        del engine, ranker
         gc.collect()
         _empty_cuda_cache()
 
 
-def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cand: CandidateConfig, path: Path,
+def sample_and_score(states: Sequence[State], engine, ranker: CandidateRanker, cand: CandidateConfig, path: Path,
                      seed: int) -> None:
     """Sample K candidates for every state not yet in `path`, score them, append rows."""
     from tqdm.auto import tqdm
@@ -183,13 +193,14 @@ def sample_and_score(states: Sequence[State], engine, scorer: Scorer, cand: Cand
     with Appender(path) as out, tqdm(total=len(states), initial=len(states) - len(todo), desc="candidates") as bar:
         for start in range(0, len(todo), cand.sample_batch_size):
             chunk = todo[start : start + cand.sample_batch_size]
-            params = SamplingParams(n=cand.num_candidates, temperature=cand.temperature, top_p=cand.top_p,
+            params = SamplingParams(n=cand.candidates_per_state, temperature=cand.temperature, top_p=cand.top_p,
                                     max_new_tokens=cand.max_new_tokens, seed=seed * 1_000_003 + chunk[0][0])
             if isinstance(engine, StoredSamples):
                 results = [engine.samples(s) for _, s in chunk]
             else:
                 results = engine.generate([list(s.prompt) for _, s in chunk], params)
-            scores = scorer.score_states([(s, [smp.token_ids for smp in samples], [smp.finish_reason for smp in samples])
+            scores = ranker.score_states([(s, [smp.token_ids for smp in samples],
+                                           [smp.finish_reason for smp in samples])
                                           for (_, s), samples in zip(chunk, results)])
             out.write(candidates_row(s, samples, advs).to_json() for (_, s), samples, advs in zip(chunk, results, scores))
             bar.update(len(chunk))
@@ -216,8 +227,8 @@ class StoredSamples:
         side = path.with_name(SAMPLING_FILE)
         if not side.exists():
             raise ValueError(f"--reuse_candidates {path}: no {SAMPLING_FILE} beside it")
-        theirs = json.loads(side.read_text())
-        drawn = ("sampler", "num_candidates", "temperature", "top_p", "max_new_tokens", "seed")
+        theirs = read_settings(side)
+        drawn = ("sampler", "candidates_per_state", "temperature", "top_p", "max_new_tokens", "seed")
         changed = {k: f"{theirs.get(k)!r} there, {settings[k]!r} here" for k in drawn if theirs.get(k) != settings[k]}
         if changed:
             raise ValueError(f"--reuse_candidates {path} was sampled with other settings: {changed}")

@@ -3,7 +3,7 @@
 For every agent turn of the input episodes (a State: the recorded prompt o_t):
 1. sample K candidate actions (default 16) from the state's prompt with any engine
    (`--sampler`, default the policy's initial model) at temperature 1;
-2. score each with the critic, A(o_t, a, c) (sweet.critic.CriticScorer, conditioned
+2. score each with the critic, A(o_t, a, c) (sweet.critic.model.TrainedCritic, conditioned
    exactly as in critic training); `--critic oracle` (test bed only) is a diagnostic:
    the test bed's exact advantage (testbed/oracle.py), to tell a wrong critic from
    a stage 2 that cannot use a right one;
@@ -38,7 +38,7 @@ sweet/workflows/rounds.py. The paper trains one round.
 
     # CPU, tiny model (critic from `python -m sweet.train_critic ... --output_dir runs/critic-tiny`)
     python -m sweet.train_policy --algorithm sweet --episodes eps.jsonl --tasks tasks.jsonl \\
-        --critic runs/critic-tiny --model tiny --num_candidates 4 --max_new_tokens 32 \\
+        --critic runs/critic-tiny --model tiny --candidates_per_state 4 --max_new_tokens 32 \\
         --output_dir runs/sweet-tiny --micro_batch_size 4
 
     # Llama-3.1-8B on 8 GPUs: sample with vLLM in one process, then train LoRA with accelerate
@@ -65,9 +65,9 @@ from colbench.prompts import check_prompt_flags, check_recorded_prompts
 from colbench.tasks import load_tasks
 from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_dpo
 # CANDIDATES_FILE, SAMPLING_FILE (the run's files) and read_candidates are re-exported for callers;
-# CandidateConfig (K, the sampler) and Scorer (what the critic offers) live with the candidate cache
+# CandidateConfig (K, the sampler) and CandidateRanker (what the critic offers) live with the candidate cache
 from sweet.algorithms.sweet_candidates import (CANDIDATES_FILE, SAMPLING_FILE, CandidateCache,  # noqa: F401
-                                              CandidateConfig, Scorer, sampling_settings)
+                                              CandidateConfig, CandidateRanker, sampling_settings)
 from sweet.core.config import (LearningRates, ModelConfig, agent_prompt_field, check_range, lr_field,
                                save_resolved_config, strict_tasks_field)
 from sweet.core.models import load_tokenizer
@@ -75,12 +75,12 @@ from sweet.core.records import Candidate, CandidatesRow, Pair, State, episode_st
 from sweet.core.records import read_candidates  # noqa: F401
 from sweet.core.tokens import Segment, action_ids, context_ids, eos_id
 from sweet.core.trainer import process_state
-from sweet.critic.model import CriticScorer, load_training_info
+from sweet.critic.model import TrainedCritic, load_training_info
 
 STAGES = ("all", "sample", "train")
 ORACLE_CRITIC = "oracle"  # --critic oracle: testbed/oracle.py instead of a critic dir
 # the lab's oracle and its tasks' spec, "module:Name" loaded on use (colbench.registry): sweet imports no test bed
-ORACLE_SCORER = "testbed.oracle:OracleScorer"
+ORACLE_RANKER = "testbed.oracle:OracleCritic"
 ORACLE_TASK_SPEC = "testbed.spec:task_spec"
 
 
@@ -92,8 +92,8 @@ class SweetConfig:
     tasks: str = field(default="", metadata={"help": "tasks file (or builtin:<split>) holding the training-time information c"})
     env: str = field(default="backend", metadata={"help": "environment name (training_info, offline trajectory format)"})
     episode_fraction: float = field(default=0.1, metadata={"help": "use the first share of the episodes file (paper: "
-                                                                   "the first 10 percent of its 15k offline "
-                                                                   "trajectories, as more epochs overfitted; 1: all)"})
+                                                                   "0.1, the first 10 percent of its 15k offline "
+                                                                   "trajectories; 1: all)"})
     max_episodes: int | None = field(default=None, metadata={"help": "use the first N episodes instead of "
                                                                      "episode_fraction"})
     critic: str = field(default="", metadata={"help": "stage-1 critic dir (output_dir of python -m sweet.train_critic); "
@@ -167,13 +167,13 @@ def load_states(cfg: SweetConfig) -> list[State]:
 # ---- the critic that scores the candidates ----------------------------------------------------
 
 
-def load_scorer(model_cfg: ModelConfig, cfg: SweetConfig) -> Scorer:
-    """The critic `--critic` names: a stage-1 critic dir, or `oracle` (`load_oracle_scorer`)."""
+def load_ranker(model_cfg: ModelConfig, cfg: SweetConfig) -> CandidateRanker:
+    """The critic `--critic` names: a stage-1 critic dir, or `oracle` (`load_oracle_ranker`)."""
     if not cfg.critic:
         raise ValueError("SweetConfig.critic is required to score candidates: give --critic <critic dir>")
     if cfg.critic == ORACLE_CRITIC:
-        return load_oracle_scorer(model_cfg, cfg)
-    return CriticScorer.load(cfg.critic)
+        return load_oracle_ranker(model_cfg, cfg)
+    return TrainedCritic.load(cfg.critic)
 
 
 # ---- ranking and pairing: top half vs bottom half -------------------------------------------------
@@ -268,28 +268,28 @@ def anchor_examples(tokenizer, scored: Sequence[tuple[State, Sequence[Candidate]
     return [token_action(tokenizer, s, c, rows[state_key(s)].prompt_token_ids) for s, c in drawn]
 
 
-def load_oracle_scorer(model_cfg: ModelConfig, cfg: SweetConfig) -> Scorer:
+def load_oracle_ranker(model_cfg: ModelConfig, cfg: SweetConfig) -> CandidateRanker:
     """`--critic oracle`, a diagnostic (test bed only): the test bed's exact advantage through
-    the registry (ORACLE_SCORER), decoded with the policy's tokenizer (the sampler shares it)."""
+    the registry (ORACLE_RANKER), decoded with the policy's tokenizer (the sampler shares it)."""
     if cfg.env != "testbed":
         raise ValueError(f"--critic {ORACLE_CRITIC} is the test bed's exact advantage: it needs --env testbed, "
                          f"got --env {cfg.env}")
     from colbench.registry import load_target
 
-    OracleScorer, task_spec = load_target(ORACLE_SCORER), load_target(ORACLE_TASK_SPEC)
+    OracleCritic, task_spec = load_target(ORACLE_RANKER), load_target(ORACLE_TASK_SPEC)
     specs = {task_spec(t).name for t in load_tasks(cfg.tasks, env=cfg.env, validate=False)}
     if len(specs) != 1:
         raise ValueError(f"--critic {ORACLE_CRITIC}: --tasks {cfg.tasks} mixes test-bed specs {sorted(specs)}")
-    return OracleScorer(load_tokenizer(model_cfg.model), cfg.env, spec=specs.pop())
+    return OracleCritic(load_tokenizer(model_cfg.model), cfg.env, spec=specs.pop())
 
 
 # ---- the run: states -> K candidates (sweet_candidates.py) -> pairs -> per-turn DPO ----------------
 
 
 def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand: CandidateConfig | None = None,
-         scorer: Scorer | None = None):
+         ranker: CandidateRanker | None = None):
     """Stage 2: candidates + critic scores per state, top-vs-bottom pairs, DPO. Returns
-    output_dir/final (None for --stage sample). `scorer` replaces the critic loaded from
+    output_dir/final (None for --stage sample). `ranker` replaces the critic loaded from
     `cfg.critic` (API use and tests). Several rounds: sweet/workflows/rounds.py."""
 
     cand = cand or CandidateConfig()
@@ -304,7 +304,7 @@ def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand
     proc = process_state()  # on CPU, PartialState() alone would leave each process on its own
     if cfg.stage != "train":
         cache.fill(states, cand, model_cfg, train.seed, proc,
-                   load_scorer=lambda: scorer if scorer is not None else load_scorer(model_cfg, cfg))
+                   load_ranker=lambda: ranker if ranker is not None else load_ranker(model_cfg, cfg))
         if cfg.stage == "sample":
             return None
     rows = cache.rows(states)

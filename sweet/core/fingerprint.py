@@ -15,6 +15,8 @@ unset) by its path and sha256 (sweet.core.config.prompt_files).
   run is finished: nothing to do);
 - resume, fingerprint different: stop with one line naming each differing field
   (`train.learning_rate: 2e-06 -> 0.01`) and how to start fresh;
+- a field renamed since (its earlier name kept as an alias, colbench.cli.aliases) is
+  compared under its new name: a run recorded before the rename resumes;
 - a fresh start (`--resume false`, or a folder holding an earlier run without a
   fingerprint): the earlier run's files are moved to output_dir/previous-<timestamp>/,
   never deleted or truncated.
@@ -22,12 +24,14 @@ unset) by its path and sha256 (sweet.core.config.prompt_files).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+from colbench.cli import aliases
 from engines import model_path
 from sweet.core.config import PROMPT_FIELDS, prompt_files, resolve_defaults, to_jsonable
 from sweet.core.trainer import finished, process_state
@@ -185,6 +189,17 @@ def _inputs(fp: dict[str, Any]) -> set[Path]:
     return found
 
 
+def renamed_fields(old: dict[str, Any], configs: dict[str, Any]) -> dict[str, Any]:
+    """A recorded fingerprint with each `section.<alias>` key under the field's name today."""
+    out = dict(old)
+    for section, cfg in configs.items():
+        if dataclasses.is_dataclass(cfg):
+            for alias, name in aliases(type(cfg)).items():
+                if f"{section}.{alias}" in out and f"{section}.{name}" not in out:
+                    out[f"{section}.{name}"] = out.pop(f"{section}.{alias}")
+    return out
+
+
 def begin_run(output_dir: str | Path, configs: dict[str, Any], *, resume: bool,
               keep: tuple[str, ...] = ()) -> dict[str, Any] | None:
     """Check `output_dir` against this run (module docstring); every process calls it.
@@ -198,7 +213,7 @@ def begin_run(output_dir: str | Path, configs: dict[str, Any], *, resume: bool,
     old = None
     if resume and path.exists():
         try:
-            old = json.loads(path.read_text())
+            old = renamed_fields(json.loads(path.read_text()), configs)
         except ValueError:
             old = None  # torn: treated as an earlier run of unknown settings (moved aside)
     replace = False

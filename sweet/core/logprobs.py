@@ -86,27 +86,20 @@ def scored_head(model, select):
     head = output_head(model)
     trainable = any(p.requires_grad for p in head.parameters())
     scores: list[torch.Tensor] = []
-    in_call = False
-
-    def head_call(h):
-        # inside the head's call its own hooks already ran (ZeRO-3 gathered its weights):
-        # `forward` directly; a recompute in backward calls the module, hooks and all
-        return head.forward(h) if in_call else head(h)
 
     def score(module, args):
-        nonlocal in_call
+        # the head's `forward`, never its call: the module's hooks already ran for this call
+        # (ZeRO-3 gathered its weights), and a chunk recomputed in backward finds them gathered
+        # (`tie`), where ZeRO-3's post-forward hook would release them before the chunk's backward
         hidden = args[0]
-        in_call = True
-        try:
-            scores.append(_chunked_logprobs(head_call, *select(hidden), vocab, softcap, trainable))
-        finally:
-            in_call = False
+        scores.append(_chunked_logprobs(head.forward, *select(hidden), vocab, softcap, trainable))
         return (hidden[..., :0, :],) + tuple(args[1:])
 
     def tie(module, args, output):
         # the scores depend on the head's (empty) output, the model's own output: backward
         # then reaches it first, and wrappers that act there run before the recompute
-        # (FSDP2 gathers a resharded root module's weights, the head's among them)
+        # (FSDP2 gathers a resharded root module's weights, the head's among them; ZeRO-3's
+        # pre-backward hook on the head's output gathers the head's)
         if output.requires_grad and scores:
             scores[-1] = scores[-1] + output.sum() * 0
 

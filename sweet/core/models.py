@@ -3,6 +3,7 @@ seeding, and CPU float settings: what a trainer needs before its loop starts."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 
@@ -59,12 +60,15 @@ def load_tokenizer(spec: str):
 
 
 def load_model(cfg: ModelConfig, *, trainable: bool = True, adapter: str | None = None):
-    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen."""
+    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen.
+    A frozen one (a reference model, a LoRA merge) is loaded whole in this process even once
+    a ZeRO-3 trainer exists: it never gets an engine to gather partitioned weights."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(cfg.model)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.dtype))
+        with contextlib.nullcontext() if trainable else _without_zero3_init():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.dtype))
     except OSError as e:
         raise ValueError(f"cannot load model {cfg.model!r} ({path}): {str(e).splitlines()[0]}") from None
     if adapter is not None:
@@ -91,6 +95,21 @@ def load_model(cfg: ModelConfig, *, trainable: bool = True, adapter: str | None 
     if not trainable:
         model.eval().requires_grad_(False)
     return model
+
+
+@contextlib.contextmanager
+def _without_zero3_init():
+    """Switch off transformers' ZeRO-3 integration inside the block: once accelerate has set up
+    ZeRO-3 (its DeepSpeed config registered with transformers), `from_pretrained` would
+    partition every model it loads across the processes (deepspeed.zero.Init)."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    held = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = held
 
 
 def set_seed(seed: int) -> None:

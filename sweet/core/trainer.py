@@ -29,10 +29,11 @@ count N = Σ count_fn over the step's items (all micro-batches, all processes), 
 
 whatever `micro_batch_size` and the number of processes: the update is the same
 (tests/sweet/test_trainer.py, test_policy_invariance.py compare the weights). Scaling, why: accelerate's
-`backward` divides by the accumulation steps and DDP/FSDP/DeepSpeed average the
-gradients over processes, so each micro-batch's `loss_sum` is multiplied by
-world·accum/N (`optimizer_step`). `metric_sums` are sums over the same units (floats);
-the trainer logs Σ/N per key (so a hook returns `mean * batch` for a per-pair mean).
+`backward` divides by the accumulation steps (DeepSpeed's engine by the ones it was
+configured with) and DDP/FSDP/DeepSpeed average the gradients over processes, so each
+micro-batch's `loss_sum` is multiplied by world·accum/N (`optimizer_step`). `metric_sums`
+are sums over the same units (floats); the trainer logs Σ/N per key (so a hook returns
+`mean * batch` for a per-pair mean).
 
 Batches: an optimiser step takes `batch_size` items (the last step of an epoch what is
 left) from a seeded per-epoch permutation; item j of the step goes to micro-batch slot
@@ -103,13 +104,13 @@ def make_accelerator(train: TrainConfig):
     """An Accelerator whose gradient accumulation turns micro-batches into `batch_size`,
     with the trackers of `train.report_to` (TensorBoard in output_dir/tensorboard);
     DeepSpeed's batch, accumulation and clipping taken from `train` (`configure_deepspeed`);
-    real FSDP2 on CPU processes when the launch config asks for FSDP."""
+    real FSDP2 or DeepSpeed ZeRO on CPU processes when the launch config asks for it."""
     import os
 
     import torch
-    from accelerate import Accelerator, PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, ProjectConfiguration
-
+    from accelerate import Accelerator
+    from accelerate.utils import (DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
+                                  ProjectConfiguration)
 
     cpu = not torch.cuda.is_available()
     world = process_state().num_processes
@@ -122,28 +123,48 @@ def make_accelerator(train: TrainConfig):
     log_with = trackers(train.report_to)
     common = {"gradient_accumulation_steps": accum, "cpu": cpu, "log_with": log_with or None,
               "project_config": ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "tensorboard"))}
-    if not (cpu and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"):
-        acc = _checked_accumulation(Accelerator(**common), accum)
-        if acc.state.deepspeed_plugin is not None:
-            configure_deepspeed(acc.state.deepspeed_plugin.deepspeed_config, train, accum, world,
-                                declared=declared_deepspeed_config())
+    asked = lambda name: os.environ.get(f"ACCELERATE_USE_{name}", "false").lower() == "true"  # noqa: E731
+    # A launch config asking for FSDP or DeepSpeed on CPU processes (sweet/configs/*_cpu_2proc.yaml,
+    # gloo). accelerate 1.16 sets DistributedType.FSDP/DEEPSPEED only for GPU-type process
+    # groups (AcceleratorState.__init__), so on CPU it would silently run plain DDP (MULTI_CPU).
+    # FSDP2 shards over a CPU device mesh with gloo, and DeepSpeed's CPU accelerator runs its
+    # collectives over gloo (it wraps the process group accelerate made); accelerate's paths for
+    # both (prepare, backward, save_state/load_state, get_state_dict) work there, so we switch
+    # the type ourselves: checked with accelerate 1.16 / torch 2.14 / deepspeed 0.19, the weights
+    # match one process and resumes are exact (tests/sweet, -m slow). An accelerate that sets
+    # these on CPU itself makes this a no-op; one that changes these internals needs it looked at again.
+    if cpu and asked("FSDP"):
+        plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* variables
+        acc = _checked_accumulation(Accelerator(**common, fsdp_plugin=plugin), accum)
+        if acc.distributed_type == DistributedType.MULTI_CPU:
+            acc.state.fsdp_plugin = plugin
+            _switch_type(acc, DistributedType.FSDP)
         return acc
-    # An FSDP launch config on CPU processes (sweet/configs/fsdp_cpu_2proc.yaml, gloo).
-    # accelerate 1.15 sets DistributedType.FSDP only for GPU-type process groups
-    # (AcceleratorState.__init__), so on CPU it would silently run plain DDP (MULTI_CPU).
-    # FSDP2 itself shards over a CPU device mesh with gloo, and accelerate's FSDP paths
-    # (prepare -> fully_shard, save_state/load_state, get_state_dict) work there, so we
-    # switch the type ourselves: checked with accelerate 1.15 / torch 2.14, the weights match
-    # DDP and resumes are exact (tests/sweet, -m slow). An accelerate that sets FSDP on CPU
-    # itself makes this a no-op; one that changes these internals needs this looked at again.
-    plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* variables
-    acc = _checked_accumulation(Accelerator(**common, fsdp_plugin=plugin), accum)
-    if acc.distributed_type == DistributedType.MULTI_CPU:
-        acc.state.fsdp_plugin = plugin
-        acc.state.distributed_type = DistributedType.FSDP
-        # every later AcceleratorState() copies PartialState's type over its own
-        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    if cpu and asked("DEEPSPEED"):
+        plugin = DeepSpeedPlugin()  # from the launcher's ACCELERATE_DEEPSPEED_* variables
+        acc = _checked_accumulation(Accelerator(**common, deepspeed_plugin=plugin), accum)
+        if acc.distributed_type == DistributedType.MULTI_CPU:
+            # what AcceleratorState.__init__ does for a DeepSpeed launch on GPUs; full precision
+            # (DeepSpeed's bf16/fp16 are GPU paths here)
+            plugin.set_mixed_precision("no")
+            plugin.select(_from_accelerator_state=True)
+            acc.state.deepspeed_plugins = plugin
+            _switch_type(acc, DistributedType.DEEPSPEED)
+    else:
+        acc = _checked_accumulation(Accelerator(**common), accum)
+    if acc.state.deepspeed_plugin is not None:
+        configure_deepspeed(acc.state.deepspeed_plugin.deepspeed_config, train, accum, world,
+                            declared=declared_deepspeed_config())
     return acc
+
+
+def _switch_type(acc, distributed_type) -> None:
+    """Make `acc` (and every later AcceleratorState, which copies PartialState's type over
+    its own) run as `distributed_type`."""
+    from accelerate import PartialState
+
+    acc.state.distributed_type = distributed_type
+    PartialState._shared_state["distributed_type"] = distributed_type
 
 
 def _checked_accumulation(acc, accum: int):
@@ -270,6 +291,12 @@ class Trainer:
         return self.accelerator.gradient_accumulation_steps
 
     @property
+    def _deepspeed(self) -> bool:
+        from accelerate.utils import DistributedType
+
+        return self.accelerator.distributed_type == DistributedType.DEEPSPEED
+
+    @property
     def is_main(self) -> bool:
         return self.accelerator.is_main_process
 
@@ -364,13 +391,16 @@ class Trainer:
             raise ValueError(f"optimiser step {self.step + 1}: the items hold no loss units (count {total})")
         sums: dict[str, float] = {}
         grad_norm = None
+        # what backward divides by: accelerate's accumulation steps, or those DeepSpeed's
+        # engine was configured with (it divides itself, whatever this step's rounds)
+        divisor = model.gradient_accumulation_steps() if self._deepspeed else self.accum
         for items, weight in deal(step_items, rank=acc.process_index, world=self.world,
                                   micro=self.train.micro_batch_size, accum=self.accum):
             with acc.accumulate(model):
                 loss_sum, metric_sums = loss_fn(model, items)
-                # accelerate divides by accum, the backends average over processes: undo both,
+                # backward divides by `divisor`, the backends average over processes: undo both,
                 # so the step's gradient is that of Σ loss / N over the whole step
-                acc.backward(loss_sum * (weight * self.world * self.accum / total))
+                acc.backward(loss_sum * (weight * self.world * divisor / total))
                 if acc.sync_gradients:
                     grad_norm = acc.clip_grad_norm_(model.parameters(), self.train.max_grad_norm)
                 self.optimizer.step()
@@ -391,12 +421,11 @@ class Trainer:
     def _fit_accumulation(self, n_items: int) -> None:
         """Accumulation rounds for a step of `n_items`: the configured ones, or more when a
         step holds more items than `batch_size` (LOOP: a step is whole trajectories, a
-        variable number of turns). DeepSpeed fixes them in its engine: there a step must fit."""
+        variable number of turns). Under DeepSpeed too: accelerate tells its engine where each
+        step ends (`set_gradient_accumulation_boundary`)."""
         per_round = self.train.micro_batch_size * self.world
         need = max(self.base_accum, math.ceil(n_items / per_round))
         if need != self.accum:
-            if self.accelerator.state.deepspeed_plugin is not None:
-                raise ValueError(f"{n_items} items do not fit one DeepSpeed step of {self.base_accum} x {per_round}")
             self.accelerator.gradient_accumulation_steps = need
         self.accelerator.step = 0  # accumulate() counts micro-batches from the start of this step
 

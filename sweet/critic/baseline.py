@@ -5,7 +5,7 @@ An advantage has zero mean under its policy, E_{a~π}[A(o, a)] = 0. The LM-head 
 SWEET-RL has no such constraint: fitted on trajectory sums with c in its context, it can
 put the whole Bradley–Terry margin on a turn whose action the policy always takes (on the
 test bed, the answer: its constants follow from what the human said, and c tells whether
-they are right), leaving the questions unranked. With `--baseline_samples K` the critic is
+they are right), leaving the questions unranked. With `--baseline_samples_per_state K` the critic is
 trained on
 
     Â(o_t, a_t, c) = A(o_t, a_t, c) − (1/K) Σ_k A(o_t, a_k, c),   a_k ~ π_0(· | o_t)

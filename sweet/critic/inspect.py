@@ -18,7 +18,7 @@ agent turn (the answer) and how much from the turns before it (the questions), a
 many pairs each part alone orders right. A critic that explains outcomes by the answer
 alone (the earlier turns ordering pairs at chance) gives stage 2 nothing to rank
 questions by, however well it fits its pairs (docs/testbed.md, "Where the learned critic
-puts its credit"). A centred critic's advantages (`--baseline_samples`) are shown and split
+puts its credit"). A centred critic's advantages (`--baseline_samples_per_state`) are shown and split
 centred, as it was trained: A − mean_k A(o_t, a_k, c) over its state's baseline samples.
 """
 
@@ -37,7 +37,7 @@ from sweet.core.records import episode_states, make_trajectory_pairs, read_candi
 from sweet.core.runs import run_cli, trainer_run
 from sweet.core.tokens import text_ids
 from sweet.critic.baseline import as_generated, read_baselines, state_key_of
-from sweet.critic.model import CriticScorer, CriticSpec, load_training_info
+from sweet.critic.model import TrainedCritic, CriticSpec, load_training_info
 
 
 @dataclass
@@ -250,7 +250,7 @@ def main(cfg: InspectConfig) -> Path:
     missing = sorted({ep.task_id for ep in episodes} - set(info_of))
     if missing:
         raise ValueError(f"{cfg.episodes}: tasks {missing[:3]} are not in --tasks {cfg.tasks}")
-    scorer = CriticScorer.load(cfg.critic, device=cfg.device or None)
+    scorer = TrainedCritic.load(cfg.critic, device=cfg.device or None)
     pairs = credit_pairs(cfg.critic, every, info_of) if cfg.credit_split else []
     # one scoring pass for the page's episodes and the split's (they overlap)
     advantages = advantages_of(scorer, [*episodes, *(e for p in pairs for e in (p.chosen, p.rejected))], info_of,

@@ -44,7 +44,7 @@ stage 2 ranks with exactly what was trained:
   A(o_t, a_t) = β · mean_{i ∈ a_t} v(x_≤i) with v a scalar head on the decoder's last
   hidden state (`sweet.core.value_head`), no π_ref; same Bradley-Terry loss over Σ_t A
   (paper: 36.2%).
-Stage 2 uses `CriticScorer.load(critic_dir).advantages(state, actions)`.
+Stage 2 uses `TrainedCritic.load(critic_dir).advantages(state, actions)`.
 """
 
 from __future__ import annotations
@@ -276,14 +276,14 @@ def training_info_fn(env: str):
     return get
 
 
-# ---- scoring API for stage 2 -------------------------------------------------------------
+# ---- the trained critic, loaded for stage 2 ----------------------------------------------------
 
 
-class CriticScorer:
+class TrainedCritic:
     """A trained critic, ready to score candidate actions exactly as in training.
 
-        scorer = CriticScorer.load("runs/critic")
-        advs = scorer.advantages(state, [cand.token_ids for cand in candidates])
+        critic = TrainedCritic.load("runs/critic")
+        advs = critic.advantages(state, [cand.token_ids for cand in candidates])
 
     Holds the critic θ and π_ref: for LoRA critics one model (π_ref = the base with
     adapters disabled), otherwise two; a value-head critic (`spec.head == "value"`) is
@@ -300,7 +300,7 @@ class CriticScorer:
         self.batch_size = batch_size
 
     @classmethod
-    def load(cls, critic_dir: str | Path, device=None, batch_size: int = 16) -> "CriticScorer":
+    def load(cls, critic_dir: str | Path, device=None, batch_size: int = 16) -> "TrainedCritic":
         """Read critic_config.json in `critic_dir` (a train_critic output_dir) and load
         the trained critic and π_ref, frozen, on `device` (default: cuda if available)."""
         import torch

@@ -37,7 +37,7 @@ reduction and context as training:
 
 Or everything from a YAML file (`--config run.yaml`; flags override it). Outputs:
 `final/` (HF weights; LoRA: merged weights + `final-adapter/`), `critic_config.json`
-(what `sweet.critic.model.CriticScorer.load` needs), `metrics.jsonl` (`loss/bt`, `loss/nll`,
+(what `sweet.critic.model.TrainedCritic.load` needs), `metrics.jsonl` (`loss/bt`, `loss/nll`,
 `critic/pair_accuracy`, `critic/margin`), `config.json`, `checkpoint-<step>/` each
 epoch (and every `--save_steps`): accelerate's full training state, so rerunning the
 command after a crash resumes from the last checkpoint with the same result as an
@@ -77,7 +77,7 @@ from sweet.core.fingerprint import begin_run
 from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
 from sweet.core.records import group_by_task, make_trajectory_pairs
 from sweet.core.runs import trainer_run
-from sweet.core.scoring import REFERENCE_CACHE, ReferenceCache, sharded_scores
+from sweet.core.nograd_pass import REFERENCE_CACHE, ReferenceCache, sharded_scores
 from sweet.core.trainer import Trainer, mark_finished
 from sweet.critic.baseline import baseline_index, centred, sample_baselines
 from sweet.critic.model import (
@@ -109,9 +109,15 @@ class CriticConfig:
                                                                 "(default 0: the paper trains on all pairs; no held-out "
                                                                 "metrics then, final_metrics.json is {})"})
     beta: float = field(default=1.0, metadata={"help": "β in A = β·mean(log π_θ − log π_ref); not stated in the paper"})
-    length_normalize: bool = field(default=True, metadata={"help": "mean over the action's tokens (paper); false: sum (ablation sweet_sum; paper: 3.6%% success)"})
-    training_info: bool = field(default=True, metadata={"help": "add the hidden reference c to the critic's context (paper); false: without it, in training and in scoring (ablation sweet_no_info; paper: 31.2%%); --tasks is then not needed"})
-    head: str = field(default="lm", metadata={"help": "lm: A = β·mean(log π_θ − log π_ref) read through the LM head (paper); value: a scalar regression head on the last hidden state, A = β·mean over the action's tokens of v (ablation sweet_value_head; paper: 36.2%%), no π_ref"})
+    length_normalize: bool = field(default=True, metadata={
+        "help": "mean over the action's tokens (paper); false: sum (the paper's sweet_sum ablation)"})
+    training_info: bool = field(default=True, metadata={
+        "help": "add the hidden reference c to the critic's context (paper); false: without it, in training and in "
+                "scoring (the paper's sweet_no_info ablation); --tasks is then not needed"})
+    head: str = field(default="lm", metadata={
+        "help": "lm: A = β·mean(log π_θ − log π_ref) read through the LM head (paper); value: a scalar regression "
+                "head on the last hidden state, A = β·mean over the action's tokens of v, no π_ref (the paper's "
+                "sweet_value_head ablation)"})
     nll_coef: float = field(default=0.0, metadata={"help": "weight of an NLL term on the chosen trajectories' actions"})
     success_threshold: float | None = field(default=None, metadata={"help": f"a task yields pairs when its best reward reaches this (default: the --env's: {defaults_help('success_threshold')}; backend 1.0 = all tests pass)"})
     min_reward_gap: float | None = field(default=None, metadata={"help": f"rejected episodes must be worse than the best by more than this (default: the --env's: {defaults_help('min_reward_gap')})"})
@@ -126,10 +132,11 @@ class CriticConfig:
     agent_prompt: str | None = agent_prompt_field()
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns that carry no token_ids (published data)"})
     eval_batch_size: int = field(default=8, metadata={"help": "turns per forward pass when computing π_ref and held-out scores"})
-    baseline_samples: int = field(default=0, metadata={
+    baseline_samples_per_state: int = field(default=0, metadata={
         "help": "K: centre each turn's advantage by the mean of K actions of the initial policy at its state, "
                 "A − (1/K)·Σ_k A(o_t, a_k, c) (sweet/critic/baseline.py: an advantage has zero mean under its "
-                "policy, so a turn whose action the policy always takes carries no credit); 0: the paper's A"})
+                "policy, so a turn whose action the policy always takes carries no credit); 0: the paper's A",
+        "aliases": ["--baseline_samples"]})
     baseline_sampler: str = field(default="", metadata={"help": "engine spec of the policy the baseline samples come "
                                                                 "from (default: hf:<--model>, the critic's initial model)"})
     baseline_max_new_tokens: int = field(default=512, metadata={"help": "max tokens per baseline sample"})
@@ -147,8 +154,8 @@ class CriticConfig:
             raise ValueError(f"CriticConfig.nll_coef must be >= 0, got {self.nll_coef}")
         if self.max_pairs < 0 or self.eval_batch_size < 1:
             raise ValueError("CriticConfig.max_pairs must be >= 0 and eval_batch_size >= 1")
-        if self.baseline_samples < 0 or self.baseline_max_new_tokens < 1:
-            raise ValueError("CriticConfig.baseline_samples must be >= 0 and baseline_max_new_tokens >= 1")
+        if self.baseline_samples_per_state < 0 or self.baseline_max_new_tokens < 1:
+            raise ValueError("CriticConfig.baseline_samples_per_state must be >= 0 and baseline_max_new_tokens >= 1")
         if self.head not in HEADS:
             raise ValueError(f"CriticConfig.head must be one of {HEADS}, got {self.head!r}")
         if self.head == "value" and self.nll_coef > 0:
@@ -292,7 +299,7 @@ def build_data(cfg: CriticConfig, tokenizer, seed: int) -> CriticData:
 def sharded_action_sums(accelerator, model, tokenizer, turns: list[CriticTurn], indices: list[int],
                         mcfg: ModelConfig, ccfg: CriticConfig, desc: str = "") -> Any:
     """Σ_{y ∈ a_t} log π(y | o_t, c) (value head: Σ v) for turns[indices], no grad, split
-    over processes (sweet.core.scoring.sharded_scores, contexts of similar length together:
+    over processes (sweet.core.nograd_pass.sharded_scores, contexts of similar length together:
     less padding); every process gets all values, float64 [len(indices)]."""
     import torch
 
@@ -374,6 +381,47 @@ def needed_turns(data: CriticData, turn_idx: list[int]) -> list[int]:
     return list(turn_idx) + extra
 
 
+@dataclass(frozen=True)
+class PairTurns:
+    """The turns a set of trajectory pairs is scored on.
+
+    episodes:   the pairs' episodes, sorted; scores are indexed by position in this list.
+    turns:      their turns, episode by episode, in turn order.
+    needed:     `turns`, then the baseline turns they need (centred critic): what a
+                forward pass scores.
+    episode_of: for each of `turns`, its episode's position in `episodes`.
+    chosen / rejected: per pair, the positions of its two episodes.
+    """
+
+    episodes: list[int]
+    turns: list[int]
+    needed: list[int]
+    episode_of: list[int]
+    chosen: list[int]
+    rejected: list[int]
+
+    @classmethod
+    def of(cls, data: CriticData, pairs: list[tuple[int, int]]) -> "PairTurns":
+        episodes = sorted({e for pair in pairs for e in pair})
+        slot = {e: k for k, e in enumerate(episodes)}
+        turns = [t for e in episodes for t in data.episode_turns[e]]
+        episode_of = [slot[e] for e in episodes for _ in data.episode_turns[e]]
+        return cls(episodes, turns, needed_turns(data, turns), episode_of, [slot[c] for c, _ in pairs],
+                   [slot[r] for _, r in pairs])
+
+    def per_episode(self, values):
+        """Σ over each episode's turns of per-turn `values` [len(turns)] -> [len(episodes)]."""
+        import torch
+
+        index = torch.tensor(self.episode_of, device=values.device)
+        return trajectory_scores(values, index, len(self.episodes))
+
+    def scores(self, logp, ref_sums, data: CriticData, ccfg: CriticConfig):
+        """score(τ) = Σ_t A(o_t, a_t, c) per episode [len(episodes)], from `logp`, the Σ over
+        a of log π_θ (value head: of v) of `needed` (A centred when the critic is)."""
+        return self.per_episode(turn_advantages(logp, ref_sums, data, self.turns, self.needed, ccfg))
+
+
 def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[int, int]], ccfg: CriticConfig,
                mcfg: ModelConfig, device) -> tuple[Any, Any, Any]:
     """One forward over every turn of the pairs' episodes (and their baseline actions).
@@ -381,47 +429,30 @@ def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[i
     the value head), and the margin."""
     import torch
 
-
-    episodes = sorted({e for pair in pairs for e in pair})
-    slot = {e: k for k, e in enumerate(episodes)}
-    turn_idx = [t for e in episodes for t in data.episode_turns[e]]
-    needed = needed_turns(data, turn_idx)
-    traj = torch.tensor([slot[e] for e in episodes for _ in data.episode_turns[e]], device=device)
-    batch = critic_batch(tokenizer, [data.turns[t] for t in needed], ccfg.header, mcfg.max_length, mcfg.keep_head,
-                         ccfg.training_info, ccfg.context_template())
+    pt = PairTurns.of(data, pairs)
+    batch = critic_batch(tokenizer, [data.turns[t] for t in pt.needed], ccfg.header, mcfg.max_length,
+                         mcfg.keep_head, ccfg.training_info, ccfg.context_template())
     logp = action_sums(model, batch.to(device), ccfg.head)  # Σ over a_t of log π_θ (value head: of v)
-    advantages = turn_advantages(logp, ref_sums, data, turn_idx, needed, ccfg)
-    scores = trajectory_scores(advantages, traj, len(episodes))
-    chosen = torch.tensor([slot[c] for c, _ in pairs], device=device)
-    rejected = torch.tensor([slot[r] for _, r in pairs], device=device)
-    bt, _ = bradley_terry_loss(scores[chosen], scores[rejected])
+    scores = pt.scores(logp, ref_sums, data, ccfg)
+    chosen, rejected = scores[pt.chosen], scores[pt.rejected]
+    bt, _ = bradley_terry_loss(chosen, rejected)
     if ccfg.head == "value":
-        nll = torch.zeros(len(episodes), device=device)
+        nll = torch.zeros(len(pairs), device=device)
     else:
-        n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in turn_idx], device=device, dtype=logp.dtype)
-        n = len(turn_idx)
-        nll = -trajectory_scores(logp[:n], traj, len(episodes)) / trajectory_scores(n_tokens, traj, len(episodes))
-    return bt, nll[chosen], (scores[chosen] - scores[rejected]).detach()
+        n_tokens = torch.tensor([len(data.turns[t].action_ids) for t in pt.turns], device=device, dtype=logp.dtype)
+        nll = (-pt.per_episode(logp[:len(pt.turns)]) / pt.per_episode(n_tokens))[pt.chosen]
+    return bt, nll, (chosen - rejected).detach()
 
 
 def evaluate(accelerator, model, tokenizer, data: CriticData, ref_sums, ccfg: CriticConfig,
              mcfg: ModelConfig) -> dict[str, float]:
     """Held-out pairwise accuracy and mean margin."""
-    import torch
-
-
     if not data.eval_pairs:
         return {}
-    episodes = sorted({e for pair in data.eval_pairs for e in pair})
-    turn_idx = [t for e in episodes for t in data.episode_turns[e]]
-    needed = needed_turns(data, turn_idx)
-    logp = sharded_action_sums(accelerator, model, tokenizer, data.turns, needed, mcfg, ccfg)
-    adv = turn_advantages(logp, ref_sums, data, turn_idx, needed, ccfg)
-    slot = {e: k for k, e in enumerate(episodes)}
-    traj = torch.tensor([slot[e] for e in episodes for _ in data.episode_turns[e]], device=logp.device)
-    scores = trajectory_scores(adv, traj, len(episodes))
-    acc, margin = pair_accuracy_and_margin(scores[[slot[c] for c, _ in data.eval_pairs]],
-                                           scores[[slot[r] for _, r in data.eval_pairs]])
+    pt = PairTurns.of(data, data.eval_pairs)
+    logp = sharded_action_sums(accelerator, model, tokenizer, data.turns, pt.needed, mcfg, ccfg)
+    scores = pt.scores(logp, ref_sums, data, ccfg)
+    acc, margin = pair_accuracy_and_margin(scores[pt.chosen], scores[pt.rejected])
     return {"critic/pair_accuracy": acc, "critic/margin": margin}
 
 
@@ -449,8 +480,8 @@ def attach_baselines(data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig, to
 
     proc = process_state()
     sampler = ccfg.baseline_sampler or "hf:" + resolve_model_path(mcfg.model)
-    args = (data.turns, sampler, ccfg.baseline_samples, ccfg.baseline_max_new_tokens, int(tokenizer.eos_token_id),
-            out, seed)
+    args = (data.turns, sampler, ccfg.baseline_samples_per_state, ccfg.baseline_max_new_tokens,
+            int(tokenizer.eos_token_id), out, seed)
     if proc.is_main_process:
         sample_baselines(*args, dtype=mcfg.dtype)
     proc.wait_for_everyone()
@@ -459,8 +490,8 @@ def attach_baselines(data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig, to
     data.baseline = baseline_index(data.turns, n, samples)
     same = sum(all(data.turns[b].action_ids == data.turns[t].action_ids for b in row)
                for t, row in enumerate(data.baseline))
-    proc.print(f"critic: centred by {ccfg.baseline_samples} samples of {sampler} per turn; {same} of {n} turns' "
-               f"samples all equal the action taken (their centred advantage is 0); {len(data.turns) - n} "
+    proc.print(f"critic: centred by {ccfg.baseline_samples_per_state} samples of {sampler} per turn; {same} of {n} "
+               f"turns' samples all equal the action taken (their centred advantage is 0); {len(data.turns) - n} "
                "other baseline actions scored")
 
 
@@ -483,7 +514,7 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
     if tokenizer.eos_token_id is None:
         raise ValueError(f"model {mcfg.model!r}: tokenizer has no eos token (needed to end every action)")
     data = build_data(ccfg, tokenizer, tcfg.seed)
-    if ccfg.baseline_samples:
+    if ccfg.baseline_samples_per_state:
         attach_baselines(data, ccfg, mcfg, tokenizer, out, tcfg.seed)
     set_seed(tcfg.seed)  # the initial model (LoRA adapters) is rebuilt identically on a resume
     trainer = Trainer(mcfg, tcfg, tokenizer, model=_value_model(mcfg) if ccfg.head == "value" else None,

@@ -2,7 +2,7 @@
 workflow above stage 2, dispatched by sweet/train_policy.py for `--algorithm sweet`.
 
 After each round of stage 2 (sweet/algorithms/sweet_rl.py) the trained policy plays
-`rollouts_per_task` new episodes per task against `--simulator` (resumable JSONL in
+`episodes_per_task` new episodes per task against `--simulator` (resumable JSONL in
 output_dir/round-r/episodes.jsonl), the critic is retrained with the settings of
 `--critic` (its config.json) on all episodes so far, and stage 2 runs again from the
 previous round's policy, which is also the new DPO reference. Round r writes to
@@ -10,7 +10,7 @@ output_dir/round-r/. One process, `--stage all`.
 
     python -m sweet.train_policy --algorithm sweet --rounds 2 --simulator scripted:testbed \\
         --episodes eps.jsonl --tasks tasks.jsonl --env testbed --critic runs/critic-tiny --model tiny \\
-        --num_candidates 4 --max_new_tokens 32 --output_dir runs/sweet-rounds
+        --candidates_per_state 4 --max_new_tokens 32 --output_dir runs/sweet-rounds
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from colbench.cli import canonical_keys
 from colbench.episodes import load_episodes
 from colbench.rollout import episode_seeds
 from colbench.tasks import load_tasks, usable_tasks
@@ -40,7 +41,9 @@ class RoundsConfig:
 
     rounds: int = field(default=1, metadata={"help": "rounds: >1 collects new episodes with the trained policy, retrains the critic, repeats"})
     simulator: str = field(default="", metadata={"help": "rounds > 1: simulated human for the new episodes (e.g. scripted:backend, vllm:...)"})
-    rollouts_per_task: int = field(default=2, metadata={"help": "rounds > 1: new episodes per task (seeds r*1000 .. r*1000+N-1)"})
+    episodes_per_task: int = field(default=2, metadata={
+        "help": "rounds > 1: new episodes per task each round (seeds r*1000 .. r*1000+N-1)",
+        "aliases": ["--rollouts_per_task"]})
     max_turns: int | None = field(default=None, metadata={"help": "rounds > 1: agent turns per new episode (default: the env's)"})
     human_prompt: str | None = human_prompt_field()  # the new episodes' agent prompt: stage 2's --agent_prompt
 
@@ -49,20 +52,20 @@ class RoundsConfig:
             raise ValueError(f"RoundsConfig.rounds must be >= 1, got {self.rounds}")
         if self.rounds > 1 and not self.simulator:
             raise ValueError("RoundsConfig.simulator is required with rounds > 1 (new episodes need a simulated human)")
-        if self.rollouts_per_task < 1:
-            raise ValueError(f"RoundsConfig.rollouts_per_task must be >= 1, got {self.rollouts_per_task}")
+        if self.episodes_per_task < 1:
+            raise ValueError(f"RoundsConfig.episodes_per_task must be >= 1, got {self.episodes_per_task}")
 
 
-def main(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
+def main(model_cfg, train, cfg, cand, rounds: RoundsConfig, ranker=None):
     """`--algorithm sweet`: one round of stage 2, or `rounds.rounds` rounds."""
     if rounds.rounds == 1:
-        return run_round(model_cfg, train, cfg, cand, scorer)
+        return run_round(model_cfg, train, cfg, cand, ranker)
     if cfg.critic == ORACLE_CRITIC:  # rounds retrain the critic from its dir's config.json
         raise ValueError(f"--critic {ORACLE_CRITIC} runs one round: there is no critic to retrain")
-    return run_rounds(model_cfg, train, cfg, cand, rounds, scorer)
+    return run_rounds(model_cfg, train, cfg, cand, rounds, ranker)
 
 
-def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
+def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, ranker=None):
     """`rounds.rounds` rounds of stage 2; returns the last round's final model."""
 
     if process_state().num_processes > 1 or cfg.stage != "all":
@@ -73,7 +76,7 @@ def run_rounds(model_cfg, train, cfg, cand, rounds: RoundsConfig, scorer=None):
     from colbench.prompts import check_prompt_flags
 
     check_prompt_flags(cfg.env, rounds.simulator, cfg.agent_prompt, rounds.human_prompt)  # before round 1 trains
-    final = run_round(model_cfg, train, cfg, cand, scorer)
+    final = run_round(model_cfg, train, cfg, cand, ranker)
     episodes = [cfg.episodes]
     for r in range(1, rounds.rounds):
         out = Path(train.output_dir) / f"round-{r}"
@@ -93,7 +96,7 @@ def collect_episodes(policy: Path, cfg, cand, rounds: RoundsConfig, path: Path, 
     tasks = [t for t in usable_tasks(loaded, source=cfg.tasks) if t.task_id in task_ids]
     sampling = SamplingParams(temperature=cand.temperature, top_p=cand.top_p, max_new_tokens=cand.max_new_tokens)
     policy_episodes(f"hf:{policy}", tasks, env=cfg.env, simulator=rounds.simulator, sampling=sampling,
-                    seeds=episode_seeds(seed, rounds.rollouts_per_task), max_turns=rounds.max_turns, out_path=path,
+                    seeds=episode_seeds(seed, rounds.episodes_per_task), max_turns=rounds.max_turns, out_path=path,
                     engine_options=EngineOptions(batch_size=cand.sampler_batch_size), agent_prompt=cfg.agent_prompt,
                     human_prompt=rounds.human_prompt)
     return path
@@ -103,7 +106,11 @@ def retrain_critic(critic_dir: str, episodes: str, out: Path) -> Path:
     """Retrain the critic with the settings of `critic_dir` (its config.json) on `episodes`."""
 
     saved = json.loads((Path(critic_dir) / "config.json").read_text())
-    build = lambda cls, d: cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # noqa: E731
+
+    def build(cls, d):  # a config.json written before a field's rename names it by its alias
+        d = canonical_keys([cls], d, f"{critic_dir}/config.json")
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
     ccfg = replace(build(CriticConfig, saved["critic"]), episodes=episodes, eval_episodes="")
     tcfg = replace(build(CriticTrainConfig, saved["train"]), output_dir=str(out))
     train_critic(build(ModelConfig, saved["model"]), tcfg, ccfg)

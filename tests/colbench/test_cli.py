@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from colbench.cli import ConfigError, parse_configs
+from colbench.cli import ConfigError, make_configs, parse_configs
 
 
 @dataclass
@@ -96,6 +96,50 @@ def test_evaluate_keeps_its_flag_names():
     assert (c.output, c.agent, c.baseline_agent, c.single_turn, c.max_turns, c.progress) == (
         "o", ["reference", "b=tiny"], "reference", True, 3, False)
     assert parse_config(["--output", "o", "--agent", "x", "--baseline_agent", "y"]).baseline_agent == "y"
+
+
+# ---- a renamed field keeps its earlier name as an alias -----------------------------------
+
+
+@dataclass
+class SampleConfig:
+    candidates_per_state: int = field(default=16, metadata={"help": "K per state", "aliases": ["--num_candidates"]})
+
+
+@pytest.mark.parametrize("argv", [["--candidates_per_state", "4"], ["--candidates-per-state", "4"],
+                                  ["--num_candidates", "4"], ["--num_candidates", "2", "--num_candidates", "4"]])
+def test_an_alias_sets_the_same_field(argv):
+    (cfg,) = parse_configs([SampleConfig], argv)
+    assert cfg.candidates_per_state == 4
+    assert parse_configs([SampleConfig], [])[0].candidates_per_state == 16
+
+
+def test_name_and_alias_in_one_command_is_one_line_naming_both(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_configs([SampleConfig], ["--num_candidates", "4", "--candidates-per-state", "4"], prog="prog")
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1
+    assert "--num_candidates and --candidates_per_state name the same setting (candidates_per_state)" in err
+
+
+def test_alias_in_a_config_file_and_in_make_configs(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("num_candidates: 3\n")
+    assert parse_configs([SampleConfig], ["--config", str(cfg)])[0].candidates_per_state == 3
+    assert parse_configs([SampleConfig], ["--config", str(cfg), "--candidates_per_state", "5"])[0] \
+        .candidates_per_state == 5  # flags override the file, under either name
+    cfg.write_text("num_candidates: 3\ncandidates_per_state: 4\n")
+    with pytest.raises(ConfigError, match="run.yaml: 'num_candidates' and 'candidates_per_state' name the same"):
+        parse_configs([SampleConfig], ["--config", str(cfg)])
+    assert make_configs([SampleConfig], {"num_candidates": 5})[0].candidates_per_state == 5
+    with pytest.raises(ConfigError, match="make_configs: 'candidates_per_state' and 'num_candidates'"):
+        make_configs([SampleConfig], {"candidates_per_state": 5, "num_candidates": 5})
+
+
+def test_help_names_the_alias(capsys):
+    with pytest.raises(SystemExit):
+        parse_configs([SampleConfig], ["--help"])
+    assert "K per state (alias: --num_candidates)" in " ".join(capsys.readouterr().out.split())
 
 
 # ---- values type-checked at parse time, one-line errors (run_main) ---------------------------

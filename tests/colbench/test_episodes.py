@@ -66,7 +66,7 @@ def env():
 
 @pytest.fixture(scope="module")
 def tasks():
-    return make_tasks("test", n=6)
+    return make_tasks("test", n=6, spec="legacy")
 
 
 def q_by_index(task) -> int:

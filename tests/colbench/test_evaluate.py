@@ -132,7 +132,7 @@ def test_bad_input_one_error_line_exit_2(tmp_path, replay_file, tasks, capsys):
         (["--agent", "tiny"], "give --simulator SPEC or use --single-turn"),
         (["--agent", "tiny", "--simulator", "scripted:nope"], "unknown simulator 'scripted:nope'"),
         (["--agent", "reference", "--env", "nope"], "unknown environment 'nope'"),
-        (["--agent", "reference", "--seeds", "0"], "--seeds: invalid value 0"),
+        (["--agent", "reference", "--seeds", "0"], "--episodes-per-task: invalid value 0"),
         (["--agent", "a=reference", "--agent", "a=tiny", "--simulator", "tiny"], "share the name 'a'"),
         (["--agent", "reference"], "--output DIR is required"),
     ]
@@ -156,7 +156,7 @@ def test_yaml_config_with_flag_override(tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("env: backend\nagent: [reference]\nseeds: 2\ntemperature: 0.7\noutput: out\n")
     c = parse_config(["--config", str(cfg), "--seeds", "3"])
-    assert (c.agent, c.seeds, c.temperature, c.output) == (["reference"], 3, 0.7, "out")
+    assert (c.agent, c.episodes_per_task, c.temperature, c.output) == (["reference"], 3, 0.7, "out")
     cfg.write_text("agents: [reference]\n")
     with pytest.raises(ValueError, match="unknown setting 'agents'"):
         parse_config(["--config", str(cfg)])

@@ -258,7 +258,8 @@ def test_bad_input_is_one_line_exit_2_no_traceback(tmp_path, yaml_text, args, me
 def test_debug_shows_the_traceback(tmp_path):
     r = evaluate("--agent", "reference", "--seeds", "0", "--output", str(tmp_path / "out"), "--debug")
     assert r.returncode == 2 and "Traceback" in r.stderr
-    assert r.stderr.splitlines()[-1] == f"{PROG}: error: --seeds: invalid value 0 (expected an integer in 1..1000)"
+    assert r.stderr.splitlines()[-1] == (f"{PROG}: error: --episodes-per-task: invalid value 0 "
+                                         "(expected an integer in 1..1000)")
 
 
 def test_ctrl_c_while_waiting_for_a_server_stops_at_once(tmp_path):

@@ -44,8 +44,8 @@ def backend_url(colbench_server):
 
 @pytest.fixture(scope="module")
 def bed_url(colbench_server):
-    with colbench_server("--env", "testbed", "--tasks", "builtin:test", "--simulator", "scripted:testbed",
-                "--max-connections", "16") as url:
+    with colbench_server("--env", "testbed", "--tasks", "builtin:legacy/test", "--max-turns", "4",
+                         "--simulator", "scripted:testbed", "--max-connections", "16") as url:
         yield url
 
 
@@ -140,8 +140,8 @@ def test_tiny_model_episodes_through_the_server_equal_the_runners(bed_url):
     from engines.base import SamplingParams
     from testbed.human import TestbedSimulator
 
-    tasks = load_tasks("builtin:test", env="testbed", limit=3)
-    env = make_env("testbed")
+    tasks = load_tasks("builtin:legacy/test", env="testbed", limit=3)
+    env = make_env("testbed", spec="legacy")
     agent = ModelAgent(load_engine("tiny"), SamplingParams(temperature=0.0, max_new_tokens=24), name="tiny")
     try:
         runner = rollout(env, tasks, agent, TestbedSimulator())
@@ -190,7 +190,7 @@ def test_nothing_hidden_reaches_the_wire(backend_url):
 
 
 def test_concurrent_episodes_stay_apart(bed_url):
-    tasks = load_tasks("builtin:test", env="testbed")[:8]
+    tasks = load_tasks("builtin:legacy/test", env="testbed")[:8]
     results: dict[str, tuple] = {}
     errors: list[BaseException] = []
 
@@ -223,10 +223,10 @@ def test_concurrent_steps_are_batched_into_one_simulator_call():
     """In process: steps of 8 sessions waiting together are advanced as one batch."""
     from colbench.serve import EpisodeStore, ServeConfig
 
-    store = EpisodeStore(ServeConfig(env="testbed", tasks="builtin:test", simulator="scripted:testbed",
-                                     batch_wait_s=0.5))
+    store = EpisodeStore(ServeConfig(env="testbed", tasks="builtin:legacy/test", max_turns=4,
+                                     simulator="scripted:testbed", batch_wait_s=0.5))
     try:
-        tasks = load_tasks("builtin:test", env="testbed")[:8]
+        tasks = load_tasks("builtin:legacy/test", env="testbed")[:8]
         ids = [store.start(task_id=t.task_id).episode_id for t in tasks]
         replies = {}
         threads = [threading.Thread(target=lambda e=e: replies.__setitem__(e, store.step(e, "What happens to negative numbers?")))

@@ -59,7 +59,7 @@ def test_registry_loads_scripted_and_user_simulators():
     env = TestbedEnv()
     assert load_simulator(None, env) is None
     assert isinstance(load_simulator("scripted:backend", env, max_reply_chars=50), ScriptedBackendSimulator)
-    with pytest.raises(SpecError, match="unknown simulator 'scripted:nope'; known: scripted:backend"):
+    with pytest.raises(SpecError, match="unknown simulator 'scripted:nope'; known: scripted:appworld, scripted:backend"):
         load_simulator("scripted:nope", env)
     register_simulator("echo-idk", "simulators.scripted:DontKnowSimulator")
     assert "echo-idk" in simulator_names()
@@ -71,7 +71,7 @@ def test_registry_loads_scripted_and_user_simulators():
 
 
 def test_scripted_backend_on_testbed_task_mentions_its_constants():
-    task = make_tasks("test", n=1)[0]
+    task = make_tasks("test", n=1, spec="legacy")[0]
     [r] = ScriptedBackendSimulator().reply([SimRequest(task, [Turn("agent", "?")])])
     assert str(task.meta["a"]) in r.text and str(task.meta["b"]) in r.text
 

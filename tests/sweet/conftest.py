@@ -144,12 +144,13 @@ def kill_tree_fixture():
 # ---- the 2-process tests' launch configs ----------------------------------------------------
 
 CONFIGS = Path(__file__).resolve().parents[2] / "sweet" / "configs"
-CPU_DIST_CONFIGS = ("ddp_cpu_2proc.yaml", "fsdp_cpu_2proc.yaml")
+CPU_DIST_CONFIGS = ("ddp_cpu_2proc.yaml", "fsdp_cpu_2proc.yaml", "deepspeed_zero2_cpu_2proc.yaml",
+                    "deepspeed_zero3_cpu_2proc.yaml")
 
 
 def dist_config_names() -> list[str]:
-    """The launch configs (names in sweet/configs) the 2-process tests run under: the two CPU
-    ones, plus those listed in $SWEET_DIST_CONFIGS (comma-separated, e.g.
+    """The launch configs (names in sweet/configs) the 2-process tests run under: the CPU
+    ones (DDP, FSDP2, DeepSpeed ZeRO-2 and ZeRO-3), plus those listed in $SWEET_DIST_CONFIGS (comma-separated, e.g.
     "multi_gpu.yaml,fsdp.yaml,deepspeed_zero2.yaml,deepspeed_zero3.yaml": scripts/gpu_check.sh
     sets it on a machine with GPUs)."""
     extra = [c.strip() for c in os.environ.get("SWEET_DIST_CONFIGS", "").split(",") if c.strip()]
@@ -183,16 +184,16 @@ def dist_config(name: str) -> DistConfig:
     cfg = yaml.safe_load((CONFIGS / name).read_text())
     kind = cfg["distributed_type"]
     if cfg.get("use_cpu"):
-        # the CPU configs launch through MULTI_GPU's torchrun (ddp_cpu_2proc.yaml explains why):
-        # DDP then runs as MULTI_CPU; FSDP stays FSDP (sweet.core.trainer.make_accelerator)
-        kind = "FSDP" if kind == "FSDP" else "MULTI_CPU"
+        # the CPU configs launch through torchrun (ddp_cpu_2proc.yaml explains why): DDP then
+        # runs as MULTI_CPU; FSDP and DeepSpeed stay what they are (sweet.core.trainer.make_accelerator)
+        kind = kind if kind in ("FSDP", "DEEPSPEED") else "MULTI_CPU"
     else:
         import torch
 
         if torch.cuda.device_count() < 2:
             pytest.skip(f"{name} needs 2 CUDA devices, {torch.cuda.device_count()} visible")
     if kind == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
-        pytest.skip(f"{name} needs deepspeed (not importable)")
+        pytest.skip(f"{name} needs deepspeed (not importable: pip install -e '.[deepspeed]')")
     fsdp_sharded = cfg.get("fsdp_config", {}).get("fsdp_state_dict_type") == "SHARDED_STATE_DICT"
     sharded = kind == "DEEPSPEED" or (kind == "FSDP" and fsdp_sharded)
     return DistConfig(name, kind, sharded, port_offset=100 * dist_config_names().index(name))

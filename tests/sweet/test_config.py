@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from colbench.cli import parse_configs
 from sweet.core.config import ModelConfig, TrainConfig
 
 
@@ -46,3 +47,30 @@ def test_senseless_algorithm_values_are_refused_naming_the_field(case):
     cls, kwargs, name, shown = _algorithm_cases()[case]
     with pytest.raises(ValueError, match=rf"{cls.__name__}.{name} must be .*got {shown}"):
         cls(**kwargs)
+
+
+# ---- one name per sample count, the earlier names kept as aliases (docs/README.md) ------------
+
+
+@pytest.mark.parametrize("module, config, field_name, canonical, alias", [
+    ("colbench.evaluate", "EvalConfig", "episodes_per_task", "--episodes_per_task", "--seeds"),
+    ("sweet.algorithms.loop", "LoopConfig", "episodes_per_task", "--episodes_per_task", "--k"),
+    ("sweet.workflows.rounds", "RoundsConfig", "episodes_per_task", "--episodes_per_task", "--rollouts_per_task"),
+    ("sweet.algorithms.sweet_candidates", "CandidateConfig", "candidates_per_state", "--candidates_per_state",
+     "--num_candidates"),
+    ("sweet.critic.train", "CriticConfig", "baseline_samples_per_state", "--baseline_samples_per_state",
+     "--baseline_samples"),
+    ("testbed.demo", "DemoConfig", "baseline_samples_per_state", "--baseline_samples_per_state",
+     "--critic_baseline_samples"),
+])
+def test_the_sample_counts_have_one_name_each_and_keep_their_earlier_one(module, config, field_name, canonical,
+                                                                        alias):
+    """docs/README.md's table: episodes per task, candidates per state, baseline samples per state."""
+    import importlib
+
+    tp = getattr(importlib.import_module(module), config)
+    required = ["--output", "o", "--agent", "reference"] if config == "EvalConfig" else []
+    types = [tp]
+    (a,) = [c for c in parse_configs(types, [*required, canonical, "3"]) if isinstance(c, tp)]
+    (b,) = [c for c in parse_configs(types, [*required, alias, "3"]) if isinstance(c, tp)]
+    assert getattr(a, field_name) == getattr(b, field_name) == 3 and a == b

@@ -8,7 +8,7 @@ import torch
 from sweet.core.records import State
 from sweet.core.tokens import action_ids, with_training_info
 from sweet.critic.model import (
-    CriticScorer,
+    TrainedCritic,
     CriticSpec,
     bradley_terry_loss,
     pair_accuracy_and_margin,
@@ -99,7 +99,7 @@ def test_scorer_matches_manual_forward(tiny_tokenizer, two_models, length_normal
     spec = CriticSpec(beta=0.7, length_normalize=length_normalize, header="Training-time information",
                       reference_model="tiny", eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=1024,
                       training_info=training_info)
-    scorer = CriticScorer(spec, theta, ref, tok, torch.device("cpu"), batch_size=4)
+    scorer = TrainedCritic(spec, theta, ref, tok, torch.device("cpu"), batch_size=4)
     state = _state()
     actions = [tok("I WANT TO ANSWER: return 'apple'", add_special_tokens=False)["input_ids"],
                tok("Is it red?", add_special_tokens=False)["input_ids"],
@@ -138,7 +138,7 @@ def test_value_head_scorer_by_hand(tiny_tokenizer, length_normalize):
     spec = CriticSpec(beta=0.7, length_normalize=length_normalize, header="Training-time information",
                       reference_model="tiny", eos_token_id=tok.eos_token_id, lora=False, dtype="float32",
                       max_length=1024, head="value")
-    scorer = CriticScorer(spec, model, None, tok, torch.device("cpu"), batch_size=4)
+    scorer = TrainedCritic(spec, model, None, tok, torch.device("cpu"), batch_size=4)
     state = _state()
     actions = [tok("Is it red?", add_special_tokens=False)["input_ids"], tok("ok", add_special_tokens=False)["input_ids"]]
     text = tok.apply_chat_template(with_training_info(state.prompt, state.training_info, spec.header),
@@ -157,10 +157,10 @@ def test_value_head_scorer_by_hand(tiny_tokenizer, length_normalize):
 
 def test_scorer_load_needs_a_critic_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match="critic_config.json"):
-        CriticScorer.load(tmp_path)
+        TrainedCritic.load(tmp_path)
     (tmp_path / "critic_config.json").write_text('{"beta": 1.0}')
     with pytest.raises(ValueError, match="malformed critic config"):
-        CriticScorer.load(tmp_path)
+        TrainedCritic.load(tmp_path)
 
 
 def test_scorer_truncates_long_contexts_like_training(tiny_tokenizer, two_models):
@@ -172,7 +172,7 @@ def test_scorer_truncates_long_contexts_like_training(tiny_tokenizer, two_models
     tok = tiny_tokenizer
     spec = CriticSpec(beta=1.0, length_normalize=True, header="Training-time information", reference_model="tiny",
                       eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=64, keep_head=16)
-    scorer = CriticScorer(spec, theta, ref, tok, torch.device("cpu"))
+    scorer = TrainedCritic(spec, theta, ref, tok, torch.device("cpu"))
     state = _state()
     actions = [tok("Is it red?", add_special_tokens=False)["input_ids"], tok("ok", add_special_tokens=False)["input_ids"]]
     examples = [CriticTurn(state, action_ids(a, tok.eos_token_id, None)) for a in actions]
@@ -191,7 +191,7 @@ def test_scorer_appends_end_of_turn_by_the_finish_reason(tiny_tokenizer, two_mod
     tok = tiny_tokenizer
     spec = CriticSpec(beta=1.0, length_normalize=True, header="Training-time information", reference_model="tiny",
                       eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=1024)
-    scorer = CriticScorer(spec, theta, ref, tok, torch.device("cpu"))
+    scorer = TrainedCritic(spec, theta, ref, tok, torch.device("cpu"))
     state = _state()
     a = tok("Is it red?", add_special_tokens=False)["input_ids"]
     ended = _manual_advantage(tok, theta, ref, state, a, 1.0, True)  # a + eos

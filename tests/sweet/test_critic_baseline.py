@@ -1,4 +1,4 @@
-"""The centred critic (`--baseline_samples K`, sweet/critic/baseline.py): its loss by hand,
+"""The centred critic (`--baseline_samples_per_state K`, sweet/critic/baseline.py): its loss by hand,
 a turn the policy always takes carries nothing, and the samples are drawn once, resumably."""
 
 import json
@@ -28,7 +28,7 @@ def _data(tmp_path, tok, make_synthetic, samples_of):
     tasks, episodes = make_synthetic(tok, 3, secrets=("apple", "river"))
     ccfg = CriticConfig(episodes=str(_write(tmp_path / "e.jsonl", episodes)),
                         tasks=str(_write(tmp_path / "t.jsonl", tasks)), eval_fraction=0.0, beta=0.5,
-                        baseline_samples=2)
+                        baseline_samples_per_state=2)
     data = build_data(ccfg, tok, 0)
     n = len(data.turns)
     samples = {state_key(t): samples_of(t) for t in data.turns}
@@ -149,22 +149,22 @@ def test_centred_critic_trains_end_to_end(tmp_path, synthetic_files, fresh_accel
     metrics = cli(["--episodes", str(synthetic_files[0]), "--tasks", str(synthetic_files[1]), "--output_dir", str(out),
                    "--num_epochs", "1", "--batch_size", "4", "--micro_batch_size", "2", "--learning_rate", "2e-3",
                    "--eval_fraction", "0.2", "--max_pairs", "8", "--max_length", "512", "--report_to", "none",
-                   "--baseline_samples", "2", "--baseline_max_new_tokens", "6"])
+                   "--baseline_samples_per_state", "2", "--baseline_max_new_tokens", "6"])
     assert 0.0 <= metrics["critic/pair_accuracy"] <= 1.0
     rows = [json.loads(x) for x in (out / SAMPLES_FILE).read_text().splitlines()]
     assert rows and all(len(r["actions"]) == 2 for r in rows)
     logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(math.isfinite(r["loss/bt"]) for r in logged if "loss/bt" in r)
-    assert json.loads((out / "config.json").read_text())["critic"]["baseline_samples"] == 2
+    assert json.loads((out / "config.json").read_text())["critic"]["baseline_samples_per_state"] == 2
     # the inspector centres as training did: with every state's samples = the first action
     # recorded there, a turn that took it scores 0 and another turn A(its action) − A(that one)
     from colbench.episodes import load_episodes
     from sweet.core.records import episode_states
     from sweet.critic.baseline import state_key_of
     from sweet.critic.inspect import advantages_of
-    from sweet.critic.model import CriticScorer, load_training_info
+    from sweet.critic.model import TrainedCritic, load_training_info
 
-    scorer = CriticScorer.load(str(out))
+    scorer = TrainedCritic.load(str(out))
     episodes = load_episodes(synthetic_files[0], env="backend")[:10]
     info = load_training_info(str(synthetic_files[1]), env="backend")
     first, taken = {}, {}
@@ -203,7 +203,7 @@ def test_centred_critic_on_two_cpu_processes_matches_one(tmp_path, synthetic_fil
     args = lambda out: ["--episodes", str(synthetic_files[0]), "--tasks", str(synthetic_files[1]),  # noqa: E731
                         "--output_dir", str(out), "--num_epochs", "1", "--batch_size", "4", "--micro_batch_size", "2",
                         "--learning_rate", "2e-3", "--eval_fraction", "0.2", "--max_pairs", "8", "--max_length", "512",
-                        "--report_to", "none", "--baseline_samples", "2", "--baseline_max_new_tokens", "6"]
+                        "--report_to", "none", "--baseline_samples_per_state", "2", "--baseline_max_new_tokens", "6"]
     one = tmp_path / "one"
     final = cli(args(one))
     ddp = tmp_path / "ddp"

@@ -22,8 +22,10 @@ ACCUM = accumulation_steps(32, 2, WORLD)  # 2
 def test_the_shipped_launch_configs_leave_the_values_to_the_trainer():
     from accelerate.utils import DeepSpeedPlugin
 
-    for stage in (2, 3):
-        fields = yaml.safe_load(Path(f"sweet/configs/deepspeed_zero{stage}.yaml").read_text())["deepspeed_config"]
+    for name, stage in [("deepspeed_zero2.yaml", 2), ("deepspeed_zero3.yaml", 3),
+                        ("deepspeed_zero2_cpu_2proc.yaml", 2), ("deepspeed_zero3_cpu_2proc.yaml", 3)]:
+        fields = yaml.safe_load(Path(f"sweet/configs/{name}").read_text())["deepspeed_config"]
+        assert fields["zero_stage"] == stage
         assert not {"gradient_accumulation_steps", "gradient_clipping"} & set(fields)
         # what accelerate builds from such a launch config (no ACCELERATE_GRADIENT_* variables)
         plugin = DeepSpeedPlugin(zero_stage=fields["zero_stage"])

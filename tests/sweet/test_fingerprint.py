@@ -86,6 +86,24 @@ def test_resume_with_other_settings_is_refused_and_a_fresh_start_moves_the_old_r
     assert len(list(out.glob("previous-*"))) == 2 and previous.exists()
 
 
+def test_a_run_recorded_under_a_fields_earlier_name_resumes(tmp_path):
+    """A field renamed since (`--num_candidates` -> `--candidates_per_state`, kept as an
+    alias) is compared under its new name: the same setting resumes, another is named."""
+    from sweet.algorithms.sweet_candidates import CandidateConfig
+
+    out = tmp_path / "run"
+    configs = lambda k: {"model": ModelConfig(model="tiny"), "train": TrainConfig(output_dir=str(out)),  # noqa: E731
+                         "cand": CandidateConfig(candidates_per_state=k)}
+    begin_run(out, configs(4), resume=True)
+    fp = json.loads((out / FINGERPRINT_FILE).read_text())
+    fp["cand.num_candidates"] = fp.pop("cand.candidates_per_state")  # as a run before the rename recorded it
+    (out / FINGERPRINT_FILE).write_text(json.dumps(fp))
+    (out / "metrics.jsonl").write_text('{"step": 0, "x": 1}\n')  # work done: a mismatch would be refused
+    assert begin_run(out, configs(4), resume=True) is None
+    with pytest.raises(RunMismatch, match=r"holds another run \(cand.candidates_per_state: 4 -> 5\)"):
+        begin_run(out, configs(5), resume=True)
+
+
 def test_a_folder_without_fingerprint_keeps_the_inputs_it_holds(tmp_path):
     """An earlier run of unknown settings is moved aside, but not the data this run reads
     from inside the folder (the warm start writes its episodes there)."""

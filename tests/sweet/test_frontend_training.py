@@ -168,7 +168,7 @@ def test_critic_stage2_evaluate_on_frontend_with_the_defaults(tmp_path):
     policy = tmp_path / "sweet"
     _run("sweet.train_policy", "--algorithm", "sweet", "--env", "frontend", "--episodes", str(episodes), "--tasks",
          str(tasks), "--critic", str(critic), "--output_dir", str(policy), "--model", "tiny", "--dtype", "float32",
-         "--report_to", "none", "--max_length", "1024", "--keep_head", "128", "--num_candidates", "4",
+         "--report_to", "none", "--max_length", "1024", "--keep_head", "128", "--candidates_per_state", "4",
          "--max_new_tokens", "8", "--learning_rate", "1e-3", "--micro_batch_size", "4", "--episode_fraction", "1")
     from sweet.algorithms.sweet_rl import CANDIDATES_FILE, read_candidates
 

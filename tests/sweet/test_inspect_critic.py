@@ -42,7 +42,7 @@ def _row(episode, scored):
 def test_page_shows_each_turns_advantage_ranked_candidates_and_escapes_text(critic_dir, synthetic_files, tmp_path):
     from sweet.core.records import episode_states, load_episodes
     from sweet.critic import inspect as inspect_critic
-    from sweet.critic.model import CriticScorer, load_training_info
+    from sweet.critic.model import TrainedCritic, load_training_info
 
     episodes_path, tasks = synthetic_files
     episodes = load_episodes(episodes_path, env="backend")[:4]
@@ -63,7 +63,7 @@ def test_page_shows_each_turns_advantage_ranked_candidates_and_escapes_text(crit
 
     # one advantage per agent turn, equal to the scorer's own A(o_t, a_t, c)
     shown = [float(x) for x in re.findall(r"A = ([+-]\d+\.\d+)", html)]
-    scorer = CriticScorer.load(critic_dir, device="cpu")
+    scorer = TrainedCritic.load(critic_dir, device="cpu")
     info = load_training_info(str(tasks), env="backend")
     expected = []
     for ep in inspect_critic.pick_episodes(episodes, {(episodes[1].episode_id, 0): []}, 60):
@@ -129,7 +129,7 @@ def test_credit_split_sums_each_part_of_the_margin_and_leaves_out_unequal_length
 def test_inspector_writes_the_credit_split_of_the_critics_pairs(critic_dir, synthetic_files, tmp_path):
     from sweet.core.records import load_episodes
     from sweet.critic import inspect as inspect_critic
-    from sweet.critic.model import CriticScorer, load_training_info
+    from sweet.critic.model import TrainedCritic, load_training_info
 
     episodes_path, tasks = synthetic_files
     inspect_critic.cli(["--critic", str(critic_dir), "--episodes", str(episodes_path), "--output",
@@ -139,7 +139,7 @@ def test_inspector_writes_the_credit_split_of_the_critics_pairs(critic_dir, synt
              if len(p.chosen.agent_turns) == len(p.rejected.agent_turns)]
     assert pairs, "the synthetic episodes should give equal-length pairs"
     written = json.loads((tmp_path / "out" / "credit_split.json").read_text())
-    scorer = CriticScorer.load(critic_dir, device="cpu")
+    scorer = TrainedCritic.load(critic_dir, device="cpu")
     info = load_training_info(str(tasks), env="backend")
     paired = list({id(e): e for p in pairs for e in (p.chosen, p.rejected)}.values())
     advs = {ep.episode_id: a for ep, a in zip(paired, inspect_critic.score_episodes(scorer, paired, info))}

@@ -119,12 +119,35 @@ def test_kl_term_by_hand():
 def test_loop_config_validates():
     from sweet.algorithms.loop import LoopConfig
 
-    with pytest.raises(ValueError, match="k must be >= 2"):
-        LoopConfig(k=1)
+    with pytest.raises(ValueError, match="episodes_per_task must be >= 2"):
+        LoopConfig(episodes_per_task=1)
     with pytest.raises(ValueError, match="ratio_level"):
         LoopConfig(ratio_level="episode")
     with pytest.raises(ValueError, match="advantage"):
         LoopConfig(advantage="gae")
+    with pytest.raises(ValueError, match=r"^LoopConfig.staleness must be >= 0, got -1$"):
+        LoopConfig(async_rollouts=True, staleness=-1)
+    with pytest.raises(ValueError, match="LoopConfig.async_rollouts"):
+        LoopConfig(async_rollouts=True, sampler="vllm")
+
+
+def test_async_batch_takes_pi_old_from_the_sampler_and_guards_against_its_version():
+    """Async rollouts: π_old is the sampler's log-probs, and the gap guard compares them
+    with the trainer's recomputation at the sampler's version (`recomputed`), never with
+    this pass's current log-probs. Numbers by hand, max_logprob_gap 0.5."""
+    from sweet.algorithms.loop import LoopConfig, SampledTurn, build_batch
+
+    turn = SampledTurn((1,), (2, 3, 4), [-1.0, -2.0, -3.0], 0, True, 1, recomputed=[-1.1, -2.9, -3.0])
+    current = torch.tensor([-5.0, -2.0, -3.0])  # the trainer now: far from the sampler on token 0 only
+    scored = [(current, None, None)]
+    batch, gap = build_batch([turn], scored, [1.0], None, LoopConfig(async_rollouts=True, max_logprob_gap=0.5))
+    assert batch[0].old.tolist() == [-1.0, -2.0, -3.0]  # the behaviour policy's
+    # |sampler − recomputed| = 0.1, 0.9, 0: token 1 masked (token 0 is not, though 4 away from the current)
+    assert batch[0].keep.tolist() == [True, False, True] and batch[0].traj_tokens == 2
+    assert gap == pytest.approx((0.1 + 0.9 + 0.0) / 3, abs=1e-6)
+    sync, sync_gap = build_batch([replace(turn, recomputed=None)], scored, [1.0], None, LoopConfig(max_logprob_gap=0.5))
+    assert sync[0].old.tolist() == [-5.0, -2.0, -3.0] and sync[0].keep.tolist() == [False, True, True]
+    assert sync_gap == pytest.approx(4 / 3, abs=1e-6)
 
 
 def test_defaults_follow_the_environment_and_the_paper(capsys):
@@ -183,12 +206,22 @@ def fixed_episodes(tok):
     return eps
 
 
+class Fixed:
+    """A collector whose every iteration has the same (already scored) episodes."""
+
+    def __init__(self, episodes):
+        self.fixed = episodes
+
+    def episodes(self, it):
+        return self.fixed
+
+
 def run_update(tmp_path, name, *, micro=16, batch=8, lora=False, sgd=True, **loop_kwargs):
     """One iteration's update on fixed_episodes with the real trainer; returns (weight deltas,
     metrics). `sgd`: the inner optimiser is plain SGD, so the update IS the gradient (Adam's
     first step would hide a gradient's scale)."""
     from engines.tiny import tiny_model_path
-    from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, train_on_episodes
+    from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, iteration
     from sweet.core.config import ModelConfig
     from sweet.core.models import load_model, load_tokenizer
     from sweet.core.trainer import Trainer
@@ -211,7 +244,7 @@ def run_update(tmp_path, name, *, micro=16, batch=8, lora=False, sgd=True, **loo
     ref = None
     if cfg.kl_coef > 0:
         ref = "disable_adapter" if lora else load_model(model_cfg, trainable=False)
-    metrics = train_on_episodes(trainer, fixed_episodes(tok), cfg, model_cfg, tok, seed=0, ref=ref)
+    metrics = iteration(trainer, Fixed(fixed_episodes(tok)), 0, cfg, model_cfg, tok, ref=ref)
     deltas = {n: p.detach() - before[n] for n, p in named() if p.requires_grad}
     return deltas, metrics
 
@@ -309,7 +342,7 @@ def test_a_run_that_cannot_learn_says_so(tmp_path):
     non-zero after saving the (unchanged) model; a rerun resumes and does not redo it."""
     out = tmp_path / "loop"
     cmd = [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
-           "--iterations", "2", "--tasks_per_iteration", "1", "--k", "3", "--max_new_tokens", "8", "--max_turns", "2",
+           "--iterations", "2", "--tasks_per_iteration", "1", "--k", "3", "--max_new_tokens", "8",
            "--micro_batch_size", "4", "--report_to", "none", "--output_dir", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode != 0, res.stderr[-3000:]
@@ -335,7 +368,7 @@ def test_one_iteration_with_a_vllm_sampler(tmp_path):
     out = tmp_path / "loop"
     cmd = [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
            "--sampler", "vllm", "--lora", "true", "--iterations", "2", "--tasks_per_iteration", "2", "--k", "2",
-           "--max_new_tokens", "8", "--max_turns", "2", "--report_to", "none", "--output_dir", str(out)]
+           "--max_new_tokens", "8", "--report_to", "none", "--output_dir", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert "Traceback" not in res.stderr, res.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -350,7 +383,7 @@ def runnable_answer_tasks(path: Path) -> Path:
     and LOOP has something to learn from (real sampling, real sandbox scoring)."""
     from testbed.env import make_tasks
 
-    tasks = [replace(t, tests=("0", "1")) for t in make_tasks("train", n=4)]
+    tasks = [replace(t, tests=("0", "1")) for t in make_tasks("train", n=4, spec="legacy")]
     path.write_text("".join(json.dumps(t.to_json()) + "\n" for t in tasks))
     return path
 
@@ -398,6 +431,59 @@ def test_killed_and_resumed_run_gives_the_uninterrupted_weights(tmp_path):
     a, b = _final_weights(whole / "final"), _final_weights(killed / "final")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (killed / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # four runs of the CLI
+def test_async_run_is_exact_across_runs_and_a_kill(tmp_path):
+    """Async rollouts at lag 1, 3 iterations: two runs give bit-identical weights, and so
+    does a run killed (SIGKILL) once iteration 0's checkpoint exists and rerun; no sampled
+    episode is lost (the killed run's episode files equal the whole run's), and every
+    episode records the version that played it: iteration j's, max(j − 1, 0)."""
+    import signal
+    import time
+
+    tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
+
+    def cmd(out):
+        return [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed",
+                "--model", "tiny", "--tasks", str(tasks), "--gradient_checkpointing", "true", "--iterations", "3",
+                "--tasks_per_iteration", "2", "--k", "8", "--temperature", "3", "--max_new_tokens", "1",
+                "--max_turns", "2", "--batch_size", "3", "--micro_batch_size", "4", "--learning_rate", "1e-3",
+                "--async_rollouts", "true", "--staleness", "1", "--report_to", "none", "--output_dir", str(out)]
+
+    runs = {name: tmp_path / name for name in ("a", "b", "killed")}
+    for name in ("a", "b"):
+        res = subprocess.run(cmd(runs[name]), cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+    assert "the sampler's model copy holds" in res.stdout + res.stderr
+    proc = subprocess.Popen(cmd(runs["killed"]), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 900
+    while not (runs["killed"] / "checkpoint-0" / "state.json").exists() and time.time() < deadline \
+            and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (runs["killed"] / "final").exists(), "the run finished before it could be killed"
+    res = subprocess.run(cmd(runs["killed"]), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming" in res.stdout + res.stderr
+
+    a = _final_weights(runs["a"] / "final")
+    for name in ("b", "killed"):
+        other = _final_weights(runs[name] / "final")
+        assert a.keys() == other.keys() and all(torch.equal(a[k], other[k]) for k in a), name
+        assert (runs[name] / "metrics.jsonl").read_text() == (runs["a"] / "metrics.jsonl").read_text(), name
+    rows = [json.loads(line) for line in (runs["a"] / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loop/policy_lag"] for r in rows] == [0.0, 1.0, 1.0]
+    assert all(r["loop/optimizer_steps"] > 0 for r in rows), rows
+    for j in range(3):
+        name = f"iter-{j:04d}.jsonl"
+        stored = (runs["a"] / "episodes" / name).read_text()
+        assert (runs["killed"] / "episodes" / name).read_text() == stored
+        episodes = [json.loads(line) for line in stored.splitlines()]
+        assert {e["meta"]["policy_version"] for e in episodes} == {max(j - 1, 0)}
+        assert all(len(e["meta"]["trainer_logprobs"]) == 2 for e in episodes)  # one row per agent turn
 
 
 def test_snapshots_count_iterations(tmp_path):
@@ -453,7 +539,8 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
         return [*launcher, "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
                 "--tasks", str(tasks), "--iterations", "2", "--tasks_per_iteration", "2", "--k", "8",
                 "--temperature", "3", "--max_new_tokens", "1", "--max_turns", "2", "--batch_size", "3",
-                "--micro_batch_size", "1", "--learning_rate", "1e-3", "--report_to", "none", "--output_dir", str(out)]
+                "--micro_batch_size", "1", "--learning_rate", "1e-3", "--kl_coef", "0.05", "--report_to", "none",
+                "--output_dir", str(out)]
 
     for out, launcher in ((tmp_path / "one", (sys.executable, "-m")), (tmp_path / "two", launch)):
         res = subprocess.run(cmd(out, launcher), cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -464,6 +551,7 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
     for r1, r2 in zip(rows["one"], rows["two"]):
         assert {k: v for k, v in r1.items() if k.startswith("env/")} == {k: v for k, v in r2.items() if k.startswith("env/")}
         assert r1["loss/policy"] == pytest.approx(r2["loss/policy"], abs=1e-5)
+        assert r1["loop/kl"] == pytest.approx(r2["loop/kl"], abs=1e-5)  # π_ref loaded whole, also under ZeRO-3
         assert r2["loop/sampler_trainer_logprob_gap"] < 1e-5  # the sampler plays the trained weights
     a, b = _final_weights(tmp_path / "one" / "final"), _final_weights(tmp_path / "two" / "final")
     assert all(torch.allclose(a[k], b[k], rtol=0, atol=2e-4) for k in a)
@@ -502,15 +590,16 @@ def test_ppo_iteration_zero_has_a_baseline(tmp_path, monkeypatch):
     from sweet.algorithms import loop
 
     seen = {}
-    original = loop.update
+    original = loop.frozen_batch
 
-    def recording(trainer, items, *args, **kwargs):
+    def recording(*args, **kwargs):
+        items, metrics = original(*args, **kwargs)
         seen["adv"] = [it.advantage for it in items]
         seen["traj"] = [it.trajectory for it in items]
         seen["target"] = [it.value_target for it in items]
-        return original(trainer, items, *args, **kwargs)
+        return items, metrics
 
-    monkeypatch.setattr(loop, "update", recording)
+    monkeypatch.setattr(loop, "frozen_batch", recording)
     raw_update, raw = run_update(tmp_path, "raw", advantage="ppo", normalize_advantages=False)
     raw_adv, raw_target = seen["adv"], seen["target"]
     norm_update, norm = run_update(tmp_path, "norm", advantage="ppo")

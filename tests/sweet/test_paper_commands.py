@@ -31,7 +31,7 @@ PAPER = {
                "critic.max_pairs": 0},
     "sweet": {"lr": SWEET_LR, "train.num_epochs": 1, "train.batch_size": 8, "algo.beta": 0.1, "algo.nll_coef": 0.01,
               "algo.pairs_per_state": 4, "algo.episode_fraction": 0.1, "algo.max_episodes": None,
-              "cand.num_candidates": 16, "cand.temperature": 1.0, "rounds.rounds": 1},
+              "cand.candidates_per_state": 16, "cand.temperature": 1.0, "rounds.rounds": 1},
     "mtdpo": {"lr": SWEET_LR, "train.num_epochs": 1, "train.batch_size": 8, "algo.beta": 0.1, "algo.nll_coef": 0.01,
               "algo.pairing": "paper"},
     "rft": {"lr": SWEET_LR, "train.num_epochs": 1, "train.batch_size": 8},

@@ -92,7 +92,7 @@ def candidates(data, tmp_path_factory):
     cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", pairs_per_state=2, max_episodes=2,
                       stage="sample")
     main(ModelConfig(model="tiny", dtype="float32"), SweetTrainConfig(output_dir=str(out), report_to="none"), cfg,
-         CandidateConfig(num_candidates=4, max_new_tokens=8), scorer=LowIdsWin())
+         CandidateConfig(candidates_per_state=4, max_new_tokens=8), ranker=LowIdsWin())
     return out / CANDIDATES_FILE
 
 

@@ -50,7 +50,7 @@ def _write(path: Path, records) -> Path:
 
 def test_critic_trains_and_scores_with_the_context_prompt_file(tmp_path, files, tiny_tokenizer, make_synthetic,
                                                                fresh_accelerate):
-    from sweet.critic.model import CriticScorer, critic_context_ids
+    from sweet.critic.model import TrainedCritic, critic_context_ids
     from sweet.critic.train import cli
 
     tasks, episodes = make_synthetic(tiny_tokenizer, 6)
@@ -69,7 +69,7 @@ def test_critic_trains_and_scores_with_the_context_prompt_file(tmp_path, files, 
     fp = json.loads((out / "fingerprint.json").read_text())
     assert fp["critic.critic_context_prompt"]["sha256"] == ctx.sha256 and fp["critic.critic_context_prompt"]["default"] is False
     # the stage-2 scorer builds its context from the recorded template: c inside our wording
-    scorer = CriticScorer.load(out, device="cpu")
+    scorer = TrainedCritic.load(out, device="cpu")
     from sweet.core.records import episode_states
 
     state = episode_states(episodes[0], tasks[0].hidden)[0]

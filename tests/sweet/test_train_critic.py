@@ -106,10 +106,10 @@ def test_two_cpu_processes_match_one(trained, tmp_path, synthetic_files):
 
 
 def test_scorer_reproduces_training_conditioning(trained, synthetic_files, tiny_tokenizer):
-    """CriticScorer.load(out).advantages == A computed the training way (final θ and
+    """TrainedCritic.load(out).advantages == A computed the training way (final θ and
     the cached π_ref sums of training) for held-out turns."""
     from sweet.core.models import load_model
-    from sweet.critic.model import CriticScorer, action_logprob_sums, critic_batch, per_turn_advantage
+    from sweet.critic.model import TrainedCritic, action_logprob_sums, critic_batch, per_turn_advantage
 
     out, _ = trained
     episodes, tasks = synthetic_files
@@ -125,7 +125,7 @@ def test_scorer_reproduces_training_conditioning(trained, synthetic_files, tiny_
     n = torch.tensor([len(t.action_ids) for t in turns])
     want = per_turn_advantage(logp, ref_sums[idx], n, 1.0, True).tolist()
 
-    scorer = CriticScorer.load(out, device="cpu")
+    scorer = TrainedCritic.load(out, device="cpu")
     # stage 2 passes the generated ids without eos; the scorer appends it as training did
     got = [scorer.advantages(t.state, [list(t.action_ids[:-1])])[0] for t in turns]
     assert got == pytest.approx(want, abs=1e-4)
@@ -139,9 +139,9 @@ def test_lora_critic_trains_and_scores(tmp_path, synthetic_files, fresh_accelera
     spec = json.loads((out / "critic_config.json").read_text())
     assert spec["lora"] is True and (out / spec["adapter_dir"]).exists()
     from sweet.core.records import episode_states, load_episodes
-    from sweet.critic.model import CriticScorer
+    from sweet.critic.model import TrainedCritic
 
-    scorer = CriticScorer.load(out, device="cpu")
+    scorer = TrainedCritic.load(out, device="cpu")
     assert scorer.ref_model is None  # π_ref = the base with adapters disabled, one model in memory
     ep = load_episodes(synthetic_files[0])[0]
     state = episode_states(ep, "def f():\n    return 'apple'")[0]
@@ -310,10 +310,10 @@ def test_pair_terms_by_hand(tmp_path, tiny_tokenizer, make_synthetic, fresh_acce
 def test_ablation_critic_trains_and_scores_as_trained(tmp_path, synthetic_files, tiny_tokenizer, fresh_accelerate,
                                                       variant):
     """Each ablation end to end: `python -m sweet.train_critic <flag>` learns, records the
-    switch in critic_config.json, and CriticScorer.load scores the held-out pairs with
+    switch in critic_config.json, and TrainedCritic.load scores the held-out pairs with
     the same head, reduction and context: its margins reproduce training's
     `critic/margin` metric. (LoRA value head: the adapter and the head in final/.)"""
-    from sweet.critic.model import CriticScorer
+    from sweet.critic.model import TrainedCritic
 
     lora = variant.endswith("_lora")
     variant = variant.removesuffix("_lora")
@@ -343,7 +343,7 @@ def test_ablation_critic_trains_and_scores_as_trained(tmp_path, synthetic_files,
     ccfg = CriticConfig(episodes=str(episodes), tasks=str(tasks), eval_fraction=0.2, max_pairs=12,
                         **VARIANTS[variant])
     data = build_data(ccfg, tiny_tokenizer, seed=0)
-    scorer = CriticScorer.load(out, device="cpu")
+    scorer = TrainedCritic.load(out, device="cpu")
 
     def score(e):  # stage 2's call: generated ids without eos, the state with c
         return sum(scorer.advantages(data.turns[t].state, [list(data.turns[t].action_ids[:-1])])[0]

@@ -199,7 +199,7 @@ def low_ids_score(action) -> float:
 
 
 class LowIdsWin:
-    """A deterministic scorer with the CriticScorer interface: A = −mean(action ids)."""
+    """A deterministic ranker with the CandidateRanker interface: A = −mean(action ids)."""
 
     def __init__(self):
         self.calls = 0
@@ -227,12 +227,12 @@ def test_sweet_pairs_by_score_and_resumes_candidates(data, tmp_path):
                              save_steps=0)
     cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", pairs_per_state=2, max_episodes=2,
                       stage="sample")
-    cand = CandidateConfig(num_candidates=4, max_new_tokens=8)
-    scorer = LowIdsWin()
-    assert main(model, train, cfg, cand, scorer=scorer) is None  # sample only
+    cand = CandidateConfig(candidates_per_state=4, max_new_tokens=8)
+    ranker = LowIdsWin()
+    assert main(model, train, cfg, cand, ranker=ranker) is None  # sample only
     rows = read_candidates(out / CANDIDATES_FILE)
     n_states = sum(len(ep.agent_turns) for ep in eps[:2])
-    assert len(rows) == n_states and scorer.calls >= 1
+    assert len(rows) == n_states and ranker.calls >= 1
     for row in rows.values():
         assert len(row.candidates) == 4
         assert all(c.advantage == pytest.approx(low_ids_score(c.token_ids)) for c in row.candidates)
@@ -241,7 +241,7 @@ def test_sweet_pairs_by_score_and_resumes_candidates(data, tmp_path):
 
     # a rerun finds every state sampled: no sampling, no scoring, same file
     cfg_all = SweetConfig(**{**cfg.__dict__, "stage": "all"})
-    final = main(model, train, cfg_all, cand, scorer=LowIdsWin())
+    final = main(model, train, cfg_all, cand, ranker=LowIdsWin())
     assert (out / CANDIDATES_FILE).read_text() == text
     metrics = read_metrics(out)
     assert {"sweet/critic_score_std", "sweet/critic_score_range", "sweet/tied_states"} <= set(metrics[0])
@@ -266,7 +266,7 @@ def test_sweet_anchor_trains_the_tied_states_candidates(data, tmp_path):
 
     episodes, tasks, eps = data
     model = ModelConfig(model="tiny", dtype="float32", max_length=512, keep_head=64)
-    cand = CandidateConfig(num_candidates=4, max_new_tokens=8)
+    cand = CandidateConfig(candidates_per_state=4, max_new_tokens=8)
     finals = {}
     for coef in (0.0, 1.0):
         out = tmp_path / f"anchor{coef}"
@@ -274,7 +274,7 @@ def test_sweet_anchor_trains_the_tied_states_candidates(data, tmp_path):
                                  save_steps=0)
         cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", pairs_per_state=2, max_episodes=3,
                           anchor_coef=coef)
-        finals[coef] = main(model, train, cfg, cand, scorer=FirstTurnOnly())
+        finals[coef] = main(model, train, cfg, cand, ranker=FirstTurnOnly())
         metrics = read_metrics(out)
         later = sum(len(ep.agent_turns) - 1 for ep in eps[:3])
         assert metrics[0]["sweet/tied_states"] == later
@@ -304,23 +304,23 @@ def test_sweet_candidate_file_is_resumed_after_interruption(data, tmp_path):
     model = ModelConfig(model="tiny", dtype="float32")
     train = SweetTrainConfig(output_dir=str(out), report_to="none")
     cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", max_episodes=2, stage="sample")
-    cand = CandidateConfig(num_candidates=2, max_new_tokens=4, sample_batch_size=1)
-    main(model, train, cfg, cand, scorer=LowIdsWin())
+    cand = CandidateConfig(candidates_per_state=2, max_new_tokens=4, sample_batch_size=1)
+    main(model, train, cfg, cand, ranker=LowIdsWin())
     path = out / CANDIDATES_FILE
     lines = path.read_text().splitlines(keepends=True)
     assert len(lines) == 4  # 2 episodes × 2 agent turns
     path.write_text("".join(lines[:2]) + lines[2][:20])  # 2 whole rows and a torn one
-    scorer = LowIdsWin()
-    main(model, train, cfg, cand, scorer=scorer)
-    assert scorer.calls == 2  # only the 2 missing states, one per call
+    ranker = LowIdsWin()
+    main(model, train, cfg, cand, ranker=ranker)
+    assert ranker.calls == 2  # only the 2 missing states, one per call
     new_lines = path.read_text().splitlines(keepends=True)
     assert new_lines[:2] == lines[:2] and len(new_lines) == 4
     assert set(read_candidates(path)) == {json.loads(line)["key"] for line in lines}
     # other sampling settings would mix stale candidates in: refused, naming the file and the change
     from dataclasses import replace
 
-    with pytest.raises(ValueError, match=r"candidates.jsonl was sampled with other settings.*num_candidates"):
-        main(model, train, cfg, replace(cand, num_candidates=3), scorer=LowIdsWin())
+    with pytest.raises(ValueError, match=r"candidates.jsonl was sampled with other settings.*candidates_per_state"):
+        main(model, train, cfg, replace(cand, candidates_per_state=3), ranker=LowIdsWin())
 
 
 class HighIdsWin:
@@ -353,18 +353,19 @@ def test_sweet_reuses_another_runs_candidates_and_scores_them_with_its_own_criti
     episodes, tasks, _ = data
     model = ModelConfig(model="tiny", dtype="float32")
     cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", max_episodes=2, stage="sample")
-    cand = CandidateConfig(num_candidates=3, max_new_tokens=6, temperature=1.0)
+    cand = CandidateConfig(candidates_per_state=3, max_new_tokens=6, temperature=1.0)
     source = tmp_path / "source"
-    main(model, SweetTrainConfig(output_dir=str(source), report_to="none", seed=3), cfg, cand, scorer=LowIdsWin())
+    main(model, SweetTrainConfig(output_dir=str(source), report_to="none", seed=3), cfg, cand, ranker=LowIdsWin())
     theirs = read_candidates(source / CANDIDATES_FILE)
 
     reuse = replace(cand, reuse_candidates=str(source / CANDIDATES_FILE), sampler="no-such-engine:x")
-    scorer = HighIdsWin()
+    ranker = HighIdsWin()
     with pytest.raises(ValueError, match="sampled with other settings.*sampler"):  # its sampler differs
-        main(model, SweetTrainConfig(output_dir=str(tmp_path / "a"), report_to="none", seed=3), cfg, reuse, scorer=scorer)
+        main(model, SweetTrainConfig(output_dir=str(tmp_path / "a"), report_to="none", seed=3), cfg, reuse,
+             ranker=ranker)
     reuse = replace(reuse, sampler="")
     out = tmp_path / "reused"
-    main(model, SweetTrainConfig(output_dir=str(out), report_to="none", seed=3), cfg, reuse, scorer=scorer)
+    main(model, SweetTrainConfig(output_dir=str(out), report_to="none", seed=3), cfg, reuse, ranker=ranker)
     ours = read_candidates(out / CANDIDATES_FILE)
     assert ours.keys() == theirs.keys()
     for key, row in ours.items():
@@ -372,14 +373,14 @@ def test_sweet_reuses_another_runs_candidates_and_scores_them_with_its_own_criti
         for c, t in zip(row.candidates, theirs[key].candidates, strict=True):
             assert (c.text, c.token_ids, c.finish_reason) == (t.text, t.token_ids, t.finish_reason)
             assert c.advantage == pytest.approx(-t.advantage)  # this run's critic, not theirs
-    assert len(scorer.seen) == len(ours)
+    assert len(ranker.seen) == len(ours)
     with pytest.raises(ValueError, match=r"source.candidates.jsonl was sampled with other settings.*seed"):
         main(model, SweetTrainConfig(output_dir=str(tmp_path / "b"), report_to="none", seed=4), cfg, reuse,
-             scorer=HighIdsWin())
+             ranker=HighIdsWin())
     more = SweetConfig(**{**cfg.__dict__, "max_episodes": 3})
     with pytest.raises(ValueError, match=r"source.candidates.jsonl: no candidates for state"):
         main(model, SweetTrainConfig(output_dir=str(tmp_path / "c"), report_to="none", seed=3), more, reuse,
-             scorer=HighIdsWin())
+             ranker=HighIdsWin())
 
 
 @pytest.fixture(scope="module")
@@ -404,7 +405,8 @@ def test_sweet_end_to_end_with_the_real_critic(data, critic, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "sweet"
     _cli("--algorithm", "sweet", "--episodes", str(episodes), "--tasks", str(tasks), "--env", "testbed",
-         "--critic", str(critic), "--output_dir", str(out), *FAST, "--num_candidates", "4", "--max_new_tokens", "8",
+         "--critic", str(critic), "--output_dir", str(out), *FAST, "--candidates_per_state", "4",
+         "--max_new_tokens", "8",
          "--max_episodes", "2", "--learning_rate", "1e-3", "--micro_batch_size", "4")
     from sweet.algorithms.sweet_rl import CANDIDATES_FILE, read_candidates
 
@@ -417,9 +419,9 @@ def test_sweet_end_to_end_with_the_real_critic(data, critic, tmp_path):
     # the checkpoint plays through the evaluation CLI beside the reference agent
     report = tmp_path / "eval"
     proc = subprocess.run(
-        [sys.executable, "-m", "colbench.evaluate", "--env", "testbed", "--tasks", "builtin:train", "--limit", "2",
+        [sys.executable, "-m", "colbench.evaluate", "--env", "testbed", "--tasks", "builtin:legacy/train", "--limit", "2",
          "--agent", f"sweet=hf:{out / 'final'}", "--agent", "reference", "--simulator", "scripted:testbed",
-         "--max-turns", "2", "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32",
+         "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32",
          "--output", str(report), "--no-progress"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -433,7 +435,8 @@ def test_sweet_two_rounds(data, critic, tmp_path):
     episodes, tasks, _ = data
     out = tmp_path / "rounds"
     _cli("--algorithm", "sweet", "--episodes", str(episodes), "--tasks", str(tasks), "--env", "testbed",
-         "--critic", str(critic), "--output_dir", str(out), *FAST, "--num_candidates", "4", "--max_new_tokens", "8",
+         "--critic", str(critic), "--output_dir", str(out), *FAST, "--candidates_per_state", "4",
+         "--max_new_tokens", "8",
          "--max_episodes", "2", "--learning_rate", "1e-3", "--micro_batch_size", "4", "--rounds", "2",
          "--simulator", "scripted:testbed", "--rollouts_per_task", "2", "--max_turns", "2", timeout=900)
     r1 = out / "round-1"
@@ -453,8 +456,9 @@ def test_cli_errors_name_the_bad_field(tmp_path):
 
     with pytest.raises(ValueError, match="MTDPOConfig.pairing"):  # a UserError: one line, exit 2 from the CLI
         main(["--algorithm", "mtdpo", "--episodes", "x.jsonl", "--pairing", "nope"])
-    with pytest.raises(ValueError, match="CandidateConfig.num_candidates"):  # a UserError: one line, exit 2 from the CLI
-        main(["--algorithm", "sweet", "--episodes", "x", "--tasks", "y", "--num_candidates", "1"])
+    # a UserError: one line, exit 2 from the CLI
+    with pytest.raises(ValueError, match="CandidateConfig.candidates_per_state"):
+        main(["--algorithm", "sweet", "--episodes", "x", "--tasks", "y", "--candidates_per_state", "1"])
     with pytest.raises(ValueError, match="unknown 'ppo'"):  # a UserError: one line, exit 2 from the CLI
         main(["--algorithm", "ppo"])
     with pytest.raises(ValueError, match="RFTConfig.episodes is required"):  # a UserError: one line, exit 2 from the CLI
@@ -486,7 +490,7 @@ def test_help_lists_the_algorithm_flags(algorithm, capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "--episodes" in out and "--learning_rate" in out and "--lora" in out
-    assert ("--num_candidates" in out) == (algorithm == "sweet")
+    assert ("--candidates_per_state" in out) == (algorithm == "sweet")
 
 
 @pytest.mark.slow

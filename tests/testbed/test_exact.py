@@ -59,7 +59,8 @@ def test_an_explorer_that_never_answers_early_gives_impossible_dialogues_no_mass
     assert ev.success == pytest.approx(0.5 * Q_ASK + 0.5 * Q_VAGUE)
     never = mdp.build(replace(TINY, p_ask=0.0))
     assert mdp.evaluate(never, never.logp0).success == pytest.approx(Q_ANSWER)
-    # default: questions uniform on both turns, never answering early: 0.60625 (docs/testbed.md)
+    # default: questions uniform on both turns, never answering early: 0.60625
+    # (testbed/results/2026-12-02-default-critic-credit.md)
     default = mdp.build(replace(ts.spec("default"), p_ask=1.0))
     assert mdp.evaluate(default, default.logp0).success == pytest.approx(0.60625)
 
@@ -80,7 +81,8 @@ def test_simple_rules_by_hand():
     assert legacy["and never repeat a question"].success == pytest.approx(1.0)
     assert legacy["never answer early"].success < 0.5
     # default: never answering early is the explorer with p_ask 1 (0.60625, by another road);
-    # not repeating a question, which needs no c, goes well past 40% of the way (docs/testbed.md)
+    # not repeating a question, which needs no c, goes well past 40% of the way
+    # (testbed/results/2026-12-02-default-critic-credit.md)
     default = predict.rule_points(mdp.build("default"))
     assert default["never answer early"].success == pytest.approx(0.60625)
     assert default["and never repeat a question"].success == pytest.approx(0.678, abs=5e-4)

@@ -31,34 +31,37 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
         return {"key": f"{episode_id}#{turn}", "task_id": task.task_id, "episode_id": episode_id, "turn_index": turn,
                 "candidates": [{"text": t, "token_ids": [1], "advantage": adv, "finish_reason": "stop"} for t, adv in scored]}
 
+    both = "What happens to positive and negative numbers?"
     rows = [
-        # first turn: A* = 0 for any question, -1 for answering at once. The critic orders both
-        # pairs (question, answer) right and ties the two questions (same A*: not a pair).
+        # first turn (4 left): A* (success-valued, testbed.mdp.exact_advantage) = 0 for any question,
+        # -1 for answering at once. The critic orders both (question, answer) pairs right and
+        # splits the two questions (same A*: not a pair, a tie).
         row(0, [(QUESTION_NEG, 0.5), (QUESTION_VAGUE, 0.1), (answer_text(1, 0), -2.0)]),
-        # two turns before the end, nothing known yet: either useful question -0.5 (one
-        # constant), the vague one -1, answering now -1. Question pairs: (positive, vague)
-        # right, (negative, vague) wrong; (positive, negative) tie. With the answer: 2 of 2.
-        row(2, [(QUESTION_POS, 0.3), (QUESTION_VAGUE, 0.25), (QUESTION_NEG, 0.2), (answer_text(1, 0), -1.0)]),
-        # last turn, A told (V* = 0.5): the right answer (B guessed) +0.5, a wrong B 0, a
-        # question -0.5. The critic orders all three exactly backwards: 0 of 3 pairs right.
+        # two turns before the end, nothing known: no action of the bed can still succeed
+        # (A* 0), but the question naming both sides and the lucky right answer do (+1).
+        # Pairs: (both, vague) right, (both, positive) wrong, (answer, vague) and (answer,
+        # positive) right: 3 of 4; the question pairs 1 of 2; (both, answer), (vague, positive) tie.
+        row(2, [(both, 0.3), (QUESTION_VAGUE, 0.25), (answer_text(a, b), 0.4), (QUESTION_POS, 0.35)]),
+        # last turn, A told (V* = 0): the right answer (B guessed) +1, a wrong B 0, a question
+        # 0. The critic orders both pairs backwards: 0 of 2 right.
         row(3, [(answer_text(a, b), 1.0), (answer_text(a, DEFAULT_B), 1.5), (QUESTION_NEG, 2.0)]),
     ]
     (sd / "sweet").mkdir(parents=True)
     (sd / "sweet" / "candidates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    checks = learning.critic_vs_oracle(tmp_path, [0], ["rft", "sweet", "sweet_sum"], TestbedSetup())
+    checks = learning.critic_vs_oracle(tmp_path, [0], ["rft", "sweet", "sweet_sum"], TestbedSetup.for_spec("legacy"))
     assert set(checks) == {"sweet"}  # rft has no critic; sweet_sum has no candidates here
     c = checks["sweet"]
-    assert c["n_pairs"] == 9 and c["pairs"] == 5 / 9  # turn 0: 2 of 2 right; turn 2: 3 of 4; last turn: 0 of 3
+    assert c["n_pairs"] == 8 and c["pairs"] == 5 / 8  # turn 0: 2 of 2 right; turn 2: 3 of 4; last turn: 0 of 2
     assert c["n_states"] == 3 and c["top1"] == 2 / 3 and c["n_last"] == 1 and c["top1_last"] == 0.0
     assert c["n_questions"] == 2 and c["questions"] == 0.5
-    # equal A*: (negative, vague) at turn 0, (positive, negative) and (vague, answer) at turn 2, all scored apart
-    assert c["n_ties"] == 3 and c["ties_split"] == 1.0
+    # equal A*: one pair at turn 0, two at turn 2, one at the last turn, all scored apart
+    assert c["n_ties"] == 4 and c["ties_split"] == 1.0
     assert c["per_turn"] == {"0": {"pairs": 1.0, "n_pairs": 2}, "2": {"pairs": 0.75, "n_pairs": 4},
-                             "3": {"pairs": 0.0, "n_pairs": 3}}
+                             "3": {"pairs": 0.0, "n_pairs": 2}}
     table = learning.checks_table(checks)
-    assert "| sweet | 0.56 (of 9) | 0.67 (of 3) | 0.00 (of 1) | 0.50 (of 2) | 1.00 (of 3) |" in table
-    assert "| sweet | 1.00 (of 2) | 0.75 (of 4) | 0.00 (of 3) |" in table  # per turn 0, 2, 3
+    assert "| sweet | 0.62 (of 8) | 0.67 (of 3) | 0.00 (of 1) | 0.50 (of 2) | 1.00 (of 4) |" in table
+    assert "| sweet | 1.00 (of 2) | 0.75 (of 4) | 0.00 (of 2) |" in table  # per turn 0, 2, 3
 
 
 def test_the_solvers_needed_agreement_is_computed_once_and_tabled_beside_the_check(tmp_path):

@@ -1,5 +1,6 @@
 """The oracle critic (testbed/oracle.py, `--critic oracle`): the test bed's exact
-advantage scored on States of a real test-bed episode, and wired into stage 2."""
+advantage (testbed.mdp.exact_advantage) scored on States of a real legacy-bed episode and
+of a default-bed task, and wired into stage 2."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import json
 
 import pytest
 
-from testbed.env import DEFAULT_B, QUESTION_NEG, QUESTION_VAGUE, answer_text, optimal_advantage
-from testbed.oracle import OracleScorer
+from testbed.env import DEFAULT_B, QUESTION_NEG, QUESTION_VAGUE, answer_text
+from testbed.mdp import exact_advantage
+from testbed.oracle import OracleCritic
 
 
 @pytest.fixture(scope="module")
@@ -32,48 +34,50 @@ def test_oracle_scores_candidates_of_real_states(episode, tiny_tokenizer):
     assert f"x * {a}" in states[3].prompt[-1]["content"]  # the human told A before the last turn
     texts = [QUESTION_NEG, "What about positive and negative numbers?", QUESTION_VAGUE, answer_text(a, b),
              answer_text(a, DEFAULT_B)]
-    scorer = OracleScorer(tiny_tokenizer, "testbed")
+    ranker = OracleCritic(tiny_tokenizer, "testbed", spec="legacy")
     items = [(s, _ids(tiny_tokenizer, texts), ["stop"] * len(texts)) for s in states]
-    scores = scorer.score_states(items)
-    # hand-computed Q* - V*: turn 0 and 1 have time to ask both; turn 2 (nothing known, 2 turns
-    # left) needs the question naming both; turn 3 (A known, last turn) is the answer
+    scores = ranker.score_states(items)
+    # hand-computed Q* - V* in success: turn 0 has time for anything but a wrong answer; turn 1
+    # (3 left) none for the vague question; at turn 2 (nothing known, 2 left) no action of the
+    # bed succeeds, but the question naming both sides and the lucky right answer do; turn 3
+    # (A known, last turn): only the right answer succeeds
     assert scores == [
-        [0.0, 0.0, 0.0, 0.0, -0.5],
-        [0.0, 0.0, 0.0, 0.0, -0.5],
-        [-0.5, 0.0, -1.0, 0.0, -0.5],
-        [-0.5, -0.5, -0.5, 0.5, 0.0],
+        [0.0, 0.0, 0.0, 0.0, -1.0],
+        [0.0, 0.0, -1.0, 0.0, -1.0],
+        [0.0, 1.0, 0.0, 1.0, 0.0],
+        [0.0, 0.0, 0.0, 1.0, 0.0],
     ]
     # the same numbers as the pure function on the state's human replies (the description is not one)
     replies = [m["content"] for m in states[3].prompt[2:] if m["role"] == "user"]
-    assert scores[3] == [optimal_advantage(replies, t, a, b, 1) for t in texts]
+    assert scores[3] == [exact_advantage("legacy", task.hidden, replies, t, 1) for t in texts]
 
 
 def test_oracle_decodes_without_special_tokens_and_scores_cut_answers(episode, tiny_tokenizer):
     task, states, _ = episode
     right = answer_text(task.meta["a"], task.meta["b"])
     ids = _ids(tiny_tokenizer, [right], eos=False)[0]
-    scorer = OracleScorer(tiny_tokenizer)
-    [[with_eos, without_eos, cut]] = scorer.score_states(
+    ranker = OracleCritic(tiny_tokenizer, spec="legacy")
+    [[with_eos, without_eos, cut]] = ranker.score_states(
         [(states[3], [ids + [tiny_tokenizer.eos_token_id], ids, ids[:12]], ["stop", "stop", "length"])])
-    assert with_eos == without_eos == 0.5
-    assert cut == -0.5  # cut at max_new_tokens: the code does not compile, the answer scores 0
+    assert with_eos == without_eos == 1.0
+    assert cut == 0.0  # cut at max_new_tokens: the code does not compile, the answer fails like the bed's best
 
 
 def test_oracle_is_for_the_test_bed_only(tiny_tokenizer):
-    from sweet.algorithms.sweet_rl import SweetConfig, load_scorer
+    from sweet.algorithms.sweet_rl import SweetConfig, load_ranker
     from sweet.core.config import ModelConfig
 
     with pytest.raises(ValueError, match="'testbed' environment only.*'backend'"):
-        OracleScorer(tiny_tokenizer, "backend")
+        OracleCritic(tiny_tokenizer, "backend")
     cfg = SweetConfig(episodes="eps.jsonl", tasks="builtin:train", env="backend", critic="oracle")
     with pytest.raises(ValueError, match="--critic oracle .*--env testbed, got --env backend"):
-        load_scorer(ModelConfig(model="tiny"), cfg)
+        load_ranker(ModelConfig(model="tiny"), cfg)
     tb = SweetConfig(episodes="eps.jsonl", tasks="builtin:train", env="testbed", critic="oracle")
-    scorer = load_scorer(ModelConfig(model="tiny"), tb)
-    assert isinstance(scorer, OracleScorer) and scorer.spec.name == "legacy"
-    # the spec comes from the tasks: a spec bed's oracle scores its success-valued A*
-    spec_bed = SweetConfig(episodes="eps.jsonl", tasks="builtin:default/train", env="testbed", critic="oracle")
-    assert load_scorer(ModelConfig(model="tiny"), spec_bed).spec.name == "default"
+    ranker = load_ranker(ModelConfig(model="tiny"), tb)
+    assert isinstance(ranker, OracleCritic) and ranker.spec.name == "default"
+    # the spec comes from the tasks
+    legacy = SweetConfig(episodes="eps.jsonl", tasks="builtin:legacy/train", env="testbed", critic="oracle")
+    assert load_ranker(ModelConfig(model="tiny"), legacy).spec.name == "legacy"
 
 
 def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):
@@ -102,16 +106,15 @@ def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):
     model = ModelConfig(model="tiny", dtype="float32")
     train = SweetTrainConfig(output_dir=str(out), report_to="none")
     cfg = SweetConfig(episodes=str(episodes), tasks=str(tasks), env="testbed", critic="oracle", stage="sample")
-    cand = CandidateConfig(num_candidates=2, max_new_tokens=6)
+    cand = CandidateConfig(candidates_per_state=2, max_new_tokens=6)
     assert main(model, train, cfg, cand) is None
     assert json.loads((out / SAMPLING_FILE).read_text())["critic"] == "oracle"
     rows = read_candidates(out / CANDIDATES_FILE)
     assert len(rows) == len(states)
-    a, b = task.meta["a"], task.meta["b"]
     for s in states:
         replies = [m["content"] for m in s.prompt[2:] if m["role"] == "user"]
         for c in rows[f"{s.episode_id}#{s.turn_index}"].candidates:
-            assert c.advantage == optimal_advantage(replies, c.text, a, b, 4 - s.turn_index)
+            assert c.advantage == exact_advantage("legacy", task.hidden, replies, c.text, 4 - s.turn_index)
     # rounds retrain the critic from its dir: refused up front, not after a round
     with pytest.raises(ValueError, match="--critic oracle runs one round"):
         sweet_rounds(model, train, replace(cfg, stage="all"), cand, RoundsConfig(rounds=2, simulator="scripted:testbed"))

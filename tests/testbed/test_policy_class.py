@@ -75,7 +75,7 @@ def test_repeat_rate_of_the_warm_start_and_the_optimum(bed):
 
 
 def test_blind_policies_stop_near_060_by_every_method(classes):
-    """The claim docs/testbed.md makes: tied over the turn, every method's path from the
+    """The claim of testbed/results/2026-12-03-policy-class.md: tied over the turn, every method's path from the
     warm start stays symmetric (repeat rate about 1/3) and below 0.62 up to KL 1, while the
     tabular policy's SWEET-RL passes 0.64 at KL 0.5 and stops repeating."""
     _, (history, turn) = classes

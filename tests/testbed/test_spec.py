@@ -26,13 +26,14 @@ LEGACY_FINGERPRINT = "d4dcf133aa3da2a16561587851a0624131dfefb6c2934244e2ceca7c2d
 
 
 def legacy_blob() -> str:
-    tasks = make_tasks("train") + make_tasks("test") + load_tasks("builtin:train", env="testbed")
+    tasks = (make_tasks("train", spec="legacy") + make_tasks("test", spec="legacy")
+             + load_tasks("builtin:legacy/train", env="testbed"))
     sim = TestbedSimulator()
     qs = [QUESTION_POS, QUESTION_NEG, QUESTION_VAGUE, "positive and negative?", "hello"]
     replies = [r.text for t in tasks for r in sim.reply([SimRequest(t, [Turn("agent", q)]) for q in qs])]
     rng = random.Random(0)
     dialogues = [scripted_dialogue(tasks[i % 56], rng, p_ask=0.6) for i in range(200)]
-    env = TestbedEnv()
+    env = TestbedEnv(spec="legacy")
     answers = [answer_text(a, b) for a in (1, 2, 3) for b in (0, 10, 20)]
     scores = [s.reward for s in env.score([tasks[0]] * len(answers), [env.extract_answer(a) for a in answers])]
     env.close()
@@ -42,22 +43,41 @@ def legacy_blob() -> str:
 
 def test_legacy_bed_is_bit_identical_to_todays():
     assert hashlib.sha256(legacy_blob().encode()).hexdigest() == LEGACY_FINGERPRINT
-    assert ts.SHIPPED_SPEC == "legacy"  # builtin:train still means today's bed
-    assert load_tasks("builtin:legacy/test", env="testbed") == load_tasks("builtin:test", env="testbed") == make_tasks("test")
+    assert load_tasks("builtin:legacy/test", env="testbed") == make_tasks("test", spec="legacy")
+
+
+def test_default_is_the_default_everywhere():
+    """`default` is what every unnamed bed means: builtin:<split>, make_tasks, TestbedEnv()."""
+    assert ts.DEFAULT_SPEC == "default"
+    for split in ("train", "val", "test"):
+        assert load_tasks(f"builtin:{split}", env="testbed") == load_tasks(f"builtin:default/{split}", env="testbed")
+    assert make_tasks("test") == make_tasks("test", spec="default")
+    env = TestbedEnv()
+    try:
+        assert env.spec.name == "default" and env.max_turns == 3
+        legacy_task = make_tasks("test", n=1, spec="legacy")[0]
+        # a legacy task at the default bed's limit would silently lose a turn: refused ...
+        with pytest.raises(ValueError, match="legacy test bed \\(4 agent turns\\).*--max-turns 4"):
+            env.agent_messages(legacy_task, [])
+        env.max_turns = 2  # ... unless a limit is chosen for it (--max-turns)
+        assert env.agent_messages(legacy_task, [])
+        assert TestbedEnv(spec="legacy").max_turns == 4 and TestbedEnv(spec="legacy").agent_messages(legacy_task, [])
+    finally:
+        env.close()
 
 
 def test_presets_parse_and_bad_names_list_them():
-    assert set(ts.PRESETS) == {"legacy", "default", "long"}
+    assert list(ts.PRESETS) == ["default", "long", "legacy"]
     d = ts.spec("default")
     assert (d.facts, d.turns, d.p_state, d.p_doc, d.one_side, d.p_guess_right, d.p_ask) == (2, 3, 0.75, 0.35, True, 0.5, 0.75)
     assert (ts.spec("long").facts, ts.spec("long").turns) == (3, 5)
     assert ts.spec(d) is d
-    with pytest.raises(ValueError, match="unknown test-bed spec 'nope'; presets: legacy, default, long"):
+    with pytest.raises(ValueError, match="unknown test-bed spec 'nope'; presets: default, long, legacy"):
         ts.spec("nope")
     with pytest.raises(ValueError, match="invalid p_doc=1.5"):
         replace(d, p_doc=1.5)
     for source in ("builtin:nope/train", "builtin:default/dev"):
-        with pytest.raises(ValueError, match="builtin:<spec>/<split> with spec one of legacy, default, long"):
+        with pytest.raises(ValueError, match="builtin:<spec>/<split> with spec one of default, long, legacy"):
             load_tasks(source, env="testbed")
 
 
@@ -131,7 +151,7 @@ def test_answers_are_scored_by_the_sandbox_as_the_spec_says():
         assert [sc.reward for sc in scores] == [1.0, 0.5] and scores[0].success
         assert ts.answer_values(s, texts[1]) == wrong and ts.answer_values(s, "no code") == (None, None)
         with pytest.raises(ValueError, match="spec 'default' \\(3 agent turns\\) but the env allows 4"):
-            TestbedEnv().agent_messages(task, [])
+            TestbedEnv(spec="legacy").agent_messages(task, [])
     finally:
         env.close()
 
@@ -143,7 +163,7 @@ def test_explorer_is_one_function_and_legacy_matches_todays_script():
                                    answer_text(DEFAULT_A, DEFAULT_B): 0.4})
     # today's scripted dialogue answers exactly as the function says after the same questions
     rng = random.Random(3)
-    task = make_tasks("train", n=1)[0]
+    task = make_tasks("train", n=1, spec="legacy")[0]
     for _ in range(50):
         d = scripted_dialogue(task, rng, p_ask=0.6)
         history = [text for _, text in d[:-1]]
@@ -192,13 +212,17 @@ def test_scripted_dialogues_sample_the_one_explorer_on_any_spec():
 def test_evaluate_takes_a_specs_turn_limit_from_its_tasks(tmp_path):
     from colbench.evaluate import main
 
-    assert TestbedEnv.turns_for(make_tasks("test")) is None  # legacy: --max-turns may change it
+    assert TestbedEnv.turns_for(make_tasks("test", spec="legacy")) == 4  # the legacy bed's, though its tasks carry no spec
     assert TestbedEnv.turns_for(make_tasks("test", spec="long")) == 5
     with pytest.raises(ValueError, match="mix test-bed specs"):
-        TestbedEnv.turns_for(make_tasks("test", n=1) + make_tasks("test", n=1, spec="default"))
+        TestbedEnv.turns_for(make_tasks("test", n=1, spec="legacy") + make_tasks("test", n=1))
     base = ["--env", "testbed", "--tasks", "builtin:default/test", "--limit", "4", "--agent", "explorer",
             "--simulator", "scripted:testbed", "--no-progress"]
     assert main(base + ["--output", str(tmp_path / "bad"), "--max-turns", "4"]) == 2  # one error line
     assert main(base + ["--output", str(tmp_path / "ok")]) == 0
     config = json.loads((tmp_path / "ok" / "config.json").read_text())
     assert config["episode"]["max_turns"] == 3
+    legacy = ["--env", "testbed", "--tasks", "builtin:legacy/test", "--limit", "2", "--agent", "reference",
+              "--simulator", "scripted:testbed", "--no-progress", "--output", str(tmp_path / "legacy")]
+    assert main(legacy) == 0  # the default env's limit is not the legacy bed's: its tasks set theirs
+    assert json.loads((tmp_path / "legacy" / "config.json").read_text())["episode"]["max_turns"] == 4

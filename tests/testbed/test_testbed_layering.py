@@ -68,18 +68,18 @@ def test_every_registry_string_naming_the_lab_resolves():
     from colbench.agents import SCRIPTED_AGENTS
     from colbench.registry import load_target
     from colbench.tasks import GENERATED_SOURCES
-    from sweet.algorithms.sweet_rl import ORACLE_SCORER, ORACLE_TASK_SPEC
+    from sweet.algorithms.sweet_rl import ORACLE_RANKER, ORACLE_TASK_SPEC
     from testbed.agents import ScriptedTestbedAgent
     from testbed.env import TestbedEnv, builtin_tasks
     from testbed.human import TestbedSimulator
-    from testbed.oracle import OracleScorer
+    from testbed.oracle import OracleCritic
     from testbed.spec import task_spec
 
     assert envs.env_class("testbed") is TestbedEnv
     assert load_target(simulators._REGISTRY["testbed"]) is TestbedSimulator
     assert {load_target(t) for t in SCRIPTED_AGENTS.values()} == {ScriptedTestbedAgent}
     assert load_target(GENERATED_SOURCES["testbed"]) is builtin_tasks
-    assert load_target(ORACLE_SCORER) is OracleScorer and load_target(ORACLE_TASK_SPEC) is task_spec
+    assert load_target(ORACLE_RANKER) is OracleCritic and load_target(ORACLE_TASK_SPEC) is task_spec
     with pytest.raises(ValueError, match="module:Name"):
         load_target("testbed.env.TestbedEnv")
 

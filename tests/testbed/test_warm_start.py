@@ -11,7 +11,8 @@ from testbed.warm_start import copy_check_dialogues, copy_score
 
 
 def test_copy_check_cases_are_held_out_three_question_dialogues_with_what_was_told():
-    cases = copy_check_dialogues(n=40, seed=0)
+    """On the legacy bed (4 turns) the always-asking explorer asks three times."""
+    cases = copy_check_dialogues(n=40, seed=0, spec="legacy")
     assert len(cases) == 40
     kinds = set()
     for task, turns, (a, b) in cases:
@@ -23,18 +24,21 @@ def test_copy_check_cases_are_held_out_three_question_dialogues_with_what_was_to
         assert a in (None, task.meta["a"]) and b in (None, task.meta["b"])
         kinds.add((a is not None, b is not None))
     assert {(True, True), (True, False), (False, True)} <= kinds  # one or both constants told
-    assert copy_check_dialogues(n=40, seed=0)[7][1] == cases[7][1]  # deterministic
+    assert copy_check_dialogues(n=40, seed=0, spec="legacy")[7][1] == cases[7][1]  # deterministic
 
 
 def test_copy_score_counts_each_told_constant_once():
     told = [(3, 20), (2, None), (None, 10)]
-    assert copy_score([answer_text(3, 20), answer_text(2, DEFAULT_B), answer_text(DEFAULT_A, 10)], told) == 1.0
+    legacy = {"spec": "legacy"}
+    right = [answer_text(3, 20), answer_text(2, DEFAULT_B), answer_text(DEFAULT_A, 10)]
+    assert copy_score(right, told, **legacy) == 1.0
     # the defaults for what was not told are not held against it; miscopies are
-    assert copy_score([answer_text(2, 20), answer_text(3, 10), answer_text(2, 20)], told) == pytest.approx(1 / 4)
+    miscopied = [answer_text(2, 20), answer_text(3, 10), answer_text(2, 20)]
+    assert copy_score(miscopied, told, **legacy) == pytest.approx(1 / 4)
     # no answer marker: the whole message is read as code; a question has none
-    assert copy_score(["What happens to positive numbers?"] * 3, told) == 0.0
+    assert copy_score(["What happens to positive numbers?"] * 3, told, **legacy) == 0.0
     with pytest.raises(ValueError):
-        copy_score([answer_text(3, 20)], told)  # one answer per case
+        copy_score([answer_text(3, 20)], told, **legacy)  # one answer per case
 
 
 def test_spec_copy_check_asks_on_every_turn_but_the_last_and_wants_the_explorers_answer():
@@ -80,7 +84,8 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
     ws = str(tmp_path / "ws")
     assert [c.model for c in trained] == ["tiny", f"{ws}/copy/final", f"{ws}/copy-2/final", f"{ws}/behave/final"]
     assert [c.learning_rate for c in trained] == [2e-3, 1e-3, 1e-3, 1e-3]
-    assert [c.p_ask for c in trained] == [1.0, 1.0, 0.6, 0.6]
+    assert [c.p_ask for c in trained] == [1.0, 1.0, 0.75, 0.75]  # the default bed's explorer in phase 2
+    assert {c.spec for c in trained} == {"default"}
     assert [c.n_dialogues for c in trained] == [1600, 1600, 600, 600]
     assert len({c.seed for c in trained}) == 4  # fresh dialogues each pass
     for phase, want in (("copy", [0.5, pipeline.COPY_PASS]), ("behave", [pipeline.BEHAVE_PASS - 0.01, 1.0])):

@@ -1,4 +1,5 @@
-"""The one sharded no-grad scoring pass, and the one content-keyed reference cache.
+"""The one sharded no-grad pass over items (π_ref, π_old, values, held-out scores), and the one
+content-keyed reference cache.
 
 `sharded_scores` scores items 0..n-1 without gradients, dealt over the launch's processes,
 and gives every process all n values in item order. It is what the critic's π_ref and

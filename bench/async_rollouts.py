@@ -1,0 +1,207 @@
+"""Asynchronous vs synchronous LOOP rollouts: iteration throughput where rollouts wait on a
+slow simulated human, and (optionally) what each learns on the test bed.
+
+    python bench/async_rollouts.py                        # throughput, lag 1, 0.5 s per reply
+    python bench/async_rollouts.py --latency 1.0 --staleness 2 --iterations 6
+    python bench/async_rollouts.py --learning --seeds 3   # instead: success after the same episodes
+
+Throughput: LOOP (`sweet.train_policy --algorithm loop`) on the backend environment with an
+LLM simulated human (`simulators.llm`) whose OpenAI-compatible server (a local HTTP server,
+tests/local_http.py) answers every request after `--latency` seconds. The tiny policy
+samples one token per turn at temperature 3 and the tasks' tests do not call the function,
+so an answer scores 1 exactly when it runs: rewards vary within a task's K episodes and
+every iteration trains. Both runs play the same episodes per iteration and iterations. R
+(rollout: play and score one iteration's episodes) and T (the rest: the no-grad pass and
+the updates) are the synchronous run's means per iteration; a two-stage pipeline at lag 1
+gives at most (R + T) / max(R, T). Iteration time: from the loop's start (after the async
+run's first s batches, its pipeline fill, timed apart) to each iteration's log line.
+
+Learning (`--learning`): sync and async LOOP from the test bed's warm start
+(`python -m testbed.warm_start`), the test bed's LOOP settings (testbed/pipeline.py), the
+same iterations and so the same episodes, then `colbench.evaluate` on the test tasks;
+success with a 95% interval over (seed x test task) clusters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the local OpenAI-compatible server (tests/local_http.py)
+
+
+def human_server(latency: float):
+    """An OpenAI-compatible chat server that answers every request with one fixed
+    two-sentence reply after `latency` seconds (requests are served concurrently)."""
+    from http.server import BaseHTTPRequestHandler
+
+    from local_http import LocalServer, send_json
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            time.sleep(latency)
+            send_json(self, 200, {"id": "x", "object": "chat.completion", "model": "human", "choices": [
+                {"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "I am not sure. Please just try."}}]})
+
+        def log_message(self, *args):
+            pass
+
+    return LocalServer(Handler)
+
+
+def runnable_backend_tasks(path: Path, n: int) -> Path:
+    """Backend tasks whose two tests ("0", "1") do not call the function: an answer scores 1
+    exactly when it runs."""
+    from colbench.tasks import load_tasks
+
+    tasks = [replace(t, tests=("0", "1"), meta={}) for t in load_tasks("builtin:train", env="backend")[:n]]
+    path.write_text("".join(json.dumps(t.to_json()) + "\n" for t in tasks))
+    return path
+
+
+class Clock:
+    """Times LOOP's rollouts (`Collector.play`) and iterations (`report`) in this process."""
+
+    def __init__(self):
+        from sweet.algorithms import loop
+
+        self.loop, self.plays, self.marks = loop, [], []
+        self.play, self.report, self.start = loop.Collector.play, loop.report, loop.Collector.start
+
+    def __enter__(self):
+        clock = self
+
+        def play(collector, *args, **kwargs):
+            t0 = time.perf_counter()
+            out = clock.play(collector, *args, **kwargs)
+            clock.plays.append(time.perf_counter() - t0)
+            return out
+
+        def start(collector, first):
+            t0 = time.perf_counter()
+            clock.start(collector, first)
+            clock.fill = time.perf_counter() - t0
+            clock.marks.append(time.perf_counter())
+
+        def report(*args, **kwargs):
+            clock.marks.append(time.perf_counter())
+            return clock.report(*args, **kwargs)
+
+        self.loop.Collector.play, self.loop.Collector.start, self.loop.report = play, start, report
+        return self
+
+    def __exit__(self, *exc):
+        self.loop.Collector.play, self.loop.Collector.start, self.loop.report = self.play, self.start, self.report
+
+    @property
+    def iteration_times(self) -> list[float]:
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+def run_loop(out: Path, flags: dict) -> Clock:
+    from sweet.algorithms import loop
+    from colbench.cli import make_configs
+
+    with Clock() as clock:
+        loop.main(*make_configs(loop.CONFIGS, {**flags, "output_dir": str(out), "report_to": "none"}))
+    return clock
+
+
+def throughput(args, work: Path) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    server = human_server(args.latency)
+    flags = {"env": "backend", "model": "tiny", "tasks": str(runnable_backend_tasks(work / "tasks.jsonl", 8)),
+             "simulator": f"openai:human@{server.url}", "iterations": args.iterations,
+             "tasks_per_iteration": args.tasks_per_iteration, "k": args.k, "temperature": 3.0,
+             "max_new_tokens": 1, "max_turns": args.max_turns, "batch_size": args.batch_size,
+             "micro_batch_size": 8, "ppo_epochs": args.ppo_epochs, "learning_rate": 1e-3, "seed": 0}
+    try:
+        sync = run_loop(work / "sync", flags)
+        lagged = run_loop(work / "async", {**flags, "async_rollouts": True, "staleness": args.staleness})
+    finally:
+        server.close()
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    r = mean(sync.plays)
+    t = mean(sync.iteration_times) - r
+    it_sync, it_async = mean(sync.iteration_times), mean(lagged.iteration_times)
+    episodes = args.tasks_per_iteration * args.k
+    print(f"simulated human: a local OpenAI-compatible server answering after {args.latency:g} s per reply; "
+          f"{args.iterations} iterations x {episodes} episodes ({args.tasks_per_iteration} tasks x K={args.k}), "
+          f"up to {args.max_turns} agent turns, both runs")
+    print(f"sync:  R (rollout) {r:.2f} s + T (training) {t:.2f} s = {it_sync:.2f} s per iteration; "
+          f"bound at lag 1: (R+T)/max(R,T) = {(r + t) / max(r, t):.2f}x")
+    print(f"async (lag {args.staleness}): {it_async:.2f} s per iteration (pipeline fill before the loop: "
+          f"{lagged.fill:.2f} s); rollouts {mean(lagged.plays):.2f} s each in the background")
+    print(f"async / sync iteration throughput: {it_sync / it_async:.1f}x   (load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs, torch threads {args.threads})")
+
+
+def learning(args, work: Path) -> None:
+    from colbench.stats import bootstrap_ci
+    from sweet.core.records import load_episodes
+    from testbed import warm_start
+    from testbed.pipeline import TestbedSetup, evaluate, train_policy
+
+    setup = TestbedSetup(test_limit=args.test_limit)
+    warm = Path(args.warm_start) if args.warm_start else warm_start.main(warm_start.WarmStartConfig(
+        output_dir=str(work / "warm_start"), n_dialogues=args.warm_dialogues))
+    variants = {"sync": {}, "async": {"async_rollouts": True, "staleness": args.staleness}}
+    success: dict[str, dict] = {v: {} for v in variants}
+    episodes = args.learning_iterations * 8 * 6  # testbed/pipeline.py's LOOP: 8 tasks x K=6 per iteration
+    for seed in range(args.seeds):
+        sd = work / "learning" / f"seed{seed}"
+        models = {v: str(train_policy("loop", sd, str(warm), setup, sd / v, seed=seed,
+                                      extra={**extra, "iterations": args.learning_iterations}))
+                  for v, extra in variants.items()}
+        evaluate(models, setup, sd / "eval", seed_round=seed)
+        for v in variants:
+            for ep in load_episodes(sd / "eval" / "episodes" / f"{v}.jsonl", env="testbed"):
+                success[v].setdefault((seed, ep.task_id), []).append(float(ep.success))
+    print(f"learning: test bed ({setup.test_tasks}, first {args.test_limit or 'all'} tasks x {setup.eval_seeds} "
+          f"episodes), warm start {warm}, {args.seeds} seeds, {episodes} training episodes per run")
+    for v in variants:
+        ci = bootstrap_ci(list(success[v].values()))
+        print(f"  {v:5s} LOOP success {ci.value:.3f} [{ci.low:.3f}, {ci.high:.3f}] (95%, (seed x task) clusters)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--latency", type=float, default=0.5, help="seconds the simulated human takes per reply")
+    p.add_argument("--staleness", type=int, default=1, help="async lag s in policy versions")
+    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--tasks-per-iteration", type=int, default=4)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--max-turns", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=2, help="trajectories per optimiser step")
+    p.add_argument("--ppo-epochs", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--learning", action="store_true", help="compare what sync and async LOOP learn (instead of "
+                                                                "the throughput)")
+    p.add_argument("--seeds", type=int, default=3, help="--learning: seeds")
+    p.add_argument("--learning-iterations", type=int, default=9, help="--learning: LOOP iterations per run "
+                                                                         "(the test bed's: 9, 432 episodes)")
+    p.add_argument("--test-limit", type=int, default=0, help="--learning: the first N test tasks (0: all)")
+    p.add_argument("--warm-start", default=None, help="--learning: an existing warm start (default: train one)")
+    p.add_argument("--warm-dialogues", type=int, default=1200, help="--learning: the warm start's dialogues")
+    p.add_argument("--output-dir", default=None, help="where the runs go (default: a temporary folder)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.output_dir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        (learning if args.learning else throughput)(args, work)
+
+
+if __name__ == "__main__":
+    main()
