@@ -2,7 +2,7 @@
 
     python -m testbed.demo                       # the default bed (docs/testbed.md), ~10 minutes on 2 CPU cores
     python -m testbed.demo --output_dir runs/demo2 --seed 1
-    python -m testbed.demo --spec legacy         # the earlier bed (4 turns, deterministic human)
+    python -m testbed.demo --bed legacy         # the earlier bed (4 turns, deterministic human)
     python -m testbed.demo --help                # (bash scripts/demo.sh runs it)
 
     python -m testbed.demo --teacher blind       # the warm start's earlier teacher, blind to its dialogue
@@ -10,7 +10,7 @@
 Steps (each skipped when its output exists, so an interrupted run resumes):
   1. warm start: the tiny model fine-tuned on a scripted explorer's dialogues (the teacher
      `reads` by default: right after a side question it asks another side with probability
-     0.5, so imitating it needs reading which question was asked; testbed/spec.py TEACHERS);
+     0.5, so imitating it needs reading which question was asked; testbed/bed.py TEACHERS);
   2. collect K episodes per train task with the warm-started policy;
   3. SWEET-RL stage 1: train the critic with the training-time information
      (`--baseline_samples_per_state 4`: centred by 4 warm-start samples per turn);
@@ -33,7 +33,7 @@ does (its repeat rate and P(move | history) on held-out tasks against the teache
 values, testbed.profile.reads_check; summary.json "reads_check"), and writes
 OUT/summary.json ({"warm_start": M, "sweet_rl": M, "optimum": v, ...}).
 
-The test bed is not ColBench: see testbed/spec.py and docs/testbed.md.
+The test bed is not ColBench: see testbed/bed.py and docs/testbed.md.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from sweet.critic import inspect as inspect_critic
 from testbed import mdp
 from testbed import policy_class as testbed_policy_class
 from testbed import profile as testbed_profile
-from testbed import spec as testbed_spec
+from testbed import bed as testbed_bed
 from testbed.pipeline import (
     TestbedSetup,
     collect_episodes,
@@ -77,11 +77,12 @@ class DemoConfig:
     output_dir: str = field(default="runs/demo", metadata={"help": "everything goes here"})
     episodes_per_task: int = field(default=8, metadata={"help": "episodes per train task to learn from"})
     seed: int = field(default=0, metadata={"help": "random seed"})
-    spec: str = field(default=testbed_spec.DEFAULT_SPEC, metadata={
-        "help": "test-bed preset (testbed/spec.py): default, long, or legacy (the earlier bed)"})
+    bed: str = field(default=testbed_bed.DEFAULT_BED, metadata={
+        "help": "test-bed preset (testbed/bed.py): default, long, or legacy (the earlier bed)",
+        "aliases": ["--spec"]})
     teacher: str | None = field(default=None, metadata={
-        "help": "the warm start's teacher (testbed/spec.py TEACHERS): reads (the explorer that reads its dialogue; "
-                "the default on a spec bed) or blind (its choice ignores the dialogue; the legacy bed's)"})
+        "help": "the warm start's teacher (testbed/bed.py TEACHERS): reads (the explorer that reads its dialogue; "
+                "the default on a non-legacy bed) or blind (its choice ignores the dialogue; the legacy bed's)"})
     baseline_samples_per_state: int = field(default=CRITIC_BASELINE_SAMPLES, metadata={
         "help": "K: the critic's advantages centred by K warm-start actions per turn (sweet/critic/baseline.py; "
                 "0: the paper's uncentred critic)", "aliases": ["--critic_baseline_samples"]})
@@ -90,7 +91,7 @@ class DemoConfig:
 
     def __post_init__(self):
         try:
-            testbed_spec.teacher_spec(self.spec, self.teacher)
+            testbed_bed.teacher_design(self.bed, self.teacher)
         except ValueError as e:
             raise ValueError(f"DemoConfig.{e}") from None
 
@@ -101,9 +102,9 @@ def main(cfg: DemoConfig) -> Path:
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(cfg.output_dir)
-    setup = TestbedSetup.for_spec(cfg.spec, episodes_per_task=cfg.episodes_per_task)
+    setup = TestbedSetup.for_bed(cfg.bed, episodes_per_task=cfg.episodes_per_task)
     if cfg.smoke:
-        setup = TestbedSetup.for_spec(cfg.spec, episodes_per_task=2, train_limit=8, test_limit=4, val_limit=8,
+        setup = TestbedSetup.for_bed(cfg.bed, episodes_per_task=2, train_limit=8, test_limit=4, val_limit=8,
                                       eval_seeds=1, candidates=2, max_new_tokens=48, stage2_episodes=16)
     steps = ["warm start", "collect episodes", "train critic", "train policy (SWEET-RL)", "evaluate",
              "per-turn credit inspector"]
@@ -111,7 +112,7 @@ def main(cfg: DemoConfig) -> Path:
 
     say(0)
     with timed(setup, "warm_start"):
-        warm = warm_start(out / "warm_start", seed=cfg.seed, smoke=cfg.smoke, spec=cfg.spec, teacher=cfg.teacher)
+        warm = warm_start(out / "warm_start", seed=cfg.seed, smoke=cfg.smoke, bed=cfg.bed, teacher=cfg.teacher)
     say(1)
     with timed(setup, "collect"):
         episodes = collect_episodes(str(warm), setup, out / "episodes" / "train.jsonl", seed=cfg.seed)
@@ -149,13 +150,13 @@ def main(cfg: DemoConfig) -> Path:
               f"tests passed {m['tests_passed']['value']:.3f}")
     print(compare(rows, "warm_start", "sweet_rl"))
     kl = None
-    if not testbed_spec.spec(cfg.spec).legacy:  # sampled at temperature 1: the policy itself (sweet/core/kl.py)
+    if not testbed_bed.design(cfg.bed).legacy:  # sampled at temperature 1: the policy itself (sweet/core/kl.py)
         with timed(setup, "kl"):
             kl = measured_kl(str(policy), str(warm), out / "leaderboard" / "episodes" / "sweet_rl.jsonl")
-    summary = main_job_summary(rows, cfg.spec, cfg.teacher, kl)
+    summary = main_job_summary(rows, cfg.bed, cfg.teacher, kl)
     if summary.get("optimum") is not None:
         at = summary["predicted_at_kl"]
-        print(f"exact solver ({cfg.spec!r} bed, {summary['teacher']} teacher): warm start "
+        print(f"exact solver ({cfg.bed!r} bed, {summary['teacher']} teacher): warm start "
               f"{summary['predicted_warm_start']:.3f}, optimum {summary['optimum']:.3f}; SWEET-RL closed "
               f"{summary['gap_closed']:.0%} of the measured warm start's distance to the optimum")
         print(f"SWEET-RL measured {summary['sweet_rl']['value']:.3f} at KL {at['kl']:.3f} from the warm start; the "
@@ -163,7 +164,7 @@ def main(cfg: DemoConfig) -> Path:
               + ("" if at["reached"] else f" (its path stops at KL {at['path_kl']:.3f})"))
     if summary.get("predicted_blind") is not None:
         blind = summary["predicted_blind"]
-        print(f"exact solver, for a policy blind to which question it asked (testbed_policy_class): SWEET-RL "
+        print(f"exact solver, for a policy blind to which question it asked (testbed.policy_class): SWEET-RL "
               f"{blind['sweet_rl']['0.5']:.3f} at KL 0.5, at most {blind['ceiling']:.3f} "
               f"({blind['ceiling_closed']:.1%} of the distance), repeat rate {blind['repeat_rate']['0.5']:.2f}")
     print(warm_start_checks(out / "warm_start"))
@@ -172,14 +173,14 @@ def main(cfg: DemoConfig) -> Path:
         split = inspect_critic.CreditSplit.from_json(json.loads(credit.read_text()))
         summary["critic_credit"] = split.to_json()
         print(split.line())
-    if not testbed_spec.spec(cfg.spec).legacy:  # what each policy does turn by turn (testbed.profile)
+    if not testbed_bed.design(cfg.bed).legacy:  # what each policy does turn by turn (testbed.profile)
         summary["dialogue"] = {}
         for agent in ("warm_start", "sweet_rl"):
-            prof = testbed_profile.profile(cfg.spec, read_episodes(out / "leaderboard" / "episodes" / f"{agent}.jsonl"))
+            prof = testbed_profile.profile(cfg.bed, read_episodes(out / "leaderboard" / "episodes" / f"{agent}.jsonl"))
             summary["dialogue"][agent] = prof.to_json()
             print(f"{agent} dialogues: {prof.line()}")
         # does the warm start read its dialogue as its teacher does (testbed.profile.reads_check)?
-        check = testbed_profile.reads_check(cfg.spec, cfg.teacher,
+        check = testbed_profile.reads_check(cfg.bed, cfg.teacher,
                                             read_episodes(out / "leaderboard" / "episodes" / "warm_start.jsonl"))
         summary["reads_check"] = check.to_json()
         print(f"warm start vs its teacher ({check.teacher}), held-out: {check.line()}")
@@ -203,10 +204,10 @@ def measured_kl(policy: str, warm: str, episodes: Path) -> float:
     return sum(ratios) / len(ratios)
 
 
-def main_job_summary(rows: list[dict], spec: str, teacher: str | None = None, kl: float | None = None) -> dict:
+def main_job_summary(rows: list[dict], bed: str, teacher: str | None = None, kl: float | None = None) -> dict:
     """OUT/summary.json: {"warm_start": M, "sweet_rl": M, "optimum": v} with M =
     {"value", "ci95"} (held-out success), the optimum and the warm start's success as the
-    exact solver computes them from the warm start's teacher (testbed_spec.teacher_spec:
+    exact solver computes them from the warm start's teacher (testbed_bed.teacher_design:
     its exact tabular policy is π0; None on the legacy bed, whose optimum is 1), the share of
     the warm start's distance to the optimum closed, "predicted_at_kl": the solver's
     SWEET-RL at the policy's measured KL `kl` (testbed.predict), and "predicted_blind":
@@ -215,17 +216,17 @@ def main_job_summary(rows: list[dict], spec: str, teacher: str | None = None, kl
     from testbed import predict as testbed_predict
 
     m = {r["agent"]: r["metrics"]["success_rate"] for r in rows}
-    out: dict = {"spec": spec, "warm_start": m["warm_start"], "sweet_rl": m["sweet_rl"],
-                 "teacher": teacher or testbed_spec.default_teacher(spec)}
-    if testbed_spec.spec(spec).legacy:
+    out: dict = {"bed": bed, "warm_start": m["warm_start"], "sweet_rl": m["sweet_rl"],
+                 "teacher": teacher or testbed_bed.default_teacher(bed)}
+    if testbed_bed.design(bed).legacy:
         out["optimum"] = None
         return out
-    taught = testbed_spec.teacher_spec(spec, teacher)
+    taught = testbed_bed.teacher_design(bed, teacher)
     out["p_other"] = taught.p_other
-    bed = mdp.build(taught)
-    best = mdp.optimum(bed)[0]
+    solver = mdp.build(taught)  # the teacher's bed as the exact solver's MDP
+    best = mdp.optimum(solver)[0]
     warm = m["warm_start"]["value"]
-    predicted_warm = mdp.evaluate(bed, bed.logp0).success
+    predicted_warm = mdp.evaluate(solver, solver.logp0).success
     out.update(optimum=round(best, 4), predicted_warm_start=round(predicted_warm, 4),
                gap_closed=(m["sweet_rl"]["value"] - warm) / (best - warm) if best > warm else None)
     # what SWEET-RL can reach if the policy cannot read which question it asked (the turn class)
@@ -233,7 +234,7 @@ def main_job_summary(rows: list[dict], spec: str, teacher: str | None = None, kl
         point = testbed_predict.predict(taught, levels=(max(kl, 1e-6),)).methods["sweet"][max(kl, 1e-6)]
         out["predicted_at_kl"] = {"kl": round(kl, 4), "sweet_rl": round(point.success, 4), "reached": point.reached,
                                   "path_kl": round(point.kl, 4)}
-    if not testbed_policy_class.holds_warm_start(bed, "turn"):  # a reading warm start is in no blind class
+    if not testbed_policy_class.holds_warm_start(solver, "turn"):  # a reading warm start is in no blind class
         out["predicted_blind"] = None
         return out
     _, (blind,) = testbed_policy_class.predict_classes(taught, ("turn",), methods=("sweet",))

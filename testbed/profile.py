@@ -1,6 +1,6 @@
 """What a policy does in its test-bed dialogues, read off its episodes as the solver's actions.
 
-    python -m testbed.profile RUN/leaderboard/episodes/*.jsonl --spec default
+    python -m testbed.profile RUN/leaderboard/episodes/*.jsonl --bed default
 
 Each agent message is mapped to the solver's action (testbed.mdp:
 `abstract_history`): ask about one fact, the vague question, or answer. Per episodes file:
@@ -32,7 +32,7 @@ from typing import Sequence
 from colbench.episodes import read_episodes
 from colbench.stats import Metric, bootstrap_ci
 from colbench.types import Episode
-from testbed import spec as ts
+from testbed import bed as tb
 from testbed.mdp import abstract_history
 
 FIELDS = ("success", "early", "repeat", "vague_first", "faithful")
@@ -54,7 +54,7 @@ class DialogueProfile:
         return "  ".join(f"{k} {m.value:.3f} [{m.low:.3f}, {m.high:.3f}]" for k, m in self.metrics.items())
 
 
-def episode_actions(s: ts.TestbedSpec, ep: Episode) -> list[int]:
+def episode_actions(s: tb.BedDesign, ep: Episode) -> list[int]:
     """The solver's action of each question the episode asked (its last agent turn, the answer, not included)."""
     messages = [t.content for t in ep.turns]
     return [a for a, _ in abstract_history(s, messages[:-1])] if messages else []
@@ -64,15 +64,15 @@ def _repeats(acts: Sequence[int]) -> bool | None:
     return acts[0] == acts[1] if len(acts) >= 2 else None
 
 
-def asked_twice_repeat(s: ts.TestbedSpec, ep: Episode) -> bool | None:
+def asked_twice_repeat(s: tb.BedDesign, ep: Episode) -> bool | None:
     """Whether the episode's second question repeats its first (None: it asked fewer than two)."""
     return _repeats(episode_actions(s, ep))
 
 
-def profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> DialogueProfile:
-    """The profile of `episodes` on test-bed preset `spec` (their dialogues end with the
+def profile(bed: str | tb.BedDesign, episodes: Sequence[Episode]) -> DialogueProfile:
+    """The profile of `episodes` on test-bed preset `bed` (their dialogues end with the
     agent's answer, as the runner writes them)."""
-    s = ts.spec(spec)
+    s = tb.design(bed)
     values: dict[str, dict[str, list[float]]] = {k: {} for k in FIELDS}
 
     def add(field: str, task: str, v: float) -> None:
@@ -84,11 +84,11 @@ def profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> Dialogue
     for ep in sorted(episodes, key=lambda e: (e.task_id, e.seed)):
         acts = episode_actions(s, ep)
         texts = [t.content for t in ep.turns]
-        told = ts.told_values(s, texts[1::2])
+        told = tb.told_values(s, texts[1::2])
         add("success", ep.task_id, float(ep.success))
         add("early", ep.task_id, float(len(acts) < s.turns - 1))
         add("vague_first", ep.task_id, float(bool(acts) and acts[0] == s.facts))
-        add("faithful", ep.task_id, float(bool(texts) and ts.answer_values(s, texts[-1]) == ts.guess_values(s, told)))
+        add("faithful", ep.task_id, float(bool(texts) and tb.answer_values(s, texts[-1]) == tb.guess_values(s, told)))
         if (repeated := _repeats(acts)) is not None:
             twice += 1
             add("repeat", ep.task_id, float(repeated))
@@ -103,7 +103,7 @@ MOVES = {"first": ("side", "vague", "answer"),
          "after vague": ("side", "vague", "answer")}
 
 
-def _move(s: ts.TestbedSpec, before: Sequence[int], a: int | None) -> tuple[str, str]:
+def _move(s: tb.BedDesign, before: Sequence[int], a: int | None) -> tuple[str, str]:
     """(history, move) of an action `a` (None: the answer) after the questions `before`."""
     history = "first" if not before else "after vague" if before[-1] == s.facts else "after a side"
     if a is None:
@@ -115,10 +115,10 @@ def _move(s: ts.TestbedSpec, before: Sequence[int], a: int | None) -> tuple[str,
     return history, "side"
 
 
-def history_profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> dict[str, dict[str, Metric]]:
+def history_profile(bed: str | tb.BedDesign, episodes: Sequence[Episode]) -> dict[str, dict[str, Metric]]:
     """P(move | history) on the first two turns (`MOVES`), measured on `episodes`, each with
     a 95% bootstrap interval over tasks (a ratio: the episodes that reached the history)."""
-    s = ts.spec(spec)
+    s = tb.design(bed)
     values: dict[tuple[str, str], dict[str, list[float]]] = {(h, m): {} for h, ms in MOVES.items() for m in ms}
     for ep in sorted(episodes, key=lambda e: (e.task_id, e.seed)):
         acts = episode_actions(s, ep)
@@ -131,12 +131,12 @@ def history_profile(spec: str | ts.TestbedSpec, episodes: Sequence[Episode]) -> 
     return {h: {m: bootstrap_ci(list(values[(h, m)].values())) for m in ms} for h, ms in MOVES.items()}
 
 
-def teacher_history_profile(spec: str | ts.TestbedSpec) -> dict[str, dict[str, float]]:
-    """The explorer's exact P(move | history) (`MOVES`) on `spec` (its p_ask and p_other:
-    testbed_spec.teacher_spec), read from the one explorer (testbed.mdp.explorer_action_probs)."""
+def teacher_history_profile(bed: str | tb.BedDesign) -> dict[str, dict[str, float]]:
+    """The explorer's exact P(move | history) (`MOVES`) on `bed` (its p_ask and p_other:
+    tb.teacher_design), read from the one explorer (testbed.mdp.explorer_action_probs)."""
     from testbed.mdp import explorer_action_probs
 
-    s = ts.spec(spec)
+    s = tb.design(bed)
     out: dict[str, dict[str, float]] = {h: dict.fromkeys(ms, 0.0) for h, ms in MOVES.items()}
     for before, node in (((), ()), ((0,), ((0, True),)), ((s.facts,), ((s.facts, False),))):
         for a, p in explorer_action_probs(s, node).items():
@@ -182,31 +182,32 @@ class ReadsCheck:
                 f"within the 95% intervals")
 
 
-def reads_check(spec: str | ts.TestbedSpec, teacher: str | None, episodes: Sequence[Episode]) -> ReadsCheck:
+def reads_check(bed: str | tb.BedDesign, teacher: str | None, episodes: Sequence[Episode]) -> ReadsCheck:
     """`episodes` (a policy's, held-out) beside the exact profile of the warm-start `teacher`
-    (testbed_spec.teacher_spec) and of the blind explorer."""
+    (tb.teacher_design) and of the blind explorer."""
     from testbed.mdp import build
     from testbed.policy_class import repeat_rate
 
-    taught, blind = ts.teacher_spec(spec, teacher), ts.teacher_spec(spec, "blind")
+    taught, blind = tb.teacher_design(bed, teacher), tb.teacher_design(bed, "blind")
     prof = profile(taught, episodes)
     rates = [repeat_rate(bed, bed.logp0) for bed in (build(taught), build(blind))]
-    return ReadsCheck(teacher or ts.default_teacher(spec), prof.metrics["repeat"], rates[0], rates[1],
+    return ReadsCheck(teacher or tb.default_teacher(bed), prof.metrics["repeat"], rates[0], rates[1],
                       history_profile(taught, episodes), teacher_history_profile(taught), teacher_history_profile(blind))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testbed.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("episodes", nargs="+", help="episodes JSONL files (e.g. RUN/leaderboard/episodes/*.jsonl)")
-    parser.add_argument("--spec", default=ts.DEFAULT_SPEC, help=f"the test-bed preset the episodes ran on: {', '.join(ts.PRESETS)}")
+    parser.add_argument("--bed", "--spec", default=tb.DEFAULT_BED,
+                        help=f"the test-bed preset the episodes ran on: {', '.join(tb.PRESETS)}")
     parser.add_argument("--json", action="store_true", help="one JSON object, keyed by file")
     args = parser.parse_args(argv)
     try:
-        s = ts.spec(args.spec)
+        s = tb.design(args.bed)
     except ValueError as e:
         parser.error(str(e))
     if s.legacy:
-        parser.error("--spec legacy: the profile reads a spec's facts; the legacy bed has its own readers")
+        parser.error("--bed legacy: the profile reads a bed's facts; the legacy bed has its own readers")
     out = {}
     for path in args.episodes:
         if not Path(path).is_file():

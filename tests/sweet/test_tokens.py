@@ -58,7 +58,7 @@ def ended_and_cut(tok):
     env = TestbedEnv(max_turns=3)
     agent = ModelAgent(HFEngine.from_model(lm, tok), SamplingParams(max_new_tokens=MAX_NEW), name="tiny")
     try:
-        return run_episodes(env, make_tasks("train", n=2, spec="legacy"), agent, TestbedSimulator(), seeds=(0, 1),
+        return run_episodes(env, make_tasks("train", n=2, bed="legacy"), agent, TestbedSimulator(), seeds=(0, 1),
                             config=EpisodeConfig(max_turns=3), progress=False)
     finally:
         env.close()

@@ -32,8 +32,8 @@ def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     by_agent = {r["agent"]: r["metrics"]["success_rate"] for r in rows}
     assert summary["warm_start"] == by_agent["warm_start"] and summary["sweet_rl"] == by_agent["sweet_rl"]
-    # ... from the warm start's teacher, the explorer that reads its dialogue (testbed_spec.TEACHERS)
-    assert summary["spec"] == "default" and summary["optimum"] == 0.7844 and summary["predicted_warm_start"] == 0.5395
+    # ... from the warm start's teacher, the explorer that reads its dialogue (testbed_bed.TEACHERS)
+    assert summary["bed"] == "default" and summary["optimum"] == 0.7844 and summary["predicted_warm_start"] == 0.5395
     assert (summary["teacher"], summary["p_other"]) == ("reads", 0.5)
     assert json.loads((out / "warm_start" / "behave" / "warm_start.json").read_text())["p_other"] == 0.5
     # the solver's SWEET-RL at the policy's measured KL, printed beside the measured success

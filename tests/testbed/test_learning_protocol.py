@@ -68,11 +68,11 @@ def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
 
     summary = run_bench(tmp_path / "out", "--policies", "rft,mtdpo", "--hp-grid", "1,3", "--predict-finite", "2",
                         "--val-limit", "8", "--warm-start", str(smoke_warm_start))
-    assert summary["spec"] == "default" and summary["seeds"] == 1
+    assert summary["bed"] == "default" and summary["seeds"] == 1
     check_schema(summary, ["warm_start", "rft", "mtdpo"])
-    from testbed import spec as ts
+    from testbed import bed as tb
 
-    taught = ts.teacher_spec("default")  # the solver predicts from the warm start's teacher (reads, by default)
+    taught = tb.teacher_design("default")  # the solver predicts from the warm start's teacher (reads, by default)
     finite = predict.predict_finite(taught, 2, 4, 8, candidates=8)
     population = predict.predict(taught)
     assert population.warm_start == pytest.approx(0.5395, abs=5e-5)
@@ -125,7 +125,7 @@ def test_toy_run_with_training_paths(tmp_path):
     warm = imitate(WarmStartConfig(output_dir=str(tmp_path / "ws"), p_ask=1.0, n_dialogues=800, epochs=1,
                                    batch_size=16, learning_rate=2e-3))
     out = tmp_path / "out"
-    summary = run_bench(out, "--spec", "legacy", "--policies", "rft,loop", "--hp-grid", "1", "--episodes-per-task",
+    summary = run_bench(out, "--bed", "legacy", "--policies", "rft,loop", "--hp-grid", "1", "--episodes-per-task",
                         "24", "--snapshot-steps", "2", "--warm-start", str(warm))
     check_schema(summary, ["warm_start", "rft", "loop"])
     paths = json.loads((out / "results.json").read_text())["per_seed"]["0"]
