@@ -114,7 +114,7 @@ def test_the_cli_prints_agreement_needed(capsys, default_agreement):
 
 
 @pytest.mark.slow
-def test_long_spec_needs_an_agreement_the_oracle_has():
+def test_long_bed_needs_an_agreement_the_oracle_has():
     a = ta.agreement_needed("long")
     for family in ta.FAMILIES:
         for k in (1.0, 2.0):  # the oracle is above MT-DPO on `long`

@@ -194,7 +194,7 @@ def test_scripted_agents_run_in_the_real_runner():
     assert all(e.agent_turns[0].content == QUESTION_POS for e in opt)  # the optimum asks one side first
 
 
-def test_scripted_dialogues_sample_the_one_explorer_on_any_spec():
+def test_scripted_dialogues_sample_the_one_explorer_on_any_bed():
     from collections import Counter
 
     s = tb.design("default")

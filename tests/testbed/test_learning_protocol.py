@@ -59,7 +59,7 @@ def smoke_warm_start(tmp_path_factory) -> Path:
     return warm_start(tmp_path_factory.mktemp("warm"), smoke=True)
 
 
-def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
+def test_toy_run_on_the_default_bed(tmp_path, smoke_warm_start):
     """The smoke warm start rarely succeeds, so RFT and MT-DPO find nothing to learn from and
     are evaluated as the warm start (said in their notes): the summary's schema, the search
     record (a grid of 1 and 3, a tie goes to 1), and the solver's finite-sample predictions

@@ -120,7 +120,7 @@ def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):
         sweet_rounds(model, train, replace(cfg, stage="all"), cand, RoundsConfig(rounds=2, simulator="scripted:testbed"))
 
 
-def test_oracle_on_another_spec_scores_the_solvers_advantage():
+def test_oracle_on_another_bed_scores_the_solvers_advantage():
     """With `bed`, the oracle ranks by testbed.mdp.exact_advantage (success-valued)."""
     from testbed import bed as tb
     from testbed.env import TestbedEnv, make_tasks

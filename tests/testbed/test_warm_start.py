@@ -41,7 +41,7 @@ def test_copy_score_counts_each_told_constant_once():
         copy_score([answer_text(3, 20)], told, **legacy)  # one answer per case
 
 
-def test_spec_copy_check_asks_on_every_turn_but_the_last_and_wants_the_explorers_answer():
+def test_bed_copy_check_asks_on_every_turn_but_the_last_and_wants_the_explorers_answer():
     """On a 3-turn bed the always-asking explorer asks twice; the check wants every
     constant as the explorer writes it: told ones copied, the fixed guess for the rest."""
     s = tb.design("default")
