@@ -166,8 +166,8 @@ def design(name: str | BedDesign) -> BedDesign:
 
 BED_KEY = "bed"
 """The key naming the bed in task meta and in the records the lab writes (caches, settings,
-summaries). Records written before it was renamed name it "spec" (`OLD_BED_KEY`); readers
-take either (`task_bed`, `bed_record`)."""
+summaries). Its earlier name "spec" (`OLD_BED_KEY`), in tasks and records written by earlier
+versions, is read alike (`task_bed`, `bed_record`)."""
 OLD_BED_KEY = "spec"
 
 
@@ -184,8 +184,8 @@ def task_design(task) -> BedDesign:
 
 
 def bed_record(record: dict) -> dict:
-    """A record (a cache key, a settings file) with an older "spec" key under "bed", so a
-    run or cache written before the rename is still recognised."""
+    """A record (a cache key, a settings file) with its earlier "spec" key under "bed", so a
+    run or cache written by an earlier version is still recognised."""
     if OLD_BED_KEY in record and BED_KEY not in record:
         record = {BED_KEY if k == OLD_BED_KEY else k: v for k, v in record.items()}
     return record
