@@ -11,7 +11,6 @@ top-p, so no extra forward pass and no [steps, batch, vocab] logits buffer is ne
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Sequence
 
 from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams, SpecError
@@ -19,6 +18,23 @@ from engines.templating import cut_completion, end_token_ids, prompt_ids
 from engines.specs import local_model_path
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class _Sampler:
+    """Last logits processor: draws each row's next token from softmax(scores), as
+    generate()'s own sampling step does (the same draws from the same generator state),
+    and returns scores that are −inf everywhere else, so greedy decoding picks it.
+    `generator`: a private torch.Generator; None draws from the process-wide one."""
+
+    def __init__(self, generator=None) -> None:
+        self.generator = generator
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        tokens = torch.multinomial(probs, num_samples=1, generator=self.generator)
+        return torch.full_like(scores, float("-inf")).scatter_(1, tokens, 0.0)
 
 
 class _RawLogprobRecorder:
@@ -155,21 +171,21 @@ class HFEngine:
         results: dict[tuple[int, int], Sample] = {}
         bs = max(1, self.options.batch_size)
         was_training = self.model.training
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices) if params.seed is not None else contextlib.nullcontext():
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
-            try:
-                self.model.eval()
-                for start in range(0, len(rows), bs):
-                    chunk = rows[start : start + bs]
-                    samples = self._generate_batch([prompts[c] for c, _ in chunk], params)
-                    results.update(zip(chunk, samples))
-            finally:
-                self.model.train(was_training)
+        # A seeded call draws from its own generator, never the process-wide one, so that
+        # a sampler on another thread (LOOP's async rollouts) and the trainer's RNG users
+        # (dropout, checkpoint recomputation) cannot interleave their draws.
+        generator = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
+        try:
+            self.model.eval()
+            for start in range(0, len(rows), bs):
+                chunk = rows[start : start + bs]
+                samples = self._generate_batch([prompts[c] for c, _ in chunk], params, generator)
+                results.update(zip(chunk, samples))
+        finally:
+            self.model.train(was_training)
         return [[results[(c, k % copies)] for k in range(params.n)] for c in range(len(prompts))]
 
-    def _generate_batch(self, batch_prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
+    def _generate_batch(self, batch_prompts: list[list[int]], params: SamplingParams, generator=None) -> list[Sample]:
         import torch
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
         from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
@@ -179,19 +195,19 @@ class HFEngine:
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch_prompts], device=self.device)
         greedy = params.temperature == 0
         # generate() fills every unset (None) field from the checkpoint's generation
-        # config, so neutral values are set explicitly: a checkpoint's top_k=50,
-        # temperature 0.6 or repetition penalty must not change the requested distribution.
-        neutral = dict(temperature=1.0, top_p=1.0, top_k=0, typical_p=1.0) if not greedy else {}
+        # config, so neutral values are set explicitly: a checkpoint's repetition penalty
+        # must not change the requested distribution. Sampling itself is `_Sampler`, the
+        # last processor: generate() decodes greedily, so its temperature/top-k/top-p
+        # warpers (and a checkpoint's values for them) never apply.
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
             min_new_tokens=0,
-            do_sample=not greedy,
+            do_sample=False,
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,
             eos_token_id=sorted(self.end_ids),
             pad_token_id=self.pad_id,
             use_cache=True,
-            **neutral,
         )
         recorder = _RawLogprobRecorder()
         processors = [recorder]  # custom processors run after the built-in ones, which are all off
@@ -199,6 +215,8 @@ class HFEngine:
             processors.append(TemperatureLogitsWarper(params.temperature))
         if not greedy and params.top_p < 1.0:
             processors.append(TopPLogitsWarper(params.top_p))
+        if not greedy:
+            processors.append(_Sampler(generator))
         criteria = [_StopStringCriteria(self.tokenizer, params.stop, width)] if any(params.stop) else []
         sequences = self.model.generate(
             input_ids=input_ids,

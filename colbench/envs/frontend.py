@@ -28,7 +28,7 @@ import re
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from colbench.envs.base import TrainingDefaults, agent_chat, fill_instructions
 from colbench.prompts import KINDS, load_prompt
@@ -83,6 +83,8 @@ class FrontendEnv:
     render_dir:        where screenshots go (answers/, targets/); default a temp dir.
     workers:           browser contexts rendering at once.
     render_timeout_s:  per page; a page past it scores 0 with Score.error.
+    score_chunk:       answers rendered and scored per chunk by `score_iter` (each chunk
+                       is saved before the next starts).
     prompt_path:       the agent's instructions, a frontend_agent template file
                        (colbench.prompts; None: ours); `agent_prompt` is the loaded template.
     """
@@ -98,15 +100,19 @@ class FrontendEnv:
                  success_threshold: float = 0.9, clip_model: str = "ViT-B-32", clip_pretrained: str = "openai",
                  clip_scheme: str = "pad", clip_device: str | None = None, render_dir: str | Path | None = None,
                  workers: int = 2, render_timeout_s: float = 10.0, viewport_width: int = 1280,
-                 viewport_height: int = 800, max_height: int = 8000, prompt_path: str | Path | None = None):
+                 viewport_height: int = 800, max_height: int = 8000, prompt_path: str | Path | None = None,
+                 score_chunk: int = 32):
         if not answer_marker.strip():
             raise ValueError("FrontendEnv.answer_marker must be non-empty")
         if max_turns < 1:
             raise ValueError(f"FrontendEnv.max_turns must be >= 1, got {max_turns}")
         if not 0.0 <= success_threshold <= 1.0:
             raise ValueError(f"FrontendEnv.success_threshold must be in [0, 1], got {success_threshold}")
+        if score_chunk < 1:
+            raise ValueError(f"FrontendEnv.score_chunk must be >= 1, got {score_chunk}")
         self.answer_marker = answer_marker
         self.max_turns = max_turns
+        self.score_chunk = score_chunk
         self.success_threshold = success_threshold
         self.clip_options = dict(model=clip_model, pretrained=clip_pretrained, scheme=clip_scheme, device=clip_device)
         self.render_options = dict(workers=workers, timeout_s=render_timeout_s, viewport_width=viewport_width,
@@ -205,6 +211,16 @@ class FrontendEnv:
             reward = float((embeddings[i] * target_emb).sum().clamp(-1.0, 1.0))
             scores.append(Score(reward, reward >= self.success_threshold, detail))
         return scores
+
+    def score_iter(self, tasks: Sequence[Task], answers: Sequence[str]) -> Iterator[tuple[int, Score]]:
+        """`score`, yielding (index, Score) a chunk of `score_chunk` answers at a time, so the
+        runner saves each chunk before the next one is rendered (a 1,000-page test split
+        shows progress and resumes from the last chunk)."""
+        if len(tasks) != len(answers):
+            raise ValueError(f"score: {len(tasks)} tasks but {len(answers)} answers")
+        for start in range(0, len(tasks), self.score_chunk):
+            stop = start + self.score_chunk
+            yield from enumerate(self.score(tasks[start:stop], answers[start:stop]), start)
 
     def _target_embeddings(self, tasks: Sequence[Task]) -> list[tuple[str | None, Any, str | None]]:
         """(png path, CLIP embedding, error) of each task's target; rendered and embedded

@@ -94,6 +94,29 @@ def test_score_rewards_the_target_most_and_records_renders(env):
 
 
 @needs_chromium
+def test_score_iter_scores_a_chunk_before_rendering_the_next(tmp_path):
+    """score_iter yields each chunk's scores before it renders the next chunk (the runner
+    saves them at once), in order, with the same rewards as one `score` call."""
+    pages = [TARGET, TARGET.replace("Acme", "Apex"), TARGET.replace("bg-blue-700", "bg-red-700"),
+             "<html><body><h1>other</h1></body></html>", TARGET.replace("Fresh", "Warm")]
+    tasks = [Task(f"fe-{i}", "frontend", "A bakery homepage.", TARGET) for i in range(len(pages))]
+    e = FrontendEnv(clip_model="tiny", render_dir=tmp_path, render_timeout_s=6.0, score_chunk=2)
+    try:
+        it = e.score_iter(tasks, pages)
+        first = next(it)
+        assert first[0] == 0 and len(list((tmp_path / "answers").glob("*.png"))) == 2
+        got = [first, *it]
+        assert [i for i, _ in got] == list(range(len(pages)))
+        whole = e.score(tasks, pages)
+        assert [sc.reward for _, sc in got] == pytest.approx([sc.reward for sc in whole], abs=1e-6)
+        assert got[0][1].reward == pytest.approx(1.0, abs=1e-5)
+    finally:
+        e.close()
+    with pytest.raises(ValueError, match="score_chunk"):
+        FrontendEnv(clip_model="tiny", score_chunk=0)
+
+
+@needs_chromium
 def test_success_threshold_is_configurable(tmp_path):
     e = FrontendEnv(clip_model="tiny", render_dir=tmp_path, success_threshold=1.0)
     try:

@@ -61,6 +61,30 @@ def test_seed_makes_samples_reproducible(hf_engine):
     assert other != first
 
 
+def test_seeded_samples_ignore_global_rng_use_during_generation(hf_engine):
+    """A seeded call draws from its own generator: another thread reseeding or drawing
+    from the process-wide RNG between decoding steps (LOOP's trainer while the async
+    sampler generates) changes nothing, and the process-wide stream is left as it was."""
+    params = SamplingParams(n=2, temperature=1.0, top_p=0.9, max_new_tokens=10, seed=123)
+    clean = hf_engine.generate(CONVS, params)
+
+    def other_thread_uses_global_rng(module, args):
+        torch.manual_seed(999)
+        torch.rand(1000)
+
+    handle = hf_engine.model.register_forward_pre_hook(other_thread_uses_global_rng)
+    try:
+        disturbed = hf_engine.generate(CONVS, params)
+    finally:
+        handle.remove()
+    assert disturbed == clean
+    torch.manual_seed(5)
+    expected = torch.rand(4)
+    torch.manual_seed(5)
+    hf_engine.generate(CONVS, params)
+    assert torch.equal(torch.rand(4), expected)
+
+
 def test_logprobs_match_teacher_forced_forward(hf_engine):
     # temperature and top-p change how tokens are drawn, never the reported log-probs
     params = SamplingParams(n=2, temperature=0.7, top_p=0.8, max_new_tokens=16, seed=7)
