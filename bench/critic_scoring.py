@@ -35,7 +35,7 @@ def make_scorer(args):
 
     from sweet.core.config import ModelConfig
     from sweet.core.models import load_model, load_tokenizer
-    from sweet.critic.model import TrainedCritic, CriticSpec
+    from sweet.critic.model import TrainedCritic, CriticRecord
 
     if args.critic_dir:
         return TrainedCritic.load(args.critic_dir, device=args.device, batch_size=args.candidates)
@@ -43,14 +43,14 @@ def make_scorer(args):
     tok = load_tokenizer(args.model)
     cfg = ModelConfig(model=args.model)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    spec = CriticSpec(beta=1.0, length_normalize=True, header="Training-time information", reference_model=args.model,
-                      eos_token_id=tok.eos_token_id, lora=False)
+    record = CriticRecord(beta=1.0, length_normalize=True, header="Training-time information",
+                          reference_model=args.model, eos_token_id=tok.eos_token_id, lora=False)
     theta = load_model(cfg, trainable=False)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in theta.parameters():
             param.add_(0.02 * param.float().std() * torch.randn(param.shape, generator=g).to(param.dtype))
-    return TrainedCritic(spec, theta.to(device), load_model(cfg, trainable=False).to(device), tok, device,
+    return TrainedCritic(record, theta.to(device), load_model(cfg, trainable=False).to(device), tok, device,
                         batch_size=args.candidates)
 
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     from sweet.core.tokens import action_ids
     from sweet.critic.model import CriticTurn
 
-    examples = [CriticTurn(state, action_ids(a, scorer.spec.eos_token_id, None)) for a in actions]
+    examples = [CriticTurn(state, action_ids(a, scorer.record.eos_token_id, None)) for a in actions]
     t_padded, padded = timed(lambda: scorer._padded_advantages(examples), args.repeats)
     diff = max(max(abs(a - b), abs(a - c)) for a, b, c in zip(batched, single, padded))
     n_ctx = len(scorer.tokenizer.apply_chat_template(list(state.prompt), tokenize=False))

@@ -10,9 +10,9 @@ Agent spec strings (the `--agent` flag of `python -m colbench.evaluate`):
     tiny | hf:<path> | vllm:<path> | openai:<model>@<url>   a model (engines.load_engine)
     reference                 answers at once with the hidden reference (upper bound)
     explorer | optimal        testbed only: the scripted explorer (the warm start's teacher,
-                              testbed.spec.explorer_probs) or the exact
+                              testbed.bed.explorer_probs) or the exact
                               solver's optimal policy (testbed.mdp), per
-                              task's spec; no model (SCRIPTED_AGENTS: testbed/agents.py)
+                              task's bed; no model (SCRIPTED_AGENTS: testbed/agents.py)
     replay:<file.jsonl>       answers at once with recorded answers, rows {"task_id", "answer"}
     <name>=<spec>             any of the above, shown under <name> in reports
 

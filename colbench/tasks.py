@@ -4,9 +4,9 @@ Sources (the `source` argument):
 
     path/to/rows.jsonl | .json | .parquet   a local file in the official row format
     builtin:train | builtin:test            the sets bundled in tasks/<env>/ (see tasks/README.md)
-    builtin:<spec>/train | .../test         env testbed only: a preset of testbed/spec.py
+    builtin:<bed>/train | .../test          env testbed only: a preset of testbed/bed.py
                                             (default, long, legacy); builtin:train is the
-                                            preset `default` (testbed.spec.DEFAULT_SPEC)
+                                            preset `default` (testbed.bed.DEFAULT_BED)
     hf:facebook/collaborative_agent_bench   the published data (downloads; online users only);
                                             append [train] or [test] to pick the split
     hf:HuggingFaceM4/WebSight[train|test]   frontend tasks as the paper builds them (streams;

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 from colbench.protocols import AgentRequest
 from engines.base import Sample, SpecError
 from testbed import mdp
-from testbed import spec as testbed_spec
+from testbed import bed as testbed_bed
 
 if TYPE_CHECKING:
     from colbench.protocols import Environment
@@ -22,10 +22,10 @@ SCRIPTED_TESTBED = ("explorer", "optimal")
 
 class ScriptedTestbedAgent:
     """The test bed's scripted agents, with no model: `explorer` samples the scripted
-    explorer's next message (testbed.spec.sample_explorer) with a random stream per
+    explorer's next message (testbed.bed.sample_explorer) with a random stream per
     (task, episode seed, turn), so episodes are reproducible; `optimal` plays the exact
-    solver's optimal policy (mdp.optimal_message). Each task's spec is read
-    from the task (testbed.spec.task_spec). `env`, when given, must be the test bed."""
+    solver's optimal policy (mdp.optimal_message). Each task's design is read
+    from the task (testbed.bed.task_design). `env`, when given, must be the test bed."""
 
     needs_simulator = True
 
@@ -42,11 +42,11 @@ class ScriptedTestbedAgent:
         for r in requests:
             if r.task.env != "testbed":
                 raise ValueError(f"agent {self.kind!r} plays the test bed only; task {r.task.task_id} is {r.task.env!r}")
-            spec = testbed_spec.task_spec(r.task)
+            design = testbed_bed.task_design(r.task)
             history = [m["content"] for m in r.messages[2:]]  # after the system prompt and the description
             if self.kind == "optimal":
-                out.append(Sample(text=mdp.optimal_message(spec, history)))
+                out.append(Sample(text=mdp.optimal_message(design, history)))
                 continue
             rng = random.Random(f"{r.task.task_id}/{r.seed}/{len(history)}")
-            out.append(Sample(text=testbed_spec.sample_explorer(spec, history, rng)))
+            out.append(Sample(text=testbed_bed.sample_explorer(design, history, rng)))
         return out

@@ -1,8 +1,8 @@
 """The agreement with the exact advantage A* that a critic needs for SWEET-RL's stage 2 to
 reach trajectory DPO, computed with the exact solver (testbed/predict.py).
 
-    python -m testbed.agreement --spec long           # the table
-    python -m testbed.agreement --spec default --json # one JSON object
+    python -m testbed.agreement --bed long           # the table
+    python -m testbed.agreement --bed default --json # one JSON object
 
 Stage 2 is driven by the oracle critic plus Gaussian noise σ on Q* (`noisy_critics`), on a
 σ grid, in two families: the noise fixed per (history, c, action), or per (history, c,
@@ -42,7 +42,7 @@ from testbed.predict import (
     stage2_measure,
     state_visits,
 )
-from testbed.spec import TestbedSpec
+from testbed.bed import BedDesign
 
 SIGMAS = (0.0, 0.05, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0)  # noise scales, on Q* in success probability
 FAMILIES = ("ties_broken", "ties_kept")  # the noise per (history, c, action), or per (history, c, value of Q*)
@@ -195,7 +195,7 @@ class AgreementNeeded:
     behind it, and where the learned critics (`sweet`, `sweet_no_info`, fitted as `predict`
     fits them) sit by the same measure."""
 
-    spec: str
+    bed: str
     draws: int
     curves: dict[str, list[NoisyCritic]]
     mtdpo: dict[float, Point]
@@ -208,7 +208,7 @@ class AgreementNeeded:
                      "success": {f"{k:.1f}": round(v, 4) for k, v in r.success.items()},
                      "reached": {f"{k:.1f}": round(v, 3) for k, v in r.reached.items()}} for r in rows]
 
-        return {"spec": self.spec, "draws": self.draws,
+        return {"bed": self.bed, "draws": self.draws,
                 "families": {f: {"curve": curve(rows),
                                  "needed": {f"{k:.1f}": n.to_json() for k, n in self.needed[f].items()}}
                              for f, rows in self.curves.items()},
@@ -216,25 +216,25 @@ class AgreementNeeded:
                 "learned": {name: a.to_json() for name, a in self.learned.items()}}
 
 
-def agreement_needed(spec: str | TestbedSpec, sigmas: Sequence[float] = SIGMAS, draws: int = 4, seed: int = 0,
+def agreement_needed(design: str | BedDesign, sigmas: Sequence[float] = SIGMAS, draws: int = 4, seed: int = 0,
                      levels: Sequence[float] = KL_LEVELS, episodes_per_task: int = 8, candidates: int = 8,
                      beta: float = 0.1, critic_steps: int = 400, families: Sequence[str] = FAMILIES,
                      base: Prediction | None = None) -> AgreementNeeded:
     """Per noise family and KL level, the smallest agreement with A* (overall, and per turn
     at that σ) at which per-turn DPO driven by a noisy exact critic (`noisy_critics`)
     reaches MT-DPO's success (`needed_agreement`), and the learned critics' agreement by
-    the same measure. `base`: a `predict` of the same spec and settings, whose MT-DPO and
+    the same measure. `base`: a `predict` of the same bed and settings, whose MT-DPO and
     critics are reused."""
-    bed = build(spec)
+    bed = build(design)
     if base is None or not base.critics:
-        base = predict(spec, levels, episodes_per_task, candidates, beta, critic_steps)
+        base = predict(design, levels, episodes_per_task, candidates, beta, critic_steps)
     curves = {f: noisy_critics(bed, sigmas, draws, seed, levels, candidates, beta, keep_ties=f == "ties_kept")
               for f in families}
     mtdpo = {k: base.methods["mtdpo"][k] for k in levels}
     oracle = score_table(bed, oracle_scores(bed))
     learned = {name: population_agreement(bed, score_table(bed, c.score), oracle) for name, c in base.critics.items()}
     needed = {f: {k: needed_agreement(rows, k, mtdpo[k].success) for k in levels} for f, rows in curves.items()}
-    return AgreementNeeded(bed.spec.name, draws, curves, mtdpo, needed, learned)
+    return AgreementNeeded(bed.design.name, draws, curves, mtdpo, needed, learned)
 
 
 def format_agreement(a: AgreementNeeded) -> str:
@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--draws", type=int, default=4, help="noise draws per σ")
     args = parser.parse_args(argv)
     check_solver_arguments(parser, args, {"--draws": args.draws - 1})
-    a = agreement_needed(args.spec, draws=args.draws, episodes_per_task=args.episodes_per_task,
+    a = agreement_needed(args.bed, draws=args.draws, episodes_per_task=args.episodes_per_task,
                          candidates=args.candidates, beta=args.beta)
     print(json.dumps(a.to_json()) if args.json else format_agreement(a).lstrip("\n"))
     return 0

@@ -3,7 +3,7 @@ variant's critic ranked its stage-2 candidates, overall and per agent turn, agai
 test bed's A* (testbed.oracle.exact_advantages), with c (`sweet`) and without
 (`sweet_no_info`). It tells a wrong critic from a stage 2 that cannot use a right ranking.
 Beside it, the agreement the exact solver says a critic needs for stage 2 to reach MT-DPO
-(`agreement_needed`: testbed.agreement.agreement_needed, once per spec), and
+(`agreement_needed`: testbed.agreement.agreement_needed, once per bed), and
 where each learned critic puts its credit on its own pairs, the answer or the questions
 (`credit_splits`: sweet.critic.inspect.credit_split, per seed and pooled).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
                      folders: dict[str, dict[int, str]] | None = None) -> dict[str, dict]:
     """How each SWEET-RL variant's critic ranked its stage-2 candidates against the test
-    bed's exact advantage A* (testbed.oracle.exact_advantages for the setup's spec,
+    bed's exact advantage A* (testbed.oracle.exact_advantages for the setup's bed,
     success-valued), from the scores in
     candidates.jsonl (in `folders[name][seed]`, default seed<S>/<name>), over all seeds:
       pairs: of candidate pairs at one state whose A* differ, the share the critic orders
@@ -52,7 +52,7 @@ def critic_vs_oracle(out: Path, seeds: list[int], policies: list[str], setup,
             for key, row in rows.items():
                 state = states[key]
                 texts = [c.text for c in row.candidates]
-                exact = exact_advantages(state, texts, setup.spec)
+                exact = exact_advantages(state, texts, setup.bed)
                 critic = [c.advantage for c in row.candidates]
                 asks = state.turn_index == setup.max_turns - 2
                 turn = by_turn.setdefault(state.turn_index, [0.0, 0.0])
@@ -102,17 +102,18 @@ def checks_table(checks: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def agreement_needed(spec: str, setup, out: Path) -> dict:
+def agreement_needed(bed: str, setup, out: Path) -> dict:
     """The exact solver's agreement with A* a critic needs for per-turn DPO to reach MT-DPO,
     per KL level and noise family (testbed.agreement.agreement_needed, its
     `to_json`; seconds on `default`), cached in OUT/agreement_needed.json under its settings."""
     from testbed import agreement as testbed_agreement
+    from testbed import bed as testbed_bed
 
-    key = {"spec": spec, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates}
+    key = {"bed": bed, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates}
     cache = out / "agreement_needed.json"
-    if cache.exists() and (d := json.loads(cache.read_text())).get("key") == key:
+    if cache.exists() and testbed_bed.bed_record((d := json.loads(cache.read_text())).get("key", {})) == key:
         return d["agreement_needed"]
-    needed = testbed_agreement.agreement_needed(spec, episodes_per_task=setup.episodes_per_task,
+    needed = testbed_agreement.agreement_needed(bed, episodes_per_task=setup.episodes_per_task,
                                             candidates=setup.candidates).to_json()
     out.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps({"key": key, "agreement_needed": needed}, indent=2))

@@ -2,11 +2,15 @@
 
     python -m testbed.demo                       # the default bed (docs/testbed.md), ~10 minutes on 2 CPU cores
     python -m testbed.demo --output_dir runs/demo2 --seed 1
-    python -m testbed.demo --spec legacy         # the earlier bed (4 turns, deterministic human)
+    python -m testbed.demo --bed legacy         # the earlier bed (4 turns, deterministic human)
     python -m testbed.demo --help                # (bash scripts/demo.sh runs it)
 
+    python -m testbed.demo --teacher blind       # the warm start's earlier teacher, blind to its dialogue
+
 Steps (each skipped when its output exists, so an interrupted run resumes):
-  1. warm start: the tiny model fine-tuned on a scripted explorer's dialogues;
+  1. warm start: the tiny model fine-tuned on a scripted explorer's dialogues (the teacher
+     `reads` by default: right after a side question it asks another side with probability
+     0.5, so imitating it needs reading which question was asked; testbed/bed.py TEACHERS);
   2. collect K episodes per train task with the warm-started policy;
   3. SWEET-RL stage 1: train the critic with the training-time information
      (`--baseline_samples_per_state 4`: centred by 4 warm-start samples per turn);
@@ -19,13 +23,17 @@ Steps (each skipped when its output exists, so an interrupted run resumes):
      critic's credit split: how much of its margin on its own pairs sits on the answer and
      how much on the questions (summary.json "critic_credit").
 It prints both policies' held-out success with 95% intervals beside the exact solver's
-warm start and optimum (testbed.predict), the share of the distance to the
-optimum SWEET-RL closed, whether the warm start passed its checks at once, and each policy's
-dialogues as the solver's actions (testbed.profile: early answers, the rate at
-which the second question repeats the first, ...; summary.json "dialogue"), and writes
+warm start and optimum (testbed.predict, from the teacher's exact tabular policy), the share
+of the distance to the optimum SWEET-RL closed, the policy's KL from the warm start measured
+on its own held-out episodes with the solver's SWEET-RL at that KL beside it, whether the
+warm start passed its checks at once, each policy's dialogues as the solver's actions
+(testbed.profile: early answers, the rate at which the second question repeats the first,
+...; summary.json "dialogue"), and whether the warm start reads its dialogue as its teacher
+does (its repeat rate and P(move | history) on held-out tasks against the teacher's exact
+values, testbed.profile.reads_check; summary.json "reads_check"), and writes
 OUT/summary.json ({"warm_start": M, "sweet_rl": M, "optimum": v, ...}).
 
-The test bed is not ColBench: see testbed/spec.py and docs/testbed.md.
+The test bed is not ColBench: see testbed/bed.py and docs/testbed.md.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from sweet.critic import inspect as inspect_critic
 from testbed import mdp
 from testbed import policy_class as testbed_policy_class
 from testbed import profile as testbed_profile
-from testbed import spec as testbed_spec
+from testbed import bed as testbed_bed
 from testbed.pipeline import (
     TestbedSetup,
     collect_episodes,
@@ -69,13 +77,23 @@ class DemoConfig:
     output_dir: str = field(default="runs/demo", metadata={"help": "everything goes here"})
     episodes_per_task: int = field(default=8, metadata={"help": "episodes per train task to learn from"})
     seed: int = field(default=0, metadata={"help": "random seed"})
-    spec: str = field(default=testbed_spec.DEFAULT_SPEC, metadata={
-        "help": "test-bed preset (testbed/spec.py): default, long, or legacy (the earlier bed)"})
+    bed: str = field(default=testbed_bed.DEFAULT_BED, metadata={
+        "help": "test-bed preset (testbed/bed.py): default, long, or legacy (the earlier bed)",
+        "aliases": ["--spec"]})
+    teacher: str | None = field(default=None, metadata={
+        "help": "the warm start's teacher (testbed/bed.py TEACHERS): reads (the explorer that reads its dialogue; "
+                "the default on a non-legacy bed) or blind (its choice ignores the dialogue; the legacy bed's)"})
     baseline_samples_per_state: int = field(default=CRITIC_BASELINE_SAMPLES, metadata={
         "help": "K: the critic's advantages centred by K warm-start actions per turn (sweet/critic/baseline.py; "
                 "0: the paper's uncentred critic)", "aliases": ["--critic_baseline_samples"]})
     smoke: bool = field(default=False, metadata={
         "help": "a 1-2 minute run of every step at toy sizes (tests); trains on the scripted dialogues"})
+
+    def __post_init__(self):
+        try:
+            testbed_bed.teacher_design(self.bed, self.teacher)
+        except ValueError as e:
+            raise ValueError(f"DemoConfig.{e}") from None
 
 
 def main(cfg: DemoConfig) -> Path:
@@ -84,9 +102,9 @@ def main(cfg: DemoConfig) -> Path:
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(cfg.output_dir)
-    setup = TestbedSetup.for_spec(cfg.spec, episodes_per_task=cfg.episodes_per_task)
+    setup = TestbedSetup.for_bed(cfg.bed, episodes_per_task=cfg.episodes_per_task)
     if cfg.smoke:
-        setup = TestbedSetup.for_spec(cfg.spec, episodes_per_task=2, train_limit=8, test_limit=4, val_limit=8,
+        setup = TestbedSetup.for_bed(cfg.bed, episodes_per_task=2, train_limit=8, test_limit=4, val_limit=8,
                                       eval_seeds=1, candidates=2, max_new_tokens=48, stage2_episodes=16)
     steps = ["warm start", "collect episodes", "train critic", "train policy (SWEET-RL)", "evaluate",
              "per-turn credit inspector"]
@@ -94,7 +112,7 @@ def main(cfg: DemoConfig) -> Path:
 
     say(0)
     with timed(setup, "warm_start"):
-        warm = warm_start(out / "warm_start", seed=cfg.seed, smoke=cfg.smoke, spec=cfg.spec)
+        warm = warm_start(out / "warm_start", seed=cfg.seed, smoke=cfg.smoke, bed=cfg.bed, teacher=cfg.teacher)
     say(1)
     with timed(setup, "collect"):
         episodes = collect_episodes(str(warm), setup, out / "episodes" / "train.jsonl", seed=cfg.seed)
@@ -131,13 +149,22 @@ def main(cfg: DemoConfig) -> Path:
               f"[{m['success_rate']['ci95'][0]:.3f}, {m['success_rate']['ci95'][1]:.3f}]  "
               f"tests passed {m['tests_passed']['value']:.3f}")
     print(compare(rows, "warm_start", "sweet_rl"))
-    summary = main_job_summary(rows, cfg.spec)
+    kl = None
+    if not testbed_bed.design(cfg.bed).legacy:  # sampled at temperature 1: the policy itself (sweet/core/kl.py)
+        with timed(setup, "kl"):
+            kl = measured_kl(str(policy), str(warm), out / "leaderboard" / "episodes" / "sweet_rl.jsonl")
+    summary = main_job_summary(rows, cfg.bed, cfg.teacher, kl)
     if summary.get("optimum") is not None:
-        print(f"exact solver ({cfg.spec!r} bed): warm start {summary['predicted_warm_start']:.3f}, optimum "
-              f"{summary['optimum']:.3f}; SWEET-RL closed {summary['gap_closed']:.0%} of the measured warm start's "
-              f"distance to the optimum")
+        at = summary["predicted_at_kl"]
+        print(f"exact solver ({cfg.bed!r} bed, {summary['teacher']} teacher): warm start "
+              f"{summary['predicted_warm_start']:.3f}, optimum {summary['optimum']:.3f}; SWEET-RL closed "
+              f"{summary['gap_closed']:.0%} of the measured warm start's distance to the optimum")
+        print(f"SWEET-RL measured {summary['sweet_rl']['value']:.3f} at KL {at['kl']:.3f} from the warm start; the "
+              f"exact solver's SWEET-RL at that KL: {at['sweet_rl']:.3f}"
+              + ("" if at["reached"] else f" (its path stops at KL {at['path_kl']:.3f})"))
+    if summary.get("predicted_blind") is not None:
         blind = summary["predicted_blind"]
-        print(f"exact solver, for a policy blind to which question it asked (testbed_policy_class): SWEET-RL "
+        print(f"exact solver, for a policy blind to which question it asked (testbed.policy_class): SWEET-RL "
               f"{blind['sweet_rl']['0.5']:.3f} at KL 0.5, at most {blind['ceiling']:.3f} "
               f"({blind['ceiling_closed']:.1%} of the distance), repeat rate {blind['repeat_rate']['0.5']:.2f}")
     print(warm_start_checks(out / "warm_start"))
@@ -146,12 +173,17 @@ def main(cfg: DemoConfig) -> Path:
         split = inspect_critic.CreditSplit.from_json(json.loads(credit.read_text()))
         summary["critic_credit"] = split.to_json()
         print(split.line())
-    if not testbed_spec.spec(cfg.spec).legacy:  # what each policy does turn by turn (testbed.profile)
+    if not testbed_bed.design(cfg.bed).legacy:  # what each policy does turn by turn (testbed.profile)
         summary["dialogue"] = {}
         for agent in ("warm_start", "sweet_rl"):
-            prof = testbed_profile.profile(cfg.spec, read_episodes(out / "leaderboard" / "episodes" / f"{agent}.jsonl"))
+            prof = testbed_profile.profile(cfg.bed, read_episodes(out / "leaderboard" / "episodes" / f"{agent}.jsonl"))
             summary["dialogue"][agent] = prof.to_json()
             print(f"{agent} dialogues: {prof.line()}")
+        # does the warm start read its dialogue as its teacher does (testbed.profile.reads_check)?
+        check = testbed_profile.reads_check(cfg.bed, cfg.teacher,
+                                            read_episodes(out / "leaderboard" / "episodes" / "warm_start.jsonl"))
+        summary["reads_check"] = check.to_json()
+        print(f"warm start vs its teacher ({check.teacher}), held-out: {check.line()}")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"summary: {out / 'summary.json'}")
     (out / "timings.json").write_text(json.dumps(setup.timings, indent=2))
@@ -163,26 +195,49 @@ def main(cfg: DemoConfig) -> Path:
     return out
 
 
-def main_job_summary(rows: list[dict], spec: str) -> dict:
+def measured_kl(policy: str, warm: str, episodes: Path) -> float:
+    """KL(π‖π0) of the policy from the warm start, the mean log-ratio over its own
+    held-out episodes (sweet.core.kl)."""
+    from sweet.core.kl import kl_from_models
+
+    ratios = kl_from_models(policy, warm, read_episodes(episodes))
+    return sum(ratios) / len(ratios)
+
+
+def main_job_summary(rows: list[dict], bed: str, teacher: str | None = None, kl: float | None = None) -> dict:
     """OUT/summary.json: {"warm_start": M, "sweet_rl": M, "optimum": v} with M =
     {"value", "ci95"} (held-out success), the optimum and the warm start's success as the
-    exact solver computes them (testbed.predict; None on the legacy bed, whose
-    optimum is 1), the share of the warm start's distance to the optimum closed, and
-    "predicted_blind": SWEET-RL's success per KL level, its ceiling and repeat rate for a
-    policy blind to the dialogue (testbed.policy_class, the turn class)."""
+    exact solver computes them from the warm start's teacher (testbed_bed.teacher_design:
+    its exact tabular policy is π0; None on the legacy bed, whose optimum is 1), the share of
+    the warm start's distance to the optimum closed, "predicted_at_kl": the solver's
+    SWEET-RL at the policy's measured KL `kl` (testbed.predict), and "predicted_blind":
+    SWEET-RL's success per KL level, its ceiling and repeat rate for a policy blind to the
+    dialogue (testbed.policy_class, the turn class)."""
+    from testbed import predict as testbed_predict
+
     m = {r["agent"]: r["metrics"]["success_rate"] for r in rows}
-    out: dict = {"spec": spec, "warm_start": m["warm_start"], "sweet_rl": m["sweet_rl"]}
-    if testbed_spec.spec(spec).legacy:
+    out: dict = {"bed": bed, "warm_start": m["warm_start"], "sweet_rl": m["sweet_rl"],
+                 "teacher": teacher or testbed_bed.default_teacher(bed)}
+    if testbed_bed.design(bed).legacy:
         out["optimum"] = None
         return out
-    bed = mdp.build(spec)
-    best = mdp.optimum(bed)[0]
+    taught = testbed_bed.teacher_design(bed, teacher)
+    out["p_other"] = taught.p_other
+    solver = mdp.build(taught)  # the teacher's bed as the exact solver's MDP
+    best = mdp.optimum(solver)[0]
     warm = m["warm_start"]["value"]
-    predicted_warm = mdp.evaluate(bed, bed.logp0).success
+    predicted_warm = mdp.evaluate(solver, solver.logp0).success
     out.update(optimum=round(best, 4), predicted_warm_start=round(predicted_warm, 4),
                gap_closed=(m["sweet_rl"]["value"] - warm) / (best - warm) if best > warm else None)
     # what SWEET-RL can reach if the policy cannot read which question it asked (the turn class)
-    _, (blind,) = testbed_policy_class.predict_classes(spec, ("turn",), methods=("sweet",))
+    if kl is not None:
+        point = testbed_predict.predict(taught, levels=(max(kl, 1e-6),)).methods["sweet"][max(kl, 1e-6)]
+        out["predicted_at_kl"] = {"kl": round(kl, 4), "sweet_rl": round(point.success, 4), "reached": point.reached,
+                                  "path_kl": round(point.kl, 4)}
+    if not testbed_policy_class.holds_warm_start(solver, "turn"):  # a reading warm start is in no blind class
+        out["predicted_blind"] = None
+        return out
+    _, (blind,) = testbed_policy_class.predict_classes(taught, ("turn",), methods=("sweet",))
     levels = {f"{k:.1f}": p.success for k, p in blind.methods["sweet"].items()}
     ceiling = max(levels.values())
     out["predicted_blind"] = {"sweet_rl": {k: round(v, 4) for k, v in levels.items()}, "ceiling": round(ceiling, 4),

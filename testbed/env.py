@@ -3,16 +3,17 @@
 Not ColBench: a toy with ColBench's interfaces (Task, Environment, Simulator, real
 sandbox scoring), small enough that a ~2M-parameter model learns it in minutes.
 
-Its knobs and presets are testbed/spec.py's; the bed every command runs unless told
-otherwise is the preset `default` (`DEFAULT_SPEC`): `make_tasks(split)`, `builtin:train`,
-`TestbedEnv()`. `make_tasks(..., spec=NAME)` draws a preset's tasks (`spec_tasks`); each
-carries `meta["spec"]`, from which the env and the scripted human read their rules. The
-exact solver of any spec is testbed/mdp.py (values, A*, the optimal policy) and
-testbed/predict.py; the oracle critic (testbed/oracle.py, `--critic oracle`) is
-testbed.mdp.exact_advantage.
+Its knobs and presets are testbed/bed.py's; the bed every command runs unless told
+otherwise is the preset `default` (`DEFAULT_BED`): `make_tasks(split)`, `builtin:train`,
+`TestbedEnv()`. `make_tasks(..., bed=NAME)` draws a preset's tasks (`bed_tasks`); each
+carries `meta["bed"]` (older tasks `meta["spec"]`; testbed.bed.task_bed reads either), from
+which the env and the scripted human read their rules. The exact solver of any bed is
+testbed/mdp.py (values, A*, the optimal policy) and testbed/predict.py; the oracle critic
+(testbed/oracle.py, `--critic oracle`) is testbed.mdp.exact_advantage.
 
 The `legacy` preset (`builtin:legacy/<split>`) is the first bed, kept bit for bit: its
-tasks are drawn here and carry no spec. Each hides a function from one parametrised family
+tasks are drawn here and carry no bed name. Each hides a function from one parametrised
+family
 
     def f(x):
         if x >= 0:
@@ -48,8 +49,8 @@ from colbench.protocols import ANSWER_MARKER
 from colbench.scoring.backend import extract_code
 from colbench.types import Task, Turn
 from engines.base import Message
-from testbed import spec as testbed_spec
-from testbed.spec import DEFAULT_SPEC, LEGACY_GUESS, PRESETS, SYSTEM, TestbedSpec
+from testbed import bed as testbed_bed
+from testbed.bed import DEFAULT_BED, LEGACY_GUESS, PRESETS, SYSTEM, BedDesign
 
 DESCRIPTION = "I need a function f(x) for my numbers. It treats positive and negative numbers differently. def f(x)"
 QUESTION_POS, QUESTION_NEG, QUESTION_VAGUE = PRESETS["legacy"].questions()  # "What happens to positive numbers?", ...
@@ -85,14 +86,14 @@ def make_task(index: int, split: str, a: int, b: int, rng: random.Random) -> Tas
 
 
 def make_tasks(split: str = "train", n: int | None = None, seed: int = 0,
-               spec: str | TestbedSpec = DEFAULT_SPEC) -> list[Task]:
-    """Deterministic task sets of a preset (default: `DEFAULT_SPEC`; `spec_tasks`).
+               bed: str | BedDesign = DEFAULT_BED) -> list[Task]:
+    """Deterministic task sets of a preset (default: `DEFAULT_BED`; `bed_tasks`).
     Legacy: 56 train and 16 test tasks cycling through the four (A, B) pairs, each with
     its own hidden test inputs. The description is the same for every task, so a task's
     constants are learnable only by asking, never by memorising."""
-    s = testbed_spec.spec(spec)
+    s = testbed_bed.design(bed)
     if not s.legacy and split in ("train", "val", "test"):
-        return spec_tasks(s, split, n, seed)
+        return bed_tasks(s, split, n, seed)
     sizes = {"train": N_TRAIN, "test": N_TEST}
     if split not in sizes:
         raise ValueError(f"testbed split must be 'train' or 'test'{'' if s.legacy else ' or val'}, got {split!r}")
@@ -103,31 +104,31 @@ def make_tasks(split: str = "train", n: int | None = None, seed: int = 0,
 
 
 def builtin_tasks(source: str, split: str | None = None, limit: int | None = None) -> list[Task]:
-    """The tasks of a test-bed source, builtin:<split> or builtin:<spec>/<split>: the
+    """The tasks of a test-bed source, builtin:<split> or builtin:<bed>/<split>: the
     registered generated source of colbench.tasks.load_tasks (GENERATED_SOURCES)."""
-    spec, named = builtin_source(source, split)
-    return make_tasks(named, n=limit, spec=spec)
+    bed, named = builtin_source(source, split)
+    return make_tasks(named, n=limit, bed=bed)
 
 
 def builtin_source(source: str, split: str | None) -> tuple[str, str]:
-    """(spec, split) of a test-bed source: builtin:<split> (`DEFAULT_SPEC`) or
-    builtin:<spec>/<split>; a bad spec or split is a one-line error naming the presets."""
+    """(bed, split) of a test-bed source: builtin:<split> (`DEFAULT_BED`) or
+    builtin:<bed>/<split>; a bad bed or split is a one-line error naming the presets."""
     body = source.partition(":")[2]
-    spec, _, named = body.rpartition("/")
-    spec, named = spec or DEFAULT_SPEC, named or split or ""
-    usage = f"use builtin:train, builtin:test or builtin:<spec>/<split> with spec one of {', '.join(PRESETS)}"
-    if spec not in PRESETS:
-        raise ValueError(f"testbed source {source!r}: unknown spec {spec!r}; {usage}")
-    if named not in ("train", "test") and not (named == "val" and spec != "legacy"):
-        raise ValueError(f"testbed source {source!r}: split must be 'train', 'test' (or 'val', of a spec other "
+    bed, _, named = body.rpartition("/")
+    bed, named = bed or DEFAULT_BED, named or split or ""
+    usage = f"use builtin:train, builtin:test or builtin:<bed>/<split> with bed one of {', '.join(PRESETS)}"
+    if bed not in PRESETS:
+        raise ValueError(f"testbed source {source!r}: unknown bed {bed!r}; {usage}")
+    if named not in ("train", "test") and not (named == "val" and bed != "legacy"):
+        raise ValueError(f"testbed source {source!r}: split must be 'train', 'test' (or 'val', of a bed other "
                          f"than legacy), got {named!r}; {usage}")
     if split is not None and split != named:
         raise ValueError(f"source {source!r} conflicts with split={split!r}")
-    return spec, named
+    return bed, named
 
 
-def spec_tasks(s: TestbedSpec, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
-    """A non-legacy spec's tasks: each an independent draw of c (testbed.spec.draw_hidden),
+def bed_tasks(s: BedDesign, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
+    """A non-legacy bed's tasks: each an independent draw of c (testbed.bed.draw_hidden),
     rendered as its reference, with five hidden test inputs per branch. Train and test
     use different random streams, so the held-out tasks are fresh draws. Validation
     tasks ("val") are the train stream's next n_val draws after its n_train tasks:
@@ -137,13 +138,13 @@ def spec_tasks(s: TestbedSpec, split: str, n: int | None = None, seed: int = 0) 
     rng = random.Random(f"testbed-{s.name}-{'train' if split == 'val' else split}-{seed}")
     tasks = []
     for i in range(first + (size if n is None else min(n, size))):
-        hidden = testbed_spec.draw_hidden(s, rng)
-        inputs = [x for f in s.fact_list for x in rng.sample(f.inputs, testbed_spec.TESTS_PER_FACT)]
+        hidden = testbed_bed.draw_hidden(s, rng)
+        inputs = [x for f in s.fact_list for x in rng.sample(f.inputs, testbed_bed.TESTS_PER_FACT)]
         if i < first:
             continue
         tasks.append(Task(task_id=f"testbed-{s.name}-{'train' if split == 'val' else split}-{i:04d}", env="testbed",
-                          description=testbed_spec.description(s), hidden=testbed_spec.reference_source(s, hidden),
-                          tests=tuple(f"f({x})" for x in inputs), meta={"spec": s.name, "split": split}))
+                          description=testbed_bed.description(s), hidden=testbed_bed.reference_source(s, hidden),
+                          tests=tuple(f"f({x})" for x in inputs), meta={testbed_bed.BED_KEY: s.name, "split": split}))
     return tasks
 
 
@@ -185,23 +186,23 @@ def told_constants(replies: Sequence[str], a: int, b: int) -> tuple[bool, bool]:
 
 class TestbedEnv(BackendEnv):
     """Backend programming's environment (sandboxed scoring, answer marker) with the
-    test bed's short instructions and the turn limit of its spec.
+    test bed's short instructions and the turn limit of its bed.
 
-    spec: a preset name (default `DEFAULT_SPEC`); the turn limit is the spec's unless
+    bed:  a preset name (default `DEFAULT_BED`); the turn limit is the bed's unless
           `max_turns` is given (or set later). A task carrying another turn count than the
-          env's limit is refused: its bed would silently change. A legacy task (no spec:
-          `builtin:legacy/<split>`) runs at any limit chosen for it (`spec="legacy"`,
+          env's limit is refused: its bed would silently change. A legacy task (no bed name:
+          `builtin:legacy/<split>`) runs at any limit chosen for it (`bed="legacy"`,
           `max_turns`, or set later) and is refused at the default bed's limit."""
 
     name = "testbed"
     __test__ = False  # not a pytest class
 
     def __init__(self, max_turns: int | None = None, answer_marker: str = ANSWER_MARKER, workers: int = 2,
-                 limits=None, spec: str | None = None):
-        self.spec = testbed_spec.spec(spec if spec is not None else DEFAULT_SPEC)
-        super().__init__(answer_marker=answer_marker, max_turns=self.spec.turns if max_turns is None else max_turns,
+                 limits=None, bed: str | None = None):
+        self.design = testbed_bed.design(bed if bed is not None else DEFAULT_BED)
+        super().__init__(answer_marker=answer_marker, max_turns=self.design.turns if max_turns is None else max_turns,
                          workers=workers, limits=limits)
-        self.turns_chosen = max_turns is not None or spec is not None  # the setter marks later changes
+        self.turns_chosen = max_turns is not None or bed is not None  # the setter marks later changes
         self.agent_prompt = None  # its instructions are SYSTEM, not a template file (colbench.prompts)
 
     @property
@@ -214,27 +215,28 @@ class TestbedEnv(BackendEnv):
 
     @staticmethod
     def turns_for(tasks: Sequence[Task]) -> int | None:
-        """The agent-turn limit the tasks' bed sets (legacy tasks, which carry no spec: the
+        """The agent-turn limit the tasks' bed sets (legacy tasks, which carry no bed name: the
         legacy bed's 4; None for no tasks); beds with different turn counts, or legacy tasks
-        beside spec tasks, cannot share one env (ValueError)."""
-        turns = {testbed_spec.task_spec(t).turns for t in tasks}
-        specs = {"spec" in t.meta for t in tasks}
+        beside other beds' tasks, cannot share one env (ValueError)."""
+        turns = {testbed_bed.task_design(t).turns for t in tasks}
+        named = {testbed_bed.task_bed(t) is not None for t in tasks}
         if not turns:
             return None
-        if len(turns) > 1 or len(specs) > 1:
-            raise ValueError("the tasks mix test-bed specs with different turn limits: evaluate them apart")
+        if len(turns) > 1 or len(named) > 1:
+            raise ValueError("the tasks mix test beds with different turn limits: evaluate them apart")
         return turns.pop()
 
     def agent_messages(self, task: Task, turns: Sequence[Turn], single_turn: bool = False) -> list[Message]:
         if not single_turn:
-            s = testbed_spec.task_spec(task)
-            if "spec" in task.meta and s.turns != self.max_turns:
-                raise ValueError(f"task {task.task_id} is of test-bed spec {s.name!r} ({s.turns} agent turns) but "
-                                 f"the env allows {self.max_turns}: use TestbedEnv(spec={s.name!r}) or --max-turns "
+            s = testbed_bed.task_design(task)
+            named = testbed_bed.task_bed(task) is not None
+            if named and s.turns != self.max_turns:
+                raise ValueError(f"task {task.task_id} is of test bed {s.name!r} ({s.turns} agent turns) but "
+                                 f"the env allows {self.max_turns}: use TestbedEnv(bed={s.name!r}) or --max-turns "
                                  f"{s.turns}")
-            if "spec" not in task.meta and not self.turns_chosen:
+            if not named and not self.turns_chosen:
                 raise ValueError(f"task {task.task_id} is of the legacy test bed ({s.turns} agent turns) but the env "
-                                 f"has the {self.spec.name!r} bed's limit ({self.max_turns}): use "
-                                 f"TestbedEnv(spec='legacy') or --max-turns {s.turns}")
+                                 f"has the {self.design.name!r} bed's limit ({self.max_turns}): use "
+                                 f"TestbedEnv(bed='legacy') or --max-turns {s.turns}")
         system = SYSTEM if not single_turn else f"Write {self.answer_marker} and the code now."
         return agent_chat(system, task.description, turns)

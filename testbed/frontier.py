@@ -43,7 +43,7 @@ class TrainingPath:
     log_ratio:[P, T]  the same episodes' summed log π(τ) − log π0(τ)
     count:    [P, T]  their number
     repeat:   [P, T]  of those that asked twice, how many repeated the first question in the
-                      second (testbed.profile; None off the spec beds)
+                      second (testbed.profile; None on the legacy bed)
     twice:    [P, T]  how many asked twice
     """
 
@@ -213,19 +213,19 @@ def log_ratios(model: str, warm: str, episodes, file: Path) -> list[float]:
 
 
 def training_path(points: list[tuple[int, str]], files: list[str], warm: Path, tasks: tuple[str, ...],
-                  spec: str | None = None):
+                  bed: str | None = None):
     """A seed's path (testbed/frontier.py TrainingPath) from its points' evaluation episodes:
     per point and test task, the successes, the log-ratios against the warm start (the warm
-    start itself: 0) and the episode count; with a (non-legacy) test-bed `spec`, also how
+    start itself: 0) and the episode count; with a (non-legacy) test bed `bed`, also how
     many asked twice and repeated their first question (testbed.profile)."""
     from sweet.core.records import load_episodes
     from testbed import profile as testbed_profile
-    from testbed import spec as testbed_spec
+    from testbed import bed as testbed_bed
 
     index = {t: i for i, t in enumerate(tasks)}
     shape = (len(points), len(tasks))
     success, ratio, count = np.zeros(shape), np.zeros(shape), np.zeros(shape)
-    s = testbed_spec.spec(spec) if spec is not None and not testbed_spec.spec(spec).legacy else None
+    s = testbed_bed.design(bed) if bed is not None and not testbed_bed.design(bed).legacy else None
     repeat, twice = (np.zeros(shape), np.zeros(shape)) if s is not None else (None, None)
     for k, ((step, model), file) in enumerate(zip(points, files)):
         eps = load_episodes(file, env="testbed")
@@ -243,11 +243,11 @@ def training_path(points: list[tuple[int, str]], files: list[str], warm: Path, t
     return TrainingPath(tasks, tuple(step for step, _ in points), success, ratio, count, repeat, twice)
 
 
-def paths_of(results: dict[int, dict[str, dict]], names: list[str], warm: Path, spec: str | None = None):
+def paths_of(results: dict[int, dict[str, dict]], names: list[str], warm: Path, bed: str | None = None):
     """(the paired bootstrap over every seed's test tasks, {policy: {seed: TrainingPath}});
-    `spec`: count repeats too (training_path)."""
+    `bed`: count repeats too (training_path)."""
     clusters = {s: tasks_of(r["warm_start"]["eval_episodes"]) for s, r in results.items()}
-    paths = {n: {s: training_path(r[n]["points"], r[n]["point_episodes"], warm, clusters[s], spec)
+    paths = {n: {s: training_path(r[n]["points"], r[n]["point_episodes"], warm, clusters[s], bed)
                  for s, r in results.items()} for n in names}
     return Bootstrap(clusters), paths
 
@@ -265,42 +265,50 @@ def solver_name(policy: str) -> str:
     return PREDICTED_AS.get(policy, policy)
 
 
-def prediction(spec: str, setup, finite_reps: int, out: Path) -> dict:
+def prediction(bed: str, setup, finite_reps: int, out: Path, teacher: str | None = None) -> dict:
     """The exact solver's success per policy and KL level (testbed.predict:
     `predict`, the population limit, or `predict_finite` at the benchmark's budget with
-    --predict-finite REPS), with the warm start's and the optimum; cached in
+    --predict-finite REPS), with the warm start's and the optimum, all from the warm
+    start's teacher (testbed_bed.teacher_design: its exact tabular policy is π0); cached in
     OUT/prediction.json under its settings."""
     from testbed import mdp, predict
+    from testbed import bed as testbed_bed
 
-    key = {"spec": spec, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates,
-           "finite_reps": finite_reps, "n_tasks": setup.n_train}
+    design = testbed_bed.teacher_design(bed, teacher)
+    key = {"bed": bed, "episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates,
+           "finite_reps": finite_reps, "n_tasks": setup.n_train,
+           "teacher": teacher or testbed_bed.default_teacher(bed), "p_other": design.p_other}
     cache = out / "prediction.json"
-    if cache.exists() and (d := json.loads(cache.read_text())).get("key") == key and "policy_class" in d:
+    if cache.exists() and testbed_bed.bed_record((d := json.loads(cache.read_text())).get("key", {})) == key \
+            and "policy_class" in d:
         return d
-    p = predict.predict(spec, episodes_per_task=setup.episodes_per_task, candidates=setup.candidates).to_json()
+    p = predict.predict(design, episodes_per_task=setup.episodes_per_task, candidates=setup.candidates).to_json()
     methods = {m: p[m] for m in PREDICTED}
     if finite_reps:
-        finite = predict.predict_finite(spec, finite_reps, setup.n_train, setup.episodes_per_task,
+        finite = predict.predict_finite(design, finite_reps, setup.n_train, setup.episodes_per_task,
                                               candidates=setup.candidates)
         methods = {m: {f"{k:.1f}": round(v[0], 4) for k, v in by.items()} for m, by in finite.items()}
     d = {"key": key, "source": "predict_finite" if finite_reps else "predict",
          "warm_start": p["warm_start"], "optimum": p["optimum"], "methods": methods, "solver": p,
-         "policy_class": policy_classes(spec, setup)}
+         "policy_class": policy_classes(design, setup)}
     out.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(d, indent=2))
     return d
 
 
-def policy_classes(spec: str, setup) -> dict:
+def policy_classes(design, setup) -> dict:
     """The solver's flows with the logits tied over the turn alone (a policy blind to the
-    dialogue, testbed.policy_class) beside the tabular ones: per class and
-    method, success and the repeat rate at each KL level (population limit)."""
+    dialogue, testbed.policy_class; only where that class holds the warm start, i.e. a
+    blind teacher's) beside the tabular ones: per class and method, success and the repeat
+    rate at each KL level (population limit)."""
     from testbed import mdp, predict
     from testbed import policy_class as testbed_policy_class
 
-    _, preds = testbed_policy_class.predict_classes(spec, ("history", "turn"), episodes_per_task=setup.episodes_per_task,
+    bed = mdp.build(design)
+    # the turn class (blind to the dialogue) holds a blind warm start only, not the reading teacher's
+    names = tuple(c for c in ("history", "turn") if testbed_policy_class.holds_warm_start(bed, c))
+    _, preds = testbed_policy_class.predict_classes(design, names, episodes_per_task=setup.episodes_per_task,
                                                     candidates=setup.candidates)
-    bed = mdp.build(spec)
     return {"warm_start_repeat_rate": round(testbed_policy_class.repeat_rate(bed, bed.logp0), 4),
             **{p.name: {"optimum": round(p.optimum, 4), "methods": {m: p.to_json()[m] for m in p.methods},
                         "repeat_rate": p.to_json()["repeat_rate"]} for p in preds}}
@@ -386,6 +394,8 @@ def plot_frontier(out: Path, boot, paths: dict, summary: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from testbed import bed as testbed_bed
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for k, (name, by_seed) in enumerate(paths.items()):
         color = f"C{k % 10}"
@@ -408,7 +418,7 @@ def plot_frontier(out: Path, boot, paths: dict, summary: dict) -> None:
     ax.set_xlim(-0.05, X_MAX)  # the levels compared; DPO paths can run on to tens of nats
     ax.set_xlabel("KL(π‖π0) from the warm start (nats, on the policy's own test episodes)")
     ax.set_ylabel("test success rate")
-    ax.set_title(f"spec {summary['spec']}: success vs KL (bands 95%, x = solver)")
+    ax.set_title(f"bed {testbed_bed.bed_record(summary)['bed']}: success vs KL (bands 95%, x = solver)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "frontier.png", dpi=100)

@@ -1,7 +1,7 @@
 """The test bed's scripted human: deterministic, rule-based, no model.
 
-Every task is answered by its spec's rule (`meta["spec"]`; none: legacy),
-testbed.spec.human_reply: a deterministic function of the task's hidden reference and
+Every task is answered by its bed's rule (testbed.bed.task_bed; none: legacy),
+testbed.bed.human_reply: a deterministic function of the task's hidden reference and
 the agent's latest message (the constant of each branch it names, stated if a literal,
 "not sure" if an expression; the docstring, or "I don't know.", for a message naming
 none). It never writes code. See testbed/env.py for the tasks.
@@ -16,10 +16,10 @@ from typing import Sequence
 from colbench.protocols import ANSWER_MARKER
 from colbench.types import Task
 from simulators.base import SimReply, SimRequest
-from testbed import spec as testbed_spec
+from testbed import bed as testbed_bed
 from testbed.mdp import optimal_message
 
-DONT_KNOW = testbed_spec.DONT_KNOW
+DONT_KNOW = testbed_bed.DONT_KNOW
 
 
 class TestbedSimulator:
@@ -36,7 +36,7 @@ class TestbedSimulator:
         for r in requests:
             try:
                 text = _reply(r.task, r.turns[-1].content)
-            except ValueError as e:  # an unknown spec or a reference that is not the spec's
+            except ValueError as e:  # an unknown bed or a reference that is not the bed's
                 out.append(SimReply("", failed=True, error=f"task {r.task.task_id} is not a testbed task: {e}"))
                 continue
             out.append(SimReply(text[: self.max_reply_chars]))
@@ -48,7 +48,8 @@ class TestbedSimulator:
 
 # ---- the scripted exploratory agent used for the warm start -------------------------
 
-def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6) -> list[tuple[str, str]]:
+def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6,
+                      p_other: float = 0.0) -> list[tuple[str, str]]:
     """A dialogue of the exploratory scripted agent against the scripted human, as
     (role, text) pairs: the warm start imitates it.
 
@@ -60,13 +61,14 @@ def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6) -> lis
     (about 0.13 at p_ask = 0.6) needs the right question at each turn, a per-turn
     credit assignment problem, while copying a stated number stays easy.
 
-    The explorer is testbed.spec's (`sample_explorer`, with `p_ask` in
-    place of the spec's); a task of another spec gets that spec's turns, questions,
-    guesses and human."""
-    spec = replace(testbed_spec.task_spec(task), p_ask=p_ask)
+    The explorer is testbed.bed's (`sample_explorer`, with `p_ask` in
+    place of the bed's); a task of another bed gets that bed's turns, questions,
+    guesses and human. `p_other` > 0: the explorer that reads its dialogue (right after a
+    side question it asks another side with that probability; testbed_bed.TEACHERS)."""
+    design = replace(testbed_bed.task_design(task), p_ask=p_ask, p_other=p_other)
     history: list[str] = []
     while True:
-        text = testbed_spec.sample_explorer(spec, history, rng)
+        text = testbed_bed.sample_explorer(design, history, rng)
         if ANSWER_MARKER in text:
             return [("agent" if i % 2 == 0 else "human", t) for i, t in enumerate(history + [text])]
         history += [text, _reply(task, text)]
@@ -74,12 +76,12 @@ def scripted_dialogue(task: Task, rng: random.Random, p_ask: float = 0.6) -> lis
 
 def optimal_dialogue(task: Task, order: Sequence[int] | None = None) -> list[tuple[str, str]]:
     """A dialogue of the exact solver's optimal agent (testbed.mdp:
-    `optimal_message`; `order` relabels its facts) against the scripted human on a spec
+    `optimal_message`; `order` relabels its facts) against the scripted human on a bed
     task, as (role, text) pairs: what imitating the optimal policy teaches
     (testbed.warm_start --teacher optimal, optimal_shuffled)."""
-    if "spec" not in task.meta:
-        raise ValueError(f"task {task.task_id}: the optimal agent needs a spec task (the legacy bed has none)")
-    s = testbed_spec.task_spec(task)
+    if testbed_bed.task_bed(task) is None:
+        raise ValueError(f"task {task.task_id}: the optimal agent needs a non-legacy task (the legacy bed has none)")
+    s = testbed_bed.task_design(task)
     history: list[str] = []
     while True:
         text = optimal_message(s, history, order)
@@ -89,4 +91,4 @@ def optimal_dialogue(task: Task, order: Sequence[int] | None = None) -> list[tup
 
 
 def _reply(task: Task, question: str) -> str:
-    return testbed_spec.human_reply(testbed_spec.task_spec(task), task.hidden, question)
+    return testbed_bed.human_reply(testbed_bed.task_design(task), task.hidden, question)

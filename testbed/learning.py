@@ -1,13 +1,13 @@
 """Proof of learning on CPU: every algorithm and SWEET-RL's ablations from one warm start,
 compared under one rule at matched KL from the warm start.
 
-    python -m testbed.learning                                   # --spec default, 3 seeds (0, 1, 2)
+    python -m testbed.learning                                   # --bed default, 3 seeds (0, 1, 2)
     python -m testbed.learning --seeds 3 --seed-start 10         # seeds 10, 11, 12
     python -m testbed.learning --seeds 1 --policies sweet,mtdpo --hp-grid 1 --out runs/learning-quick
-    python -m testbed.learning --spec legacy                     # the first bed (testbed/env.py)
+    python -m testbed.learning --bed legacy                     # the first bed (testbed/env.py)
 
 All policies start from the same warm-started tiny model (testbed.pipeline.warm_start,
-built once into OUT/warm_start, or --warm-start) on a test-bed spec (testbed/spec.py).
+built once into OUT/warm_start, or --warm-start) on a test bed (testbed/bed.py).
 
 Budget. Per seed, one set of K episodes per train task (n_train x K) is collected with the
 warm start and every offline algorithm learns from it; LOOP generates the same number
@@ -21,7 +21,7 @@ snapshot every --snapshot-steps optimiser steps (LOOP: every iteration) and at t
 (TrainConfig.snapshot_steps). The warm start (KL 0 by definition) and the snapshots (at most
 --eval-points per path, geometrically spaced, the first and last always: evaluation is the cost) are
 evaluated on the test tasks (the setup's eval_seeds episodes per task at its evaluation
-temperature, 1.0 on spec beds: the policy itself), and each snapshot's KL(π‖π0) is measured
+temperature, 1.0 on non-legacy beds: the policy itself), and each snapshot's KL(π‖π0) is measured
 on those same episodes (sweet.core.kl: Σ over agent turns and action tokens of log π − log
 π0; on the legacy bed, sampled at 0.7, it is a proxy). Success at KL 0.5 / 1 / 2 is
 interpolated along each path (testbed/frontier.py); a path that never gets there is reported
@@ -29,7 +29,7 @@ at its largest KL, `"reached": false`, `*KL` in the table.
 
 One rule for hyper-parameters: each method's base learning rate (testbed/pipeline.py)
 times a multiplier from --hp-grid, chosen on the first seed alone by the highest mean
-validation success over the three KL levels (validation tasks: the spec's, drawn from the
+validation success over the three KL levels (validation tasks: the bed's, drawn from the
 train stream, never test tasks; --val-episodes per task), then used for every seed.
 
 Intervals: 95% percentile bootstrap over (seed x test task) clusters; differences of two
@@ -49,7 +49,7 @@ and diagnostics, not the paper's ablations (run only when --policies names them)
   sweet_centred     a critic centred by 4 samples of the warm start per turn (--baseline_samples_per_state
                     4, sweet/critic/baseline.py): does it credit the questions?
 
-Outputs in OUT: summary.json ({"spec", "seeds", "predicted": {"warm_start", "optimum"},
+Outputs in OUT: summary.json ({"bed", "seeds", "predicted": {"warm_start", "optimum"},
 "policies": {name: {"success_rate", "tests_passed", "samples", "train_wall_s", "budget",
 "kl", "at_kl", "predicted"}}, "pairs": [...], "hp": {...}}), results.md (the tables),
 results.json (per-seed values and paths, the search, the critic check, timings),
@@ -57,7 +57,7 @@ frontier.png (success vs KL, 95% bands, predictions as markers) and learning.png
 curves). The final policies' success_rate/tests_passed are today's fields (their last snapshot).
 
 results.md also checks each SWEET-RL critic's stage-2 rankings against the exact advantage
-A* (testbed.oracle.exact_advantages, for the spec), overall and per turn: the share of
+A* (testbed.oracle.exact_advantages, for the bed), overall and per turn: the share of
 candidate pairs it orders as A* does, and how often its top candidate is A*-best; beside it
 the agreement the exact solver says a critic needs for stage 2 to reach MT-DPO per KL level
 (summary.json "critic_agreement_needed", testbed.agreement.agreement_needed,
@@ -376,7 +376,7 @@ def search(seed: int, policies: list[str], warm: Path, out: Path, setup, proto: 
         return {"rule": f"no search (--hp-grid {proto.hp_grid[0]:g})", "grid": list(proto.hp_grid),
                 "choice": {n: proto.hp_grid[0] for n in policies}, "validation": {}}
     if not setup.val_tasks:
-        raise ValueError(f"--hp-grid: the spec {setup.spec!r} has no validation tasks; give --hp-grid 1")
+        raise ValueError(f"--hp-grid: the bed {setup.bed!r} has no validation tasks; give --hp-grid 1")
     val = replace(setup, test_tasks=setup.val_tasks, eval_seeds=proto.val_episodes, test_limit=setup.val_limit)
     calls = [((n, m), train_one, (seed, n, warm, out, setup, proto, m)) for n in policies for m in proto.hp_grid]
     runs = pool.map(calls)
@@ -443,13 +443,14 @@ def summarise(results: dict[int, dict[str, dict]], names: list[str], boot=None, 
                                "predicted": pred[name]})
         if classes:  # the solver's flows for a policy blind to the dialogue, and both repeat rates
             m = solver_name(name)
+            kinds = [c for c in ("history", "turn") if c in classes]  # turn: only from a blind warm start
             if name == "warm_start":
                 w = classes["warm_start_repeat_rate"]
-                policies[name].update({"predicted_blind": predicted["warm_start"],
-                                       "predicted_repeat": {"history": w, "turn": w}})
-            elif m in classes["turn"]["methods"]:  # (rft is not tied: its one-round limit has no flow)
-                policies[name].update({"predicted_blind": classes["turn"]["methods"][m],
-                                       "predicted_repeat": {c: classes[c]["repeat_rate"][m] for c in ("history", "turn")}})
+                policies[name].update({"predicted_repeat": {c: w for c in kinds},
+                                       **({"predicted_blind": predicted["warm_start"]} if "turn" in kinds else {})})
+            elif m in classes["history"]["methods"]:  # (rft is not tied: its one-round limit has no flow)
+                policies[name].update({"predicted_repeat": {c: classes[c]["repeat_rate"][m] for c in kinds},
+                                       **({"predicted_blind": classes["turn"]["methods"][m]} if "turn" in kinds else {})})
     out["predicted"] = ({"warm_start": predicted["warm_start"], "optimum": predicted["optimum"],
                          "source": predicted["source"]} if predicted else None)
     out["pairs"] = pairs(boot, {n: paths[n] for n in names}, pred)
@@ -505,11 +506,11 @@ def _number(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from testbed.spec import DEFAULT_SPEC, PRESETS
+    from testbed.bed import DEFAULT_BED, PRESETS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--spec", default=DEFAULT_SPEC, choices=list(PRESETS),
-                   help="the test-bed preset (testbed/spec.py)")
+    p.add_argument("--bed", "--spec", default=DEFAULT_BED, choices=list(PRESETS),
+                   help="the test-bed preset (testbed/bed.py)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (S)")
     p.add_argument("--seed-start", "--seed_start", type=int, default=0, help="first seed (K): seeds K..K+S-1")
     p.add_argument("--policies", "--algorithms", default=",".join(n for n in POLICIES if n not in DIAGNOSTICS),
@@ -531,7 +532,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="snapshots evaluated per path at most (geometrically spaced along it: dense early, the last always)")
     p.add_argument("--hp-grid", type=_grid, default=None,
                    help="learning-rate multipliers searched per method on the first seed's validation tasks "
-                        "(default 1,1/3,3 where the spec has validation tasks, else 1; 1: no search)")
+                        "(default 1,1/3,3 where the bed has validation tasks, else 1; 1: no search)")
     p.add_argument("--val-episodes", type=int, default=d.val_episodes, help="episodes per validation task (search)")
     p.add_argument("--predict-finite", type=int, default=0, metavar="REPS",
                    help="predict with the solver's finite-sample runs at the benchmark's budget (REPS data sets; "
@@ -542,6 +543,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warm-start", "--warm_start", type=Path, default=None,
                    help="a warm-started model folder every policy starts from (default: build it, checked, in "
                         "OUT/warm_start with testbed.pipeline.warm_start)")
+    p.add_argument("--teacher", choices=("reads", "blind"), default=None,
+                   help="the warm start's teacher (testbed/bed.py TEACHERS; default: reads on a non-legacy bed, the "
+                        "explorer that reads its dialogue; blind on the legacy bed); the solver predicts from it")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "learning")
     args = p.parse_args(argv)
     policies = [a for a in args.policies.split(",") if a and a != "warm_start"]
@@ -555,6 +559,12 @@ def main(argv: list[str] | None = None) -> dict:
             p.error(f"{flag} must be >= 1")
     if args.predict_finite < 0:
         p.error("--predict-finite must be >= 0")
+    if args.teacher is not None:
+        from testbed import bed as testbed_bed
+        try:
+            testbed_bed.teacher_design(args.bed, args.teacher)
+        except ValueError as e:
+            p.error(f"--teacher: {e}")
     for flag, value in (("--train-limit", args.train_limit), ("--test-limit", args.test_limit),
                         ("--val-limit", args.val_limit)):
         if value is not None and value < 1:
@@ -573,7 +583,7 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     """Warm start, every (seed, policy) path, the summary, tables and plots into args.out."""
     from testbed.pipeline import TestbedSetup, warm_start
 
-    setup = TestbedSetup.for_spec(args.spec)
+    setup = TestbedSetup.for_bed(args.bed)
     if args.episodes_per_task:
         setup.episodes_per_task = args.episodes_per_task
     setup.train_limit, setup.test_limit, setup.val_limit = args.train_limit, args.test_limit, args.val_limit
@@ -581,11 +591,11 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     proto = Protocol(path_epochs=args.path_epochs, snapshot_steps=args.snapshot_steps, hp_grid=grid,
                      val_episodes=args.val_episodes, predict_finite=args.predict_finite, eval_points=args.eval_points)
     if len(proto.hp_grid) > 1 and not setup.val_tasks:
-        p.error(f"--hp-grid: the spec {args.spec!r} has no validation tasks; give --hp-grid 1")
+        p.error(f"--hp-grid: the bed {args.bed!r} has no validation tasks; give --hp-grid 1")
     t0 = time.perf_counter()
     if args.warm_start is not None and not (args.warm_start / "config.json").exists():
         p.error(f"--warm-start {args.warm_start}: no model there (no config.json)")
-    warm = args.warm_start or warm_start(args.out / "warm_start", spec=setup.spec)
+    warm = args.warm_start or warm_start(args.out / "warm_start", bed=setup.bed, teacher=args.teacher)
     setup.timings["warm_start"] = time.perf_counter() - t0
     seeds = list(range(args.seed_start, args.seed_start + args.seeds))
     print(f"one rule for every method: {search_rule(proto)}", flush=True)
@@ -593,11 +603,12 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
 
     names = ["warm_start", *policies]
     with_prediction = [n for n in names if solver_name(n) in PREDICTED]
-    predicted = prediction(args.spec, setup, proto.predict_finite, args.out) if setup.env == "testbed" else None
-    boot, paths = paths_of(results, names, warm, setup.spec if setup.env == "testbed" else None)
-    summary = {"spec": args.spec, **summarise(results, names, boot, paths, predicted), "hp": hp}
+    predicted = (prediction(args.bed, setup, proto.predict_finite, args.out, args.teacher)
+                 if setup.env == "testbed" else None)
+    boot, paths = paths_of(results, names, warm, setup.bed if setup.env == "testbed" else None)
+    summary = {"bed": args.bed, **summarise(results, names, boot, paths, predicted), "hp": hp}
     folders = {n: {s: r[n]["folder"] for s, r in results.items()} for n in policies}
-    text = (f"test-bed spec {args.spec!r}; hyper-parameters: {hp['rule']} (chosen "
+    text = (f"test bed {args.bed!r}; hyper-parameters: {hp['rule']} (chosen "
             + ", ".join(f"{n} x{m:.3g}" for n, m in hp["choice"].items()) + ")\n\n"
             + table(summary, results) + "\n\nSuccess at matched KL from the warm start (predicted: "
             + (predicted["source"] if predicted else "none") + f", {', '.join(with_prediction) or 'no policy'}; "
@@ -610,7 +621,7 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     checks = critic_vs_oracle(args.out, seeds, policies, setup, folders) if setup.env == "testbed" else {}
     if checks:
         text += "\n\nStage-2 rankings against the exact advantage A* (1.00 = the oracle's ranking):\n\n" + checks_table(checks)
-        summary["critic_agreement_needed"] = agreement_needed(args.spec, setup, args.out)
+        summary["critic_agreement_needed"] = agreement_needed(args.bed, setup, args.out)
         text += ("\n\nThe agreement (pairs ordered as A*) a critic needs for stage 2 to reach MT-DPO, per the exact "
                  "solver (population limit; python -m testbed.agreement):\n\n"
                  + needed_table(summary["critic_agreement_needed"]))

@@ -1,6 +1,6 @@
 """The test bed as an exact MDP: values, A*, the optimal policy (numpy only, no torch).
 
-For a spec (testbed/spec.py) the dialogue is a finite MDP over histories:
+For a bed (testbed/bed.py) the dialogue is a finite MDP over histories:
 each agent turn chooses ask(fact j), the vague question or answer (the last turn always
 answers); the scripted human's reply is a function of the question and c (the hidden
 reference: which constants are literals, whether there is a docstring, which untold
@@ -26,8 +26,8 @@ from typing import Sequence
 import numpy as np
 
 from colbench.protocols import ANSWER_MARKER
-from testbed import spec as ts
-from testbed.spec import TestbedSpec
+from testbed import bed as tb
+from testbed.bed import BedDesign
 
 
 # ---- c, and what the human reveals -------------------------------------------------------------
@@ -43,8 +43,8 @@ class C:
     lucky: tuple[bool, ...]
 
 
-def c_types(s: TestbedSpec) -> list[tuple[C, float]]:
-    """Every C with a positive probability under the spec, with that probability."""
+def c_types(s: BedDesign) -> list[tuple[C, float]]:
+    """Every C with a positive probability under the design, with that probability."""
     def bern(p: float, v: bool) -> float:
         return p if v else 1.0 - p
 
@@ -60,15 +60,15 @@ def c_types(s: TestbedSpec) -> list[tuple[C, float]]:
     return out
 
 
-def c_of_reference(s: TestbedSpec, reference: str) -> C:
+def c_of_reference(s: BedDesign, reference: str) -> C:
     """The C of a task's hidden reference (its source: literals, docstring, values)."""
     if s.legacy:
         return C((True,) * s.facts, False, (False,) * s.facts)
-    h = ts.read_reference(s, reference)
-    return C(h.stated, h.doc, tuple(v == g for v, g in zip(h.values, ts.guess(s))))
+    h = tb.read_reference(s, reference)
+    return C(h.stated, h.doc, tuple(v == g for v, g in zip(h.values, tb.guess(s))))
 
 
-def revealed(s: TestbedSpec, c: C, asked: Sequence[int] | None) -> frozenset[int]:
+def revealed(s: BedDesign, c: C, asked: Sequence[int] | None) -> frozenset[int]:
     """Facts a question tells: `asked` = the facts it names (None or empty: the vague
     question, which tells every fact when there is a docstring)."""
     if not asked:
@@ -84,7 +84,7 @@ def succeeds(c: C, known: frozenset[int]) -> bool:
 
 
 @lru_cache(maxsize=None)
-def optimal_value(s: TestbedSpec, c: C, known: frozenset[int], turns_left: int) -> float:
+def optimal_value(s: BedDesign, c: C, known: frozenset[int], turns_left: int) -> float:
     """V*(known, turns_left; c): the best success probability from here for an agent that
     knows c (deterministic given c, so 0 or 1). A question on the last turn is scored as
     the answer (no code: 0), so the last turn answers."""
@@ -96,29 +96,29 @@ def optimal_value(s: TestbedSpec, c: C, known: frozenset[int], turns_left: int) 
     return best
 
 
-def exact_advantage(spec: str | TestbedSpec, reference: str, replies: Sequence[str], action: str,
+def exact_advantage(design: str | BedDesign, reference: str, replies: Sequence[str], action: str,
                     turns_left: int) -> float:
-    """A*(h, a, c) = Q*(h, a; c) − V*(h; c) of a real agent message on a task of `spec`,
+    """A*(h, a, c) = Q*(h, a; c) − V*(h; c) of a real agent message on a task of `design`,
     in success probability: what the oracle critic ranks candidates by.
 
     reference:  the task's hidden reference (c); replies: the human's messages so far (the
     agent knows a constant once a reply stated its true value); action: the agent's
     message, an answer if it holds the marker or on the last turn (turns_left == 1), then
     scored 1 if every constant it writes is right; otherwise a question, which tells the
-    facts it names (the scripted human's rule, testbed.spec.human_reply). V* is over the
+    facts it names (the scripted human's rule, testbed.bed.human_reply). V* is over the
     bed's actions (one fact, the vague question, the answer), so on the legacy bed, whose
     human answers every side a message names, a message naming several can score above 0.
     The one oracle of every preset: `--critic oracle` (testbed/oracle.py) ranks by it."""
-    s = ts.spec(spec)
+    s = tb.design(design)
     if turns_left < 1:
         raise ValueError(f"turns_left must be >= 1, got {turns_left}")
     c = c_of_reference(s, reference)
-    values = ts.read_reference(s, reference).values
-    known = frozenset(j for j, v in enumerate(ts.told_values(s, replies)) if v is not None and v == values[j])
+    values = tb.read_reference(s, reference).values
+    known = frozenset(j for j, v in enumerate(tb.told_values(s, replies)) if v is not None and v == values[j])
     if ANSWER_MARKER in action or turns_left == 1:
-        q = float(ts.answer_values(s, action) == values)
+        q = float(tb.answer_values(s, action) == values)
     else:
-        q = optimal_value(s, c, known | revealed(s, c, ts.named_facts(s, action)), turns_left - 1)
+        q = optimal_value(s, c, known | revealed(s, c, tb.named_facts(s, action)), turns_left - 1)
     return q - optimal_value(s, c, known, turns_left)
 
 
@@ -127,7 +127,7 @@ def exact_advantage(spec: str | TestbedSpec, reference: str, replies: Sequence[s
 
 @dataclass
 class Bed:
-    """A spec's dialogue MDP, enumerated. Actions 0..n-1 ask fact j, n the vague question,
+    """A bed's dialogue MDP, enumerated. Actions 0..n-1 ask fact j, n the vague question,
     n+1 answer. A node is a history the policy sees: ((action, told-anything), ...).
 
     Trajectory arrays, one row per (c, action sequence) with positive probability:
@@ -135,7 +135,7 @@ class Bed:
       c [M]: index into `cs`; success [M]; lp0 [M]: log π0(τ | c).
     """
 
-    spec: TestbedSpec
+    design: BedDesign
     cs: list[C]
     pc: np.ndarray  # [n_c]
     nodes: list[tuple]  # node id -> history
@@ -150,15 +150,15 @@ class Bed:
 
     @property
     def n_actions(self) -> int:
-        return self.spec.facts + 2
+        return self.design.facts + 2
 
     @property
     def sentinel(self) -> int:
         return len(self.nodes) * self.n_actions
 
 
-def build(spec: str | TestbedSpec) -> Bed:
-    s = ts.spec(spec)
+def build(design: str | BedDesign) -> Bed:
+    s = tb.design(design)
     n, A, T = s.facts, s.facts + 2, s.turns
     weighted = c_types(s)
     cs, pc = [c for c, _ in weighted], np.array([p for _, p in weighted])
@@ -208,20 +208,20 @@ def build(spec: str | TestbedSpec) -> Bed:
     return bed
 
 
-def explorer_action_probs(s: TestbedSpec, h: tuple) -> dict[int, float]:
-    """π0 at an abstract history: `testbed.spec.explorer_probs` (the one explorer) read on
+def explorer_action_probs(s: BedDesign, h: tuple) -> dict[int, float]:
+    """π0 at an abstract history: `testbed.bed.explorer_probs` (the one explorer) read on
     a rendered dialogue with that history, its messages mapped back to actions."""
     facts, history = s.fact_list, []
     for a, told in h:
         if a < s.facts:
-            history += [ts.question(facts[a]),
-                        ts.stated_sentence(facts[a], facts[a].values[1]) if told else ts.not_sure_sentence(facts[a])]
+            history += [tb.question(facts[a]),
+                        tb.stated_sentence(facts[a], facts[a].values[1]) if told else tb.not_sure_sentence(facts[a])]
         else:
-            history += [ts.QUESTION_VAGUE, " ".join(ts.stated_sentence(f, f.values[1]) for f in facts) if told
-                        else ts.DONT_KNOW]
+            history += [tb.QUESTION_VAGUE, " ".join(tb.stated_sentence(f, f.values[1]) for f in facts) if told
+                        else tb.DONT_KNOW]
     out: dict[int, float] = {}
-    for text, p in ts.explorer_probs(s, history).items():
-        a = s.facts + 1 if ANSWER_MARKER in text else (ts.named_facts(s, text) or [s.facts])[0]
+    for text, p in tb.explorer_probs(s, history).items():
+        a = s.facts + 1 if ANSWER_MARKER in text else (tb.named_facts(s, text) or [s.facts])[0]
         out[a] = out.get(a, 0.0) + p
     return out
 
@@ -268,26 +268,26 @@ def _scatter(bed: Bed, g_traj: np.ndarray, logpi: np.ndarray) -> np.ndarray:
     return np.where(bed.legal, g - pi * g.sum(axis=1, keepdims=True), 0.0)
 
 
-def abstract_history(s: TestbedSpec, history: Sequence[str]) -> tuple:
+def abstract_history(s: BedDesign, history: Sequence[str]) -> tuple:
     """The node of a real dialogue (agent and human messages alternating, agent first):
     per question the action it is (the first fact it names, else vague) and whether the
     reply told anything."""
     h = []
     for question_text, reply in zip(history[0::2], history[1::2]):
-        named = ts.named_facts(s, question_text)
-        told = ts.told_values(s, [reply])
+        named = tb.named_facts(s, question_text)
+        told = tb.told_values(s, [reply])
         a = named[0] if named else s.facts
         h.append((a, told[a] is not None if a < s.facts else any(v is not None for v in told)))
     return tuple(h)
 
 
 @lru_cache(maxsize=8)
-def optimal_policy(spec: TestbedSpec) -> dict[tuple, int]:
-    """The optimal policy's action per history (`optimum`), built once per spec."""
-    return optimum(build(spec))[1]
+def optimal_policy(design: BedDesign) -> dict[tuple, int]:
+    """The optimal policy's action per history (`optimum`), built once per bed."""
+    return optimum(build(design))[1]
 
 
-def optimal_action(s: TestbedSpec, h: tuple, order: Sequence[int] | None = None) -> int:
+def optimal_action(s: BedDesign, h: tuple, order: Sequence[int] | None = None) -> int:
     """The optimal policy's action at node `h`; with `order` (a permutation of the facts),
     the same agent with its facts relabelled, fact order[k] taking the part of fact k.
     On the presets every fact has the same probabilities, so a relabelled agent is as good
@@ -302,15 +302,15 @@ def optimal_action(s: TestbedSpec, h: tuple, order: Sequence[int] | None = None)
     return order[a] if a < s.facts else a
 
 
-def optimal_message(spec: str | TestbedSpec, history: Sequence[str], order: Sequence[int] | None = None) -> str:
+def optimal_message(design: str | BedDesign, history: Sequence[str], order: Sequence[int] | None = None) -> str:
     """The optimal scripted agent's next message after a real dialogue: the question the
     optimal policy asks, or its answer (what was told, the guess for the rest); `order`
     relabels its facts (`optimal_action`)."""
-    s = ts.spec(spec)
+    s = tb.design(design)
     h = abstract_history(s, history)
     a = optimal_action(s, h, order)
     if a == s.facts + 1 or len(h) >= s.turns - 1:
-        return ts.answer_text(s, ts.guess_values(s, ts.told_values(s, history[1::2])))
+        return tb.answer_text(s, tb.guess_values(s, tb.told_values(s, history[1::2])))
     return s.questions()[a]
 
 
@@ -320,7 +320,7 @@ def optimal_message(spec: str | TestbedSpec, history: Sequence[str], order: Sequ
 def optimum(bed: Bed) -> tuple[float, dict[tuple, int]]:
     """The best success a policy that does not see c reaches, and its action per history:
     U(h) = max_a Σ_{c consistent with h} P(c)·(success after a), by backward induction."""
-    s, n = bed.spec, bed.spec.facts
+    s, n = bed.design, bed.design.facts
 
     def value(h: tuple, members: list[tuple[int, frozenset[int]]], policy: dict) -> float:
         best, best_a = -1.0, n + 1
@@ -354,21 +354,21 @@ def success_given_c(bed: Bed, logpi: np.ndarray) -> dict[C, float]:
 def optimal_logpi(bed: Bed, shuffled: bool = False) -> np.ndarray:
     """The optimal agent's log-policy over the bed's nodes; `shuffled`: the mixture of its
     relabelled copies (`optimal_action`), one order of the facts drawn per dialogue."""
-    orders = list(itertools.permutations(range(bed.spec.facts))) if shuffled else [None]
+    orders = list(itertools.permutations(range(bed.design.facts))) if shuffled else [None]
     prob = np.zeros(bed.legal.shape)
     for order in orders:
         for i, h in enumerate(bed.nodes):
-            prob[i, optimal_action(bed.spec, h, order)] += 1.0 / len(orders)
+            prob[i, optimal_action(bed.design, h, order)] += 1.0 / len(orders)
     with np.errstate(divide="ignore"):
         return np.log(prob)
 
 
-def expected_success_on(spec: str | TestbedSpec, tasks: Sequence, policy: str = "explorer") -> float:
+def expected_success_on(design: str | BedDesign, tasks: Sequence, policy: str = "explorer") -> float:
     """The exact mean success of the explorer (π0), the optimal policy or the optimal agent
     with its facts in a random order per dialogue ("optimal_shuffled", `optimal_action`) on
     these tasks (each task's c read from its reference): what rollouts of the real env
     estimate."""
-    bed = build(spec)
+    bed = build(design)
     if policy == "explorer":
         logpi = bed.logp0
     elif policy in ("optimal", "optimal_shuffled"):
@@ -376,4 +376,4 @@ def expected_success_on(spec: str | TestbedSpec, tasks: Sequence, policy: str = 
     else:
         raise ValueError(f"policy must be 'explorer', 'optimal' or 'optimal_shuffled', got {policy!r}")
     per_c = success_given_c(bed, logpi)
-    return sum(per_c[c_of_reference(bed.spec, t.hidden)] for t in tasks) / len(tasks)
+    return sum(per_c[c_of_reference(bed.design, t.hidden)] for t in tasks) / len(tasks)

@@ -28,14 +28,14 @@ from sweet.core.trainer import finished
 from sweet.critic import train as critic_train
 from sweet.critic.baseline import SAMPLES_FILE as BASELINE_SAMPLES
 from sweet.critic.baseline import BaselineRow
-from testbed import spec as testbed_spec
-from testbed.spec import DEFAULT_SPEC
+from testbed import bed as testbed_bed
+from testbed.bed import DEFAULT_BED
 
 
 @dataclass
 class TestbedSetup:
     """The CPU test bed's sizes; the defaults are the `default` preset's
-    (`for_spec(DEFAULT_SPEC)`, whose sources name it) and fit the main job. Settings that
+    (`for_bed(DEFAULT_BED)`, whose sources name it) and fit the main job. Settings that
     differ from the papers' (the CLI defaults stay the papers'): 8 stage-2 candidates
     (16) on the first 112 of the sorted episodes (the first 10%), critic lr 1e-3 on
     pairs whose best reward >= 0.5 (1.0), DPO lr 3e-5 and NLL 0.1 (0.01; higher lrs
@@ -60,43 +60,47 @@ class TestbedSetup:
     test_limit: int | None = None  # evaluate on the first N test tasks only (smoke runs)
     val_limit: int | None = None  # validate on the first N validation tasks only (smoke runs)
     timings: dict[str, float] = field(default_factory=dict)
-    spec: str = DEFAULT_SPEC  # the test-bed preset (testbed/spec.py) the task sources name
+    bed: str = DEFAULT_BED  # the test-bed preset (testbed/bed.py) the task sources name
     val_tasks: str | None = "builtin:val"  # validation tasks, drawn from the train split (None: legacy)
 
     @classmethod
-    def for_spec(cls, name: str, **sizes: Any) -> "TestbedSetup":
+    def for_bed(cls, name: str, **sizes: Any) -> "TestbedSetup":
         """The setup of a test-bed preset: its train, validation and test tasks and its turn
-        limit. A non-legacy spec is evaluated at temperature 1.0, the policy itself, so
+        limit. A non-legacy bed is evaluated at temperature 1.0, the policy itself, so
         that its success is the quantity the exact solver predicts (testbed.predict),
         with 2 episodes on each of its many test tasks: most of the variance is between
         draws of c (measured on 64 tasks x 8: between-task variance 0.145, within 0.10),
         so 256 tasks x 2 halve the interval of 64 x 8 at the same cost."""
-        s = testbed_spec.spec(name)
+        s = testbed_bed.design(name)
         if s.legacy:
             return cls(**{"train_tasks": "builtin:legacy/train", "test_tasks": "builtin:legacy/test", "val_tasks": None,
-                          "max_turns": s.turns, "eval_temperature": 0.7, "eval_seeds": 8, "spec": s.name, **sizes})
+                          "max_turns": s.turns, "eval_temperature": 0.7, "eval_seeds": 8, "bed": s.name, **sizes})
         return cls(**{"train_tasks": f"builtin:{s.name}/train", "test_tasks": f"builtin:{s.name}/test",
                       "val_tasks": f"builtin:{s.name}/val", "max_turns": s.turns, "eval_temperature": 1.0,
                       "eval_seeds": 2,
-                      "spec": s.name, **sizes})
+                      "bed": s.name, **sizes})
 
     @property
     def n_train(self) -> int:
         """Train tasks episodes are collected on (the interactive budget is n_train x K)."""
-        n = testbed_spec.spec(self.spec).n_train if self.env == "testbed" else 56
+        n = testbed_bed.design(self.bed).n_train if self.env == "testbed" else 56
         return min(n, self.train_limit) if self.train_limit else n
 
 
-def warm_start(out: Path, seed: int = 0, smoke: bool = False, spec: str = DEFAULT_SPEC) -> Path:
+def warm_start(out: Path, seed: int = 0, smoke: bool = False, bed: str = DEFAULT_BED,
+               teacher: str | None = None) -> Path:
     """The shared warm start (testbed/warm_start.py) on the train tasks of test-bed
-    preset `spec`, in two phases on the scripted explorer's dialogues (testbed/human.py):
+    preset `bed`, in two phases on the scripted explorer's dialogues (testbed/human.py),
+    the explorer being `teacher` (testbed_bed.TEACHERS; None: "reads" on a non-legacy bed, the
+    explorer that reads its dialogue, "blind" on the legacy bed; the solver's π0 is
+    `testbed_bed.teacher_design(bed, teacher)`):
 
     1. copy:   an explorer that asks on every turn before the last (p_ask 1.0), so most
                answers use a constant the human stated: the tiny model learns to
                copy it (measured on the legacy bed: one mixed phase at p_ask 0.6 left
                the warm start copying almost never, success 1.7% even after asking both
                questions);
-    2. behave: from phase 1's model, the explorer at the spec's p_ask (legacy 0.6,
+    2. behave: from phase 1's model, the explorer at the bed's p_ask (legacy 0.6,
                default 0.75), which sets the per-turn question/answer choices that RL
                then has to improve.
     Each phase is checked on held-out dialogues and trained on until it answers as the
@@ -106,11 +110,12 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False, spec: str = DEFAUL
     from testbed.warm_start import main as run
 
     if smoke:  # toy sizes: one short phase
-        return run(WarmStartConfig(output_dir=str(out / "behave"), seed=seed, n_dialogues=160, epochs=1, spec=spec))
+        return run(WarmStartConfig(output_dir=str(out / "behave"), seed=seed, n_dialogues=160, epochs=1, bed=bed,
+                                   teacher=teacher))
     copy = checked_phase(out, "copy", "tiny", COPY_PASS, seed=seed, learning_rates=(2e-3, 1e-3), p_ask=1.0,
-                         n_dialogues=1600, spec=spec)
+                         n_dialogues=1600, bed=bed, teacher=teacher)
     return checked_phase(out, "behave", str(copy), BEHAVE_PASS, seed=seed + 1, learning_rates=(1e-3,),
-                         p_ask=testbed_spec.spec(spec).p_ask, n_dialogues=600, spec=spec)
+                         p_ask=testbed_bed.design(bed).p_ask, n_dialogues=600, bed=bed, teacher=teacher)
 
 
 # The phases' bars: the held-out share of told constants written right when answering on
@@ -150,7 +155,7 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
                                         **explorer)))
         if k >= len(checks):
             checks.append({"model": model, "copy_accuracy": copy_accuracy(model, seed=seed,
-                                                                          spec=explorer.get("spec", DEFAULT_SPEC))})
+                                                                          bed=explorer.get("bed", DEFAULT_BED))})
             out.mkdir(parents=True, exist_ok=True)
             record.write_text(json.dumps(checks, indent=2))
         print(f"warm start: {phase} pass {k + 1}: held-out copy accuracy {checks[k]['copy_accuracy']:.2f} "

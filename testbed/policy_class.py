@@ -1,7 +1,7 @@
 """What each method reaches when the policy cannot tell some dialogue histories apart.
 
-    python -m testbed.policy_class --spec default          # the table
-    python -m testbed.policy_class --spec default --json   # one JSON object
+    python -m testbed.policy_class --bed default          # the table
+    python -m testbed.policy_class --bed default --json   # one JSON object
 
 The exact solver (testbed/predict.py) gives every history its own logits: a
 tabular policy, which can learn "after asking about positive numbers, ask about negative
@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from testbed import mdp, predict
-from testbed.spec import TestbedSpec
+from testbed.bed import BedDesign
 
 CLASSES: dict[str, Callable[[tuple], object]] = {
     "history": lambda h: h,
@@ -57,6 +57,18 @@ def tie_classes(bed: mdp.Bed, name: str) -> np.ndarray:
         if not np.allclose(pi0[tie == k], pi0[tie == k][0]):
             raise ValueError(f"policy class {name!r}: the warm start differs between histories of one class")
     return tie
+
+
+def holds_warm_start(bed: mdp.Bed, name: str) -> bool:
+    """Whether policy class `name` holds the bed's warm start (π0 is equal inside each of
+    its classes): the blind classes hold the blind explorer, not one that reads its dialogue."""
+    try:
+        tie_classes(bed, name)
+    except ValueError as e:
+        if "the warm start differs" in str(e):
+            return False
+        raise
+    return True
 
 
 def tied(grad, tie: np.ndarray):
@@ -109,7 +121,7 @@ def repeat_rate(bed: mdp.Bed, logpi: np.ndarray) -> float:
     that reads which question it asked (or follows a convention). NaN where no dialogue
     asks twice."""
     ev = mdp.evaluate(bed, logpi)
-    A, n = bed.n_actions, bed.spec.facts
+    A, n = bed.n_actions, bed.design.facts
     if bed.fi.shape[1] < 3:
         return float("nan")
     w = bed.pc[bed.c] * ev.prob
@@ -143,7 +155,7 @@ def _r(x: float) -> float | None:
 TIED_METHODS = ("mtdpo", "sweet", "sweet_no_info", "sweet_oracle")  # RFT's one-round limit is no flow to tie
 
 
-def predict_classes(spec: str | TestbedSpec, classes: Sequence[str] = tuple(CLASSES),
+def predict_classes(design: str | BedDesign, classes: Sequence[str] = tuple(CLASSES),
                     levels: Sequence[float] = predict.KL_LEVELS, episodes_per_task: int = 8, candidates: int = 8,
                     beta: float = 0.1, critic_steps: int = 400,
                     methods: Sequence[str] = TIED_METHODS) -> tuple[float, list[ClassPrediction]]:
@@ -154,7 +166,7 @@ def predict_classes(spec: str | TestbedSpec, classes: Sequence[str] = tuple(CLAS
     bad = [m for m in methods if m not in TIED_METHODS]
     if bad or not methods:
         raise ValueError(f"methods: {', '.join(bad) or '(none)'}; one or more of {', '.join(TIED_METHODS)}")
-    bed = mdp.build(spec)
+    bed = mdp.build(design)
     pairs = predict.trajectory_pairs(bed, episodes_per_task)
     fits = {"sweet": True, "sweet_no_info": False}
     critics = {m: (predict.oracle_scores(bed) if m == "sweet_oracle" else predict.fit_critic(bed, pairs, fits[m], critic_steps).score)
@@ -182,11 +194,11 @@ def _flow_with_policies(bed: mdp.Bed, grad, levels: Sequence[float]) -> tuple[di
     return points, {k: next((lp for kl, lp in seen if kl >= k), seen[-1][1]) for k in levels}
 
 
-def format_table(spec: str, warm: float, preds: list[ClassPrediction], warm_repeat: float) -> str:
+def format_table(bed: str, warm: float, preds: list[ClassPrediction], warm_repeat: float) -> str:
     levels = list(next(iter(preds[0].methods.values())))
     methods = list(preds[0].methods)
     head = "KL " + " / ".join(format(k, "g") for k in levels)
-    lines = [f"test-bed spec {spec!r}: the solver's flows with the tabular logits tied within a policy class",
+    lines = [f"test bed {bed!r}: the solver's flows with the tabular logits tied within a policy class",
              f"(population limit; warm start {warm:.3f}, its repeat rate {warm_repeat:.2f}; * = the path stops short of that KL,",
              "shown where it stops; r = the repeat rate there: P(second question = first | two asked))",
              f"{'class':<8}{'classes':>8}{'optimum':>9}  " + "".join(f"{m + ' ' + head:>31}" for m in methods)]
@@ -210,13 +222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [c for c in classes if c not in CLASSES]
     if bad or not classes:
         parser.error(f"--classes: unknown {', '.join(bad) or '(none given)'}; one of {', '.join(CLASSES)}")
-    warm, preds = predict_classes(args.spec, classes, episodes_per_task=args.episodes_per_task,
+    warm, preds = predict_classes(args.bed, classes, episodes_per_task=args.episodes_per_task,
                                   candidates=args.candidates, beta=args.beta)
     if args.json:
-        print(json.dumps({"spec": args.spec, "warm_start": round(warm, 4), **{p.name: p.to_json() for p in preds}}))
+        print(json.dumps({"bed": args.bed, "warm_start": round(warm, 4), **{p.name: p.to_json() for p in preds}}))
     else:
-        bed = mdp.build(args.spec)
-        print(format_table(args.spec, warm, preds, repeat_rate(bed, bed.logp0)))
+        bed = mdp.build(args.bed)
+        print(format_table(args.bed, warm, preds, repeat_rate(bed, bed.logp0)))
     return 0
 
 

@@ -1,9 +1,9 @@
 """The test bed solved exactly: what each algorithm can reach, in the population limit.
 
-    python -m testbed.predict --spec default          # the predicted table
-    python -m testbed.predict --spec long --json      # one JSON object
+    python -m testbed.predict --bed default          # the predicted table
+    python -m testbed.predict --bed long --json      # one JSON object
 
-For a spec (testbed/spec.py) the dialogue is a finite MDP over histories:
+For a bed (testbed/bed.py) the dialogue is a finite MDP over histories:
 each agent turn chooses ask(fact j), the vague question or answer (the last turn always
 answers); the scripted human's reply is a function of the question and c (the hidden
 reference: which constants are literals, whether there is a docstring, which untold
@@ -14,7 +14,7 @@ sees (questions and the kind of each reply). numpy only, no torch.
 Computed:
 - V*/Q* given c (`optimal_value`, `exact_advantage`: the oracle critic's per-turn
   advantage A*(h, a, c) = Q* − V*, on real message texts), the warm start's (the scripted
-  explorer, `testbed.spec.explorer_probs`) and the optimal policy's success.
+  explorer, `testbed.bed.explorer_probs`) and the optimal policy's success.
 - Each method's population limit at KL 0.5 / 1 / 2 nats from the warm start, KL measured
   on the policy's own trajectories (E_π log π(τ)/π0(τ)), so learning rates and epochs drop
   out; each is a gradient flow in the tabular logits from π0, stopped at the target KL:
@@ -38,13 +38,13 @@ a critic needs for per-turn DPO to reach MT-DPO is testbed/agreement.py; what
 each method reaches when the policy cannot tell some histories apart (e.g. blind to which
 question it asked) is testbed/policy_class.py.
 
-Figures (`--spec default`; an earlier independent analysis's in brackets): warm start
+Figures (`--bed default`; an earlier independent analysis's in brackets): warm start
 0.490 (0.490), optimum 0.784 (0.784), one round of RFT 0.556 at KL 0.073 (0.556 at 0.07),
 two rounds 0.608 (0.608); at KL 1 / 2: mtdpo 0.716 / 0.782 (0.704 / 0.782), sweet 0.718 /
 0.769, stopping at KL 1.71 (0.696 / 0.766), sweet_no_info 0.632 / 0.731 (0.643 / 0.734),
 pair accuracy 1.000 / 0.920 (1.000 / 0.921); sweet_oracle 0.697 / 0.783. The KL-1 values
 move by about ±0.01 with how the K-episode pairing weights the tasks (K = 2: mtdpo 0.704),
-which the theory does not state. `--spec long` (3 facts, 5 turns): warm start 0.370,
+which the theory does not state. `--bed long` (3 facts, 5 turns): warm start 0.370,
 optimum 0.785, mtdpo 0.553 / 0.660, sweet_oracle 0.607 / 0.731 (+0.054 / +0.071),
 sweet 0.568 / 0.653, sweet_no_info 0.521 / 0.567, RFT 0.493 at KL 0.19.
 """
@@ -62,7 +62,7 @@ from typing import Sequence
 import numpy as np
 
 from sweet.algorithms.sweet_rl import rank_halves
-from testbed import spec as ts
+from testbed import bed as tb
 from testbed.mdp import (
     Bed,
     _flat,
@@ -76,7 +76,7 @@ from testbed.mdp import (
     revealed,
     succeeds,
 )
-from testbed.spec import TestbedSpec
+from testbed.bed import BedDesign
 
 KL_LEVELS = (0.5, 1.0, 2.0)
 METHODS = ("rft", "mtdpo", "sweet", "sweet_no_info", "sweet_oracle")
@@ -106,9 +106,9 @@ RULES = {
 def rule_policy(bed: Bed, allowed) -> np.ndarray:
     """The tabular policy uniform over the legal actions `allowed(h, a, n, last)` keeps at
     each history (log-probs [N, A]); a history where it keeps none follows π0."""
-    n, logpi = bed.spec.facts, bed.logp0.copy()
+    n, logpi = bed.design.facts, bed.logp0.copy()
     for i, h in enumerate(bed.nodes):
-        keep = [a for a in range(n + 2) if bed.legal[i, a] and allowed(h, a, n, len(h) == bed.spec.turns - 1)]
+        keep = [a for a in range(n + 2) if bed.legal[i, a] and allowed(h, a, n, len(h) == bed.design.turns - 1)]
         if keep:
             logpi[i] = -np.inf
             logpi[i, keep] = -math.log(len(keep))
@@ -340,7 +340,7 @@ def stage2_measure(bed: Bed, score, n_candidates: int = 8) -> np.ndarray:
 
 def oracle_scores(bed: Bed):
     """Q*(h, a; c): the exact expected success given c after action a (the oracle critic)."""
-    s, n = bed.spec, bed.spec.facts
+    s, n = bed.design, bed.design.facts
     known_at = {}
     for m in range(len(bed.fi)):
         for t, f in enumerate(bed.fi[m]):
@@ -382,7 +382,7 @@ def fit_critic(bed: Bed, pairs: TrajectoryPairs, with_c: bool, steps: int = 400,
     give every task the same score at a history. `steps`·`lr` is the training budget;
     with c the pairs are separable, so the loss falls towards 0 without a finite minimum
     and only the ranking, which settles early, matters. Heavy-ball momentum: 400 steps
-    reach the ranking (and pair accuracy) of 5,000 plain ones on the default spec."""
+    reach the ranking (and pair accuracy) of 5,000 plain ones on the default bed."""
     A = bed.n_actions
     if with_c:
         key_of = dict(bed.keys)
@@ -438,7 +438,7 @@ def fit_critic(bed: Bed, pairs: TrajectoryPairs, with_c: bool, steps: int = 400,
 
 
 def sample_episodes(bed: Bed, n_tasks: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(task c indices [n_tasks], trajectory rows [n_tasks, k]): tasks drawn from the spec,
+    """(task c indices [n_tasks], trajectory rows [n_tasks, k]): tasks drawn from the bed,
     k warm-start episodes each."""
     prob = evaluate(bed, bed.logp0).prob
     task_c = rng.choice(len(bed.cs), size=n_tasks, p=bed.pc / bed.pc.sum())
@@ -487,14 +487,14 @@ def sampled_stage2(bed: Bed, task_c: np.ndarray, rows: np.ndarray, score, rng: n
     return measure / max(measure.sum(), 1.0)
 
 
-def predict_finite(spec: str | TestbedSpec, reps: int = 30, n_tasks: int = 56, k: int = 8, seed: int = 0,
+def predict_finite(design: str | BedDesign, reps: int = 30, n_tasks: int = 56, k: int = 8, seed: int = 0,
                    levels: Sequence[float] = KL_LEVELS, candidates: int = 8, beta: float = 0.1,
                    critic_steps: int = 400) -> dict[str, dict[float, tuple[float, float, float]]]:
     """Each method trained on `reps` independent data sets of n_tasks x k warm-start episodes
     (the benchmark's budget: 56 x 8), evaluated exactly (success and KL on the policy's own
     distribution): per method and level (mean success, its standard error, the share of
     repetitions that reached the level)."""
-    bed = build(spec)
+    bed = build(design)
     rng = np.random.default_rng(seed)
     results: dict[str, dict[float, list[Point]]] = {m: {k_: [] for k_ in levels} for m in METHODS}
     oracle = oracle_scores(bed)
@@ -523,9 +523,9 @@ def predict_finite(spec: str | TestbedSpec, reps: int = 30, n_tasks: int = 56, k
 
 @dataclass
 class Prediction:
-    """What the solver predicts for a spec (population limit)."""
+    """What the solver predicts for a bed (population limit)."""
 
-    spec: str
+    bed: str
     warm_start: float
     optimum: float
     methods: dict[str, dict[float, Point]]
@@ -535,7 +535,7 @@ class Prediction:
     rules: dict[str, Point] = field(default_factory=dict)  # simple rules' success and KL (RULES)
 
     def to_json(self) -> dict:
-        out: dict = {"spec": self.spec, "warm_start": round(self.warm_start, 4), "optimum": round(self.optimum, 4)}
+        out: dict = {"bed": self.bed, "warm_start": round(self.warm_start, 4), "optimum": round(self.optimum, 4)}
         for name, points in self.methods.items():
             out[name] = {f"{k:.1f}": round(p.success, 4) for k, p in points.items()}
         out["kl"] = {name: {f"{k:.1f}": round(p.kl, 4) for k, p in points.items()}
@@ -548,10 +548,10 @@ class Prediction:
         return out
 
 
-def predict(spec: str | TestbedSpec, levels: Sequence[float] = KL_LEVELS, episodes_per_task: int = 8,
+def predict(design: str | BedDesign, levels: Sequence[float] = KL_LEVELS, episodes_per_task: int = 8,
             candidates: int = 8, beta: float = 0.1, critic_steps: int = 400) -> Prediction:
     """Warm start, optimum and each method's population limit at each KL level."""
-    bed = build(spec)
+    bed = build(design)
     warm = evaluate(bed, bed.logp0).success
     best, _ = optimum(bed)
     pairs = trajectory_pairs(bed, episodes_per_task)
@@ -566,7 +566,7 @@ def predict(spec: str | TestbedSpec, levels: Sequence[float] = KL_LEVELS, episod
     for name, score in (("sweet", critics["sweet"].score), ("sweet_no_info", critics["sweet_no_info"].score),
                         ("sweet_oracle", oracle_scores(bed))):
         methods[name] = flow(bed, per_turn_grad(bed, stage2_measure(bed, score, candidates), beta), levels)
-    return Prediction(bed.spec.name, warm, best, methods, rounds,
+    return Prediction(bed.design.name, warm, best, methods, rounds,
                       {name: c.pair_accuracy for name, c in critics.items()}, critics, rule_points(bed))
 
 
@@ -586,7 +586,7 @@ def _closed(p: Prediction, success: float) -> float:
 
 def format_table(p: Prediction) -> str:
     levels = list(next(iter(p.methods.values())))
-    lines = [f"test-bed spec {p.spec!r} (testbed/spec.py), population limit",
+    lines = [f"test bed {p.bed!r} (testbed/bed.py), population limit",
              f"warm start {p.warm_start:.3f}   optimum {p.optimum:.3f}   ideal RFT rounds: "
              + ", ".join(f"{s:.3f} at KL {k:.2f}" for s, k in p.rft_rounds),
              f"critic pair accuracy: with c {p.pair_accuracy['sweet']:.3f}, without c {p.pair_accuracy['sweet_no_info']:.3f}",
@@ -603,7 +603,8 @@ def format_table(p: Prediction) -> str:
 
 def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags the solver's command lines share (this module's, testbed.agreement's)."""
-    parser.add_argument("--spec", default=ts.DEFAULT_SPEC, help=f"a preset: {', '.join(ts.PRESETS)}")
+    parser.add_argument("--bed", "--spec", default=tb.DEFAULT_BED,
+                        help=f"the test-bed preset: {', '.join(tb.PRESETS)}")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--episodes-per-task", type=int, default=8, help="K episodes per task behind the pairs")
     parser.add_argument("--candidates", type=int, default=8, help="stage-2 candidates per state")
@@ -611,10 +612,10 @@ def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_solver_arguments(parser: argparse.ArgumentParser, args, more: dict[str, int]) -> None:
-    """A bad --spec, or a flag below its least value (`more`: flag -> its value minus its
+    """A bad --bed, or a flag below its least value (`more`: flag -> its value minus its
     least), is one line from argparse."""
     try:
-        ts.spec(args.spec)
+        tb.design(args.bed)
     except ValueError as e:
         parser.error(str(e))
     for name, value in {"--episodes-per-task": args.episodes_per_task - 1, "--candidates": args.candidates - 2,
@@ -632,8 +633,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="random seed of the sampled data sets (--finite)")
     args = parser.parse_args(argv)
     check_solver_arguments(parser, args, {"--finite": args.finite, "--tasks": args.tasks - 1})
-    p = predict(args.spec, episodes_per_task=args.episodes_per_task, candidates=args.candidates, beta=args.beta)
-    finite = (predict_finite(args.spec, args.finite, args.tasks, args.episodes_per_task, args.seed,
+    p = predict(args.bed, episodes_per_task=args.episodes_per_task, candidates=args.candidates, beta=args.beta)
+    finite = (predict_finite(args.bed, args.finite, args.tasks, args.episodes_per_task, args.seed,
                              candidates=args.candidates, beta=args.beta) if args.finite else None)
     if args.json:
         out = p.to_json()

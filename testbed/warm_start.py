@@ -29,10 +29,10 @@ from sweet.core.models import load_tokenizer
 from sweet.core.runs import run_cli, trainer_run
 from sweet.core.tokens import template_ids, text_ids
 from sweet.core.trainer import finished
-from testbed import spec as testbed_spec
+from testbed import bed as testbed_bed
 from testbed.env import TestbedEnv, answer_constants, make_tasks, told_constants
 from testbed.human import optimal_dialogue, scripted_dialogue
-from testbed.spec import DEFAULT_SPEC
+from testbed.bed import DEFAULT_BED
 
 
 @dataclass
@@ -40,52 +40,70 @@ class WarmStartConfig:
     output_dir: str = field(default="runs/warm_start", metadata={"help": "where the warm-started model goes (final/)"})
     model: str = field(default="tiny", metadata={"help": "model to fine-tune"})
     n_dialogues: int = field(default=1200, metadata={"help": "scripted dialogues to train on"})
-    spec: str = field(default=DEFAULT_SPEC, metadata={"help": "test-bed preset (testbed/spec.py) "
-                                                                 "whose train tasks the dialogues are on"})
+    bed: str = field(default=DEFAULT_BED, metadata={"help": "test-bed preset (testbed/bed.py) whose train tasks "
+                                                            "the dialogues are on", "aliases": ["--spec"]})
     p_ask: float | None = field(default=None, metadata={"help": "probability that the explorer asks on each turn "
-                                                                "before the last (default: the spec's)"})
+                                                                "before the last (default: the bed's)"})
     epochs: int = field(default=2, metadata={"help": "passes over the dialogues"})
     learning_rate: float = field(default=2e-3, metadata={"help": "AdamW learning rate"})
     batch_size: int = field(default=8, metadata={"help": "examples per step (small: many steps let copying emerge)"})
     micro_batch_size: int | None = field(default=None, metadata={"help": "examples per forward pass (default: batch_size; "
                                                                          "the update does not depend on it)"})
     seed: int = field(default=0, metadata={"help": "random seed"})
-    teacher: str = field(default="explorer", metadata={
-        "help": "whose dialogues to imitate: explorer (the warm start's), optimal (the exact solver's optimal "
-                "agent on a spec bed: a reference point, not a method, since it uses the solver) or optimal_shuffled "
-                "(the same agent with its facts in a random order per dialogue: imitating it needs reading which "
-                "question was asked)"})
+    teacher: str | None = field(default=None, metadata={
+        "help": "whose dialogues to imitate: reads (the explorer that reads its dialogue: right after a side question "
+                "it asks another side with probability p_other; the default on a non-legacy bed), blind (the explorer "
+                "whose choice ignores the dialogue; the default on the legacy bed), optimal (the exact solver's "
+                "optimal agent on a non-legacy bed: a reference point, not a method, since it uses the solver) or "
+                "optimal_shuffled (the same agent with its facts in a random order per dialogue)"})
+    p_other: float | None = field(default=None, metadata={
+        "help": "the reading explorer's probability of asking another side right after a side question "
+                f"(default: {testbed_bed.READS_P_OTHER}, testbed_bed.READS_P_OTHER)"})
 
     def __post_init__(self):
+        if self.teacher is None:
+            self.teacher = testbed_bed.default_teacher(self.bed)
         if self.teacher not in TEACHERS:
             raise ValueError(f"WarmStartConfig.teacher: {self.teacher!r}; one of {', '.join(TEACHERS)}")
-        if self.teacher != "explorer" and testbed_spec.spec(self.spec).legacy:
-            raise ValueError(f"WarmStartConfig.teacher: {self.teacher} needs a spec bed (--spec default, long), "
-                             f"not {self.spec!r}")
+        if self.teacher not in testbed_bed.TEACHERS and testbed_bed.design(self.bed).legacy:
+            raise ValueError(f"WarmStartConfig.teacher: {self.teacher} needs a non-legacy bed (--bed default, long), "
+                             f"not {self.bed!r}")
+        if self.teacher in testbed_bed.TEACHERS:
+            try:  # resolved here, so that the recorded settings (SETTINGS_FILE) say which explorer it was
+                self.p_other = testbed_bed.teacher_design(self.bed, self.teacher, self.p_other).p_other
+            except ValueError as e:
+                raise ValueError(f"WarmStartConfig.{e}") from None
+        elif self.p_other is not None:
+            raise ValueError(f"WarmStartConfig.p_other: {self.p_other} is the explorer's; teacher {self.teacher} has none")
 
 
-TEACHERS = ("explorer", "optimal", "optimal_shuffled")
+TEACHERS = (*testbed_bed.TEACHERS, "optimal", "optimal_shuffled")
+SETTINGS_FILE = "warm_start.json"  # the settings the scripted dialogues were written with
 
 
-def spec_env(spec: str) -> TestbedEnv:
+def bed_env(bed: str) -> TestbedEnv:
     """The test-bed env of a preset (its turn limit)."""
-    return TestbedEnv(spec=spec)
+    return TestbedEnv(bed=bed)
 
 
-def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = DEFAULT_SPEC,
-                      teacher: str = "explorer") -> list[Episode]:
-    """`n` scripted episodes (the explorer's; with teacher "optimal" the solver's optimal
-    agent's, "optimal_shuffled" that agent with a random order of the facts per dialogue)
-    on the test bed's train tasks of `spec`, tokenised."""
+def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, bed: str = DEFAULT_BED,
+                      teacher: str | None = None, p_other: float | None = None) -> list[Episode]:
+    """`n` scripted episodes of `teacher` (`WarmStartConfig.teacher`: the explorer that
+    reads its dialogue or the blind one, at `p_ask` and `p_other`; or the solver's optimal
+    agent, "optimal_shuffled" with a random order of the facts per dialogue) on the test
+    bed's train tasks of `bed`, tokenised."""
 
-    env = spec_env(spec)
-    tasks = make_tasks("train", spec=spec)
+    env = bed_env(bed)
+    tasks = make_tasks("train", bed=bed)
     rng = random.Random(seed)
+    teacher = testbed_bed.default_teacher(bed) if teacher is None else teacher
+    if teacher in testbed_bed.TEACHERS:
+        p_other = testbed_bed.teacher_design(bed, teacher, p_other).p_other
     episodes = []
     for i in range(n):
         task = tasks[i % len(tasks)]
         turns: list[Turn] = []
-        for role, text in _teacher_dialogue(teacher, task, rng, p_ask):
+        for role, text in _teacher_dialogue(teacher, task, rng, p_ask, p_other or 0.0):
             if role == "agent":
                 prompt = env.agent_messages(task, turns)
                 turns.append(Turn("agent", text, prompt=prompt, prompt_token_ids=template_ids(tokenizer, prompt),
@@ -102,28 +120,28 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, spec: str = DE
     return episodes
 
 
-def _dialogue(task, rng, p_ask):
-    return scripted_dialogue(task, rng, p_ask=p_ask)
+def _dialogue(task, rng, p_ask, p_other: float = 0.0):
+    return scripted_dialogue(task, rng, p_ask=p_ask, p_other=p_other)
 
 
-def _teacher_dialogue(teacher: str, task, rng: random.Random, p_ask: float):
-    if teacher == "explorer":
-        return _dialogue(task, rng, p_ask)
-    facts = testbed_spec.task_spec(task).facts
+def _teacher_dialogue(teacher: str, task, rng: random.Random, p_ask: float, p_other: float):
+    if teacher in testbed_bed.TEACHERS:
+        return _dialogue(task, rng, p_ask, p_other)
+    facts = testbed_bed.task_design(task).facts
     return optimal_dialogue(task, rng.sample(range(facts), facts) if teacher == "optimal_shuffled" else None)
 
 
-def copy_check_dialogues(n: int = 48, seed: int = 0, spec: str = DEFAULT_SPEC):
+def copy_check_dialogues(n: int = 48, seed: int = 0, bed: str = DEFAULT_BED):
     """`n` held-out copy-check cases: the always-asking explorer's questions (one on every
-    turn before the last: three on the legacy bed, two on a 3-turn spec) and the human's
-    replies on the test tasks of `spec`, as (task, turns, want). want: per constant, what
+    turn before the last: three on the legacy bed, two on a 3-turn bed) and the human's
+    replies on the test tasks of `bed`, as (task, turns, want). want: per constant, what
     the answer must write, or None where it is not checked. Legacy: the constants the
-    replies stated (A or None, B or None). Another spec: what the explorer would write,
+    replies stated (A or None, B or None). Another bed: what the explorer would write,
     every constant (told ones copied, the fixed guess for the rest), since its warm
     start's success rests on both."""
 
-    tasks = make_tasks("test", spec=spec)
-    s = testbed_spec.spec(spec)
+    tasks = make_tasks("test", bed=bed)
+    s = testbed_bed.design(bed)
     rng = random.Random(f"copy-check-{seed}")
     cases = []
     for i in range(n):
@@ -135,35 +153,35 @@ def copy_check_dialogues(n: int = 48, seed: int = 0, spec: str = DEFAULT_SPEC):
             know_a, know_b = told_constants(replies, a, b)
             want: tuple[int | None, ...] = (a if know_a else None, b if know_b else None)
         else:
-            want = testbed_spec.guess_values(s, testbed_spec.told_values(s, replies))
+            want = testbed_bed.guess_values(s, testbed_bed.told_values(s, replies))
         cases.append((task, turns, want))
     return cases
 
 
-def copy_score(answers: list[str], told: list[tuple[int | None, ...]], spec: str = DEFAULT_SPEC) -> float:
+def copy_score(answers: list[str], told: list[tuple[int | None, ...]], bed: str = DEFAULT_BED) -> float:
     """The share of checked constants (not None in `told`) that the answers wrote, read
-    as the scorer reads an answer (legacy: testbed.env.answer_constants; a
-    spec: testbed.spec.answer_values)."""
+    as the scorer reads an answer (legacy: testbed.env.answer_constants; another
+    bed: testbed.bed.answer_values)."""
 
-    s = testbed_spec.spec(spec)
+    s = testbed_bed.design(bed)
     right = total = 0
     for text, want in zip(answers, told, strict=True):
-        got = answer_constants(text) if s.legacy else testbed_spec.answer_values(s, text)
+        got = answer_constants(text) if s.legacy else testbed_bed.answer_values(s, text)
         for g, w in zip(got, want):
             if w is not None:
                 right, total = right + (g == w), total + 1
     return right / max(total, 1)
 
 
-def copy_accuracy(model: str, n: int = 48, seed: int = 0, spec: str = DEFAULT_SPEC) -> float:
+def copy_accuracy(model: str, n: int = 48, seed: int = 0, bed: str = DEFAULT_BED) -> float:
     """How often `model`, answering greedily after the always-asking explorer's questions
-    on held-out tasks of `spec`, writes each constant as checked (`copy_check_dialogues`,
+    on held-out tasks of `bed`, writes each constant as checked (`copy_check_dialogues`,
     `copy_score`). The warm start's copy phase must pass this before the behaviour
     phase: a cosmetic change to the prompt once flipped it from 28/28 to 8/28, and every
     algorithm then started from a policy that miscopies."""
 
-    env = spec_env(spec)
-    cases = copy_check_dialogues(n, seed, spec)
+    env = bed_env(bed)
+    cases = copy_check_dialogues(n, seed, bed)
     prompts = [env.agent_messages(task, turns) for task, turns, _ in cases]
     env.close()
     engine = load_engine(f"hf:{model}")
@@ -171,7 +189,7 @@ def copy_accuracy(model: str, n: int = 48, seed: int = 0, spec: str = DEFAULT_SP
         samples = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=64))
     finally:
         engine.close()
-    return copy_score([s[0].text for s in samples], [want for _, _, want in cases], spec)
+    return copy_score([s[0].text for s in samples], [want for _, _, want in cases], bed)
 
 
 def write_episodes(episodes: list[Episode], path: Path) -> None:
@@ -181,21 +199,40 @@ def write_episodes(episodes: list[Episode], path: Path) -> None:
             f.write(json.dumps(ep.to_json()) + "\n")
 
 
+def dialogue_settings(cfg: WarmStartConfig, p_ask: float) -> dict:
+    """What the scripted dialogues depend on (the teacher and its p_other included), as
+    recorded in OUT/warm_start.json: a rerun with other settings is refused."""
+    return {"bed": cfg.bed, "teacher": cfg.teacher, "p_ask": p_ask, "p_other": cfg.p_other,
+            "n_dialogues": cfg.n_dialogues, "seed": cfg.seed}
+
+
 def main(cfg: WarmStartConfig) -> Path:
-    """Write scripted episodes, then fine-tune on all of them (RFT with no filter)."""
+    """Write scripted episodes, then fine-tune on all of them (RFT with no filter). The
+    dialogues' settings (`dialogue_settings`) are recorded beside them; reusing the
+    folder with other settings is a one-line error, so a blind warm start is never taken
+    for a reading one."""
 
     out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    episodes_path = out / "scripted_episodes.jsonl"
+    p_ask = testbed_bed.design(cfg.bed).p_ask if cfg.p_ask is None else cfg.p_ask
+    settings = dialogue_settings(cfg, p_ask)
+    record = out / SETTINGS_FILE
+    if episodes_path.exists():  # the dialogues' settings are part of the run's fingerprint (their hash)
+        old = testbed_bed.bed_record(json.loads(record.read_text())) if record.exists() else None
+        if old != settings:
+            raise ValueError(f"{episodes_path}: written with {old or 'unrecorded settings'}, not {settings}: "
+                             f"use another --output_dir")
+    else:
+        tokenizer = load_tokenizer(cfg.model)
+        episodes = scripted_episodes(tokenizer, cfg.n_dialogues, p_ask, cfg.seed, cfg.bed, cfg.teacher, cfg.p_other)
+        write_episodes(episodes, episodes_path)
+        record.write_text(json.dumps(settings, indent=2))
+        success = sum(e.success for e in episodes) / len(episodes)
+        print(f"warm start: {len(episodes)} scripted dialogues, {cfg.teacher} success rate {success:.2f}")
     if finished(out) is not None:
         print(f"warm start: {out / 'final'} exists, reusing it")
         return out / "final"
-    episodes_path = out / "scripted_episodes.jsonl"
-    if not episodes_path.exists():
-        tokenizer = load_tokenizer(cfg.model)
-        p_ask = testbed_spec.spec(cfg.spec).p_ask if cfg.p_ask is None else cfg.p_ask
-        episodes = scripted_episodes(tokenizer, cfg.n_dialogues, p_ask, cfg.seed, cfg.spec, cfg.teacher)
-        write_episodes(episodes, episodes_path)
-        success = sum(e.success for e in episodes) / len(episodes)
-        print(f"warm start: {len(episodes)} scripted dialogues, {cfg.teacher} success rate {success:.2f}")
     model_cfg = ModelConfig(model=cfg.model, max_length=512, keep_head=64)
     train = rft.RFTTrainConfig(output_dir=str(out), learning_rate=cfg.learning_rate, num_epochs=cfg.epochs,
                                batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size or cfg.batch_size, seed=cfg.seed,

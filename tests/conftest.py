@@ -68,9 +68,9 @@ def scripted_testbed_episode(tmp_path_factory) -> ScriptedTestbedEpisode:
                 out.append(Sample(script[asked] if asked < len(script) else answer_text(a, b)))
             return out
 
-    task = make_tasks("train", n=1, spec="legacy")[0]
+    task = make_tasks("train", n=1, bed="legacy")[0]
     path = tmp_path_factory.mktemp("scripted_testbed") / "episodes.jsonl"
-    env = TestbedEnv(spec="legacy")
+    env = TestbedEnv(bed="legacy")
     try:
         [ep] = rollout(env, [task], ScriptedAgent(), TestbedSimulator(), max_turns=4, out_path=path)
         states = episode_states(ep, env.training_info(task))

@@ -79,9 +79,9 @@ from sweet.critic.model import TrainedCritic, load_training_info
 
 STAGES = ("all", "sample", "train")
 ORACLE_CRITIC = "oracle"  # --critic oracle: testbed/oracle.py instead of a critic dir
-# the lab's oracle and its tasks' spec, "module:Name" loaded on use (colbench.registry): sweet imports no test bed
+# the lab's oracle and its tasks' bed, "module:Name" loaded on use (colbench.registry): sweet imports no test bed
 ORACLE_RANKER = "testbed.oracle:OracleCritic"
-ORACLE_TASK_SPEC = "testbed.spec:task_spec"
+ORACLE_TASK_DESIGN = "testbed.bed:task_design"
 
 
 @dataclass
@@ -276,11 +276,11 @@ def load_oracle_ranker(model_cfg: ModelConfig, cfg: SweetConfig) -> CandidateRan
                          f"got --env {cfg.env}")
     from colbench.registry import load_target
 
-    OracleCritic, task_spec = load_target(ORACLE_RANKER), load_target(ORACLE_TASK_SPEC)
-    specs = {task_spec(t).name for t in load_tasks(cfg.tasks, env=cfg.env, validate=False)}
-    if len(specs) != 1:
-        raise ValueError(f"--critic {ORACLE_CRITIC}: --tasks {cfg.tasks} mixes test-bed specs {sorted(specs)}")
-    return OracleCritic(load_tokenizer(model_cfg.model), cfg.env, spec=specs.pop())
+    OracleCritic, task_design = load_target(ORACLE_RANKER), load_target(ORACLE_TASK_DESIGN)
+    beds = {task_design(t).name for t in load_tasks(cfg.tasks, env=cfg.env, validate=False)}
+    if len(beds) != 1:
+        raise ValueError(f"--critic {ORACLE_CRITIC}: --tasks {cfg.tasks} mixes test beds {sorted(beds)}")
+    return OracleCritic(load_tokenizer(model_cfg.model), cfg.env, bed=beds.pop())
 
 
 # ---- the run: states -> K candidates (sweet_candidates.py) -> pairs -> per-turn DPO ----------------

@@ -37,7 +37,7 @@ from sweet.core.records import episode_states, make_trajectory_pairs, read_candi
 from sweet.core.runs import run_cli, trainer_run
 from sweet.core.tokens import text_ids
 from sweet.critic.baseline import as_generated, read_baselines, state_key_of
-from sweet.critic.model import TrainedCritic, CriticSpec, load_training_info
+from sweet.critic.model import TrainedCritic, CriticRecord, load_training_info
 
 
 @dataclass
@@ -242,11 +242,11 @@ def pick_episodes(episodes, candidates, limit: int):
 
 def main(cfg: InspectConfig) -> Path:
     """Score the episodes with the critic and write the page; returns its path."""
-    spec = CriticSpec.load(cfg.critic)
+    record = CriticRecord.load(cfg.critic)
     candidates = read_candidate_rows(cfg.candidates)
-    every = load_episodes(cfg.episodes, env=spec.env)
+    every = load_episodes(cfg.episodes, env=record.env)
     episodes = pick_episodes(every, candidates, cfg.max_episodes)
-    info_of = load_training_info(cfg.tasks, env=spec.env)
+    info_of = load_training_info(cfg.tasks, env=record.env)
     missing = sorted({ep.task_id for ep in episodes} - set(info_of))
     if missing:
         raise ValueError(f"{cfg.episodes}: tasks {missing[:3]} are not in --tasks {cfg.tasks}")
@@ -294,11 +294,11 @@ def centre_by_baselines(scorer, episodes, raw: list[list[float]], info_of: dict[
                         baselines: dict[str, tuple]) -> list[list[float]]:
     """Subtract from each turn's A the mean A of its state's baseline samples (the key the
     critic was trained with: c, or "" for a critic without it)."""
-    eos = scorer.spec.eos_token_id
+    eos = scorer.record.eos_token_id
     items, where = [], []
     for e, ep in enumerate(episodes):
         for t, state in enumerate(episode_states(ep, info_of[ep.task_id])):
-            key = state_key_of(state.prompt, state.training_info if scorer.spec.training_info else "")
+            key = state_key_of(state.prompt, state.training_info if scorer.record.training_info else "")
             if key in baselines:
                 generated = [as_generated(a, eos) for a in baselines[key]]
                 items.append((state, [g for g, _ in generated], [r for _, r in generated]))

@@ -25,7 +25,7 @@ Conventions (recorded in critic_config.json so scoring reproduces training):
 - context = `template_ids(with_training_info(o_t, c, header, context_template))`: the
   policy's chat messages with c appended to the first message through the critic_context
   template (sweet/critic/prompts/critic_context.txt or --critic_context_prompt; its text is
-  recorded in the spec, so scoring uses what training used), chat-templated with the
+  recorded in critic_config.json, so scoring uses what training used), chat-templated with the
   generation prompt;
 - action = the turn's generated `token_ids` + the end-of-turn id (`eos_token_id`)
   exactly when the model emitted it (finish reason "stop"; old records without a
@@ -34,7 +34,7 @@ Conventions (recorded in critic_config.json so scoring reproduces training):
 - β: the paper does not state the critic's β; default 1.0 (with the mean it only
   rescales the BT logits, i.e. acts like a learning-rate/temperature knob).
 
-The paper's ablations (Sec. 6), switches of the same critic, recorded in the spec so
+The paper's ablations (Sec. 6), switches of the same critic, recorded in critic_config.json so
 stage 2 ranks with exactly what was trained:
 - `length_normalize=False` (`sweet_sum`): the sum over the action's tokens instead of
   the mean (paper: success collapses to 3.6%).
@@ -94,7 +94,7 @@ class CriticTurn:
 
 
 @dataclass
-class CriticSpec:
+class CriticRecord:
     """What `critic_config.json` records: everything scoring needs to reproduce training."""
 
     beta: float
@@ -120,7 +120,7 @@ class CriticSpec:
         (Path(critic_dir) / CRITIC_CONFIG_FILE).write_text(json.dumps(asdict(self), indent=2))
 
     @classmethod
-    def load(cls, critic_dir: str | Path) -> "CriticSpec":
+    def load(cls, critic_dir: str | Path) -> "CriticRecord":
         path = Path(critic_dir) / CRITIC_CONFIG_FILE
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: is {critic_dir} the output_dir of `python -m sweet.train_critic`?")
@@ -286,13 +286,13 @@ class TrainedCritic:
         advs = critic.advantages(state, [cand.token_ids for cand in candidates])
 
     Holds the critic θ and π_ref: for LoRA critics one model (π_ref = the base with
-    adapters disabled), otherwise two; a value-head critic (`spec.head == "value"`) is
+    adapters disabled), otherwise two; a value-head critic (`record.head == "value"`) is
     one model and no π_ref. Head, reduction (mean/sum) and whether c is in the context
-    all come from the spec, i.e. from training.
+    all come from the record (CriticRecord), i.e. from training.
     """
 
-    def __init__(self, spec: CriticSpec, model, ref_model, tokenizer, device, batch_size: int = 16):
-        self.spec = spec
+    def __init__(self, record: CriticRecord, model, ref_model, tokenizer, device, batch_size: int = 16):
+        self.record = record
         self.model = model
         self.ref_model = ref_model  # None: LoRA, π_ref = model with adapters disabled
         self.tokenizer = tokenizer
@@ -307,30 +307,34 @@ class TrainedCritic:
 
 
         critic_dir = Path(critic_dir)
-        spec = CriticSpec.load(critic_dir)
+        record = CriticRecord.load(critic_dir)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        ref_cfg = ModelConfig(model=spec.reference_model, dtype=spec.dtype, max_length=spec.max_length, keep_head=spec.keep_head)
-        if spec.head not in HEADS:
-            raise ValueError(f"{critic_dir / CRITIC_CONFIG_FILE}: head must be one of {HEADS}, got {spec.head!r}")
-        if spec.head == "value":  # the LM (LoRA: base + adapter) and the head in model_dir; no π_ref
+        ref_cfg = ModelConfig(model=record.reference_model, dtype=record.dtype, max_length=record.max_length,
+                              keep_head=record.keep_head)
+        if record.head not in HEADS:
+            raise ValueError(f"{critic_dir / CRITIC_CONFIG_FILE}: head must be one of {HEADS}, got {record.head!r}")
+        if record.head == "value":  # the LM (LoRA: base + adapter) and the head in model_dir; no π_ref
             from sweet.core.value_head import ValueHeadModel
 
-            if spec.lora:
-                lm = load_model(ref_cfg, trainable=False, adapter=str(critic_dir / (spec.adapter_dir or spec.model_dir)))
+            if record.lora:
+                adapter = str(critic_dir / (record.adapter_dir or record.model_dir))
+                lm = load_model(ref_cfg, trainable=False, adapter=adapter)
             else:
-                lm = load_model(ModelConfig(model=str(critic_dir / spec.model_dir), dtype=spec.dtype), trainable=False)
-            model = ValueHeadModel(lm).load_head(critic_dir / spec.model_dir).eval().requires_grad_(False)
+                lm = load_model(ModelConfig(model=str(critic_dir / record.model_dir), dtype=record.dtype),
+                                trainable=False)
+            model = ValueHeadModel(lm).load_head(critic_dir / record.model_dir).eval().requires_grad_(False)
             ref_model = None
-        elif spec.lora:
-            if not spec.adapter_dir or not (critic_dir / spec.adapter_dir).exists():
-                raise FileNotFoundError(f"{critic_dir}: LoRA critic without its adapter dir {spec.adapter_dir!r}")
-            model = load_model(ref_cfg, trainable=False, adapter=str(critic_dir / spec.adapter_dir))
+        elif record.lora:
+            if not record.adapter_dir or not (critic_dir / record.adapter_dir).exists():
+                raise FileNotFoundError(f"{critic_dir}: LoRA critic without its adapter dir {record.adapter_dir!r}")
+            model = load_model(ref_cfg, trainable=False, adapter=str(critic_dir / record.adapter_dir))
             ref_model = None
         else:
-            model = load_model(ModelConfig(model=str(critic_dir / spec.model_dir), dtype=spec.dtype), trainable=False)
+            model = load_model(ModelConfig(model=str(critic_dir / record.model_dir), dtype=record.dtype),
+                               trainable=False)
             ref_model = load_model(ref_cfg, trainable=False).to(device)
-        tokenizer = load_tokenizer(str(critic_dir / spec.model_dir))
-        return cls(spec, model.to(device), ref_model, tokenizer, device, batch_size)
+        tokenizer = load_tokenizer(str(critic_dir / record.model_dir))
+        return cls(record, model.to(device), ref_model, tokenizer, device, batch_size)
 
     def advantages(self, state: State, actions: Sequence[Sequence[int]],
                    finish_reasons: Sequence[str | None] | None = None) -> list[float]:
@@ -351,13 +355,13 @@ class TrainedCritic:
             if len(reasons) != len(actions):
                 raise ValueError(f"state {state.episode_id}#{state.turn_index}: {len(actions)} actions but "
                                  f"{len(reasons)} finish reasons")
-            examples = [CriticTurn(state, action_ids(a, self.spec.eos_token_id, r)) for a, r in zip(actions, reasons)]
-            context = critic_context_ids(self.tokenizer, state, self.spec.header, self.spec.training_info,
-                                         self.spec.context_template)
+            examples = [CriticTurn(state, action_ids(a, self.record.eos_token_id, r)) for a, r in zip(actions, reasons)]
+            context = critic_context_ids(self.tokenizer, state, self.record.header, self.record.training_info,
+                                         self.record.context_template)
             longest = max((len(ex.action_ids) for ex in examples), default=0)
             if not examples:
                 out.append([])
-            elif len(context) + longest <= self.spec.max_length and self.spec.head == "lm":
+            elif len(context) + longest <= self.record.max_length and self.record.head == "lm":
                 out.append(self._shared_prefix_advantages(context, examples))
             else:
                 out.append(self._padded_advantages(examples))
@@ -367,12 +371,12 @@ class TrainedCritic:
         import torch
 
         n = torch.tensor([len(ex.action_ids) for ex in chunk], device=policy.device)
-        return per_turn_advantage(policy, ref, n, self.spec.beta, self.spec.length_normalize).tolist()
+        return per_turn_advantage(policy, ref, n, self.record.beta, self.record.length_normalize).tolist()
 
     def _both_models(self, fn):
         """fn(model) for θ and for π_ref (value head: 0, there is no π_ref)."""
         policy = fn(self.model)
-        if self.spec.head == "value":
+        if self.record.head == "value":
             return policy, policy.new_zeros(policy.shape)
         if self.ref_model is None:
             with self.model.disable_adapter():
@@ -398,10 +402,10 @@ class TrainedCritic:
         with torch.no_grad():
             for start in range(0, len(examples), self.batch_size):
                 chunk = examples[start : start + self.batch_size]
-                batch = critic_batch(self.tokenizer, chunk, self.spec.header, self.spec.max_length, self.spec.keep_head,
-                                     self.spec.training_info, self.spec.context_template)
+                batch = critic_batch(self.tokenizer, chunk, self.record.header, self.record.max_length,
+                                     self.record.keep_head, self.record.training_info, self.record.context_template)
                 batch = batch.to(self.device)
-                policy, ref = self._both_models(lambda m: action_sums(m, batch, self.spec.head))
+                policy, ref = self._both_models(lambda m: action_sums(m, batch, self.record.head))
                 values.extend(self._advantage(policy, ref, chunk))
         return values
 

@@ -83,7 +83,7 @@ from sweet.critic.baseline import baseline_index, centred, sample_baselines
 from sweet.critic.model import (
     DEFAULT_HEADER,
     HEADS,
-    CriticSpec,
+    CriticRecord,
     CriticTurn,
     action_sums,
     bradley_terry_loss,
@@ -545,12 +545,12 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
         metrics.update(evaluate(acc, trainer.model, tokenizer, data, ref_sums, ccfg, mcfg))
     if acc.is_main_process:
         value_lora = ccfg.head == "value" and mcfg.lora  # the adapter and the head both in final/
-        CriticSpec(beta=ccfg.beta, length_normalize=ccfg.length_normalize, header=ccfg.header,
-                   reference_model=resolve_local(mcfg.model), eos_token_id=tokenizer.eos_token_id, lora=mcfg.lora,
-                   adapter_dir=("final" if value_lora else "final-adapter") if mcfg.lora else None, dtype=mcfg.dtype,
-                   max_length=mcfg.max_length, keep_head=mcfg.keep_head, env=ccfg.env, head=ccfg.head,
-                   training_info=ccfg.training_info, context_template=ccfg.context_template(),
-                   context_prompt=context.record() if (context := ccfg.context_prompt()) else None).save(out)
+        CriticRecord(beta=ccfg.beta, length_normalize=ccfg.length_normalize, header=ccfg.header,
+                     reference_model=resolve_local(mcfg.model), eos_token_id=tokenizer.eos_token_id, lora=mcfg.lora,
+                     adapter_dir=("final" if value_lora else "final-adapter") if mcfg.lora else None, dtype=mcfg.dtype,
+                     max_length=mcfg.max_length, keep_head=mcfg.keep_head, env=ccfg.env, head=ccfg.head,
+                     training_info=ccfg.training_info, context_template=ccfg.context_template(),
+                     context_prompt=context.record() if (context := ccfg.context_prompt()) else None).save(out)
         (out / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
         mark_finished(out, final="final", step=trainer.step)  # last: critic_config.json and metrics exist
     acc.wait_for_everyone()

@@ -66,7 +66,7 @@ def env():
 
 @pytest.fixture(scope="module")
 def tasks():
-    return make_tasks("test", n=6, spec="legacy")
+    return make_tasks("test", n=6, bed="legacy")
 
 
 def q_by_index(task) -> int:

@@ -141,7 +141,7 @@ def test_tiny_model_episodes_through_the_server_equal_the_runners(bed_url):
     from testbed.human import TestbedSimulator
 
     tasks = load_tasks("builtin:legacy/test", env="testbed", limit=3)
-    env = make_env("testbed", spec="legacy")
+    env = make_env("testbed", bed="legacy")
     agent = ModelAgent(load_engine("tiny"), SamplingParams(temperature=0.0, max_new_tokens=24), name="tiny")
     try:
         runner = rollout(env, tasks, agent, TestbedSimulator())

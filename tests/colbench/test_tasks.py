@@ -285,7 +285,7 @@ def test_bad_trajectory_rows_name_line_and_field(tmp_path):
 def test_our_task_records_load_with_their_meta(tmp_path):
     from testbed.env import make_tasks
 
-    tasks = make_tasks("train", n=3, spec="legacy")
+    tasks = make_tasks("train", n=3, bed="legacy")
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps(t.to_json()) + "\n" for t in tasks))
     loaded = load_tasks(str(path), env="testbed")

@@ -71,7 +71,7 @@ def test_registry_loads_scripted_and_user_simulators():
 
 
 def test_scripted_backend_on_testbed_task_mentions_its_constants():
-    task = make_tasks("test", n=1, spec="legacy")[0]
+    task = make_tasks("test", n=1, bed="legacy")[0]
     [r] = ScriptedBackendSimulator().reply([SimRequest(task, [Turn("agent", "?")])])
     assert str(task.meta["a"]) in r.text and str(task.meta["b"]) in r.text
 

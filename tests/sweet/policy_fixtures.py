@@ -39,7 +39,7 @@ def run_tiny_episodes(out_dir: Path, n_tasks: int = 3, seeds=(0, 1), max_turns: 
     from testbed.human import TestbedSimulator
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tasks = make_tasks("train", n=n_tasks, spec="legacy")
+    tasks = make_tasks("train", n=n_tasks, bed="legacy")
     env = TestbedEnv(max_turns=max_turns)
     engine = tiny_engine()
     try:

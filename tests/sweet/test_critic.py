@@ -9,7 +9,7 @@ from sweet.core.records import State
 from sweet.core.tokens import action_ids, with_training_info
 from sweet.critic.model import (
     TrainedCritic,
-    CriticSpec,
+    CriticRecord,
     bradley_terry_loss,
     pair_accuracy_and_margin,
     per_turn_advantage,
@@ -96,10 +96,10 @@ def _manual_advantage(tok, theta, ref, state, action, beta, length_normalize, he
 def test_scorer_matches_manual_forward(tiny_tokenizer, two_models, length_normalize, training_info):
     theta, ref = two_models
     tok = tiny_tokenizer
-    spec = CriticSpec(beta=0.7, length_normalize=length_normalize, header="Training-time information",
-                      reference_model="tiny", eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=1024,
-                      training_info=training_info)
-    scorer = TrainedCritic(spec, theta, ref, tok, torch.device("cpu"), batch_size=4)
+    record = CriticRecord(beta=0.7, length_normalize=length_normalize, header="Training-time information",
+                          reference_model="tiny", eos_token_id=tok.eos_token_id, lora=False, dtype="float32",
+                          max_length=1024, training_info=training_info)
+    scorer = TrainedCritic(record, theta, ref, tok, torch.device("cpu"), batch_size=4)
     state = _state()
     actions = [tok("I WANT TO ANSWER: return 'apple'", add_special_tokens=False)["input_ids"],
                tok("Is it red?", add_special_tokens=False)["input_ids"],
@@ -135,13 +135,13 @@ def test_value_head_scorer_by_hand(tiny_tokenizer, length_normalize):
     with torch.no_grad():
         model.v_head.weight.copy_(torch.randn(model.v_head.weight.shape, generator=torch.Generator().manual_seed(3)))
         model.v_head.bias.fill_(-0.2)
-    spec = CriticSpec(beta=0.7, length_normalize=length_normalize, header="Training-time information",
-                      reference_model="tiny", eos_token_id=tok.eos_token_id, lora=False, dtype="float32",
-                      max_length=1024, head="value")
-    scorer = TrainedCritic(spec, model, None, tok, torch.device("cpu"), batch_size=4)
+    record = CriticRecord(beta=0.7, length_normalize=length_normalize, header="Training-time information",
+                          reference_model="tiny", eos_token_id=tok.eos_token_id, lora=False, dtype="float32",
+                          max_length=1024, head="value")
+    scorer = TrainedCritic(record, model, None, tok, torch.device("cpu"), batch_size=4)
     state = _state()
     actions = [tok("Is it red?", add_special_tokens=False)["input_ids"], tok("ok", add_special_tokens=False)["input_ids"]]
-    text = tok.apply_chat_template(with_training_info(state.prompt, state.training_info, spec.header),
+    text = tok.apply_chat_template(with_training_info(state.prompt, state.training_info, record.header),
                                    add_generation_prompt=True, tokenize=False)
     context = tok(text, add_special_tokens=False)["input_ids"]
     want = []
@@ -170,13 +170,13 @@ def test_scorer_truncates_long_contexts_like_training(tiny_tokenizer, two_models
 
     theta, ref = two_models
     tok = tiny_tokenizer
-    spec = CriticSpec(beta=1.0, length_normalize=True, header="Training-time information", reference_model="tiny",
-                      eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=64, keep_head=16)
-    scorer = TrainedCritic(spec, theta, ref, tok, torch.device("cpu"))
+    record = CriticRecord(beta=1.0, length_normalize=True, header="Training-time information", reference_model="tiny",
+                          eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=64, keep_head=16)
+    scorer = TrainedCritic(record, theta, ref, tok, torch.device("cpu"))
     state = _state()
     actions = [tok("Is it red?", add_special_tokens=False)["input_ids"], tok("ok", add_special_tokens=False)["input_ids"]]
     examples = [CriticTurn(state, action_ids(a, tok.eos_token_id, None)) for a in actions]
-    batch = critic_batch(tok, examples, spec.header, 64, 16)
+    batch = critic_batch(tok, examples, record.header, 64, 16)
     assert batch.input_ids.shape[1] == 64  # truncated: the full context is longer
     with torch.no_grad():
         want = per_turn_advantage(action_logprob_sums(theta, batch), action_logprob_sums(ref, batch),
@@ -189,9 +189,9 @@ def test_scorer_appends_end_of_turn_by_the_finish_reason(tiny_tokenizer, two_mod
     ended ("stop", or an old record: None), not after a cut one ("length")."""
     theta, ref = two_models
     tok = tiny_tokenizer
-    spec = CriticSpec(beta=1.0, length_normalize=True, header="Training-time information", reference_model="tiny",
-                      eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=1024)
-    scorer = TrainedCritic(spec, theta, ref, tok, torch.device("cpu"))
+    record = CriticRecord(beta=1.0, length_normalize=True, header="Training-time information", reference_model="tiny",
+                          eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=1024)
+    scorer = TrainedCritic(record, theta, ref, tok, torch.device("cpu"))
     state = _state()
     a = tok("Is it red?", add_special_tokens=False)["input_ids"]
     ended = _manual_advantage(tok, theta, ref, state, a, 1.0, True)  # a + eos

@@ -170,7 +170,8 @@ def test_centred_critic_trains_end_to_end(tmp_path, synthetic_files, fresh_accel
     first, taken = {}, {}
     for ep in episodes:
         for state, turn in zip(episode_states(ep, info[ep.task_id]), ep.agent_turns):
-            ids = tuple(turn.token_ids) + ((scorer.spec.eos_token_id,) if turn.finish_reason in ("stop", None) else ())
+            eos = (scorer.record.eos_token_id,) if turn.finish_reason in ("stop", None) else ()
+            ids = tuple(turn.token_ids) + eos
             first.setdefault(state_key_of(state.prompt, state.training_info), ids)
             taken[(ep.episode_id, state.turn_index)] = ids
     baselines = {k: (v, v) for k, v in first.items()}

@@ -383,7 +383,7 @@ def runnable_answer_tasks(path: Path) -> Path:
     and LOOP has something to learn from (real sampling, real sandbox scoring)."""
     from testbed.env import make_tasks
 
-    tasks = [replace(t, tests=("0", "1")) for t in make_tasks("train", n=4, spec="legacy")]
+    tasks = [replace(t, tests=("0", "1")) for t in make_tasks("train", n=4, bed="legacy")]
     path.write_text("".join(json.dumps(t.to_json()) + "\n" for t in tasks))
     return path
 

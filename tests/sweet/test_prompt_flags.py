@@ -73,8 +73,8 @@ def test_critic_trains_and_scores_with_the_context_prompt_file(tmp_path, files, 
     from sweet.core.records import episode_states
 
     state = episode_states(episodes[0], tasks[0].hidden)[0]
-    ids = critic_context_ids(scorer.tokenizer, state, scorer.spec.header, scorer.spec.training_info,
-                             scorer.spec.context_template)
+    ids = critic_context_ids(scorer.tokenizer, state, scorer.record.header, scorer.record.training_info,
+                             scorer.record.context_template)
     text = scorer.tokenizer.decode(ids)
     assert "CTX-MARKER-5e1: the person's private notes" in text and tasks[0].hidden in text
     assert "Training-time information" not in text

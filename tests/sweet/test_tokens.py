@@ -58,7 +58,7 @@ def ended_and_cut(tok):
     env = TestbedEnv(max_turns=3)
     agent = ModelAgent(HFEngine.from_model(lm, tok), SamplingParams(max_new_tokens=MAX_NEW), name="tiny")
     try:
-        return run_episodes(env, make_tasks("train", n=2, spec="legacy"), agent, TestbedSimulator(), seeds=(0, 1),
+        return run_episodes(env, make_tasks("train", n=2, bed="legacy"), agent, TestbedSimulator(), seeds=(0, 1),
                             config=EpisodeConfig(max_turns=3), progress=False)
     finally:
         env.close()
@@ -117,15 +117,15 @@ def test_stage2_scores_and_trains_a_cut_off_candidate_with_the_same_ids(tok, mod
     candidate without eos in both, one the model ended with eos in both."""
     from sweet.algorithms.sweet_rl import token_pair
     from sweet.core.records import Candidate, Pair, State
-    from sweet.critic.model import TrainedCritic, CriticSpec, critic_context_ids
+    from sweet.critic.model import TrainedCritic, CriticRecord, critic_context_ids
 
     ref = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-    spec = CriticSpec(beta=1.0, length_normalize=True, header="Training-time information", reference_model="tiny",
-                      eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=1024)
-    scorer = TrainedCritic(spec, model, ref, tok, torch.device("cpu"))
+    record = CriticRecord(beta=1.0, length_normalize=True, header="Training-time information", reference_model="tiny",
+                          eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=1024)
+    scorer = TrainedCritic(record, model, ref, tok, torch.device("cpu"))
     prompt = ({"role": "user", "content": "Write f."},)
     state = State("t0", "t0/x/0", 0, prompt, None, "def f():\n    return 1")
     ids = tuple(tok("Is x an int?", add_special_tokens=False)["input_ids"])

@@ -1,5 +1,5 @@
 """The agreement with A* a critic needs for stage 2 to reach MT-DPO
-(testbed/agreement.py): the measure by hand on a tiny spec, the noisy
+(testbed/agreement.py): the measure by hand on a tiny bed, the noisy
 critics' curve, the threshold against its table, and the CLI."""
 
 import json
@@ -8,10 +8,10 @@ import pytest
 
 from testbed import agreement as ta
 from testbed import mdp, predict
-from testbed import spec as ts
+from testbed import bed as tb
 
 # 1 fact, 2 turns (as tests/testbed/test_exact.py): ask, the vague question or answer, then answer.
-TINY = ts.TestbedSpec("tiny", facts=1, turns=2, p_state=0.75, p_doc=0.35, p_guess_right=0.5, p_ask=0.75)
+TINY = tb.BedDesign("tiny", facts=1, turns=2, p_state=0.75, p_doc=0.35, p_guess_right=0.5, p_ask=0.75)
 PI0 = {"answer": 0.25, "ask": 0.375, "vague": 0.375}  # p_ask 0.75 over two questions
 
 
@@ -104,7 +104,7 @@ def test_needed_agreement_on_default_matches_its_table(default_agreement):
 
 
 def test_the_cli_prints_agreement_needed(capsys, default_agreement):
-    assert ta.main(["--spec", "default", "--json"]) == 0
+    assert ta.main(["--bed", "default", "--json"]) == 0
     needed = json.loads(capsys.readouterr().out)
     assert needed == json.loads(json.dumps(default_agreement[1].to_json()))  # the CLI's object is agreement_needed's
     assert set(needed["families"]) == set(ta.FAMILIES)
@@ -114,7 +114,7 @@ def test_the_cli_prints_agreement_needed(capsys, default_agreement):
 
 
 @pytest.mark.slow
-def test_long_spec_needs_an_agreement_the_oracle_has():
+def test_long_bed_needs_an_agreement_the_oracle_has():
     a = ta.agreement_needed("long")
     for family in ta.FAMILIES:
         for k in (1.0, 2.0):  # the oracle is above MT-DPO on `long`

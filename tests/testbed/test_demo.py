@@ -32,12 +32,22 @@ def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     by_agent = {r["agent"]: r["metrics"]["success_rate"] for r in rows}
     assert summary["warm_start"] == by_agent["warm_start"] and summary["sweet_rl"] == by_agent["sweet_rl"]
-    assert summary["spec"] == "default" and summary["optimum"] == 0.7844 and summary["predicted_warm_start"] == 0.4902
+    # ... from the warm start's teacher, the explorer that reads its dialogue (testbed_bed.TEACHERS)
+    assert summary["bed"] == "default" and summary["optimum"] == 0.7844 and summary["predicted_warm_start"] == 0.5395
+    assert (summary["teacher"], summary["p_other"]) == ("reads", 0.5)
+    assert json.loads((out / "warm_start" / "behave" / "warm_start.json").read_text())["p_other"] == 0.5
+    # the solver's SWEET-RL at the policy's measured KL, printed beside the measured success
+    at = summary["predicted_at_kl"]
+    assert 0.539 <= at["sweet_rl"] <= 0.7844 and at["kl"] == round(at["kl"], 4)
+    assert (f"SWEET-RL measured {summary['sweet_rl']['value']:.3f} at KL {at['kl']:.3f} from the warm start; "
+            f"the exact solver's SWEET-RL at that KL: {at['sweet_rl']:.3f}") in res.stdout
+    # the warm start's held-out dialogues beside its teacher's exact profile
+    check = summary["reads_check"]
+    assert check["teacher"] == "reads" and check["cells"] == 11 and check["repeat"]["teacher"] == 0.2
+    assert f"of 11 (repeat rate and every P(move | history)) within the 95% intervals" in res.stdout
     assert f"optimum {summary['optimum']:.3f}" in res.stdout and "warm start checks:" in res.stdout
-    # beside it, the solver's SWEET-RL for a policy blind to which question it asked (testbed_policy_class)
-    blind = summary["predicted_blind"]
-    assert 0.59 < blind["sweet_rl"]["0.5"] <= blind["ceiling"] < 0.62 and blind["repeat_rate"]["0.5"] > 0.3
-    assert f"at most {blind['ceiling']:.3f} ({blind['ceiling_closed']:.1%} of the distance)" in res.stdout
+    # no prediction for a policy blind to which question it asked: the reading warm start is in no blind class
+    assert summary["predicted_blind"] is None and "blind to which question it asked" not in res.stdout
     # the credit inspector shows the critic's advantage on the training dialogues' turns
     page = (out / "inspect" / "index.html").read_text()
     assert "per-turn credit inspector: " + str(out / "inspect" / "index.html") in res.stdout

@@ -21,28 +21,28 @@ from colbench.tasks import load_tasks
 from colbench.types import Turn
 from simulators import load_simulator
 from simulators.base import SimRequest
-from testbed import spec as ts
+from testbed import bed as tb
 from testbed.human import DONT_KNOW, scripted_dialogue
 
-LEGACY = ts.spec("legacy")
+LEGACY = tb.design("legacy")
 
 
 def legacy_reply(question: str, a: int, b: int) -> str:
     """The scripted human's reply on a legacy task with constants (a, b)."""
-    return ts.human_reply(LEGACY, REFERENCE.format(a=a, b=b), question)
+    return tb.human_reply(LEGACY, REFERENCE.format(a=a, b=b), question)
 
 
 @pytest.fixture(scope="module")
 def env():
-    e = make_env("testbed", spec="legacy")
+    e = make_env("testbed", bed="legacy")
     yield e
     e.close()
 
 
 def test_tasks_are_deterministic_and_need_asking():
-    train, test = make_tasks("train", spec="legacy"), make_tasks("test", spec="legacy")
+    train, test = make_tasks("train", bed="legacy"), make_tasks("test", bed="legacy")
     assert len(train) == 56 and len(test) == 16
-    assert make_tasks("train", spec="legacy") == train
+    assert make_tasks("train", bed="legacy") == train
     # every task reads the same, so its constants can only be learned by asking
     assert len({t.description for t in train + test}) == 1
     assert {(t.meta["a"], t.meta["b"]) for t in test} == {(a, b) for a in A_VALUES for b in B_VALUES}
@@ -60,7 +60,7 @@ def test_tasks_are_deterministic_and_need_asking():
      ("wrong", "wrong", 0.0)],
 )
 def test_reward_is_the_fraction_of_hidden_tests(env, a_guess, b_guess, expected):
-    task = make_tasks("test", spec="legacy")[0]
+    task = make_tasks("test", bed="legacy")[0]
     a, b = task.meta["a"], task.meta["b"]
     a = a + 1 if a_guess == "wrong" else a
     b = b + 1 if b_guess == "wrong" else b
@@ -72,7 +72,7 @@ def test_reward_is_the_fraction_of_hidden_tests(env, a_guess, b_guess, expected)
 
 
 def test_scripted_human_answers_only_what_is_asked():
-    """testbed.spec.human_reply on the legacy bed: every side the message names, in fact
+    """testbed.bed.human_reply on the legacy bed: every side the message names, in fact
     order, whatever the wording's case; nothing named: "I don't know." (no docstring)."""
     assert legacy_reply(QUESTION_POS, 3, 7) == "For positive numbers it is x * 3."
     assert legacy_reply(QUESTION_NEG, 3, 7) == "For negative numbers it is x + 7."
@@ -80,7 +80,7 @@ def test_scripted_human_answers_only_what_is_asked():
     both = "For positive numbers it is x * 3. For negative numbers it is x + 7."
     assert legacy_reply("positive and negative?", 3, 7) == legacy_reply("NEGATIVE and Positive?", 3, 7) == both
     with pytest.raises(ValueError, match="not a 'legacy' test-bed reference"):
-        ts.human_reply(LEGACY, "def f(x):\n    return x\n", QUESTION_POS)
+        tb.human_reply(LEGACY, "def f(x):\n    return x\n", QUESTION_POS)
 
 
 def test_told_constants_reads_only_the_tasks_stated_values():
@@ -93,7 +93,7 @@ def test_told_constants_reads_only_the_tasks_stated_values():
 
 def test_simulator_through_the_registry(env):
     sim = load_simulator("scripted:testbed", env)
-    task = make_tasks("train", spec="legacy")[0]
+    task = make_tasks("train", bed="legacy")[0]
     [reply] = sim.reply([SimRequest(task, [Turn("agent", QUESTION_NEG)])])
     assert not reply.failed and reply.text == f"For negative numbers it is x + {task.meta['b']}."
     # a task without hidden constants is a recorded failure, not an invented reply
@@ -103,7 +103,7 @@ def test_simulator_through_the_registry(env):
 
 def test_scripted_explorer_succeeds_exactly_when_it_asked_both_questions(env):
     rng = random.Random(0)
-    tasks = make_tasks("train", spec="legacy")
+    tasks = make_tasks("train", bed="legacy")
     dialogues = [scripted_dialogue(tasks[i % len(tasks)], rng, p_ask=0.6) for i in range(300)]
     answers = [env.extract_answer(d[-1][1]) for d in dialogues]
     scores = env.score([tasks[i % len(tasks)] for i in range(300)], answers)

@@ -1,5 +1,5 @@
-"""The exact solver (testbed/mdp.py, testbed/predict.py): hand-checked values on a tiny spec,
-the theory's figures on the default spec, and agreement with Monte-Carlo rollouts of the
+"""The exact solver (testbed/mdp.py, testbed/predict.py): hand-checked values on a tiny bed,
+the theory's figures on the default bed, and agreement with Monte-Carlo rollouts of the
 real env, scripted human and sandbox."""
 
 import json
@@ -10,13 +10,13 @@ import pytest
 
 from testbed.agents import ScriptedTestbedAgent
 from testbed import mdp, predict
-from testbed import spec as ts
+from testbed import bed as tb
 from testbed.env import TestbedEnv, make_tasks
 from colbench.rollout import rollout
 from testbed.human import TestbedSimulator
 
 # 1 fact, 2 turns: ask (or the vague question, or answer) once, then answer.
-TINY = ts.TestbedSpec("tiny", facts=1, turns=2, p_state=0.75, p_doc=0.35, p_guess_right=0.5, p_ask=0.75)
+TINY = tb.BedDesign("tiny", facts=1, turns=2, p_state=0.75, p_doc=0.35, p_guess_right=0.5, p_ask=0.75)
 # P(success | first action), the second turn answering with what was told and the guess:
 Q_ANSWER = 0.5  # the guess is right on half of the tasks
 Q_ASK = 0.75 + 0.25 * 0.5  # stated (0.75), else the guess: 0.875
@@ -25,7 +25,7 @@ PI0 = {"answer": 0.25, "ask": 0.375, "vague": 0.375}  # p_ask 0.75 over two ques
 WARM = 0.25 * Q_ANSWER + 0.375 * Q_ASK + 0.375 * Q_VAGUE  # 0.125 + 0.328125 + 0.253125 = 0.70625
 
 
-def test_tiny_spec_by_hand():
+def test_tiny_bed_by_hand():
     bed = mdp.build(TINY)
     assert len(bed.cs) == 8 and sum(bed.pc) == pytest.approx(1.0)  # stated x doc x lucky
     assert mdp.evaluate(bed, bed.logp0).success == pytest.approx(WARM)
@@ -61,7 +61,7 @@ def test_an_explorer_that_never_answers_early_gives_impossible_dialogues_no_mass
     assert mdp.evaluate(never, never.logp0).success == pytest.approx(Q_ANSWER)
     # default: questions uniform on both turns, never answering early: 0.60625
     # (testbed/results/2026-12-02-default-critic-credit.md)
-    default = mdp.build(replace(ts.spec("default"), p_ask=1.0))
+    default = mdp.build(replace(tb.design("default"), p_ask=1.0))
     assert mdp.evaluate(default, default.logp0).success == pytest.approx(0.60625)
 
 
@@ -93,7 +93,7 @@ def test_exact_advantage_by_hand():
     unlucky = "def f(x):\n    return x * 3\n"  # stated, no docstring, the guess (2) wrong: V* = 1 by asking
     lucky = 'def f(x):\n    return x * int("2")\n'  # not stated, but the guess is right: V* = 1 by answering
     ask, vague = "What happens to positive numbers?", "Can you tell me more?"
-    guess, right = ts.answer_text(TINY, (2,)), ts.answer_text(TINY, (3,))
+    guess, right = tb.answer_text(TINY, (2,)), tb.answer_text(TINY, (3,))
     assert [mdp.exact_advantage(TINY, unlucky, [], a, 2) for a in (ask, vague, guess, right)] == [0, -1, -1, 0]
     told = ["For positive numbers it is x * 3."]
     assert [mdp.exact_advantage(TINY, unlucky, told, a, 1) for a in (right, guess, ask)] == [0, -1, -1]
@@ -113,8 +113,8 @@ def test_stage2_pairs_by_hand():
     assert m[0][1] == pytest.approx(0.25 * 0.5 + 0.375 * 1 + 0.25 * 0.5) and m[1][0] == 0.0
 
 
-def test_default_spec_reproduces_the_theory(capsys):
-    assert predict.main(["--spec", "default", "--json"]) == 0
+def test_default_bed_reproduces_the_theory(capsys):
+    assert predict.main(["--bed", "default", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert {"warm_start", "optimum", "rft", "mtdpo", "sweet", "sweet_no_info", "sweet_oracle"} <= set(out)
     # exactly the independent analysis's figures (in brackets in testbed/predict.py's docstring)
@@ -133,20 +133,20 @@ def test_default_spec_reproduces_the_theory(capsys):
 
 
 @pytest.mark.slow
-def test_long_spec_puts_the_exact_critic_above_trajectory_dpo():
+def test_long_bed_puts_the_exact_critic_above_trajectory_dpo():
     p = predict.predict("long")
     gaps = {k: p.methods["sweet_oracle"][k].success - p.methods["mtdpo"][k].success for k in predict.KL_LEVELS}
     assert max(gaps.values()) >= 0.05, gaps
 
 
-@pytest.mark.parametrize("spec", ["default", "long"])
-def test_the_relabelled_optimal_agent_is_optimal_and_reads_its_questions(spec):
+@pytest.mark.parametrize("design", ["default", "long"])
+def test_the_relabelled_optimal_agent_is_optimal_and_reads_its_questions(design):
     """Every order of the facts gives an optimal agent (the facts share their
     probabilities), so their mixture ("optimal_shuffled") reaches the optimum exactly; its
     second question depends on which side it asked first, so no policy that ignores the
     question asked can imitate it."""
-    bed = mdp.build(spec)
-    s = bed.spec
+    bed = mdp.build(design)
+    s = bed.design
     best = mdp.optimum(bed)[0]
     assert mdp.evaluate(bed, mdp.optimal_logpi(bed, shuffled=True)).success == pytest.approx(best, abs=1e-12)
     assert all(mdp.optimal_action(s, h) == a for h, a in mdp.optimal_policy(s).items())
@@ -161,10 +161,10 @@ def test_the_relabelled_optimal_agent_is_optimal_and_reads_its_questions(spec):
         mdp.optimal_action(s, (), (0, 0) + tuple(range(2, s.facts)))
 
 
-def _mc(spec: str, split: str, seeds: int):
+def _mc(design: str, split: str, seeds: int):
     """Explorer and optimal-agent rollouts of the real env + scripted human + sandbox."""
-    tasks = make_tasks(split, spec=spec)
-    env = TestbedEnv(spec=spec)
+    tasks = make_tasks(split, bed=design)
+    env = TestbedEnv(bed=design)
     try:
         return tasks, {kind: rollout(env, tasks, ScriptedTestbedAgent(kind), TestbedSimulator(), seeds=range(seeds))
                        for kind in ("explorer", "optimal")}
@@ -172,38 +172,38 @@ def _mc(spec: str, split: str, seeds: int):
         env.close()
 
 
-def _check_mc(spec: str, split: str, seeds: int) -> None:
-    tasks, eps = _mc(spec, split, seeds)
+def _check_mc(design: str, split: str, seeds: int) -> None:
+    tasks, eps = _mc(design, split, seeds)
     for kind, episodes in eps.items():
         rate = sum(e.success for e in episodes) / len(episodes)
-        exact = mdp.expected_success_on(spec, tasks, kind)
+        exact = mdp.expected_success_on(design, tasks, kind)
         half = 1.96 * math.sqrt(max(exact * (1 - exact), 1e-12) / len(episodes))  # episode noise, tasks fixed
         assert abs(rate - exact) <= half + 1e-9, (kind, rate, exact, half)
         if kind == "optimal":  # deterministic given c: every episode of a task alike
             assert rate == pytest.approx(exact)
 
 
-@pytest.mark.parametrize("spec", ["default", "legacy"])
-def test_warm_start_and_optimum_equal_real_rollouts(spec):
-    _check_mc(spec, "train", seeds=4)  # 224 episodes per agent, a few seconds of sandbox
+@pytest.mark.parametrize("design", ["default", "legacy"])
+def test_warm_start_and_optimum_equal_real_rollouts(design):
+    _check_mc(design, "train", seeds=4)  # 224 episodes per agent, a few seconds of sandbox
 
 
 @pytest.mark.slow
-def test_long_spec_equals_real_rollouts():
+def test_long_bed_equals_real_rollouts():
     _check_mc("long", "test", seeds=8)
 
 
 def test_population_values_are_the_task_average_in_the_limit():
     """The solver's population warm start equals its exact per-task expectation averaged
-    over the spec's c distribution (checked on every c, each as one task)."""
+    over the bed's c distribution (checked on every c, each as one task)."""
     bed = mdp.build("default")
     per_c = mdp.success_given_c(bed, bed.logp0)
     assert sum(p * per_c[c] for c, p in zip(bed.cs, bed.pc)) == pytest.approx(mdp.evaluate(bed, bed.logp0).success)
-    s = ts.spec("default")
+    s = tb.design("default")
     for c in bed.cs[:8]:
-        h = ts.Hidden(tuple(f.values[0] if lucky else f.values[1] for f, lucky in zip(s.fact_list, c.lucky)),
+        h = tb.Hidden(tuple(f.values[0] if lucky else f.values[1] for f, lucky in zip(s.fact_list, c.lucky)),
                       c.stated, c.doc)
-        assert mdp.c_of_reference(s, ts.reference_source(s, h)) == c
+        assert mdp.c_of_reference(s, tb.reference_source(s, h)) == c
 
 
 def test_finite_samples_use_the_papers_pairing_and_the_budget():

@@ -1,6 +1,6 @@
 """The oracle's exact per-turn advantage (testbed.mdp.exact_advantage) on the legacy bed:
 hand-computed cases in success probability, and agreement with the scripted human's rule
-(testbed.spec.human_reply) and the sandboxed scorer it stands in for. The default bed's
+(testbed.bed.human_reply) and the sandboxed scorer it stands in for. The default bed's
 cases are tests/testbed/test_exact.py's."""
 
 import pytest
@@ -8,7 +8,7 @@ import pytest
 from colbench.envs import make_env
 from colbench.protocols import ANSWER_MARKER
 from testbed import mdp
-from testbed import spec as ts
+from testbed import bed as tb
 from testbed.env import (
     DEFAULT_A,
     DEFAULT_B,
@@ -20,11 +20,11 @@ from testbed.env import (
     make_tasks,
 )
 
-LEGACY = ts.spec("legacy")
+LEGACY = tb.design("legacy")
 A, B = 3, 20
 HIDDEN = REFERENCE.format(a=A, b=B)
-TOLD_A = [ts.human_reply(LEGACY, HIDDEN, QUESTION_POS)]
-TOLD_BOTH = TOLD_A + [ts.human_reply(LEGACY, HIDDEN, QUESTION_NEG)]
+TOLD_A = [tb.human_reply(LEGACY, HIDDEN, QUESTION_POS)]
+TOLD_BOTH = TOLD_A + [tb.human_reply(LEGACY, HIDDEN, QUESTION_NEG)]
 BOTH = "What happens to positive and negative numbers?"
 GUESS = answer_text(DEFAULT_A, DEFAULT_B)  # the explorer's default: never right
 BROKEN = f"{ANSWER_MARKER}\n```python\ndef f(x):\n    if x >= 0\n        return x * {A}\n    return x + {B}\n```"
@@ -79,7 +79,7 @@ def test_unparseable_answer_scores_zero():
 def test_a_question_reveals_what_the_scripted_human_states(question):
     """The oracle's question rule is the scripted human's: after asking, the agent knows
     exactly the constants the reply states, and answers with them on its last turn."""
-    reply = ts.human_reply(LEGACY, HIDDEN, question)
+    reply = tb.human_reply(LEGACY, HIDDEN, question)
     knows_both = f"x * {A}" in reply and f"x + {B}" in reply
     assert adv([], question, 2) == float(knows_both)
     assert adv([reply], answer_text(A, B), 1) == 1.0 - knows_both
@@ -88,12 +88,12 @@ def test_a_question_reveals_what_the_scripted_human_states(question):
 def test_answer_scores_agree_with_the_sandboxed_scorer():
     """The oracle parses answers; the environment runs them: success iff every test passes
     (last turn, both constants known, so success = advantage + 1)."""
-    task = next(t for t in make_tasks("test", spec="legacy") if (t.meta["a"], t.meta["b"]) == (A, B))
+    task = next(t for t in make_tasks("test", bed="legacy") if (t.meta["a"], t.meta["b"]) == (A, B))
     texts = [answer_text(A, B), answer_text(A + 1, B), answer_text(A, B - 10), GUESS, BROKEN,
              f"{ANSWER_MARKER}\ndef f(x):\n    return x * {A}",  # no fence, no branch: positives pass
              f"def f(x):\n    return x + {B}",  # no marker on the last turn: the runner scores it too
              QUESTION_POS]
-    env = make_env("testbed", spec="legacy")
+    env = make_env("testbed", bed="legacy")
     try:
         scores = env.score([task] * len(texts), [env.extract_answer(t) for t in texts])
     finally:

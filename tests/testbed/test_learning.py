@@ -49,7 +49,7 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     (sd / "sweet").mkdir(parents=True)
     (sd / "sweet" / "candidates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    checks = learning.critic_vs_oracle(tmp_path, [0], ["rft", "sweet", "sweet_sum"], TestbedSetup.for_spec("legacy"))
+    checks = learning.critic_vs_oracle(tmp_path, [0], ["rft", "sweet", "sweet_sum"], TestbedSetup.for_bed("legacy"))
     assert set(checks) == {"sweet"}  # rft has no critic; sweet_sum has no candidates here
     c = checks["sweet"]
     assert c["n_pairs"] == 8 and c["pairs"] == 5 / 8  # turn 0: 2 of 2 right; turn 2: 3 of 4; last turn: 0 of 2
@@ -65,13 +65,17 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
 
 
 def test_the_solvers_needed_agreement_is_computed_once_and_tabled_beside_the_check(tmp_path):
-    setup = TestbedSetup.for_spec("default")
+    setup = TestbedSetup.for_bed("default")
     needed = learning.agreement_needed("default", setup, tmp_path)
     assert json.loads((tmp_path / "agreement_needed.json").read_text())["agreement_needed"] == needed
+    (tmp_path / "agreement_needed.json").write_text(json.dumps({"key": {"bed": "default", "episodes_per_task":
+                                                               setup.episodes_per_task, "candidates": setup.candidates},
+                                                               "agreement_needed": {**needed, "bed": "cached"}}))
+    assert learning.agreement_needed("default", setup, tmp_path)["bed"] == "cached"  # read back, not recomputed
     (tmp_path / "agreement_needed.json").write_text(json.dumps({"key": {"spec": "default", "episodes_per_task":
                                                                setup.episodes_per_task, "candidates": setup.candidates},
-                                                               "agreement_needed": {**needed, "spec": "cached"}}))
-    assert learning.agreement_needed("default", setup, tmp_path)["spec"] == "cached"  # read back, not recomputed
+                                                               "agreement_needed": {**needed, "bed": "old"}}))
+    assert learning.agreement_needed("default", setup, tmp_path)["bed"] == "old"  # a cache keyed "spec" too
     table = learning.needed_table(needed)
     # on `default` the exact critic is below MT-DPO at KL 0.5 and 1 (0.624, 0.697 against 0.646, 0.716)
     assert "| Q* + noise per action | none suffices (the oracle is below MT-DPO) | none suffices" in table
@@ -140,7 +144,7 @@ def test_parallel_jobs_train_and_evaluate_exactly_as_one_process(tmp_path):
     runs = {}
     for jobs in (1, 2):
         out = tmp_path / f"jobs{jobs}"
-        subprocess.run([sys.executable, "-m", "testbed.learning", "--spec", "legacy", "--seeds", "2",
+        subprocess.run([sys.executable, "-m", "testbed.learning", "--bed", "legacy", "--seeds", "2",
                         "--policies", "rft,loop",
                         "--warm-start", str(warm),
                         "--train-limit", "2", "--test-limit", "2", "--episodes-per-task", "4", "--jobs", str(jobs),

@@ -59,7 +59,7 @@ def smoke_warm_start(tmp_path_factory) -> Path:
     return warm_start(tmp_path_factory.mktemp("warm"), smoke=True)
 
 
-def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
+def test_toy_run_on_the_default_bed(tmp_path, smoke_warm_start):
     """The smoke warm start rarely succeeds, so RFT and MT-DPO find nothing to learn from and
     are evaluated as the warm start (said in their notes): the summary's schema, the search
     record (a grid of 1 and 3, a tie goes to 1), and the solver's finite-sample predictions
@@ -68,10 +68,14 @@ def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
 
     summary = run_bench(tmp_path / "out", "--policies", "rft,mtdpo", "--hp-grid", "1,3", "--predict-finite", "2",
                         "--val-limit", "8", "--warm-start", str(smoke_warm_start))
-    assert summary["spec"] == "default" and summary["seeds"] == 1
+    assert summary["bed"] == "default" and summary["seeds"] == 1
     check_schema(summary, ["warm_start", "rft", "mtdpo"])
-    finite = predict.predict_finite("default", 2, 4, 8, candidates=8)
-    population = predict.predict("default")
+    from testbed import bed as tb
+
+    taught = tb.teacher_design("default")  # the solver predicts from the warm start's teacher (reads, by default)
+    finite = predict.predict_finite(taught, 2, 4, 8, candidates=8)
+    population = predict.predict(taught)
+    assert population.warm_start == pytest.approx(0.5395, abs=5e-5)
     for name in ("rft", "mtdpo"):
         assert summary["policies"][name]["predicted"] == {f"{k:.1f}": round(v[0], 4) for k, v in finite[name].items()}
     assert summary["policies"]["warm_start"]["predicted"] == round(population.warm_start, 4)
@@ -93,7 +97,7 @@ def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
     assert "*KL 0.00" in text and "Pairs (gap a − b)" in text
     # the repeat rate at matched KL, measured on the same episodes as success, beside the solver's
     # for a tabular policy and for one blind to the dialogue (testbed.policy_class)
-    from testbed import policy_class as testbed_policy_class, profile as testbed_profile
+    from testbed import mdp, policy_class as testbed_policy_class, profile as testbed_profile
     from colbench.episodes import read_episodes
 
     warm = summary["policies"]["warm_start"]
@@ -101,11 +105,13 @@ def test_toy_run_on_the_default_spec(tmp_path, smoke_warm_start):
     assert warm["at_kl"]["0.5"]["repeat_rate"]["value"] == pytest.approx(
         testbed_profile.profile("default", episodes).metrics["repeat"].value)
     check_metric(warm["at_kl"]["1.0"]["repeat_rate"])
-    assert warm["predicted_repeat"] == {"history": 0.3333, "turn": 0.3333}
-    _, (blind,) = testbed_policy_class.predict_classes("default", ("turn",))
-    assert summary["policies"]["mtdpo"]["predicted_blind"] == blind.to_json()["mtdpo"]
-    assert summary["policies"]["mtdpo"]["predicted_repeat"]["turn"] == blind.to_json()["repeat_rate"]["mtdpo"]
-    assert "predicted_blind" not in summary["policies"]["rft"]  # RFT's one-round limit is not a flow to tie
+    # the reading teacher's repeat rate; the blind class does not hold a reading warm start, so
+    # there is no blind prediction (testbed.policy_class.holds_warm_start)
+    assert warm["predicted_repeat"] == {"history": 0.2}
+    assert not testbed_policy_class.holds_warm_start(mdp.build(taught), "turn")
+    _, (tabular,) = testbed_policy_class.predict_classes(taught, ("history",))
+    assert summary["policies"]["mtdpo"]["predicted_repeat"] == {"history": tabular.to_json()["repeat_rate"]["mtdpo"]}
+    assert all("predicted_blind" not in m for m in summary["policies"].values())
     assert "How often the second question repeats the first" in text and "| tabular | blind" in text
 
 
@@ -118,10 +124,10 @@ def test_toy_run_with_training_paths(tmp_path):
     from testbed.warm_start import WarmStartConfig
     from testbed.warm_start import main as imitate
 
-    warm = imitate(WarmStartConfig(output_dir=str(tmp_path / "ws"), p_ask=1.0, n_dialogues=800, epochs=1,
-                                   batch_size=16, learning_rate=2e-3))
+    warm = imitate(WarmStartConfig(output_dir=str(tmp_path / "ws"), bed="legacy", p_ask=1.0, n_dialogues=800,
+                                   epochs=1, batch_size=16, learning_rate=2e-3))
     out = tmp_path / "out"
-    summary = run_bench(out, "--spec", "legacy", "--policies", "rft,loop", "--hp-grid", "1", "--episodes-per-task",
+    summary = run_bench(out, "--bed", "legacy", "--policies", "rft,loop", "--hp-grid", "1", "--episodes-per-task",
                         "24", "--snapshot-steps", "2", "--warm-start", str(warm))
     check_schema(summary, ["warm_start", "rft", "loop"])
     paths = json.loads((out / "results.json").read_text())["per_seed"]["0"]

@@ -34,7 +34,7 @@ def test_oracle_scores_candidates_of_real_states(episode, tiny_tokenizer):
     assert f"x * {a}" in states[3].prompt[-1]["content"]  # the human told A before the last turn
     texts = [QUESTION_NEG, "What about positive and negative numbers?", QUESTION_VAGUE, answer_text(a, b),
              answer_text(a, DEFAULT_B)]
-    ranker = OracleCritic(tiny_tokenizer, "testbed", spec="legacy")
+    ranker = OracleCritic(tiny_tokenizer, "testbed", bed="legacy")
     items = [(s, _ids(tiny_tokenizer, texts), ["stop"] * len(texts)) for s in states]
     scores = ranker.score_states(items)
     # hand-computed Q* - V* in success: turn 0 has time for anything but a wrong answer; turn 1
@@ -56,7 +56,7 @@ def test_oracle_decodes_without_special_tokens_and_scores_cut_answers(episode, t
     task, states, _ = episode
     right = answer_text(task.meta["a"], task.meta["b"])
     ids = _ids(tiny_tokenizer, [right], eos=False)[0]
-    ranker = OracleCritic(tiny_tokenizer, spec="legacy")
+    ranker = OracleCritic(tiny_tokenizer, bed="legacy")
     [[with_eos, without_eos, cut]] = ranker.score_states(
         [(states[3], [ids + [tiny_tokenizer.eos_token_id], ids, ids[:12]], ["stop", "stop", "length"])])
     assert with_eos == without_eos == 1.0
@@ -74,15 +74,15 @@ def test_oracle_is_for_the_test_bed_only(tiny_tokenizer):
         load_ranker(ModelConfig(model="tiny"), cfg)
     tb = SweetConfig(episodes="eps.jsonl", tasks="builtin:train", env="testbed", critic="oracle")
     ranker = load_ranker(ModelConfig(model="tiny"), tb)
-    assert isinstance(ranker, OracleCritic) and ranker.spec.name == "default"
-    # the spec comes from the tasks
+    assert isinstance(ranker, OracleCritic) and ranker.design.name == "default"
+    # the bed comes from the tasks
     legacy = SweetConfig(episodes="eps.jsonl", tasks="builtin:legacy/train", env="testbed", critic="oracle")
-    assert load_ranker(ModelConfig(model="tiny"), legacy).spec.name == "legacy"
+    assert load_ranker(ModelConfig(model="tiny"), legacy).design.name == "legacy"
 
 
 def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):
     """`--critic oracle` through stage 2's sampling: no critic dir is read, the settings
-    record the spec, every candidate carries the oracle's score of its text."""
+    record the bed, every candidate carries the oracle's score of its text."""
     from dataclasses import replace
 
     from sweet.algorithms.sweet_rl import (
@@ -120,23 +120,23 @@ def test_stage2_samples_with_the_oracle(episode, tmp_path, one_torch_thread):
         sweet_rounds(model, train, replace(cfg, stage="all"), cand, RoundsConfig(rounds=2, simulator="scripted:testbed"))
 
 
-def test_oracle_on_another_spec_scores_the_solvers_advantage():
-    """With `spec`, the oracle ranks by testbed.mdp.exact_advantage (success-valued)."""
-    from testbed import spec as ts
+def test_oracle_on_another_bed_scores_the_solvers_advantage():
+    """With `bed`, the oracle ranks by testbed.mdp.exact_advantage (success-valued)."""
+    from testbed import bed as tb
     from testbed.env import TestbedEnv, make_tasks
     from colbench.types import Turn
     from sweet.core.records import State
     from testbed.oracle import exact_advantages
 
-    s = ts.spec("default")
-    reference = ts.reference_source(s, ts.Hidden((3, 20), (False, True), False))  # A an expression, no docstring
-    task = make_tasks("test", n=1, spec="default")[0]
-    turns = [Turn("agent", "What happens to positive numbers?"), Turn("human", ts.human_reply(s, reference,
+    s = tb.design("default")
+    reference = tb.reference_source(s, tb.Hidden((3, 20), (False, True), False))  # A an expression, no docstring
+    task = make_tasks("test", n=1, bed="default")[0]
+    turns = [Turn("agent", "What happens to positive numbers?"), Turn("human", tb.human_reply(s, reference,
                                                                                                 "positive?"))]
-    prompt = TestbedEnv(spec="default").agent_messages(task, turns)
+    prompt = TestbedEnv(bed="default").agent_messages(task, turns)
     state = State(task.task_id, "e", 1, tuple(prompt), None, reference)
-    texts = ["What happens to negative numbers?", "Can you tell me more?", ts.answer_text(s, (3, 20)),
-             ts.answer_text(s, (2, 10))]
+    texts = ["What happens to negative numbers?", "Can you tell me more?", tb.answer_text(s, (3, 20)),
+             tb.answer_text(s, (2, 10))]
     # A unknowable (not stated, no docstring, the guess 2 wrong): V* = 0 from here, except a lucky
     # answer writing the true constants, which the oracle sees (+1)
     assert exact_advantages(state, texts, "default") == [0.0, 0.0, 1.0, 0.0]

@@ -54,7 +54,7 @@ def test_a_blind_policy_reaches_its_optimum_only_by_a_convention(bed):
     symmetric, _ = pc.class_optimum(bed, tie, restarts=0)
     best, logpi = pc.class_optimum(bed, tie)
     # the convention by hand: ask about positive numbers, then negative ones, then answer
-    n = bed.spec.facts
+    n = bed.design.facts
     conv = np.full(bed.legal.shape, -np.inf)
     for i, h in enumerate(bed.nodes):
         a = {0: 0, 1: 1}.get(len(h), n + 1)
@@ -70,7 +70,7 @@ def test_repeat_rate_of_the_warm_start_and_the_optimum(bed):
     _, best = mdp.optimum(bed)
     opt = np.full(bed.legal.shape, -np.inf)
     for i, h in enumerate(bed.nodes):
-        opt[i, best.get(h, bed.spec.facts + 1)] = 0.0
+        opt[i, best.get(h, bed.design.facts + 1)] = 0.0
     assert pc.repeat_rate(bed, opt) == 0.0
 
 
@@ -94,7 +94,7 @@ def test_unknown_class_and_cli(capsys):
     with pytest.raises(SystemExit):
         pc.main(["--classes", "nope"])
     assert "--classes: unknown nope" in capsys.readouterr().err
-    assert pc.main(["--spec", "default", "--classes", "turn", "--json"]) == 0
+    assert pc.main(["--bed", "default", "--classes", "turn", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["turn"]["classes"] == 3 and out["turn"]["mtdpo"]["0.5"] < 0.62
     assert set(out["turn"]["repeat_rate"]) == {"mtdpo", "sweet", "sweet_no_info", "sweet_oracle"}

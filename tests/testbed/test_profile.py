@@ -6,14 +6,14 @@ import random
 
 import pytest
 
-from testbed import spec as ts
+from testbed import bed as tb
 from testbed import profile as tp
-from testbed.env import spec_tasks
+from testbed.env import bed_tasks
 from colbench.types import Episode, Score, Turn
 from testbed.human import scripted_dialogue
 
-S = ts.spec("default")
-POS, NEG = (ts.question(f) for f in S.fact_list)
+S = tb.design("default")
+POS, NEG = (tb.question(f) for f in S.fact_list)
 
 
 def _episode(task_id: str, texts: list[str], success: bool) -> Episode:
@@ -23,14 +23,14 @@ def _episode(task_id: str, texts: list[str], success: bool) -> Episode:
 
 def test_profile_by_hand():
     a, b = S.fact_list[0].values[1], S.fact_list[1].values[1]
-    told_a = ts.stated_sentence(S.fact_list[0], a)
+    told_a = tb.stated_sentence(S.fact_list[0], a)
     eps = [
         # asks the same side twice, answers with what it was told (faithful)
-        _episode("t0", [POS, told_a, POS, told_a, ts.answer_text(S, ts.guess_values(S, (a, None)))], False),
+        _episode("t0", [POS, told_a, POS, told_a, tb.answer_text(S, tb.guess_values(S, (a, None)))], False),
         # asks both sides, answers with a wrong constant (not faithful)
-        _episode("t1", [POS, told_a, NEG, ts.stated_sentence(S.fact_list[1], b), ts.answer_text(S, (a, b + 1))], False),
+        _episode("t1", [POS, told_a, NEG, tb.stated_sentence(S.fact_list[1], b), tb.answer_text(S, (a, b + 1))], False),
         # the vague question once, then answers early: no second question
-        _episode("t2", [ts.QUESTION_VAGUE, ts.DONT_KNOW, ts.answer_text(S, ts.guess(S))], True),
+        _episode("t2", [tb.QUESTION_VAGUE, tb.DONT_KNOW, tb.answer_text(S, tb.guess(S))], True),
     ]
     p = tp.profile("default", eps)
     m = {k: v.value for k, v in p.metrics.items()}
@@ -41,7 +41,7 @@ def test_profile_by_hand():
 
 
 def test_the_scripted_explorer_repeats_a_third_of_the_time():
-    tasks = spec_tasks(S, "train")
+    tasks = bed_tasks(S, "train")
     rng = random.Random(0)
     eps = []
     for i in range(600):
@@ -57,7 +57,7 @@ def test_the_scripted_explorer_repeats_a_third_of_the_time():
 
 def test_cli(tmp_path, capsys):
     path = tmp_path / "eps.jsonl"
-    ep = _episode("t0", [POS, ts.DONT_KNOW, ts.answer_text(S, ts.guess(S))], False)
+    ep = _episode("t0", [POS, tb.DONT_KNOW, tb.answer_text(S, tb.guess(S))], False)
     path.write_text(json.dumps(ep.to_json()) + "\n")
     assert tp.main([str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -70,7 +70,7 @@ def test_cli(tmp_path, capsys):
 def test_success_and_its_interval_are_the_leaderboards_whatever_the_file_order():
     from colbench.stats import env_metrics
 
-    tasks = spec_tasks(S, "test")[:40]
+    tasks = bed_tasks(S, "test")[:40]
     rng = random.Random(1)
     eps = []
     for task in tasks:  # task, then seed: the order the leaderboard scores in (colbench.rollout)

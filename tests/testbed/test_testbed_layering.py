@@ -34,12 +34,12 @@ def test_no_package_below_the_lab_imports_it():
 
 def test_the_checker_catches_a_function_level_import(tmp_path):
     fake = tmp_path / "m.py"
-    fake.write_text("def f():\n    from testbed import mdp\n    import testbed.spec\n")
-    assert imported_modules(fake) == {"testbed", "testbed.spec"}
+    fake.write_text("def f():\n    from testbed import mdp\n    import testbed.bed\n")
+    assert imported_modules(fake) == {"testbed", "testbed.bed"}
 
 
 def test_no_shims_of_the_moved_modules_are_left():
-    old = ["colbench/envs/testbed.py", "colbench/envs/testbed_spec.py", "colbench/envs/testbed_exact.py",
+    old = ["colbench/envs/testbed.py", "colbench/envs/testbed_bed.py", "colbench/envs/testbed_exact.py",
            "colbench/envs/testbed_agreement.py", "colbench/envs/testbed_policy_class.py",
            "colbench/envs/testbed_profile.py", "simulators/testbed.py", "sweet/critic/oracle.py", "sweet/demo.py",
            "sweet/workflows/demo.py", "sweet/workflows/pipeline.py", "sweet/workflows/warm_start.py",
@@ -68,18 +68,18 @@ def test_every_registry_string_naming_the_lab_resolves():
     from colbench.agents import SCRIPTED_AGENTS
     from colbench.registry import load_target
     from colbench.tasks import GENERATED_SOURCES
-    from sweet.algorithms.sweet_rl import ORACLE_RANKER, ORACLE_TASK_SPEC
+    from sweet.algorithms.sweet_rl import ORACLE_RANKER, ORACLE_TASK_DESIGN
     from testbed.agents import ScriptedTestbedAgent
     from testbed.env import TestbedEnv, builtin_tasks
     from testbed.human import TestbedSimulator
     from testbed.oracle import OracleCritic
-    from testbed.spec import task_spec
+    from testbed.bed import task_design
 
     assert envs.env_class("testbed") is TestbedEnv
     assert load_target(simulators._REGISTRY["testbed"]) is TestbedSimulator
     assert {load_target(t) for t in SCRIPTED_AGENTS.values()} == {ScriptedTestbedAgent}
     assert load_target(GENERATED_SOURCES["testbed"]) is builtin_tasks
-    assert load_target(ORACLE_RANKER) is OracleCritic and load_target(ORACLE_TASK_SPEC) is task_spec
+    assert load_target(ORACLE_RANKER) is OracleCritic and load_target(ORACLE_TASK_DESIGN) is task_design
     with pytest.raises(ValueError, match="module:Name"):
         load_target("testbed.env.TestbedEnv")
 
@@ -94,14 +94,14 @@ def test_the_lab_is_reached_through_the_registries():
     from testbed.human import TestbedSimulator
 
     tasks = load_tasks("builtin:default/test", env="testbed", limit=3)
-    assert len(tasks) == 3 and all(t.meta["spec"] == "default" for t in tasks)
+    assert len(tasks) == 3 and all(t.meta["bed"] == "default" for t in tasks)
     env = make_env("testbed")
     agent = load_agent("opt=optimal", env, sampling=SamplingParams())
     assert isinstance(agent, ScriptedTestbedAgent) and agent.kind == "optimal" and agent.name == "opt"
     assert isinstance(load_simulator("scripted:testbed", env), TestbedSimulator)
     with pytest.raises(SpecError, match="plays the test bed only"):
         load_agent("explorer", make_env("backend"), sampling=SamplingParams())
-    with pytest.raises(ValueError, match="unknown spec"):
+    with pytest.raises(ValueError, match="unknown bed"):
         load_tasks("builtin:nope/train", env="testbed")
 
 

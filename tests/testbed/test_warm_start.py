@@ -5,14 +5,14 @@ import json
 import pytest
 
 from testbed.env import DEFAULT_A, DEFAULT_B, MAX_TURNS, answer_text
-from testbed import spec as ts
+from testbed import bed as tb
 from testbed import pipeline
 from testbed.warm_start import copy_check_dialogues, copy_score
 
 
 def test_copy_check_cases_are_held_out_three_question_dialogues_with_what_was_told():
     """On the legacy bed (4 turns) the always-asking explorer asks three times."""
-    cases = copy_check_dialogues(n=40, seed=0, spec="legacy")
+    cases = copy_check_dialogues(n=40, seed=0, bed="legacy")
     assert len(cases) == 40
     kinds = set()
     for task, turns, (a, b) in cases:
@@ -24,12 +24,12 @@ def test_copy_check_cases_are_held_out_three_question_dialogues_with_what_was_to
         assert a in (None, task.meta["a"]) and b in (None, task.meta["b"])
         kinds.add((a is not None, b is not None))
     assert {(True, True), (True, False), (False, True)} <= kinds  # one or both constants told
-    assert copy_check_dialogues(n=40, seed=0, spec="legacy")[7][1] == cases[7][1]  # deterministic
+    assert copy_check_dialogues(n=40, seed=0, bed="legacy")[7][1] == cases[7][1]  # deterministic
 
 
 def test_copy_score_counts_each_told_constant_once():
     told = [(3, 20), (2, None), (None, 10)]
-    legacy = {"spec": "legacy"}
+    legacy = {"bed": "legacy"}
     right = [answer_text(3, 20), answer_text(2, DEFAULT_B), answer_text(DEFAULT_A, 10)]
     assert copy_score(right, told, **legacy) == 1.0
     # the defaults for what was not told are not held against it; miscopies are
@@ -41,24 +41,24 @@ def test_copy_score_counts_each_told_constant_once():
         copy_score([answer_text(3, 20)], told, **legacy)  # one answer per case
 
 
-def test_spec_copy_check_asks_on_every_turn_but_the_last_and_wants_the_explorers_answer():
-    """On a 3-turn spec the always-asking explorer asks twice; the check wants every
+def test_bed_copy_check_asks_on_every_turn_but_the_last_and_wants_the_explorers_answer():
+    """On a 3-turn bed the always-asking explorer asks twice; the check wants every
     constant as the explorer writes it: told ones copied, the fixed guess for the rest."""
-    s = ts.spec("default")
-    cases = copy_check_dialogues(n=40, seed=0, spec="default")
+    s = tb.design("default")
+    cases = copy_check_dialogues(n=40, seed=0, bed="default")
     for task, turns, want in cases:
-        assert task.meta["split"] == "test" and task.meta["spec"] == "default"
+        assert task.meta["split"] == "test" and task.meta["bed"] == "default"
         assert [t.role for t in turns] == ["agent", "human"] * (s.turns - 1)
         replies = [t.content for t in turns if t.role == "human"]
-        assert want == ts.guess_values(s, ts.told_values(s, replies))
-    told = {sum(v is not None for v in ts.told_values(s, [t.content for t in turns if t.role == "human"]))
+        assert want == tb.guess_values(s, tb.told_values(s, replies))
+    told = {sum(v is not None for v in tb.told_values(s, [t.content for t in turns if t.role == "human"]))
             for _, turns, _ in cases}
     assert told == {0, 1, 2}  # nothing, one side, or both (the docstring) told
-    answers = [ts.answer_text(s, want) for _, _, want in cases]
-    assert copy_score(answers, [w for _, _, w in cases], spec="default") == 1.0
-    wrong = [ts.answer_text(s, (3, 20)) for _ in cases]  # the non-guess values everywhere
+    answers = [tb.answer_text(s, want) for _, _, want in cases]
+    assert copy_score(answers, [w for _, _, w in cases], bed="default") == 1.0
+    wrong = [tb.answer_text(s, (3, 20)) for _ in cases]  # the non-guess values everywhere
     expected = sum((w[0] == 3) + (w[1] == 20) for _, _, w in cases) / (2 * len(cases))
-    assert copy_score(wrong, [w for _, _, w in cases], spec="default") == pytest.approx(expected)
+    assert copy_score(wrong, [w for _, _, w in cases], bed="default") == pytest.approx(expected)
 
 
 def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_path, monkeypatch):
@@ -72,7 +72,7 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
         trained.append(cfg)
         return tmp_path / "ws" / cfg.output_dir.rsplit("/", 1)[1] / "final"
 
-    def fake_accuracy(model, seed=0, **spec):
+    def fake_accuracy(model, seed=0, **bed):
         measured.append(model)
         return accuracy[model.split("/")[-2]]
 
@@ -85,7 +85,7 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
     assert [c.model for c in trained] == ["tiny", f"{ws}/copy/final", f"{ws}/copy-2/final", f"{ws}/behave/final"]
     assert [c.learning_rate for c in trained] == [2e-3, 1e-3, 1e-3, 1e-3]
     assert [c.p_ask for c in trained] == [1.0, 1.0, 0.75, 0.75]  # the default bed's explorer in phase 2
-    assert {c.spec for c in trained} == {"default"}
+    assert {c.bed for c in trained} == {"default"}
     assert [c.n_dialogues for c in trained] == [1600, 1600, 600, 600]
     assert len({c.seed for c in trained}) == 4  # fresh dialogues each pass
     for phase, want in (("copy", [0.5, pipeline.COPY_PASS]), ("behave", [pipeline.BEHAVE_PASS - 0.01, 1.0])):
@@ -107,8 +107,8 @@ def test_the_optimal_teacher_imitates_the_solvers_optimal_agent():
     from sweet.core.models import load_tokenizer
     from testbed.warm_start import WarmStartConfig, scripted_episodes
 
-    eps = scripted_episodes(load_tokenizer("tiny"), 56, 0.75, seed=0, spec="default", teacher="optimal")
-    tasks = make_tasks("train", spec="default")
+    eps = scripted_episodes(load_tokenizer("tiny"), 56, 0.75, seed=0, bed="default", teacher="optimal")
+    tasks = make_tasks("train", bed="default")
     for ep in eps[:8]:
         texts = [t.content for t in ep.turns]
         assert all(texts[i] == mdp.optimal_message("default", texts[:i]) for i in range(0, len(texts), 2))
@@ -117,10 +117,10 @@ def test_the_optimal_teacher_imitates_the_solvers_optimal_agent():
     assert prof.metrics["repeat"].value == 0.0 and prof.metrics["early"].value == 0.0
     with pytest.raises(ValueError, match="teacher"):
         WarmStartConfig(teacher="oracle")
-    with pytest.raises(ValueError, match="optimal needs a spec bed"):
-        WarmStartConfig(teacher="optimal", spec="legacy")
-    with pytest.raises(ValueError, match="optimal_shuffled needs a spec bed"):
-        WarmStartConfig(teacher="optimal_shuffled", spec="legacy")
+    with pytest.raises(ValueError, match="optimal needs a non-legacy bed"):
+        WarmStartConfig(teacher="optimal", bed="legacy")
+    with pytest.raises(ValueError, match="optimal_shuffled needs a non-legacy bed"):
+        WarmStartConfig(teacher="optimal_shuffled", bed="legacy")
 
 
 def test_the_shuffled_optimal_teacher_asks_either_side_first_and_never_repeats():
@@ -137,7 +137,7 @@ def test_the_shuffled_optimal_teacher_asks_either_side_first_and_never_repeats()
     from testbed.warm_start import scripted_episodes
 
     n = 224
-    eps = scripted_episodes(load_tokenizer("tiny"), n, 0.75, seed=0, spec="default", teacher="optimal_shuffled")
+    eps = scripted_episodes(load_tokenizer("tiny"), n, 0.75, seed=0, bed="default", teacher="optimal_shuffled")
     firsts = set()
     for ep in eps:
         texts = [t.content for t in ep.turns]
@@ -147,7 +147,7 @@ def test_the_shuffled_optimal_teacher_asks_either_side_first_and_never_repeats()
     assert len(firsts) == 2
     prof = testbed_profile.profile("default", eps)
     assert prof.metrics["repeat"].value == 0.0 and prof.metrics["early"].value == 0.0
-    tasks = make_tasks("train", spec="default")
+    tasks = make_tasks("train", bed="default")
     exact = mdp.expected_success_on("default", [tasks[i % len(tasks)] for i in range(n)], "optimal_shuffled")
     rate = sum(e.success for e in eps) / n
     assert abs(rate - exact) <= 1.96 * math.sqrt(exact * (1 - exact) / n), (rate, exact)

@@ -1,11 +1,11 @@
-"""The test bed's knobs: a `TestbedSpec` and its presets, and the rules every part reads.
+"""The test bed's knobs: a `BedDesign` and its presets, and the rules every part reads.
 
-A spec says how many hidden facts (branch constants) a task has, how many agent turns
+A bed's design says how many hidden facts (branch constants) a task has, how many agent turns
 there are, how often the human can state a constant, how often the reference has a
 docstring, what an untold constant is guessed as, and how the warm start's scripted
-explorer behaves. Presets by name (`spec(name)`, `PRESETS`):
+explorer behaves. Presets by name (`design(name)`, `PRESETS`), called beds:
 
-    default   the bed every command runs unless told otherwise (`DEFAULT_SPEC`;
+    default   the bed every command runs unless told otherwise (`DEFAULT_BED`;
               `builtin:train`, the main job), whose luck lives in c: 2 facts, 3 turns (no spare),
               each constant stated with p 0.75 (else an expression: "not sure"), a
               docstring with p 0.35 (the vague question then reads out both), one side
@@ -19,11 +19,11 @@ explorer behaves. Presets by name (`spec(name)`, `PRESETS`):
 Everything the human does is decided by the task's hidden reference (c), and only by it:
 the reference's source shows whether a branch's constant is a literal (the human states
 it) or an expression (the human is "not sure"), and whether it has a docstring (read out
-for the vague question). `human_reply(spec, reference, question)` is a deterministic
+for the vague question). `human_reply(design, reference, question)` is a deterministic
 function of (reference, question); for a policy that does not see c the human is random,
-for a critic that sees c it is not. Held-out test tasks are fresh draws from the spec.
+for a critic that sees c it is not. Held-out test tasks are fresh draws from the bed.
 
-`explorer_probs(spec, history)` is the scripted explorer (the warm start's teacher, the
+`explorer_probs(design, history)` is the scripted explorer (the warm start's teacher, the
 exact solver's π0, `--agent explorer`): the one definition of its behaviour.
 """
 
@@ -33,16 +33,16 @@ import ast
 import random
 import re
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 from colbench.protocols import ANSWER_MARKER
 from colbench.scoring.backend import extract_code
 
-DEFAULT_SPEC = "default"
+DEFAULT_BED = "default"
 """The preset every command runs unless told otherwise: what `builtin:train` / `builtin:test`,
 `make_tasks`, `TestbedEnv()`, the warm start, the oracle and the main job
-(`python -m testbed.demo`) mean. The other presets are `builtin:<spec>/<split>` and `--spec`."""
+(`python -m testbed.demo`) mean. The other presets are `builtin:<bed>/<split>` and `--bed`."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Fact:
     inputs: tuple[int, ...]
 
 
-# In spec order: a spec with n facts uses the first n. "positive"/"negative" are the
+# In fact order: a bed with n facts uses the first n. "positive"/"negative" are the
 # legacy bed's two branches (its wording and constants), so the default bed reads alike.
 FACTS = (
     Fact("positive", "*", (2, 3), tuple(range(1, 10))),
@@ -78,8 +78,8 @@ SYSTEM = "Ask the human about f, then write " + ANSWER_MARKER + " and the code."
 
 
 @dataclass(frozen=True)
-class TestbedSpec:
-    """A test bed's design. Frozen: a spec is a name for one fixed bed.
+class BedDesign:
+    """A test bed's design. Frozen: a bed's name stands for one fixed design.
 
     facts:          hidden constants per task (1..4), the first `facts` of FACTS.
     turns:          agent turns; the last is always an answer (at most turns-1 questions).
@@ -94,6 +94,10 @@ class TestbedSpec:
     p_ask:          the explorer asks on each turn before the last with this probability,
                     uniformly over the questions (one per fact, and the vague one); else
                     it answers, writing what it was told and the guess for the rest.
+    p_other:        the explorer reads its dialogue: right after a question about one side
+                    (fact), it asks about a side it has not asked yet with this probability
+                    (uniformly among them), and otherwise chooses as p_ask says
+                    (0: the blind explorer, whose choice ignores the dialogue).
     n_train/n_test: tasks per split; test tasks are fresh draws (another seed).
     n_val:          validation tasks: the next draws of the train split's stream after
                     its n_train (disjoint from them, never test tasks), for choosing
@@ -110,6 +114,7 @@ class TestbedSpec:
     one_side: bool = True
     p_guess_right: float = 0.5
     p_ask: float = 0.75
+    p_other: float = 0.0
     n_train: int = 56
     n_test: int = 256  # many fresh draws of c, few episodes each: c decides most of the variance
     n_val: int = 128
@@ -118,14 +123,15 @@ class TestbedSpec:
         checks = [("facts", 1 <= self.facts <= len(FACTS)), ("turns", self.turns >= 1),
                   ("p_state", 0.0 <= self.p_state <= 1.0), ("p_doc", 0.0 <= self.p_doc <= 1.0),
                   ("p_guess_right", 0.0 <= self.p_guess_right <= 1.0), ("p_ask", 0.0 <= self.p_ask <= 1.0),
+                  ("p_other", 0.0 <= self.p_other <= 1.0),
                   ("n_train", self.n_train >= 1), ("n_test", self.n_test >= 1), ("n_val", self.n_val >= 0)]
         for field_name, ok in checks:
             if not ok:
-                raise ValueError(f"TestbedSpec {self.name!r}: invalid {field_name}={getattr(self, field_name)!r}")
+                raise ValueError(f"BedDesign {self.name!r}: invalid {field_name}={getattr(self, field_name)!r}")
 
     @property
     def legacy(self) -> bool:
-        """The first bed: its own task generator (testbed/env.py); its tasks carry no spec."""
+        """The first bed: its own task generator (testbed/env.py); its tasks carry no bed name."""
         return self.name == "legacy"
 
     @property
@@ -141,30 +147,51 @@ def question(fact: Fact) -> str:
     return f"What happens to {fact.word} numbers?"
 
 
-PRESETS: dict[str, TestbedSpec] = {
-    "default": TestbedSpec("default"),
-    "long": TestbedSpec("long", facts=3, turns=5),
-    "legacy": TestbedSpec("legacy", facts=2, turns=4, p_state=1.0, p_doc=0.0, one_side=False, p_guess_right=0.0,
+PRESETS: dict[str, BedDesign] = {
+    "default": BedDesign("default"),
+    "long": BedDesign("long", facts=3, turns=5),
+    "legacy": BedDesign("legacy", facts=2, turns=4, p_state=1.0, p_doc=0.0, one_side=False, p_guess_right=0.0,
                           p_ask=0.6, n_train=56, n_test=16),
 }
 
 
-def spec(name: str | TestbedSpec) -> TestbedSpec:
-    """The preset called `name` (a spec passes through); a bad name is a one-line error."""
-    if isinstance(name, TestbedSpec):
+def design(name: str | BedDesign) -> BedDesign:
+    """The preset called `name` (a BedDesign passes through); a bad name is a one-line error."""
+    if isinstance(name, BedDesign):
         return name
     if name not in PRESETS:
-        raise ValueError(f"unknown test-bed spec {name!r}; presets: {', '.join(PRESETS)}")
+        raise ValueError(f"unknown test bed {name!r}; presets: {', '.join(PRESETS)}")
     return PRESETS[name]
 
 
-def task_spec(task) -> TestbedSpec:
-    """The spec a test-bed Task was drawn from: `meta["spec"]`; none means legacy (the legacy
-    bed's tasks carry no spec, so they stay bit-identical)."""
-    return spec(task.meta.get("spec", "legacy"))
+BED_KEY = "bed"
+"""The key naming the bed in task meta and in the records the lab writes (caches, settings,
+summaries). Its earlier name "spec" (`OLD_BED_KEY`), in tasks and records written by earlier
+versions, is read alike (`task_bed`, `bed_record`)."""
+OLD_BED_KEY = "spec"
 
 
-def describe(s: TestbedSpec) -> str:
+def task_bed(task) -> str | None:
+    """The name of the bed a test-bed Task was drawn from: `meta["bed"]`, else the older
+    `meta["spec"]`; None for a legacy task (the legacy bed's tasks carry no name, so they
+    stay bit-identical)."""
+    return task.meta.get(BED_KEY, task.meta.get(OLD_BED_KEY))
+
+
+def task_design(task) -> BedDesign:
+    """The design a test-bed Task was drawn from (`task_bed`; none: legacy)."""
+    return design(task_bed(task) or "legacy")
+
+
+def bed_record(record: dict) -> dict:
+    """A record (a cache key, a settings file) with its earlier "spec" key under "bed", so a
+    run or cache written by an earlier version is still recognised."""
+    if OLD_BED_KEY in record and BED_KEY not in record:
+        record = {BED_KEY if k == OLD_BED_KEY else k: v for k, v in record.items()}
+    return record
+
+
+def describe(s: BedDesign) -> str:
     return ", ".join(f"{f.name}={getattr(s, f.name)}" for f in fields(s))
 
 
@@ -190,7 +217,7 @@ def not_sure_sentence(fact: Fact) -> str:
     return f"For {fact.word} numbers I am not sure."
 
 
-def reference_source(s: TestbedSpec, h: Hidden) -> str:
+def reference_source(s: BedDesign, h: Hidden) -> str:
     """The hidden reference of a (non-legacy) task: one branch per fact, a literal or an
     expression (`int("3")`) per constant, and a docstring stating every constant or none."""
     facts = s.fact_list
@@ -211,7 +238,7 @@ def reference_source(s: TestbedSpec, h: Hidden) -> str:
     return "\n".join(lines) + "\n"
 
 
-def read_reference(s: TestbedSpec, source: str) -> Hidden:
+def read_reference(s: BedDesign, source: str) -> Hidden:
     """The Hidden of a reference (the inverse of reference_source), parsed, never run:
     the branch whose return is `x <op> K` is the fact with that operator; K a plain int
     literal is stated, anything else is an expression (its value read from `int("K")`)."""
@@ -249,7 +276,7 @@ def _is_int(node) -> bool:
     return isinstance(node, ast.Constant) and type(node.value) is int
 
 
-def draw_hidden(s: TestbedSpec, rng: random.Random) -> Hidden:
+def draw_hidden(s: BedDesign, rng: random.Random) -> Hidden:
     """One task's c: per fact, whether the value is the guess (p_guess_right) and whether
     it is stated (p_state); then whether there is a docstring (p_doc)."""
     values, stated = [], []
@@ -259,7 +286,7 @@ def draw_hidden(s: TestbedSpec, rng: random.Random) -> Hidden:
     return Hidden(tuple(values), tuple(stated), rng.random() < s.p_doc)
 
 
-def description(s: TestbedSpec) -> str:
+def description(s: BedDesign) -> str:
     words = [f.word for f in s.fact_list]
     kinds = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
     return f"I need a function f(x) for my numbers. It treats {kinds} numbers differently. def f(x)"
@@ -268,20 +295,20 @@ def description(s: TestbedSpec) -> str:
 # ---- the scripted human: a function of (reference, question) ---------------------------------
 
 
-def named_facts(s: TestbedSpec, text: str) -> list[int]:
+def named_facts(s: BedDesign, text: str) -> list[int]:
     """Indices of the facts a message names, in the order it names them."""
     low = text.lower()
     hits = sorted((low.find(f.word), i) for i, f in enumerate(s.fact_list) if f.word in low)
     return [i for _, i in hits]
 
 
-def human_reply(s: TestbedSpec, reference: str, question_text: str) -> str:
+def human_reply(s: BedDesign, reference: str, question_text: str) -> str:
     """The scripted human's reply to one agent message, on every preset (the one rule:
     testbed.human's simulator, the solver and the oracle all follow it): about the
     branch(es) it names (`one_side`: only the first named; else all, in fact order), stated
     if the reference's constant is a literal, "not sure" if it is an expression; a message
     naming none gets the docstring read out if the reference has one, else "I don't know".
-    Never code, never random. A reference that is not the spec's is a ValueError."""
+    Never code, never random. A reference that is not the bed's is a ValueError."""
     h = read_reference(s, reference)
     named = named_facts(s, question_text)
     if not named:
@@ -294,7 +321,7 @@ def human_reply(s: TestbedSpec, reference: str, question_text: str) -> str:
                     for i in sorted(named))
 
 
-def told_values(s: TestbedSpec, replies: Sequence[str]) -> tuple[int | None, ...]:
+def told_values(s: BedDesign, replies: Sequence[str]) -> tuple[int | None, ...]:
     """Per fact, the value the human's replies stated (`x <op> K`), or None."""
     out = []
     for f in s.fact_list:
@@ -307,13 +334,13 @@ def told_values(s: TestbedSpec, replies: Sequence[str]) -> tuple[int | None, ...
 # ---- answers ----------------------------------------------------------------------------------
 
 
-def answer_text(s: TestbedSpec, values: Sequence[int]) -> str:
+def answer_text(s: BedDesign, values: Sequence[int]) -> str:
     """The agent's final message writing constants `values`, in the canonical form."""
     code = reference_source(s, Hidden(tuple(values), (True,) * s.facts, False))
     return f"{ANSWER_MARKER}\n```python\n{code}```"
 
 
-def answer_values(s: TestbedSpec, text: str) -> tuple[int | None, ...]:
+def answer_values(s: BedDesign, text: str) -> tuple[int | None, ...]:
     """Per fact, the constant an agent's final message writes (None: missing, or code that
     does not compile). Read as the runner reads an answer (after the marker, else the
     whole message) and parsed, not run."""
@@ -332,13 +359,13 @@ def answer_values(s: TestbedSpec, text: str) -> tuple[int | None, ...]:
 LEGACY_GUESS = (1, 0)  # the legacy explorer's guesses (x * 1, x + 0): outside the value sets, never right
 
 
-def guess(s: TestbedSpec) -> tuple[int, ...]:
+def guess(s: BedDesign) -> tuple[int, ...]:
     """The fixed guess for each untold constant: values[0] (right on p_guess_right of the
     tasks); the legacy bed's never-right defaults."""
     return LEGACY_GUESS if s.legacy else tuple(f.values[0] for f in s.fact_list)
 
 
-def guess_values(s: TestbedSpec, told: Sequence[int | None]) -> tuple[int, ...]:
+def guess_values(s: BedDesign, told: Sequence[int | None]) -> tuple[int, ...]:
     """What the explorer writes: each told constant, the fixed guess for the rest."""
     return tuple(g if t is None else t for g, t in zip(guess(s), told))
 
@@ -346,12 +373,13 @@ def guess_values(s: TestbedSpec, told: Sequence[int | None]) -> tuple[int, ...]:
 # ---- the scripted explorer: the one definition -------------------------------------------------
 
 
-def explorer_probs(s: TestbedSpec, history: Sequence[str]) -> dict[str, float]:
+def explorer_probs(s: BedDesign, history: Sequence[str]) -> dict[str, float]:
     """The scripted explorer's next message as {text: probability}, from the dialogue so far
     (`history`: the agent's and the human's messages alternating, agent first, without the
     task description). Before the last turn it asks with probability p_ask, uniformly over
-    `s.questions()`, whatever it already knows; otherwise (and always on the last turn) it
-    answers with what the human stated and the fixed guess for the rest. A pure function:
+    `s.questions()`, whatever it already knows (with p_other > 0, right after a side
+    question it asks a side not yet asked with probability p_other, else as above);
+    otherwise (and always on the last turn) it answers with what the human stated and the fixed guess for the rest. A pure function:
     the solver's π0, the `explorer` agent and the warm start's dialogues all read it."""
     turn = (len(history) + 1) // 2  # agent turns already taken
     if turn >= s.turns:
@@ -363,14 +391,21 @@ def explorer_probs(s: TestbedSpec, history: Sequence[str]) -> dict[str, float]:
     probs = {q: s.p_ask / len(qs) for q in qs}
     if s.p_ask < 1.0:
         probs[answer] = 1.0 - s.p_ask
+    if s.p_other > 0.0 and history and named_facts(s, history[-2]):  # right after a side question
+        asked = {j for text in history[0::2] for j in named_facts(s, text)[:1]}
+        others = [question(f) for j, f in enumerate(s.fact_list) if j not in asked]
+        if others:
+            probs = {t: (1.0 - s.p_other) * p for t, p in probs.items()}
+            for q in others:
+                probs[q] += s.p_other / len(others)
     return probs
 
 
 
-def sample_explorer(s: TestbedSpec, history: Sequence[str], rng: random.Random) -> str:
+def sample_explorer(s: BedDesign, history: Sequence[str], rng: random.Random) -> str:
     """One draw from `explorer_probs`: before the last turn one `rng.random()` decides
     asking (below the questions' total probability), then `rng.choice` picks among the
-    equally likely questions; the last turn answers without a draw. This is the random
+    equally likely questions (`rng.choices` by weight when they are not); the last turn answers without a draw. This is the random
     stream today's scripted dialogues consume, so legacy warm-start data stay identical."""
     probs = explorer_probs(s, history)
     questions = [t for t in probs if ANSWER_MARKER not in t]
@@ -378,5 +413,39 @@ def sample_explorer(s: TestbedSpec, history: Sequence[str], rng: random.Random) 
     if (len(history) + 1) // 2 >= s.turns - 1:
         return answer
     if rng.random() < sum(probs[q] for q in questions):
-        return rng.choice(questions)
+        weights = [probs[q] for q in questions]
+        if max(weights) - min(weights) < 1e-12:  # the blind explorer: today's stream
+            return rng.choice(questions)
+        return rng.choices(questions, weights=weights)[0]
     return answer if answer is not None else rng.choice(questions)
+
+
+# ---- the warm start's teachers: the explorer, blind or reading its dialogue --------------------
+
+READS_P_OTHER = 0.5
+"""The reading teacher's p_other on the default bed: its exact success is 0.540 (the blind
+explorer's 0.490, the optimum 0.784; `python -m testbed.predict`), and its second question
+repeats the first with probability 0.20 (the blind explorer's 1/3)."""
+TEACHERS = {"reads": READS_P_OTHER, "blind": 0.0}
+
+
+def default_teacher(s: str | BedDesign) -> str:
+    """The warm start's teacher unless one is named: "reads" on a non-legacy bed, "blind" on the
+    legacy bed (kept bit for bit)."""
+    return "blind" if design(s).legacy else "reads"
+
+
+def teacher_design(s: str | BedDesign, teacher: str | None = None, p_other: float | None = None) -> BedDesign:
+    """The design whose explorer is the named warm-start teacher ("reads": p_other
+    READS_P_OTHER, or `p_other`; "blind": 0, today's explorer; None: `default_teacher`). The
+    solver's π0 (testbed.mdp.build) on this design is the teacher's exact tabular policy."""
+    base = design(s)
+    teacher = default_teacher(base) if teacher is None else teacher
+    if teacher not in TEACHERS:
+        raise ValueError(f"teacher: {teacher!r}; one of {', '.join(TEACHERS)}")
+    if teacher == "blind" and p_other not in (None, 0.0):
+        raise ValueError(f"p_other: {p_other} with teacher 'blind' (whose p_other is 0)")
+    p = TEACHERS[teacher] if p_other is None else p_other
+    if p > 0.0 and base.legacy:
+        raise ValueError(f"teacher: {teacher!r} (p_other {p}) needs a non-legacy bed, not 'legacy'")
+    return replace(base, p_other=p)
