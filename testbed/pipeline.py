@@ -102,7 +102,7 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False, bed: str = DEFAULT
                questions);
     2. behave: from phase 1's model, the explorer at the bed's p_ask (legacy 0.6,
                default 0.75), which sets the per-turn question/answer choices that RL
-               then has to improve.
+               then has to improve (`behave_size` dialogues and epochs per pass).
     Each phase is checked on held-out dialogues and trained on until it answers as the
     explorer would (`checked_phase`). The behaviour phase's last pass is the policy
     every algorithm starts from (OUT/behave/final, or OUT/behave-2/final, ...)."""
@@ -114,8 +114,18 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False, bed: str = DEFAULT
                                    teacher=teacher))
     copy = checked_phase(out, "copy", "tiny", COPY_PASS, seed=seed, learning_rates=(2e-3, 1e-3), p_ask=1.0,
                          n_dialogues=1600, bed=bed, teacher=teacher)
+    n_dialogues, epochs = behave_size(bed, teacher)
     return checked_phase(out, "behave", str(copy), BEHAVE_PASS, seed=seed + 1, learning_rates=(1e-3,),
-                         p_ask=testbed_bed.design(bed).p_ask, n_dialogues=600, bed=bed, teacher=teacher)
+                         epochs=epochs, p_ask=testbed_bed.design(bed).p_ask, n_dialogues=n_dialogues, bed=bed,
+                         teacher=teacher)
+
+
+def behave_size(bed: str, teacher: str | None) -> tuple[int, int]:
+    """The behave phase's (dialogues, epochs): 600 x 1 for the blind teacher (bit for bit as
+    before), 1,800 x 3 for a teacher that reads its dialogue: the smallest size tried at which
+    the warm start learnt the teacher's reading on the validation tasks
+    (testbed/results/2026-12-04-reading-teacher-main-job.md)."""
+    return (600, 1) if testbed_bed.teacher_design(bed, teacher).p_other == 0.0 else (1800, 3)
 
 
 # The phases' bars: the held-out share of told constants written right when answering on
@@ -131,9 +141,9 @@ PHASE_ROUNDS = 4  # at most this many passes of one phase (fresh dialogues each)
 
 
 def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, learning_rates: Sequence[float],
-                  **explorer) -> Path:
+                  epochs: int = 1, **explorer) -> Path:
     """One warm-start phase, checked: imitate the explorer (`explorer`: WarmStartConfig
-    fields such as p_ask, n_dialogues), measure held-out copy accuracy
+    fields such as p_ask, n_dialogues; `epochs` per pass), measure held-out copy accuracy
     (testbed.warm_start.copy_accuracy: greedy answers after three questions on the test
     tasks) and, below `bar`, train another pass from the last one on fresh dialogues
     (pass k at learning_rates[k], the last rate repeating): copying emerges abruptly,
@@ -150,7 +160,7 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
     checks = json.loads(record.read_text()) if record.exists() else []
     for k in range(PHASE_ROUNDS):
         folder = out / (phase if k == 0 else f"{phase}-{k + 1}")
-        model = str(run(WarmStartConfig(output_dir=str(folder), model=model, seed=seed + 100 * k, epochs=1,
+        model = str(run(WarmStartConfig(output_dir=str(folder), model=model, seed=seed + 100 * k, epochs=epochs,
                                         batch_size=16, learning_rate=learning_rates[min(k, len(learning_rates) - 1)],
                                         **explorer)))
         if k >= len(checks):

@@ -86,7 +86,9 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
     assert [c.learning_rate for c in trained] == [2e-3, 1e-3, 1e-3, 1e-3]
     assert [c.p_ask for c in trained] == [1.0, 1.0, 0.75, 0.75]  # the default bed's explorer in phase 2
     assert {c.bed for c in trained} == {"default"}
-    assert [c.n_dialogues for c in trained] == [1600, 1600, 600, 600]
+    assert [c.n_dialogues for c in trained] == [1600, 1600, 1800, 1800]  # the reading teacher's behave phase
+    assert [c.epochs for c in trained] == [1, 1, 3, 3]
+    assert pipeline.behave_size("default", "blind") == pipeline.behave_size("legacy", None) == (600, 1)
     assert len({c.seed for c in trained}) == 4  # fresh dialogues each pass
     for phase, want in (("copy", [0.5, pipeline.COPY_PASS]), ("behave", [pipeline.BEHAVE_PASS - 0.01, 1.0])):
         record = json.loads((tmp_path / "ws" / f"{phase}_check.json").read_text())
