@@ -70,6 +70,10 @@ from testbed.pipeline import (
 # figures are the paper's.
 CRITIC_BASELINE_SAMPLES = 0
 SNAPSHOT_STEPS = 9  # stage 2's path is snapshotted every 9 of its ~45 steps; the best on validation is kept
+# Stage 2's learning rate is 3x testbed.pipeline's (9e-5): chosen on the validation tasks from a
+# reading warm start, where x1 moved the policy by a KL of 0.03-0.09 and x10 broke it within 18
+# steps (testbed/results/2026-12-04-reading-teacher-main-job.md).
+STAGE2_LR_SCALE = 3.0
 
 
 @dataclass
@@ -128,7 +132,7 @@ def main(cfg: DemoConfig) -> Path:
     say(3)
     with timed(setup, "policy"):
         run = train_policy("sweet", episodes, str(warm), setup, out / "sweet", critic=critic, seed=cfg.seed,
-                           extra={"snapshot_steps": SNAPSHOT_STEPS}).parent
+                           extra={"snapshot_steps": SNAPSHOT_STEPS}, lr_scale=STAGE2_LR_SCALE).parent
         policy, selected = select_on_validation(run, setup, out / "selection")
         if "step" in selected:
             print(f"SWEET-RL policy: step {selected['step']} of its path, chosen on {setup.val_tasks} ("
