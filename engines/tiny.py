@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-VERSION = "v1"  # bump when the architecture or tokenizer recipe changes
+VERSION = "v2"  # bump when the architecture or tokenizer recipe changes (v2: the corpus is frozen)
 SEED = 1234
 
 SPECIAL_TOKENS = [
@@ -69,16 +69,19 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SWEET_CACHE", Path.home() / ".cache" / "sweet-colbench"))
 
 
+CORPUS = Path(__file__).parent / "tiny_corpus" / "cpython-3.11.7-stdlib.json.xz"
+CORPUS_FILES = sorted(["textwrap.py", "string.py", "functools.py", "json/__init__.py", "collections/__init__.py",
+                       "statistics.py", "fractions.py", "heapq.py", "bisect.py", "calendar.py", "difflib.py"])
+
+
 def _corpus() -> list[str]:
-    """Local training text for the tokenizer: Python sources and docs from the stdlib
-    (code and English prose), fixed so the tokenizer is the same on every machine."""
-    texts: list[str] = []
-    stdlib = Path(os.__file__).parent
-    for name in sorted(["textwrap.py", "string.py", "functools.py", "json/__init__.py", "collections/__init__.py",
-                        "statistics.py", "fractions.py", "heapq.py", "bisect.py", "calendar.py", "difflib.py"]):
-        p = stdlib / name
-        if p.exists():
-            texts.append(p.read_text(errors="ignore"))
+    """Local training text for the tokenizer: eleven stdlib sources (code and English prose),
+    frozen as CPython 3.11.7 ships them (PSF licence) in `CORPUS`, so the tokenizer, and with
+    it the tiny model, is the same under every interpreter (patch releases change these files)."""
+    import lzma
+
+    files = json.loads(lzma.decompress(CORPUS.read_bytes()))
+    texts = [files[name] for name in CORPUS_FILES]
     texts.append("I WANT TO ANSWER:\n```python\ndef f(x):\n    return x\n```\n" * 50)
     return texts
 

@@ -130,3 +130,18 @@ def test_unknown_hub_id_is_a_spec_error_offline(tmp_path):
     line = out.stdout.strip()
     assert line.startswith("SpecError: cannot load model 'no-such-org-xyz/no-such-model'"), out.stderr[-2000:]
     assert "hub id available offline" in line and "\n" not in line
+
+
+def test_the_tiny_tokenizer_corpus_does_not_depend_on_the_interpreter():
+    """The tiny model's tokenizer trains on a frozen corpus shipped with the package
+    (engines/tiny_corpus), never on the running interpreter's stdlib, whose files change
+    between patch releases (3.11.2 and 3.11.7 differ in collections/__init__.py and
+    calendar.py): the model is then the same on every machine."""
+    import hashlib
+
+    from engines import tiny
+
+    texts = tiny._corpus()
+    assert len(texts) == len(tiny.CORPUS_FILES) + 1
+    digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
+    assert digest == "57d89c06b1f4fb0bd2fff56fab93ee8a8683c0fa5f124ff46cc320626d62c5d3"
