@@ -1,23 +1,30 @@
 """Asynchronous vs synchronous LOOP rollouts: iteration throughput where rollouts wait on a
 slow simulated human, and (optionally) what each learns on the test bed.
 
-    python bench/async_rollouts.py                        # throughput, lag 1, 0.5 s per reply
-    python bench/async_rollouts.py --latency 1.0 --staleness 2 --iterations 6
+    python bench/async_rollouts.py                        # throughput, lag 1, 4 s per reply
+    python bench/async_rollouts.py --latency 0.5 --ppo-epochs 2 --staleness 2
     python bench/async_rollouts.py --learning --seeds 3   # instead: success after the same episodes
 
 Throughput: LOOP (`sweet.train_policy --algorithm loop`) on the backend environment with an
 LLM simulated human (`simulators.llm`) whose OpenAI-compatible server (a local HTTP server,
 tests/local_http.py) answers every request after `--latency` seconds. The tiny policy
 samples one token per turn at temperature 3 and the tasks' tests do not call the function,
-so an answer scores 1 exactly when it runs: rewards vary within a task's K episodes and
-every iteration trains. Both runs play the same episodes per iteration and iterations. R
-(rollout: play and score one iteration's episodes) and T (the rest: the no-grad pass and
-the updates) are the synchronous run's means per iteration; a two-stage pipeline at lag 1
-gives at most (R + T) / max(R, T). Iteration time: from the loop's start (after the async
-run's first s batches, its pipeline fill, timed apart) to each iteration's log line.
+so an answer scores 1 exactly when it runs. `min_abs_advantage 0` keeps every episode, so
+every iteration does the same training work whatever its rewards. Both runs play the same
+episodes per iteration and iterations.
 
-Learning (`--learning`): sync and async LOOP from the test bed's warm start
-(`python -m testbed.warm_start`), the test bed's LOOP settings (testbed/pipeline.py), the
+R (rollout: play and score one iteration's episodes) and T (the rest: the no-grad pass and
+the updates) are the synchronous run's means per iteration; a two-stage pipeline at lag 1
+gives at most (R + T) / max(R, T), so the defaults (4 s per reply, of which R is then mostly
+waiting, and 3 epochs) put R near T, where the pipeline can matter; with R >> T or T >> R
+it cannot. Async iteration times run from the loop's start (after the pipeline fill: the
+first s iterations' rollouts) to each iteration's log line. The headline ratio is the
+steady state, sync / (mean async iteration that trained while a rollout played); the last
+s iterations have nothing left to play and are reported apart, and a second line gives the
+whole run's ratio with the fill and that drain included.
+
+Learning (`--learning`): sync and async LOOP from the test bed's warm start (the main
+job's, `testbed.pipeline.warm_start`), the test bed's LOOP settings (testbed/pipeline.py), the
 same iterations and so the same episodes, then `colbench.evaluate` on the test tasks;
 success with a 95% interval over (seed x test task) clusters.
 """
@@ -126,75 +133,103 @@ def throughput(args, work: Path) -> None:
              "simulator": f"openai:human@{server.url}", "iterations": args.iterations,
              "tasks_per_iteration": args.tasks_per_iteration, "k": args.k, "temperature": 3.0,
              "max_new_tokens": 1, "max_turns": args.max_turns, "batch_size": args.batch_size,
-             "micro_batch_size": 8, "ppo_epochs": args.ppo_epochs, "learning_rate": 1e-3, "seed": 0}
+             "micro_batch_size": 8, "ppo_epochs": args.ppo_epochs, "learning_rate": 1e-3, "seed": 0,
+             "min_abs_advantage": 0.0}
     try:
         sync = run_loop(work / "sync", flags)
         lagged = run_loop(work / "async", {**flags, "async_rollouts": True, "staleness": args.staleness})
     finally:
         server.close()
+    print_throughput(summarize(sync, lagged, args.staleness), args)
+
+
+def summarize(sync: Clock, lagged: Clock, staleness: int) -> dict[str, float]:
+    """The throughput figures from the two runs' clocks.
+
+    Sync: R = mean rollout, T = mean iteration − R. Async at lag s: the loop's iterations
+    0..N−s−1 each train while a background rollout plays iteration i+s; the last s
+    iterations have nothing left to sample and take only T. The steady state (what a long
+    run gets per iteration) is the mean of the former; the whole run adds the pipeline fill
+    (the first s rollouts, before the loop) and the s drain iterations."""
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    r = mean(sync.plays)
-    t = mean(sync.iteration_times) - r
-    it_sync, it_async = mean(sync.iteration_times), mean(lagged.iteration_times)
+    n = len(lagged.iteration_times)
+    if n <= staleness:
+        raise ValueError(f"--iterations must exceed --staleness ({staleness}) to time an overlapped iteration")
+    r, it_sync = mean(sync.plays), mean(sync.iteration_times)
+    steady = mean(lagged.iteration_times[: n - staleness])
+    whole_async = lagged.fill + sum(lagged.iteration_times)
+    return {"R": r, "T": it_sync - r, "sync": it_sync, "steady": steady, "fill": lagged.fill,
+            "drain": mean(lagged.iteration_times[n - staleness:]), "background": mean(lagged.plays[staleness:]),
+            "ratio": it_sync / steady, "whole_ratio": sum(sync.iteration_times) / whole_async,
+            "bound": it_sync / max(r, it_sync - r), "iterations": n}
+
+
+def print_throughput(f: dict[str, float], args) -> None:
     episodes = args.tasks_per_iteration * args.k
     print(f"simulated human: a local OpenAI-compatible server answering after {args.latency:g} s per reply; "
-          f"{args.iterations} iterations x {episodes} episodes ({args.tasks_per_iteration} tasks x K={args.k}), "
-          f"up to {args.max_turns} agent turns, both runs")
-    print(f"sync:  R (rollout) {r:.2f} s + T (training) {t:.2f} s = {it_sync:.2f} s per iteration; "
-          f"bound at lag 1: (R+T)/max(R,T) = {(r + t) / max(r, t):.2f}x")
-    print(f"async (lag {args.staleness}): {it_async:.2f} s per iteration (pipeline fill before the loop: "
-          f"{lagged.fill:.2f} s); rollouts {mean(lagged.plays):.2f} s each in the background")
-    print(f"async / sync iteration throughput: {it_sync / it_async:.1f}x   (load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} CPUs, torch threads {args.threads})")
+          f"{f['iterations']} iterations x {episodes} episodes ({args.tasks_per_iteration} tasks x K={args.k}), "
+          f"up to {args.max_turns} agent turns, {args.ppo_epochs} epochs of batch {args.batch_size}, both runs")
+    print(f"sync:  R (rollout) {f['R']:.2f} s + T (training) {f['T']:.2f} s = {f['sync']:.2f} s per iteration; "
+          f"bound at lag 1: (R+T)/max(R,T) = {f['bound']:.2f}x")
+    print(f"async (lag {args.staleness}): {f['steady']:.2f} s per overlapped iteration, background rollouts "
+          f"{f['background']:.2f} s each (R'); pipeline fill {f['fill']:.2f} s, last {args.staleness} "
+          f"iteration(s) without rollout {f['drain']:.2f} s")
+    print(f"whole run, fill and drain included: async / sync {f['whole_ratio']:.2f}x over {f['iterations']} iterations")
+    print(f"async / sync iteration throughput: {f['ratio']:.1f}x ({f['ratio']:.2f}; steady state)   "
+          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, torch threads {args.threads})")
 
 
 def learning(args, work: Path) -> None:
     from colbench.stats import bootstrap_ci
     from sweet.core.records import load_episodes
-    from testbed import warm_start
-    from testbed.pipeline import TestbedSetup, evaluate, train_policy
+    from testbed.pipeline import TestbedSetup, evaluate, train_policy, warm_start
 
     setup = TestbedSetup(test_limit=args.test_limit)
-    warm = Path(args.warm_start) if args.warm_start else warm_start.main(warm_start.WarmStartConfig(
-        output_dir=str(work / "warm_start"), n_dialogues=args.warm_dialogues))
+    warm = Path(args.warm_start) if args.warm_start else warm_start(work / "warm_start")
     variants = {"sync": {}, "async": {"async_rollouts": True, "staleness": args.staleness}}
-    success: dict[str, dict] = {v: {} for v in variants}
+    success: dict[str, dict] = {v: {} for v in ("warm_start", *variants)}
     episodes = args.learning_iterations * 8 * 6  # testbed/pipeline.py's LOOP: 8 tasks x K=6 per iteration
     for seed in range(args.seeds):
         sd = work / "learning" / f"seed{seed}"
-        models = {v: str(train_policy("loop", sd, str(warm), setup, sd / v, seed=seed,
-                                      extra={**extra, "iterations": args.learning_iterations}))
-                  for v, extra in variants.items()}
+        models = {"warm_start": str(warm)}
+        for v, extra in variants.items():  # the same seed: the same tasks and episode seeds per iteration
+            models[v] = str(train_policy("loop", sd, str(warm), setup, sd / v, seed=seed,
+                                         extra={**extra, "iterations": args.learning_iterations}))
+            print(f"seed {seed}: {v} LOOP trained ({models[v]})", flush=True)
         evaluate(models, setup, sd / "eval", seed_round=seed)
-        for v in variants:
+        for v in models:
             for ep in load_episodes(sd / "eval" / "episodes" / f"{v}.jsonl", env="testbed"):
                 success[v].setdefault((seed, ep.task_id), []).append(float(ep.success))
     print(f"learning: test bed ({setup.test_tasks}, first {args.test_limit or 'all'} tasks x {setup.eval_seeds} "
-          f"episodes), warm start {warm}, {args.seeds} seeds, {episodes} training episodes per run")
-    for v in variants:
+          f"episodes), warm start {warm}, {args.seeds} seeds, {episodes} training episodes per LOOP run, "
+          f"async at lag {args.staleness}")
+    for v in success:
         ci = bootstrap_ci(list(success[v].values()))
-        print(f"  {v:5s} LOOP success {ci.value:.3f} [{ci.low:.3f}, {ci.high:.3f}] (95%, (seed x task) clusters)")
+        print(f"  {v:10s} success {ci.value:.3f} [{ci.low:.3f}, {ci.high:.3f}] (95%, (seed x task) clusters)")
+    diff = bootstrap_ci([[sum(success["async"][c]) / len(success["async"][c])
+                          - sum(success["sync"][c]) / len(success["sync"][c])] for c in success["sync"]])
+    print(f"async - sync success: {diff.value:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}] (95%, paired by (seed x task))")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--latency", type=float, default=0.5, help="seconds the simulated human takes per reply")
+    p.add_argument("--latency", type=float, default=4.0, help="seconds the simulated human takes per reply")
     p.add_argument("--staleness", type=int, default=1, help="async lag s in policy versions")
-    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--iterations", type=int, default=6)
     p.add_argument("--tasks-per-iteration", type=int, default=4)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=2, help="trajectories per optimiser step")
-    p.add_argument("--ppo-epochs", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--ppo-epochs", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: on 2 cores, one for each stage)")
     p.add_argument("--learning", action="store_true", help="compare what sync and async LOOP learn (instead of "
                                                                 "the throughput)")
     p.add_argument("--seeds", type=int, default=3, help="--learning: seeds")
     p.add_argument("--learning-iterations", type=int, default=9, help="--learning: LOOP iterations per run "
                                                                          "(the test bed's: 9, 432 episodes)")
     p.add_argument("--test-limit", type=int, default=0, help="--learning: the first N test tasks (0: all)")
-    p.add_argument("--warm-start", default=None, help="--learning: an existing warm start (default: train one)")
-    p.add_argument("--warm-dialogues", type=int, default=1200, help="--learning: the warm start's dialogues")
+    p.add_argument("--warm-start", default=None, help="--learning: an existing warm start, e.g. the main job's "
+                                                     "runs/demo/warm_start/behave/final (default: train one)")
     p.add_argument("--output-dir", default=None, help="where the runs go (default: a temporary folder)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

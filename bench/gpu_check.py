@@ -18,6 +18,9 @@ freeing the GPU in between:
                   and the pass's own peak memory, one turn scored or every token, scoring
                   and forward + backward
   loop_iteration  `sweet.train_policy --algorithm loop` on the test bed, one iteration
+  loop_async      (opt-in: --stages loop_async) LOOP 3 iterations sync, then async at lag 1:
+                  seconds per iteration, the steady-state ratio, peak memory with the
+                  sampler's model copy
   trl_comparison  bench/trainer_vs_trl.py on the same model (LoRA + gradient checkpointing):
                   our DPO and SFT steps vs TRL's DPOTrainer / SFTTrainer, tokens/s and peak
                   memory per run (four processes, each loading the model: about 2 minutes at 8B)
@@ -339,28 +342,61 @@ def logprobs(scale: Scale, path: Path, device: str) -> dict:
     return out
 
 
-def loop_iteration(scale: Scale, path: Path, device: str, work: Path) -> dict:
-    """`python -m sweet.train_policy --algorithm loop` on the test bed, one iteration, in this process."""
-    from sweet.train_policy import main
-
-    out = work / "loop"
+def _loop_argv(scale: Scale, path: Path, device: str, out: Path, iterations: int) -> list[str]:
     argv = ["--algorithm", "loop", "--env", "testbed", "--model", str(path), "--lora", "true",
-            "--lora_r", str(scale.lora_r), "--gradient_checkpointing", "true", "--iterations", "1",
+            "--lora_r", str(scale.lora_r), "--gradient_checkpointing", "true", "--iterations", str(iterations),
             "--tasks_per_iteration", "2", "--episodes_per_task", "2", "--max_new_tokens", str(scale.loop_new_tokens),
             "--micro_batch_size", "2", "--min_abs_advantage", "0", "--report_to", "none", "--output_dir", str(out)]
-    if not device.startswith("cuda"):
-        argv += ["--dtype", "float32"]
-    start = time.perf_counter()
-    exit_code = 0
+    return argv + (["--dtype", "float32"] if not device.startswith("cuda") else [])
+
+
+def _run_train_policy(argv: list[str]) -> int:
+    """`python -m sweet.train_policy` in this process; its exit code (a run without reward
+    variance says so and exits non-zero)."""
+    from sweet.train_policy import main
+
     try:
         main(argv)
-    except SystemExit as e:  # a run without reward variance says so and exits non-zero
-        exit_code = e.code if isinstance(e.code, int) else 1
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    return 0
+
+
+def loop_iteration(scale: Scale, path: Path, device: str, work: Path) -> dict:
+    """`python -m sweet.train_policy --algorithm loop` on the test bed, one iteration, in this process."""
+    out = work / "loop"
+    start = time.perf_counter()
+    exit_code = _run_train_policy(_loop_argv(scale, path, device, out, iterations=1))
     seconds = time.perf_counter() - start
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] if (out / "metrics.jsonl").exists() else []
     last = rows[-1] if rows else {}
     return {"exit_code": exit_code, "seconds": round(seconds, 1), "iterations_logged": len(rows),
             "metrics": {k: v for k, v in last.items() if k.startswith("loop/") or k in ("step", "loss")}}
+
+
+def loop_async(scale: Scale, path: Path, device: str, work: Path) -> dict:
+    """LOOP on the test bed as `loop_iteration`, 3 iterations synchronous, then 3 with
+    `--async_rollouts` at lag 1 (the sampler's own model copy on the same device, playing the
+    next iteration while the trainer trains): per-run seconds, rollout and iteration times
+    (bench/async_rollouts.py's clock and arithmetic) and each run's peak memory, whose
+    difference is about the sampler's copy."""
+    from types import SimpleNamespace
+
+    from async_rollouts import Clock, summarize
+
+    runs = {}
+    for mode, flags in (("sync", []), ("async", ["--async_rollouts", "true", "--staleness", "1"])):
+        _reset_peak(device)
+        start = time.perf_counter()
+        with Clock() as clock:
+            exit_code = _run_train_policy(_loop_argv(scale, path, device, work / f"loop_{mode}", iterations=3) + flags)
+        runs[mode] = {"exit_code": exit_code, "seconds": round(time.perf_counter() - start, 1),
+                      "rollout_s": [round(x, 2) for x in clock.plays], "fill_s": round(clock.fill, 2),
+                      "iteration_s": [round(x, 2) for x in clock.iteration_times], "peak_gib": _peak_gib(device)}
+    clocks = {m: SimpleNamespace(plays=r["rollout_s"], iteration_times=r["iteration_s"], fill=r["fill_s"])
+              for m, r in runs.items()}
+    f = summarize(clocks["sync"], clocks["async"], staleness=1)
+    return {"runs": runs, **{k: round(v, 2) for k, v in f.items()}}
 
 
 def trl_comparison(scale: Scale, path: Path, device: str, work: Path, seconds_left: float) -> dict:
@@ -394,7 +430,7 @@ def trl_comparison(scale: Scale, path: Path, device: str, work: Path, seconds_le
 
 
 STAGES = {"generation": generation, "critic_step": critic_step, "dpo_step": dpo_step, "logprobs": logprobs,
-          "loop_iteration": loop_iteration, "trl_comparison": trl_comparison}
+          "loop_iteration": loop_iteration, "trl_comparison": trl_comparison, "loop_async": loop_async}
 # scripts/gpu_check.sh stops everything at budget_s + 60 s; a stage that may run long gets what is left of it
 HARD_LIMIT_S = 60
 
@@ -445,7 +481,7 @@ def run(args) -> dict:
                 continue
             _reset_peak(device)
             try:
-                extra = (work,) if name == "loop_iteration" else ()
+                extra = (work,) if name in ("loop_iteration", "loop_async") else ()
                 if name == "trl_comparison":
                     extra = (work, args.budget_s + HARD_LIMIT_S - 10 - (time.perf_counter() - t0))
                 result = STAGES[name](scale, model_path, device, *extra)
@@ -488,6 +524,12 @@ def summary(report: dict) -> str:
             lines.append(f"  {name:15s} {s['params'] / 1e6:,.1f}M params ({s['dtype']}) in {s['seconds']} s{peak}")
         elif name == "trl_comparison":
             lines.append(f"  {name:15s} {s['headline']} ({s['seconds']} s)")
+        elif name == "loop_async":
+            r = s["runs"]
+            lines.append(f"  {name:15s} sync R {s['R']} s + T {s['T']} s per iteration (bound {s['bound']}x); async "
+                         f"{s['steady']} s per overlapped iteration: x{s['ratio']} (whole run x{s['whole_ratio']})"
+                         + (f"; peak {r['sync']['peak_gib']} vs {r['async']['peak_gib']} GiB"
+                            if r["sync"]["peak_gib"] is not None else ""))
         elif name == "loop_iteration":
             m = s.get("metrics", {})
             lines.append(f"  {name:15s} {s['seconds']} s, exit {s['exit_code']}, episodes {m.get('loop/episodes_total')}, "

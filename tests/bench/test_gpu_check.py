@@ -77,3 +77,25 @@ def test_gpu_check_script_runs_every_stage_at_tiny_scale(tmp_path):
         else:
             assert r["status"] == "dry-run" and r["tests"] == {"collected": 4}, r
     assert "cpu_2proc.yaml]" not in summary and "SWEET_DIST_CONFIGS=multi_gpu.yaml,fsdp.yaml" in summary
+
+
+def test_gpu_check_loop_async_stage_at_tiny_scale(tmp_path):
+    """The opt-in async LOOP stage: both runs play and train 3 iterations, the async run's
+    rollouts are the fill (iteration 0) and two in the background, played one version behind."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "bench/gpu_check.py", "--scale", "tiny", "--device", "cpu",
+                          "--stages", "loop_async", "--out", str(out), "--work", str(work)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    stage = json.loads((out / "gpu_check.json").read_text())["stages"]["loop_async"]
+    assert res.returncode == 0 and stage["ok"], (stage.get("error"), res.stderr[-3000:])
+    for mode in ("sync", "async"):
+        run = stage["runs"][mode]
+        assert len(run["rollout_s"]) == 3 and len(run["iteration_s"]) == 3, (mode, run)
+        assert run["peak_gib"] is None  # no memory figures without a GPU
+    assert math.isfinite(stage["ratio"]) and stage["ratio"] > 0 and stage["iterations"] == 3
+    versions = {mode: [json.loads(line)["meta"]["policy_version"]
+                       for it in range(3) for line in (work / f"loop_{mode}" / "episodes" / f"iter-{it:04d}.jsonl").open()]
+                for mode in ("sync", "async")}
+    assert versions == {"sync": [0] * 4 + [1] * 4 + [2] * 4, "async": [0] * 8 + [1] * 4}
+    assert "loop_async" in (out / "summary.txt").read_text()
