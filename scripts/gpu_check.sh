@@ -4,6 +4,7 @@
 #   scripts/gpu_check.sh                 # 8B-shaped model, random bf16 weights: < 8 minutes on one H100/H200
 #   SCALE=tiny scripts/gpu_check.sh      # the same stages, tiny model (what the test suite runs on CPU)
 #   DIST=1 scripts/gpu_check.sh          # then the 2-process tests under the GPU launch configs (>= 2 GPUs)
+#   scripts/gpu_check.sh --stages loop_async   # opt-in: LOOP sync vs async rollouts (~5 minutes at 8B)
 #
 # The last stage, trl_comparison (bench/trainer_vs_trl.py: our DPO/SFT steps vs TRL's), runs
 # four processes that each load the model (about 2 minutes at 8B, not yet timed on a GPU): it
