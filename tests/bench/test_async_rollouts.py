@@ -5,9 +5,7 @@ end to end, whose last line is the ratio in the documented form (no timing asser
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,12 +40,10 @@ def test_steady_state_leaves_out_the_drain_and_the_whole_run_keeps_fill_and_drai
         summarize(sync, clock([4.0, 4.0], [6.0, 6.0], 8.0), staleness=2)
 
 
-def test_async_bench_runs_and_prints_the_ratio_last(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "bench/async_rollouts.py", "--iterations", "2", "--latency", "0.05",
-                          "--tasks-per-iteration", "1", "--k", "2", "--max-turns", "2", "--ppo-epochs", "1",
-                          "--threads", "1", "--output-dir", str(tmp_path)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+def test_async_bench_runs_and_prints_the_ratio_last(tmp_path, run_bench):
+    res = run_bench("async_rollouts.py", "--iterations", "2", "--latency", "0.05", "--tasks-per-iteration", "1",
+                    "--k", "2", "--max-turns", "2", "--ppo-epochs", "1", "--threads", "1", "--output-dir", tmp_path,
+                    timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
     assert re.match(r"async / sync iteration throughput: \d+\.\dx \(\d+\.\d\d; steady state\)", lines[-1]), lines[-1]

@@ -3,20 +3,12 @@ line is the ratio in the documented form (memory, not time: no timing assertions
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_logprob_memory_bench_prints_the_ratio_last():
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "bench/logprob_memory.py", "--tokens", "1024", "--action", "128",
-                          "--vocab", "32000", "--hidden", "32", "--layers", "1"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+def test_logprob_memory_bench_prints_the_ratio_last(run_bench):
+    res = run_bench("logprob_memory.py", "--tokens", "1024", "--action", "128", "--vocab", "32000", "--hidden", "32",
+                    "--layers", "1")
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
     m = re.fullmatch(r"peak memory, full logits / chunked: (\d+\.\d)x", lines[-1])
@@ -28,7 +20,6 @@ def test_logprob_memory_bench_prints_the_ratio_last():
     assert gap < 1e-4
 
 
-def test_logprob_memory_bench_refuses_a_bad_action_length():
-    res = subprocess.run([sys.executable, "bench/logprob_memory.py", "--tokens", "64", "--action", "64"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+def test_logprob_memory_bench_refuses_a_bad_action_length(run_bench):
+    res = run_bench("logprob_memory.py", "--tokens", "64", "--action", "64", timeout=60)
     assert res.returncode != 0 and "--action must be in 1..63" in res.stderr

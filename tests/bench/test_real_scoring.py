@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,11 +28,10 @@ def _write_rows(path: Path) -> None:
                                  "test_cases": {f"test{k + 1}": c for k, c in enumerate(calls)}}) + "\n")
 
 
-def test_real_scoring_bench_runs_both_ways_and_prints_the_ratio_last(tmp_path):
+def test_real_scoring_bench_runs_both_ways_and_prints_the_ratio_last(tmp_path, run_bench):
     rows = tmp_path / "rows.jsonl"
     _write_rows(rows)
-    res = subprocess.run([sys.executable, "bench/real_scoring.py", "--tasks", str(rows), "--limit", "4",
-                          "--workers", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = run_bench("real_scoring.py", "--tasks", rows, "--limit", "4", "--workers", "1")
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
     assert lines[0].startswith(f"4 rows of {rows}")
@@ -46,9 +43,8 @@ def test_real_scoring_bench_runs_both_ways_and_prints_the_ratio_last(tmp_path):
     assert re.search(r"mean reward (0\.\d{3}|1\.000)", unsafe)
 
 
-def test_real_scoring_bench_names_a_missing_file():
-    res = subprocess.run([sys.executable, "bench/real_scoring.py", "--tasks", "no/such/rows.jsonl"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+def test_real_scoring_bench_names_a_missing_file(run_bench):
+    res = run_bench("real_scoring.py", "--tasks", "no/such/rows.jsonl", timeout=60)
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == [
         "bench/real_scoring.py: no such file no/such/rows.jsonl (the published backend test split, "

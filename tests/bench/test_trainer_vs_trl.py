@@ -5,25 +5,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def test_bench_runs_both_trainers_and_prints_the_ratio_last(tmp_path):
+def test_bench_runs_both_trainers_and_prints_the_ratio_last(tmp_path, run_bench):
     pytest.importorskip("trl")
     out = tmp_path / "runs.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "bench/trainer_vs_trl.py", "--context", "24", "--action", "8",
-                          "--batch_size", "4", "--micro_batch_size", "2", "--warmup_steps", "1", "--steps", "1",
-                          "--check_steps", "2", "--json", str(out)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    res = run_bench("trainer_vs_trl.py", "--context", "24", "--action", "8", "--batch_size", "4",
+                    "--micro_batch_size", "2", "--warmup_steps", "1", "--steps", "1", "--check_steps", "2",
+                    "--json", out, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     last = res.stdout.strip().splitlines()[-1]
     m = re.fullmatch(r"ours / TRL tokens/s: DPO (\d+\.\d)x, SFT (\d+\.\d)x", last)
