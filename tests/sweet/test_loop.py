@@ -573,6 +573,43 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
     assert all(torch.equal(b[k], c[k]) for k in b)
 
 
+@pytest.mark.slow
+def test_async_two_process_run_matches_one(tmp_path, dist):
+    """Async rollouts at lag 1 under `accelerate launch` with 2 gloo processes (each launch
+    config) and micro-batches of 1 turn, against 1 process with micro-batches of 4: the same
+    episodes, each played by the version one behind, the same metrics and the same weights
+    up to float32 summation order (as the synchronous test above)."""
+    tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
+
+    def cmd(out, micro, launcher):
+        return [*launcher, "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
+                "--tasks", str(tasks), "--iterations", "3", "--tasks_per_iteration", "2", "--k", "8",
+                "--temperature", "3", "--max_new_tokens", "1", "--max_turns", "2", "--batch_size", "3",
+                "--micro_batch_size", str(micro), "--learning_rate", "1e-3", "--async_rollouts", "true",
+                "--staleness", "1", "--report_to", "none", "--output_dir", str(out)]
+
+    runs = {"one": (4, (sys.executable, "-m")), "two": (1, (*dist.launch(29547), "-m"))}
+    for name, (micro, launcher) in runs.items():
+        res = subprocess.run(cmd(tmp_path / name, micro, launcher), cwd=ROOT, capture_output=True, text=True,
+                             timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in runs}
+    assert [r["loop/policy_lag"] for r in rows["two"]] == [0.0, 1.0, 1.0]
+    assert all(r["loop/optimizer_steps"] > 0 for r in rows["one"])
+    for r1, r2 in zip(rows["one"], rows["two"], strict=True):
+        assert {k: v for k, v in r1.items() if k.startswith("env/")} == {k: v for k, v in r2.items() if k.startswith("env/")}
+        assert r1["loss/policy"] == pytest.approx(r2["loss/policy"], abs=1e-5)
+        assert r2["loop/sampler_trainer_logprob_gap"] < 1e-5  # the version-j copy against the trainer at j
+    for j in range(3):
+        played = {name: [(e["task_id"], e["answer"], e["meta"]["policy_version"]) for e in map(
+            json.loads, (tmp_path / name / "episodes" / f"iter-{j:04d}.jsonl").read_text().splitlines())]
+            for name in runs}
+        assert played["one"] == played["two"] and {v for _, _, v in played["two"]} == {max(j - 1, 0)}
+    a, b = _final_weights(tmp_path / "one" / "final"), _final_weights(tmp_path / "two" / "final")
+    assert all(torch.allclose(a[k], b[k], rtol=0, atol=2e-4) for k in a)
+
+
 def test_normalize_advantages_by_hand():
     from sweet.algorithms.loop import normalize_advantages
 
