@@ -433,6 +433,37 @@ def test_killed_and_resumed_run_gives_the_uninterrupted_weights(tmp_path):
     assert (killed / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
 
 
+def test_async_at_lag_0_is_the_synchronous_run(tmp_path):
+    """The async path adds nothing but its lag: at --staleness 0 it trains, bit for bit, the
+    weights of the synchronous run that takes π_old from the sampler (as async always does),
+    on the same episodes, each played by the current version."""
+    tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
+
+    def cmd(out, *extra):
+        return [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed",
+                "--model", "tiny", "--tasks", str(tasks), "--iterations", "2", "--tasks_per_iteration", "2",
+                "--k", "8", "--temperature", "3", "--max_new_tokens", "1", "--max_turns", "2", "--batch_size", "3",
+                "--micro_batch_size", "4", "--learning_rate", "1e-3", "--report_to", "none", "--output_dir", str(out),
+                *extra]
+
+    runs = {"sync": ("--old_logprobs", "sampler"), "async0": ("--async_rollouts", "true", "--staleness", "0")}
+    for name, extra in runs.items():
+        res = subprocess.run(cmd(tmp_path / name, *extra), cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+    a, b = _final_weights(tmp_path / "sync" / "final"), _final_weights(tmp_path / "async0" / "final")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in runs}
+    assert all(r["loop/optimizer_steps"] > 0 for r in rows["sync"])
+    assert [r["loss/policy"] for r in rows["sync"]] == [r["loss/policy"] for r in rows["async0"]]
+    assert [r["loop/policy_lag"] for r in rows["async0"]] == [0.0, 0.0]
+    for j in range(2):
+        played = {name: [(e["task_id"], e["answer"], e["meta"]["policy_version"]) for e in map(
+            json.loads, (tmp_path / name / "episodes" / f"iter-{j:04d}.jsonl").read_text().splitlines())]
+            for name in runs}
+        assert played["sync"] == played["async0"] and {v for _, _, v in played["sync"]} == {j}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # four runs of the CLI
 def test_async_run_is_exact_across_runs_and_a_kill(tmp_path):
