@@ -2,6 +2,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -388,6 +389,18 @@ def runnable_answer_tasks(path: Path) -> Path:
     return path
 
 
+def runnable_loop_cli(tasks: Path, out: Path, *extra: str, iterations: int = 2, micro: int = 4,
+                      launcher: Sequence[str] = (sys.executable, "-m")) -> list[str]:
+    """`sweet.train_policy --algorithm loop` on `runnable_answer_tasks`, as the CLI tests run it:
+    one token per turn at temperature 3, 2 tasks x K=8 per iteration, up to 2 turns, batches
+    of 3 trajectories, lr 1e-3; `extra` flags are appended."""
+    return [*launcher, "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
+            "--tasks", str(tasks), "--iterations", str(iterations), "--tasks_per_iteration", "2", "--k", "8",
+            "--temperature", "3", "--max_new_tokens", "1", "--max_turns", "2", "--batch_size", "3",
+            "--micro_batch_size", str(micro), "--learning_rate", "1e-3", "--report_to", "none",
+            "--output_dir", str(out), *extra]
+
+
 def _final_weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -405,11 +418,7 @@ def test_killed_and_resumed_run_gives_the_uninterrupted_weights(tmp_path):
     tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
 
     def cmd(out):
-        return [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed",
-                "--model", "tiny", "--tasks", str(tasks), "--gradient_checkpointing", "true", "--iterations", "2",
-                "--tasks_per_iteration", "2", "--k", "8", "--temperature", "3", "--max_new_tokens", "1",
-                "--max_turns", "2", "--batch_size", "3", "--micro_batch_size", "4", "--learning_rate", "1e-3",
-                "--report_to", "none", "--output_dir", str(out)]
+        return runnable_loop_cli(tasks, out, "--gradient_checkpointing", "true")
 
     whole = tmp_path / "whole"
     res = subprocess.run(cmd(whole), cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -439,16 +448,10 @@ def test_async_at_lag_0_is_the_synchronous_run(tmp_path):
     on the same episodes, each played by the current version."""
     tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
 
-    def cmd(out, *extra):
-        return [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed",
-                "--model", "tiny", "--tasks", str(tasks), "--iterations", "2", "--tasks_per_iteration", "2",
-                "--k", "8", "--temperature", "3", "--max_new_tokens", "1", "--max_turns", "2", "--batch_size", "3",
-                "--micro_batch_size", "4", "--learning_rate", "1e-3", "--report_to", "none", "--output_dir", str(out),
-                *extra]
-
     runs = {"sync": ("--old_logprobs", "sampler"), "async0": ("--async_rollouts", "true", "--staleness", "0")}
     for name, extra in runs.items():
-        res = subprocess.run(cmd(tmp_path / name, *extra), cwd=ROOT, capture_output=True, text=True, timeout=600)
+        res = subprocess.run(runnable_loop_cli(tasks, tmp_path / name, *extra), cwd=ROOT, capture_output=True,
+                             text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-3000:]
     a, b = _final_weights(tmp_path / "sync" / "final"), _final_weights(tmp_path / "async0" / "final")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -477,11 +480,8 @@ def test_async_run_is_exact_across_runs_and_a_kill(tmp_path):
     tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
 
     def cmd(out):
-        return [sys.executable, "-m", "sweet.train_policy", "--algorithm", "loop", "--env", "testbed",
-                "--model", "tiny", "--tasks", str(tasks), "--gradient_checkpointing", "true", "--iterations", "3",
-                "--tasks_per_iteration", "2", "--k", "8", "--temperature", "3", "--max_new_tokens", "1",
-                "--max_turns", "2", "--batch_size", "3", "--micro_batch_size", "4", "--learning_rate", "1e-3",
-                "--async_rollouts", "true", "--staleness", "1", "--report_to", "none", "--output_dir", str(out)]
+        return runnable_loop_cli(tasks, out, "--gradient_checkpointing", "true", "--async_rollouts", "true",
+                                 "--staleness", "1", iterations=3)
 
     runs = {name: tmp_path / name for name in ("a", "b", "killed")}
     for name in ("a", "b"):
@@ -567,11 +567,7 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
     launch = [*dist.launch(29537), "-m"]
 
     def cmd(out, launcher=(sys.executable, "-m")):
-        return [*launcher, "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
-                "--tasks", str(tasks), "--iterations", "2", "--tasks_per_iteration", "2", "--k", "8",
-                "--temperature", "3", "--max_new_tokens", "1", "--max_turns", "2", "--batch_size", "3",
-                "--micro_batch_size", "1", "--learning_rate", "1e-3", "--kl_coef", "0.05", "--report_to", "none",
-                "--output_dir", str(out)]
+        return runnable_loop_cli(tasks, out, "--kl_coef", "0.05", micro=1, launcher=launcher)
 
     for out, launcher in ((tmp_path / "one", (sys.executable, "-m")), (tmp_path / "two", launch)):
         res = subprocess.run(cmd(out, launcher), cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -612,17 +608,11 @@ def test_async_two_process_run_matches_one(tmp_path, dist):
     up to float32 summation order (as the synchronous test above)."""
     tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
 
-    def cmd(out, micro, launcher):
-        return [*launcher, "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
-                "--tasks", str(tasks), "--iterations", "3", "--tasks_per_iteration", "2", "--k", "8",
-                "--temperature", "3", "--max_new_tokens", "1", "--max_turns", "2", "--batch_size", "3",
-                "--micro_batch_size", str(micro), "--learning_rate", "1e-3", "--async_rollouts", "true",
-                "--staleness", "1", "--report_to", "none", "--output_dir", str(out)]
-
     runs = {"one": (4, (sys.executable, "-m")), "two": (1, (*dist.launch(29547), "-m"))}
     for name, (micro, launcher) in runs.items():
-        res = subprocess.run(cmd(tmp_path / name, micro, launcher), cwd=ROOT, capture_output=True, text=True,
-                             timeout=900)
+        cmd = runnable_loop_cli(tasks, tmp_path / name, "--async_rollouts", "true", "--staleness", "1",
+                                iterations=3, micro=micro, launcher=launcher)
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
         assert res.returncode == 0, res.stderr[-3000:]
     rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
             for name in runs}
