@@ -237,6 +237,9 @@ def main() -> None:
                                                      "runs/demo/warm_start/behave/final (default: train one)")
     p.add_argument("--output-dir", default=None, help="where the runs go (default: a temporary folder)")
     args = p.parse_args()
+    if not args.learning and args.iterations <= args.staleness:  # before any run: nothing to time otherwise
+        p.error(f"--iterations ({args.iterations}) must exceed --staleness ({args.staleness}) to time an "
+                f"overlapped iteration")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.output_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)

@@ -53,3 +53,10 @@ def test_async_bench_runs_and_prints_the_ratio_last(tmp_path, run_bench):
         for it, version in enumerate(versions):
             rows = [json.loads(line) for line in (tmp_path / run / "episodes" / f"iter-{it:04d}.jsonl").open()]
             assert [r["meta"]["policy_version"] for r in rows] == [version, version], (run, it)
+
+
+def test_async_bench_refuses_too_few_iterations_before_running(run_bench):
+    res = run_bench("async_rollouts.py", "--iterations", "2", "--staleness", "2", timeout=60)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines()[-1].endswith(
+        "error: --iterations (2) must exceed --staleness (2) to time an overlapped iteration")
