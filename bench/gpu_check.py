@@ -379,7 +379,8 @@ def loop_async(scale: Scale, path: Path, device: str, work: Path) -> dict:
     `--async_rollouts` at lag 1 (the sampler's own model copy on the same device, playing the
     next iteration while the trainer trains): per-run seconds, rollout and iteration times
     (bench/async_rollouts.py's clock and arithmetic) and each run's peak memory, whose
-    difference is about the sampler's copy."""
+    difference is about the sampler's copy. Run alone, the sync run's first iteration also
+    pays the GPU's warm-up, which favours async: read the per-iteration times it records."""
     from types import SimpleNamespace
 
     from async_rollouts import Clock, summarize
