@@ -39,6 +39,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from statistics import fmean as mean
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -151,7 +152,6 @@ def summarize(sync: Clock, lagged: Clock, staleness: int) -> dict[str, float]:
     iterations have nothing left to sample and take only T. The steady state (what a long
     run gets per iteration) is the mean of the former; the whole run adds the pipeline fill
     (the first s rollouts, before the loop) and the s drain iterations."""
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     n = len(lagged.iteration_times)
     if n <= staleness:
         raise ValueError(f"--iterations must exceed --staleness ({staleness}) to time an overlapped iteration")
@@ -206,7 +206,6 @@ def learning(args, work: Path) -> None:
     for v in success:
         ci = bootstrap_ci(list(success[v].values()))
         print(f"  {v:10s} success {ci.value:.3f} [{ci.low:.3f}, {ci.high:.3f}] (95%, (seed x task) clusters)")
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     for seed in range(args.seeds):
         rates = {v: mean([x for (s, _), xs in success[v].items() if s == seed for x in xs]) for v in success}
         print(f"  seed {seed}: " + ", ".join(f"{v} {r:.3f}" for v, r in rates.items())

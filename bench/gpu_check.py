@@ -381,11 +381,9 @@ def loop_async(scale: Scale, path: Path, device: str, work: Path) -> dict:
     (bench/async_rollouts.py's clock and arithmetic) and each run's peak memory, whose
     difference is about the sampler's copy. Run alone, the sync run's first iteration also
     pays the GPU's warm-up, which favours async: read the per-iteration times it records."""
-    from types import SimpleNamespace
-
     from async_rollouts import Clock, summarize
 
-    runs = {}
+    runs, clocks = {}, {}
     for mode, flags in (("sync", []), ("async", ["--async_rollouts", "true", "--staleness", "1"])):
         _reset_peak(device)
         start = time.perf_counter()
@@ -394,8 +392,7 @@ def loop_async(scale: Scale, path: Path, device: str, work: Path) -> dict:
         runs[mode] = {"exit_code": exit_code, "seconds": round(time.perf_counter() - start, 1),
                       "rollout_s": [round(x, 2) for x in clock.plays], "fill_s": round(clock.fill, 2),
                       "iteration_s": [round(x, 2) for x in clock.iteration_times], "peak_gib": _peak_gib(device)}
-    clocks = {m: SimpleNamespace(plays=r["rollout_s"], iteration_times=r["iteration_s"], fill=r["fill_s"])
-              for m, r in runs.items()}
+        clocks[mode] = clock
     f = summarize(clocks["sync"], clocks["async"], staleness=1)
     return {"runs": runs, **{k: round(v, 2) for k, v in f.items()}}
 
