@@ -29,7 +29,12 @@ Each iteration (paper, Algorithm 1):
      trajectories per optimiser step, with the PPO clipped objective per token
          ℓ = −min(ρ·A, clip(ρ, 1/1.1, 1.1)·A) [+ kl_coef · KL],   ρ = π_θ / π_old,
      and the step's loss = mean over its trajectories of the mean over ALL the
-     trajectory's action tokens (all its turns) of ℓ.
+     trajectory's action tokens (all its turns) of ℓ. `--decoupled_loss` (for stale
+     episodes): the decoupled objective (Hilton et al. 2022, arXiv 2110.00641; AReaL)
+         ℓ = −(π_prox / π_behav) · min(ρ·A, clip(ρ)·A),   ρ = π_θ / π_prox,
+     π_prox the trainer's policy at the iteration's start and π_behav the sampler's, so the
+     trust region sits around the current policy while the weight corrects the lag
+     (tokens whose weight exceeds `behaviour_weight_cap` leave the loss);
 No value network, no reference model, no KL term by default (LOOP).
 
 The PPO row (`--advantage ppo`, the paper's "PPO with a learned critic", 50.8): the
@@ -158,6 +163,12 @@ class LoopConfig:
                                                                   "exceeds this (a guard the paper does not have)"})
     sampler: str = field(default="", metadata={"help": "'' = the live policy via transformers; 'vllm' = a vLLM engine "
                                                    "that follows the weights (LoRA adapter or weight copy) each iteration"})
+    decoupled_loss: bool = field(default=False, metadata={
+        "help": "clip rho = pi_theta / pi_prox around the trainer's policy at the iteration's start and weight each "
+                "token by pi_prox / pi_behav (the sampler's); for async_rollouts' stale episodes (AReaL's decoupled "
+                "PPO); pi_old is then pi_prox whatever old_logprobs says"})
+    behaviour_weight_cap: float | None = field(default=None, metadata={
+        "help": "decoupled_loss: tokens whose pi_prox / pi_behav exceeds this leave the loss (None: no cap)"})
     async_rollouts: bool = field(default=False, metadata={
         "help": "play the episodes of iteration i+s (policy version i, the sampler's own model copy) in a background "
                 "thread while training on iteration i's; pi_old is then the sampler's log-probs (hf sampler only)"})
@@ -195,6 +206,14 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.async_rollouts runs the transformers sampler (a model copy) only, got "
                              f"sampler {self.sampler!r}")
         check_range(self, "max_logprob_gap", low=0, strict=True)
+        if self.behaviour_weight_cap is not None:
+            check_range(self, "behaviour_weight_cap", low=1)
+            if not self.decoupled_loss:
+                raise ValueError("LoopConfig.behaviour_weight_cap caps the decoupled loss's weight: it needs "
+                                 "decoupled_loss true")
+        if self.decoupled_loss and self.old_logprobs == "sampler":
+            raise ValueError("LoopConfig.decoupled_loss clips around the trainer's policy (pi_prox) and weights by "
+                             "the sampler's: old_logprobs 'sampler' contradicts it (leave it 'trainer')")
         check_range(self, "sampler_gpu_memory_utilization", low=0, high=1, strict=True)
         if self.ratio_level not in ("token", "turn", "trajectory"):
             raise ValueError(f"LoopConfig.ratio_level must be token, turn or trajectory, got {self.ratio_level!r}")
@@ -329,8 +348,9 @@ def clipped_policy_loss(
     traj_log_ratio: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    behaviour_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Σ_tokens weight · ℓ, ℓ = −min(ρ·A, clip(ρ)·A) + kl_coef · KL, and Σ weight · metric.
+    """Σ_tokens weight · ℓ, ℓ = −w_behav · min(ρ·A, clip(ρ)·A) + kl_coef · KL, and Σ weight · metric.
 
     logp, old_logp, ref_logp: [B, L] log π_θ, log π_old, log π_ref per token; weight: [B, L]
     (0 off the loss; 1/N_τ on the kept action tokens of trajectory τ, so that summing over
@@ -339,7 +359,9 @@ def clipped_policy_loss(
     of log π_θ − log π_old); "trajectory" ρ = exp(traj_log_ratio [B]), the trajectory's mean
     log ratio at the current weights (computed beforehand, detached), with the gradient of
     that mean flowing through each of its tokens (the rows of a trajectory may sit in
-    different micro-batches)."""
+    different micro-batches).
+    behaviour_weight: [B, L] w_behav = π_prox / π_behav, constant (the decoupled objective:
+    old_logp is then log π_prox); None: w_behav = 1, the standard objective."""
     import torch
 
     on = (weight > 0).to(logp.dtype)
@@ -361,6 +383,8 @@ def clipped_policy_loss(
     adv = advantages[:, None].to(logp.dtype)
     per_token = -torch.minimum(rho * adv, torch.clamp(rho, clip_low, clip_high) * adv)
     w = weight.to(logp.dtype)
+    if behaviour_weight is not None:
+        per_token = per_token * behaviour_weight.detach().to(logp.dtype)
     policy = (per_token * w).sum()
     loss = policy
     rho_d = rho.detach()
@@ -369,6 +393,8 @@ def clipped_policy_loss(
         "loop/clip_fraction": (((rho_d < clip_low) | (rho_d > clip_high)).to(w.dtype) * w).sum(),
         "loop/ratio_mean": (rho_d * w).sum(),
     }
+    if behaviour_weight is not None:
+        sums["loop/behaviour_weight_mean"] = (behaviour_weight.detach().to(w.dtype) * w).sum()
     if ref_logp is not None and kl_coef > 0:
         r = (ref_logp - logp) * on
         kl = torch.exp(r) - r - 1  # k3: unbiased, >= 0
@@ -406,11 +432,13 @@ class SampledTurn:
 class LoopTurn:
     """One agent turn as a training item, as the no-grad pass leaves it.
 
-    `old`, `ref`: log π_old / log π_ref of the action tokens ([A]; ref None without KL);
-    `keep`: [A] bool, tokens inside the sampler/trainer gap guard; `traj_tokens`: N_τ, the
-    kept action tokens of the whole trajectory; `advantage`: the turn's A; `value_target`:
-    ppo's A_t + V_t (else None); `traj_log_ratio`: ratio_level 'trajectory' only, set per
-    optimiser step on a copy (`trajectory_log_ratios`)."""
+    `old`, `ref`: log π_old / log π_ref of the action tokens ([A]; ref None without KL;
+    decoupled_loss: old is log π_prox); `keep`: [A] bool, tokens inside the sampler/trainer
+    gap guard; `traj_tokens`: N_τ, the kept action tokens of the whole trajectory;
+    `advantage`: the turn's A; `value_target`: ppo's A_t + V_t (else None);
+    `behaviour_weight`: decoupled_loss's π_prox / π_behav ([A], 0 above the cap; else
+    None); `traj_log_ratio`: ratio_level 'trajectory' only, set per optimiser step on a copy
+    (`trajectory_log_ratios`)."""
 
     turn: SampledTurn
     advantage: float
@@ -419,6 +447,7 @@ class LoopTurn:
     keep: torch.Tensor
     traj_tokens: int
     value_target: float | None = None
+    behaviour_weight: torch.Tensor | None = None
     traj_log_ratio: float = 0.0
 
     @property
@@ -497,15 +526,18 @@ def build_batch(turns: Sequence[SampledTurn], scored, advantages: Sequence[float
     sampler's policy version: `scored` (this pass; synchronous rollouts sample with the
     current weights) or the turn's `recomputed` (async rollouts). π_old: the trainer's, or
     the sampler's with `old_logprobs sampler` and always with `async_rollouts` (the
-    behaviour policy, so the ratio corrects the lag)."""
+    behaviour policy, so the ratio corrects the lag). `decoupled_loss`: π_old is π_prox,
+    this pass's (the current weights), and each token carries π_prox / π_behav (the
+    sampler's; 1 where the sampler recorded none), 0 above `behaviour_weight_cap`."""
     import torch
 
-    sampler_old = cfg.old_logprobs == "sampler" or cfg.async_rollouts
-    gap_sum, n_gap, olds, keeps = 0.0, 0, [], []
+    sampler_old = (cfg.old_logprobs == "sampler" or cfg.async_rollouts) and not cfg.decoupled_loss
+    gap_sum, n_gap, olds, keeps, weights = 0.0, 0, [], [], []
     for t, (lp, _, _) in zip(turns, scored):
         trainer_lp = lp if t.recomputed is None else torch.tensor(t.recomputed, dtype=torch.float32)
-        old = trainer_lp.clone()
+        old = (lp if cfg.decoupled_loss else trainer_lp).clone()
         keep = torch.ones(len(lp), dtype=torch.bool)
+        weight = torch.ones(len(lp)) if cfg.decoupled_loss else None
         if t.sampler_logprobs is not None:
             n = min(len(t.sampler_logprobs), len(trainer_lp))
             s = torch.tensor(t.sampler_logprobs[:n], dtype=torch.float32)
@@ -514,14 +546,20 @@ def build_batch(turns: Sequence[SampledTurn], scored, advantages: Sequence[float
             gap_sum, n_gap = gap_sum + float(gap.sum()), n_gap + n
             if sampler_old:
                 old[:n] = s
+            if weight is not None:
+                weight[:n] = torch.exp(lp[:n] - s)
+        if weight is not None and cfg.behaviour_weight_cap is not None:
+            weight[weight > cfg.behaviour_weight_cap] = 0.0
         olds.append(old)
         keeps.append(keep)
+        weights.append(weight)
     tokens: dict[int, int] = {}
     for t, keep in zip(turns, keeps):
         tokens[t.trajectory] = tokens.get(t.trajectory, 0) + int(keep.sum())
     batch = tuple(LoopTurn(t, float(a), old, rf, keep, tokens[t.trajectory],
-                           None if value_targets is None else value_targets[i])
-                  for i, (t, a, old, (_, rf, _), keep) in enumerate(zip(turns, advantages, olds, scored, keeps)))
+                           None if value_targets is None else value_targets[i], w)
+                  for i, (t, a, old, (_, rf, _), keep, w)
+                  in enumerate(zip(turns, advantages, olds, scored, keeps, weights)))
     return batch, gap_sum / max(n_gap, 1)
 
 
@@ -540,16 +578,19 @@ def make_loss_fn(cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int, with_valu
         old = torch.zeros_like(logp)
         ref = torch.zeros_like(logp) if cfg.kl_coef > 0 else None
         weight = torch.zeros_like(logp)
+        behaviour = torch.ones_like(logp) if cfg.decoupled_loss else None
         for j, it in enumerate(items):
             pos = batch.action_mask[j].bool()
             old[j, pos] = it.old.to(device)
             if ref is not None:
                 ref[j, pos] = it.ref.to(device)
+            if behaviour is not None:
+                behaviour[j, pos] = it.behaviour_weight.to(device, logp.dtype)
             weight[j, pos] = it.keep.to(device, logp.dtype) / max(it.traj_tokens, 1)
         adv = torch.tensor([it.advantage for it in items], device=device)
         traj_lr = torch.tensor([it.traj_log_ratio for it in items], device=device)
         loss, sums = clipped_policy_loss(logp, old, adv, weight, cfg.clip_low, cfg.clip_high, cfg.ratio_level,
-                                         traj_lr, ref, cfg.kl_coef)
+                                         traj_lr, ref, cfg.kl_coef, behaviour)
         if with_value:
             target = torch.tensor([it.value_target for it in items], device=device)
             per_turn = value_loss(values, target, torch.tensor([it.turn.n_turns for it in items], device=device))

@@ -47,13 +47,15 @@ def test_turn_gae_by_hand():
 # ---- the clipped objective, by hand -----------------------------------------------------
 
 
-def _loss(logp, old, adv, weight=None, level="token", traj_lr=None, ref=None, kl_coef=0.0):
+def _loss(logp, old, adv, weight=None, level="token", traj_lr=None, ref=None, kl_coef=0.0, behaviour=None):
     logp = torch.tensor(logp, requires_grad=True)
     old = torch.tensor(old)
     weight = torch.full_like(logp, 1 / logp.shape[1]) if weight is None else torch.tensor(weight)
     traj_lr = None if traj_lr is None else torch.tensor(traj_lr)
     ref = None if ref is None else torch.tensor(ref)
-    loss, m = clipped_policy_loss(logp, old, torch.tensor(adv), weight, 1 / 1.1, 1.1, level, traj_lr, ref, kl_coef)
+    behaviour = None if behaviour is None else torch.tensor(behaviour)
+    loss, m = clipped_policy_loss(logp, old, torch.tensor(adv), weight, 1 / 1.1, 1.1, level, traj_lr, ref, kl_coef,
+                                  behaviour)
     return loss, m, logp
 
 
@@ -117,6 +119,31 @@ def test_kl_term_by_hand():
     assert float(loss) == pytest.approx(2.0 * k3, rel=1e-5)
 
 
+def test_decoupled_objective_by_hand():
+    """ℓ = −w·min(ρ·A, clip(ρ)·A), ρ = π_θ/π_prox, w = π_prox/π_behav (constant). Inside the
+    clip range, value and gradient are the standard objective's with π_old = π_behav
+    (w·ρ = π_θ/π_behav); the clip binds around π_prox, not π_behav. A = +1, log π_behav = 0."""
+    # log π_prox = 0.02, log π_θ = 0.05: ρ = e^0.03, w = e^0.02; standard: ρ = e^0.05, both inside
+    dec, m, g_dec = _loss([[0.05]], [[0.02]], [1.0], behaviour=[[math.exp(0.02)]])
+    std, _, g_std = _loss([[0.05]], [[0.0]], [1.0])
+    assert float(dec) == pytest.approx(-math.exp(0.05), rel=1e-5) and float(std) == pytest.approx(float(dec))
+    (dec + std).backward()
+    assert float(g_dec.grad) == pytest.approx(-math.exp(0.05), rel=1e-5) == float(g_std.grad)
+    assert float(m["loop/behaviour_weight_mean"]) == pytest.approx(math.exp(0.02))
+    # log π_prox = 0.3, log π_θ = 0.35: the standard ratio e^0.35 = 1.42 is clipped (no gradient), the
+    # decoupled one e^0.05 is not: loss −e^0.3·e^0.05, gradient −e^0.35
+    dec, m, g_dec = _loss([[0.35]], [[0.3]], [1.0], behaviour=[[math.exp(0.3)]])
+    std, m_std, g_std = _loss([[0.35]], [[0.0]], [1.0])
+    (dec + std).backward()
+    assert float(dec) == pytest.approx(-math.exp(0.35), rel=1e-5) and float(std) == pytest.approx(-1.1)
+    assert float(g_dec.grad) == pytest.approx(-math.exp(0.35), rel=1e-5) and float(g_std.grad) == 0.0
+    assert float(m["loop/clip_fraction"]) == 0.0 and float(m_std["loop/clip_fraction"]) == 1.0
+    # a weight of 0 (above the cap) takes the token out of the loss
+    dec, _, g_dec = _loss([[0.35]], [[0.3]], [1.0], behaviour=[[0.0]])
+    dec.backward()
+    assert float(dec) == 0.0 and float(g_dec.grad) == 0.0
+
+
 def test_loop_config_validates():
     from sweet.algorithms.loop import LoopConfig
 
@@ -130,6 +157,12 @@ def test_loop_config_validates():
         LoopConfig(async_rollouts=True, staleness=-1)
     with pytest.raises(ValueError, match="LoopConfig.async_rollouts"):
         LoopConfig(async_rollouts=True, sampler="vllm")
+    with pytest.raises(ValueError, match="LoopConfig.behaviour_weight_cap caps the decoupled loss"):
+        LoopConfig(behaviour_weight_cap=2.0)
+    with pytest.raises(ValueError, match=r"^LoopConfig.behaviour_weight_cap must be >= 1, got 0.5$"):
+        LoopConfig(decoupled_loss=True, behaviour_weight_cap=0.5)
+    with pytest.raises(ValueError, match="LoopConfig.decoupled_loss .* old_logprobs 'sampler'"):
+        LoopConfig(decoupled_loss=True, old_logprobs="sampler")
 
 
 def test_async_batch_takes_pi_old_from_the_sampler_and_guards_against_its_version():
@@ -149,6 +182,25 @@ def test_async_batch_takes_pi_old_from_the_sampler_and_guards_against_its_versio
     sync, sync_gap = build_batch([replace(turn, recomputed=None)], scored, [1.0], None, LoopConfig(max_logprob_gap=0.5))
     assert sync[0].old.tolist() == [-5.0, -2.0, -3.0] and sync[0].keep.tolist() == [False, True, True]
     assert sync_gap == pytest.approx(4 / 3, abs=1e-6)
+
+
+def test_decoupled_batch_clips_around_the_current_policy_and_weights_by_the_sampler():
+    """decoupled_loss, async: π_old is this pass's log-probs (π_prox, the current weights),
+    each token carries π_prox / π_behav (the sampler's), 0 above behaviour_weight_cap, and the
+    gap guard still compares the sampler with the trainer at the sampler's version."""
+    from sweet.algorithms.loop import LoopConfig, SampledTurn, build_batch
+
+    turn = SampledTurn((1,), (2, 3, 4), [-1.0, -2.0, -3.0], 0, True, 1, recomputed=[-1.1, -2.9, -3.0])
+    scored = [(torch.tensor([-5.0, -2.0, -2.5]), None, None)]
+    cfg = LoopConfig(async_rollouts=True, max_logprob_gap=0.5, decoupled_loss=True)
+    batch, _ = build_batch([turn], scored, [1.0], None, cfg)
+    assert batch[0].old.tolist() == [-5.0, -2.0, -2.5]
+    assert torch.allclose(batch[0].behaviour_weight, torch.tensor([math.exp(-4.0), 1.0, math.exp(0.5)]))
+    assert batch[0].keep.tolist() == [True, False, True]
+    capped, _ = build_batch([turn], scored, [1.0], None, replace(cfg, behaviour_weight_cap=1.5))
+    assert torch.allclose(capped[0].behaviour_weight, torch.tensor([math.exp(-4.0), 1.0, 0.0]))
+    standard, _ = build_batch([turn], scored, [1.0], None, replace(cfg, decoupled_loss=False))
+    assert standard[0].behaviour_weight is None
 
 
 def test_defaults_follow_the_environment_and_the_paper(capsys):
@@ -465,6 +517,23 @@ def test_async_at_lag_0_is_the_synchronous_run(tmp_path):
             json.loads, (tmp_path / name / "episodes" / f"iter-{j:04d}.jsonl").read_text().splitlines())]
             for name in runs}
         assert played["sync"] == played["async0"] and {v for _, _, v in played["sync"]} == {j}
+
+
+def test_async_decoupled_loss_weights_the_lagged_iterations(tmp_path):
+    """--decoupled_loss at lag 1 through the CLI: iteration 0 trains on the version it plays
+    (π_prox = π_behav: the weight is 1 up to the sampler/trainer float gap); iteration 1 on
+    version 0's episodes with version 1's weights, so π_prox / π_behav moves away from 1."""
+    tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
+    out = tmp_path / "decoupled"
+    res = subprocess.run(runnable_loop_cli(tasks, out, "--async_rollouts", "true", "--decoupled_loss", "true"),
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loop/policy_lag"] for r in rows] == [0.0, 1.0]
+    assert all(r["loop/optimizer_steps"] > 0 for r in rows), rows
+    same, lagged = (r["loop/behaviour_weight_mean"] for r in rows)
+    assert abs(same - 1) < 1e-5 and rows[0]["loop/sampler_trainer_logprob_gap"] < 1e-5
+    assert abs(lagged - 1) > 1e-3, lagged
 
 
 @pytest.mark.slow
