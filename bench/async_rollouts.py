@@ -4,6 +4,7 @@ slow simulated human, and (optionally) what each learns on the test bed.
     python bench/async_rollouts.py                        # throughput, lag 1, 4 s per reply
     python bench/async_rollouts.py --latency 0.5 --ppo-epochs 2 --staleness 2
     python bench/async_rollouts.py --learning --seeds 3   # instead: success after the same episodes
+    python bench/async_rollouts.py --learning --decoupled # and async with the decoupled PPO loss
 
 Throughput: LOOP (`sweet.train_policy --algorithm loop`) on the backend environment with an
 LLM simulated human (`simulators.llm`) whose OpenAI-compatible server (a local HTTP server,
@@ -26,7 +27,9 @@ whole run's ratio with the fill and that drain included.
 Learning (`--learning`): sync and async LOOP from the test bed's warm start (the main
 job's, `testbed.pipeline.warm_start`), the test bed's LOOP settings (testbed/pipeline.py), the
 same iterations and so the same episodes, then `colbench.evaluate` on the test tasks;
-success with a 95% interval over (seed x test task) clusters.
+success with a 95% interval over (seed x test task) clusters, and each async variant minus
+sync, paired. `--decoupled` adds async LOOP with `--decoupled_loss` (the trust region around
+the trainer's current policy, the lag corrected by the weight π_prox / π_behav).
 """
 
 from __future__ import annotations
@@ -186,7 +189,10 @@ def learning(args, work: Path) -> None:
 
     setup = TestbedSetup(test_limit=args.test_limit)
     warm = Path(args.warm_start) if args.warm_start else warm_start(work / "warm_start")
-    variants = {"sync": {}, "async": {"async_rollouts": True, "staleness": args.staleness}}
+    lagged = {"async_rollouts": True, "staleness": args.staleness}
+    variants = {"sync": {}, "async": lagged}
+    if args.decoupled:
+        variants["async_decoupled"] = {**lagged, "decoupled_loss": True}
     success: dict[str, dict] = {v: {} for v in ("warm_start", *variants)}
     episodes = args.learning_iterations * 8 * 6  # testbed/pipeline.py's LOOP: 8 tasks x K=6 per iteration
     for seed in range(args.seeds):
@@ -206,13 +212,15 @@ def learning(args, work: Path) -> None:
     for v in success:
         ci = bootstrap_ci(list(success[v].values()))
         print(f"  {v:10s} success {ci.value:.3f} [{ci.low:.3f}, {ci.high:.3f}] (95%, (seed x task) clusters)")
+    lagged_variants = [v for v in variants if v != "sync"]
     for seed in range(args.seeds):
         rates = {v: mean([x for (s, _), xs in success[v].items() if s == seed for x in xs]) for v in success}
         print(f"  seed {seed}: " + ", ".join(f"{v} {r:.3f}" for v, r in rates.items())
-              + f", async - sync {rates['async'] - rates['sync']:+.3f}")
-    diff = bootstrap_ci([[mean(success["async"][c]) - mean(success["sync"][c])] for c in success["sync"]])
-    print(f"async - sync success: {diff.value:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}] (95%, paired by (seed x task); "
-          f"the interval holds the tasks' sampling noise, not the runs' own: see the seeds)")
+              + "".join(f", {v} - sync {rates[v] - rates['sync']:+.3f}" for v in lagged_variants))
+    for v in lagged_variants:
+        diff = bootstrap_ci([[mean(success[v][c]) - mean(success["sync"][c])] for c in success["sync"]])
+        print(f"{v} - sync success: {diff.value:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}] (95%, paired by "
+              f"(seed x task); the interval holds the tasks' sampling noise, not the runs' own: see the seeds)")
 
 
 def main() -> None:
@@ -229,6 +237,7 @@ def main() -> None:
     p.add_argument("--learning", action="store_true", help="compare what sync and async LOOP learn (instead of "
                                                                 "the throughput)")
     p.add_argument("--seeds", type=int, default=3, help="--learning: seeds")
+    p.add_argument("--decoupled", action="store_true", help="--learning: also async LOOP with --decoupled_loss")
     p.add_argument("--learning-iterations", type=int, default=9, help="--learning: LOOP iterations per run "
                                                                          "(the test bed's: 9, 432 episodes)")
     p.add_argument("--test-limit", type=int, default=0, help="--learning: the first N test tasks (0: all)")
