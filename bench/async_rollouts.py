@@ -5,6 +5,7 @@ slow simulated human, and (optionally) what each learns on the test bed.
     python bench/async_rollouts.py --latency 0.5 --ppo-epochs 2 --staleness 2
     python bench/async_rollouts.py --learning --seeds 3   # instead: success after the same episodes
     python bench/async_rollouts.py --learning --decoupled # and async with the decoupled PPO loss
+    python bench/async_rollouts.py --decoupled            # throughput, the async run with that loss
 
 Throughput: LOOP (`sweet.train_policy --algorithm loop`) on the backend environment with an
 LLM simulated human (`simulators.llm`) whose OpenAI-compatible server (a local HTTP server,
@@ -141,7 +142,8 @@ def throughput(args, work: Path) -> None:
              "min_abs_advantage": 0.0}
     try:
         sync = run_loop(work / "sync", flags)
-        lagged = run_loop(work / "async", {**flags, "async_rollouts": True, "staleness": args.staleness})
+        lagged = run_loop(work / "async", {**flags, "async_rollouts": True, "staleness": args.staleness,
+                                           "decoupled_loss": args.decoupled})
     finally:
         server.close()
     print_throughput(summarize(sync, lagged, args.staleness), args)
@@ -174,7 +176,8 @@ def print_throughput(f: dict[str, float], args) -> None:
           f"up to {args.max_turns} agent turns, {args.ppo_epochs} epochs of batch {args.batch_size}, both runs")
     print(f"sync:  R (rollout) {f['R']:.2f} s + T (training) {f['T']:.2f} s = {f['sync']:.2f} s per iteration; "
           f"bound at lag 1: (R+T)/max(R,T) = {f['bound']:.2f}x")
-    print(f"async (lag {args.staleness}): {f['steady']:.2f} s per overlapped iteration, background rollouts "
+    loss = ", decoupled loss" if args.decoupled else ""
+    print(f"async (lag {args.staleness}{loss}): {f['steady']:.2f} s per overlapped iteration, background rollouts "
           f"{f['background']:.2f} s each (R'); pipeline fill {f['fill']:.2f} s, last {args.staleness} "
           f"iteration(s) without rollout {f['drain']:.2f} s")
     print(f"whole run, fill and drain included: async / sync {f['whole_ratio']:.2f}x over {f['iterations']} iterations")
@@ -237,7 +240,8 @@ def main() -> None:
     p.add_argument("--learning", action="store_true", help="compare what sync and async LOOP learn (instead of "
                                                                 "the throughput)")
     p.add_argument("--seeds", type=int, default=3, help="--learning: seeds")
-    p.add_argument("--decoupled", action="store_true", help="--learning: also async LOOP with --decoupled_loss")
+    p.add_argument("--decoupled", action="store_true", help="async LOOP with --decoupled_loss (--learning: as a "
+                                                                "third run beside sync and async)")
     p.add_argument("--learning-iterations", type=int, default=9, help="--learning: LOOP iterations per run "
                                                                          "(the test bed's: 9, 432 episodes)")
     p.add_argument("--test-limit", type=int, default=0, help="--learning: the first N test tasks (0: all)")

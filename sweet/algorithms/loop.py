@@ -6,7 +6,8 @@
         --model hf:meta-llama/Llama-3.1-8B-Instruct --simulator openai:...@http://localhost:8000/v1 \
         --output_dir runs/loop-8b                                         # 1 GPU, vLLM rollouts
     ... --advantage grpo        # the paper's GRPO row (58.0); --advantage ppo: PPO + value head (50.8)
-    ... --async_rollouts true --staleness 1   # play iteration i+1's episodes while training on i's
+    ... --async_rollouts true --staleness 1 --decoupled_loss true   # play iteration i+1's episodes
+                                # while training on i's, clipping around the current policy
 
 Each iteration (paper, Algorithm 1):
   1. sample `tasks_per_iteration` tasks and run K episodes per task with the current
@@ -952,7 +953,9 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
         sampler = Sampler(trainer, loop_cfg, model_cfg, tokenizer)  # its own model copy: before sharding
         if loop_cfg.async_rollouts:
             trainer.accelerator.print(f"[loop] async rollouts at lag {loop_cfg.staleness}: the sampler's model copy "
-                                      f"holds {sampler.copy_bytes / 2**20:.1f} MiB")
+                                      f"holds {sampler.copy_bytes / 2**20:.1f} MiB" + ("" if loop_cfg.decoupled_loss else
+                                      "; --decoupled_loss true clips around the current policy instead of the "
+                                      "stale one (docs/benchmarks.md, 'What async LOOP learns')"))
         per_iteration = loop_cfg.ppo_epochs * math.ceil(loop_cfg.tasks_per_iteration * loop_cfg.k
                                                         / train_cfg.batch_size)
         trainer.prepare(loop_cfg.iterations * per_iteration)

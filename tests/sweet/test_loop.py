@@ -671,16 +671,17 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
 
 @pytest.mark.slow
 def test_async_two_process_run_matches_one(tmp_path, dist):
-    """Async rollouts at lag 1 under `accelerate launch` with 2 gloo processes (each launch
-    config) and micro-batches of 1 turn, against 1 process with micro-batches of 4: the same
-    episodes, each played by the version one behind, the same metrics and the same weights
-    up to float32 summation order (as the synchronous test above)."""
+    """Async rollouts at lag 1 with the decoupled loss under `accelerate launch` with 2 gloo
+    processes (each launch config) and micro-batches of 1 turn, against 1 process with
+    micro-batches of 4: the same episodes, each played by the version one behind, the same
+    metrics and the same weights up to float32 summation order (as the synchronous test
+    above, which covers the standard loss)."""
     tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
 
     runs = {"one": (4, (sys.executable, "-m")), "two": (1, (*dist.launch(29547), "-m"))}
     for name, (micro, launcher) in runs.items():
         cmd = runnable_loop_cli(tasks, tmp_path / name, "--async_rollouts", "true", "--staleness", "1",
-                                iterations=3, micro=micro, launcher=launcher)
+                                "--decoupled_loss", "true", iterations=3, micro=micro, launcher=launcher)
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
         assert res.returncode == 0, res.stderr[-3000:]
     rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
@@ -690,6 +691,7 @@ def test_async_two_process_run_matches_one(tmp_path, dist):
     for r1, r2 in zip(rows["one"], rows["two"], strict=True):
         assert {k: v for k, v in r1.items() if k.startswith("env/")} == {k: v for k, v in r2.items() if k.startswith("env/")}
         assert r1["loss/policy"] == pytest.approx(r2["loss/policy"], abs=1e-5)
+        assert r1["loop/behaviour_weight_mean"] == pytest.approx(r2["loop/behaviour_weight_mean"], abs=1e-5)
         assert r2["loop/sampler_trainer_logprob_gap"] < 1e-5  # the version-j copy against the trainer at j
     for j in range(3):
         played = {name: [(e["task_id"], e["answer"], e["meta"]["policy_version"]) for e in map(
