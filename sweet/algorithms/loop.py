@@ -68,7 +68,8 @@ Departures from the paper / its public code, stated:
     against a drifted sampler, e.g. a vLLM engine with stale weights);
   - `--async_rollouts`: the paper's iterations overlap generation and training too; here the
     lag is fixed (exactly s versions, so a run is reproducible), π_old is the sampler's
-    log-probs at its version (the ratio corrects the lag), and the gap guard compares them
+    log-probs at its version (the ratio corrects the lag; `--decoupled_loss`: the weight
+    π_prox/π_behav does, and the clip sits around π_prox), and the gap guard compares them
     with the trainer's forward at that same version, computed by the sampler on its copy.
     Bit-exact runs need a training step that draws no random numbers (no dropout): the
     sampler's thread shares torch's generator;
@@ -172,7 +173,8 @@ class LoopConfig:
         "help": "decoupled_loss: tokens whose pi_prox / pi_behav exceeds this leave the loss (None: no cap)"})
     async_rollouts: bool = field(default=False, metadata={
         "help": "play the episodes of iteration i+s (policy version i, the sampler's own model copy) in a background "
-                "thread while training on iteration i's; pi_old is then the sampler's log-probs (hf sampler only)"})
+                "thread while training on iteration i's; pi_old is then the sampler's log-probs (decoupled_loss: "
+                "they are pi_behav in its weight) (hf sampler only)"})
     staleness: int = field(default=1, metadata={"help": "async_rollouts: the fixed lag s, in policy versions, of the "
                                                         "episodes an iteration trains on (iteration i: version i-s, "
                                                         "the initial policy below 0)"})
