@@ -376,15 +376,17 @@ def loop_iteration(scale: Scale, path: Path, device: str, work: Path) -> dict:
 
 def loop_async(scale: Scale, path: Path, device: str, work: Path) -> dict:
     """LOOP on the test bed as `loop_iteration`, 3 iterations synchronous, then 3 with
-    `--async_rollouts` at lag 1 (the sampler's own model copy on the same device, playing the
-    next iteration while the trainer trains): per-run seconds, rollout and iteration times
-    (bench/async_rollouts.py's clock and arithmetic) and each run's peak memory, whose
-    difference is about the sampler's copy. Run alone, the sync run's first iteration also
-    pays the GPU's warm-up, which favours async: read the per-iteration times it records."""
+    `--async_rollouts` at lag 1 and the decoupled loss (the sampler's own model copy on the
+    same device, playing the next iteration while the trainer trains): per-run seconds,
+    rollout and iteration times (bench/async_rollouts.py's clock and arithmetic) and each
+    run's peak memory, whose difference is about the sampler's copy. Run alone, the sync
+    run's first iteration also pays the GPU's warm-up, which favours async: read the
+    per-iteration times it records."""
     from async_rollouts import Clock, summarize
 
     runs, clocks = {}, {}
-    for mode, flags in (("sync", []), ("async", ["--async_rollouts", "true", "--staleness", "1"])):
+    lagged = ["--async_rollouts", "true", "--staleness", "1", "--decoupled_loss", "true"]
+    for mode, flags in (("sync", []), ("async", lagged)):
         _reset_peak(device)
         start = time.perf_counter()
         with Clock() as clock:
