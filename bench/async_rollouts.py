@@ -191,6 +191,9 @@ def learning(args, work: Path) -> None:
     from testbed.pipeline import TestbedSetup, evaluate, train_policy, warm_start
 
     setup = TestbedSetup(test_limit=args.test_limit)
+    if args.eval_tasks == "val":  # the same trained runs, scored on the validation tasks instead
+        setup = replace(setup, test_tasks=setup.val_tasks)
+    eval_dir = "eval" if args.eval_tasks == "test" else "eval_val"
     warm = Path(args.warm_start) if args.warm_start else warm_start(work / "warm_start")
     lagged = {"async_rollouts": True, "staleness": args.staleness}
     variants = {"sync": {}, "async": lagged}
@@ -205,9 +208,9 @@ def learning(args, work: Path) -> None:
             models[v] = str(train_policy("loop", sd, str(warm), setup, sd / v, seed=seed,
                                          extra={**extra, "iterations": args.learning_iterations}))
             print(f"seed {seed}: {v} LOOP trained ({models[v]})", flush=True)
-        evaluate(models, setup, sd / "eval", seed_round=seed)
+        evaluate(models, setup, sd / eval_dir, seed_round=seed)
         for v in models:
-            for ep in load_episodes(sd / "eval" / "episodes" / f"{v}.jsonl", env="testbed"):
+            for ep in load_episodes(sd / eval_dir / "episodes" / f"{v}.jsonl", env="testbed"):
                 success[v].setdefault((seed, ep.task_id), []).append(float(ep.success))
     print(f"learning: test bed ({setup.test_tasks}, first {args.test_limit or 'all'} tasks x {setup.eval_seeds} "
           f"episodes), warm start {warm}, {args.seeds} seeds, {episodes} training episodes per LOOP run, "
@@ -245,6 +248,8 @@ def main() -> None:
     p.add_argument("--learning-iterations", type=int, default=9, help="--learning: LOOP iterations per run "
                                                                          "(the test bed's: 9, 432 episodes)")
     p.add_argument("--test-limit", type=int, default=0, help="--learning: the first N test tasks (0: all)")
+    p.add_argument("--eval-tasks", choices=("test", "val"), default="test",
+                   help="--learning: score the runs on the test bed's test tasks or its validation tasks")
     p.add_argument("--warm-start", default=None, help="--learning: an existing warm start, e.g. the main job's "
                                                      "runs/demo/warm_start/behave/final (default: train one)")
     p.add_argument("--output-dir", default=None, help="where the runs go (default: a temporary folder)")
