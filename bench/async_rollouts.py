@@ -5,6 +5,7 @@ slow simulated human, and (optionally) what each learns on the test bed.
     python bench/async_rollouts.py --latency 0.5 --ppo-epochs 2 --staleness 2
     python bench/async_rollouts.py --learning --seeds 3   # instead: success after the same episodes
     python bench/async_rollouts.py --learning --decoupled # and async with the decoupled PPO loss
+    python bench/async_rollouts.py --learning --decoupled --eval-tasks val   # the same runs, validation tasks
     python bench/async_rollouts.py --decoupled            # throughput, the async run with that loss
 
 Throughput: LOOP (`sweet.train_policy --algorithm loop`) on the backend environment with an
