@@ -28,9 +28,12 @@ stays in the denominator. A stored episode that no longer matches its task (a pl
 for a task that is usable now, a played episode of a task now unusable, another reason)
 is dropped from the file and redone.
 
-Every scored episode records `meta["scoring_version"]` (colbench.scoring.backend
-SCORING_VERSION): the rules it was scored under. `rescore_file` rescores a file's stored
-answers under the current rules.
+Every scored episode records `meta["scoring_version"]` (its environment's `scoring_version`,
+`current_scoring_version`: backend colbench.scoring.backend SCORING_VERSION, frontend its
+own): the rules it was scored under, and `meta["answer_turn"]`: which agent turn's answer
+was scored (`final_answer`; frontend: the last turn holding a draft, None: none).
+`rescore_file` re-extracts the answers from the stored turns and rescores them under the
+current rules.
 
 Failures end only their own episode, recorded on it, never replaced silently:
 - simulator failure: the human turn is recorded with failed=True and its error,
@@ -72,18 +75,41 @@ from engines.base import BatchError, EngineError
 
 UNUSABLE = "unusable"  # Task.meta / Episode.meta key (colbench.tasks.UNUSABLE)
 SCORING_VERSION_KEY = "scoring_version"
+ANSWER_TURN_KEY = "answer_turn"
+# the version every environment recorded before each had its own: an environment class
+# without a `scoring_version` attribute still scores under it
+SHARED_SCORING_VERSION = 2
 
 
-def current_scoring_version() -> int:
-    """The version of the scoring rules this code scores under (colbench.scoring.backend)."""
-    from colbench.scoring.backend import SCORING_VERSION
+def current_scoring_version(env: "str | Environment") -> int:
+    """The version of the scoring rules this code scores `env`'s episodes under (an
+    environment or its registered name): its class's `scoring_version` (backend:
+    colbench.scoring.backend SCORING_VERSION; frontend: its own), else SHARED_SCORING_VERSION.
+    Each environment has its own, so a change of one's rules leaves the others' folders valid."""
+    if isinstance(env, str):
+        from colbench.envs import env_class, env_names
 
-    return SCORING_VERSION
+        env = env_class(env) if env in env_names() else None
+    return int(getattr(env, "scoring_version", SHARED_SCORING_VERSION))
 
 
 def episode_scoring_version(ep: Episode) -> int:
     """The rules an episode was scored under; 1 for episodes written before the field existed."""
     return int(ep.meta.get(SCORING_VERSION_KEY, 1))
+
+
+def final_answer(env: Environment, task: Task, turns: Sequence[Turn]) -> tuple[str, int | None]:
+    """(answer, agent turn index) of a played dialogue: `env.episode_answer(task, turns)` when
+    the environment defines it (an answer built from the whole episode: frontend's last draft
+    of any turn, AppWorld's code turns) with `env.answer_turn(task, turns)` when it has one
+    (else None), otherwise `env.extract_answer` of the last agent message and that turn. The
+    one rule of what is scored, for the runner and `rescore_file`."""
+    agent = [t for t in turns if t.role == "agent"]
+    whole = getattr(env, "episode_answer", None)
+    if whole is not None:
+        which = getattr(env, "answer_turn", None)
+        return whole(task, turns), which(task, turns) if which is not None else None
+    return (env.extract_answer(agent[-1].content), len(agent) - 1) if agent else ("", None)
 
 
 def unusable_episode(task: Task, agent: str, seed: int) -> Episode:
@@ -92,7 +118,7 @@ def unusable_episode(task: Task, agent: str, seed: int) -> Episode:
     return Episode(task_id=task.task_id, env=task.env, agent=agent, seed=seed, stop_reason=STOP_UNUSABLE,
                    score=Score(0.0, False, detail={UNUSABLE: reason, "where": where},
                                error=f"unusable task ({where}): {reason}"),
-                   meta={UNUSABLE: reason, "where": where, SCORING_VERSION_KEY: current_scoring_version()})
+                   meta={UNUSABLE: reason, "where": where, SCORING_VERSION_KEY: current_scoring_version(task.env)})
 
 
 def matches_task(ep: Episode, task: Task) -> bool:
@@ -118,11 +144,12 @@ def write_episodes(path: Path, episodes: Sequence[Episode]) -> None:
 
 
 def rescore_file(env: Environment, path: Path, tasks: Sequence[Task]) -> int:
-    """Rescore, under the current rules, the stored answers of the episodes in `path`
-    scored under other rules (episodes of tasks not in `tasks`, or unusable now, are
-    dropped: a rerun redoes them). Rewrites the file atomically; returns how many were
-    rescored."""
-    version = current_scoring_version()
+    """Rescore, under the current rules, the episodes in `path` scored under other rules:
+    each answer is extracted again from the stored turns (`final_answer`: a rule of what is
+    scored may have changed too), then scored. Episodes of tasks not in `tasks`, or unusable
+    now, are dropped: a rerun redoes them. Rewrites the file atomically; returns how many
+    were rescored."""
+    version = current_scoring_version(env)
     by_id = {t.task_id: t for t in tasks}
     kept, todo = [], []
     for ep in read_episodes(path, repair=True):
@@ -131,6 +158,8 @@ def rescore_file(env: Environment, path: Path, tasks: Sequence[Task]) -> int:
         elif ep.stop_reason != STOP_UNUSABLE and ep.task_id in by_id and not by_id[ep.task_id].meta.get(UNUSABLE):
             todo.append(ep)
     played = [ep for ep in todo if ep.stop_reason != STOP_ENGINE_ERROR]
+    for ep in played:
+        ep.answer, ep.meta[ANSWER_TURN_KEY] = final_answer(env, by_id[ep.task_id], ep.turns)
     if played:
         scores = env.score([by_id[ep.task_id] for ep in played], [ep.answer for ep in played])
         for ep, sc in zip(played, scores):
@@ -402,13 +431,13 @@ def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: l
         ))
         n_agent = len(lv.episode.agent_turns)
         if config.single_turn:
-            _end(lv, STOP_SINGLE_TURN, _answer(env, lv, s.text))
+            _end(lv, STOP_SINGLE_TURN, env)
         elif env.is_final(s.text):
-            _end(lv, STOP_ANSWERED, _answer(env, lv, s.text))
+            _end(lv, STOP_ANSWERED, env)
         elif n_agent >= config.max_turns:
-            _end(lv, STOP_TURN_LIMIT, _answer(env, lv, s.text))
+            _end(lv, STOP_TURN_LIMIT, env)
         elif _context_full(env, lv.episode.turns[-1]):
-            _end(lv, STOP_TOKEN_LIMIT, _answer(env, lv, s.text))
+            _end(lv, STOP_TOKEN_LIMIT, env)
         else:
             asking.append(lv)
             continue
@@ -436,14 +465,14 @@ def _human_turns(env: Environment, simulator: Simulator | None, asking: list[_Li
         if r.failed:
             lv.episode.n_simulator_failures += 1
             # The question is the last agent message: score it as at the turn limit.
-            _end(lv, STOP_SIMULATOR_ERROR, _answer(env, lv, lv.episode.agent_turns[-1].content))
+            _end(lv, STOP_SIMULATOR_ERROR, env)
             ended.append(lv)
     return ended
 
 
 def _engine_failed(lv: _Live, error: EngineError) -> None:
     """The agent's engine failed for good on this episode: it ends, scored 0, with the reason."""
-    _end(lv, STOP_ENGINE_ERROR, answer="")
+    _end(lv, STOP_ENGINE_ERROR)
     lv.episode.meta["error"] = f"{type(error).__name__}: {error}"
     lv.episode.score = Score(0.0, False, error=lv.episode.meta["error"])
 
@@ -457,17 +486,11 @@ def _context_full(env: Environment, turn: Turn) -> bool:
     return len(turn.prompt_token_ids) + len(turn.token_ids or ()) >= limit
 
 
-def _answer(env: Environment, lv: _Live, agent_text: str) -> str:
-    """The answer to score: `env.episode_answer(task, turns)` when the environment defines it
-    (an answer built from the whole episode, e.g. AppWorld's code turns), else
-    `env.extract_answer(agent_text)`."""
-    whole = getattr(env, "episode_answer", None)
-    return whole(lv.task, lv.episode.turns) if whole is not None else env.extract_answer(agent_text)
-
-
-def _end(lv: _Live, reason: str, answer: str) -> None:
+def _end(lv: _Live, reason: str, env: Environment | None = None) -> None:
+    """End a live episode; with `env`, its answer and answer turn (`final_answer`)."""
     lv.episode.stop_reason = reason
-    lv.episode.answer = answer
+    if env is not None:
+        lv.episode.answer, lv.episode.meta[ANSWER_TURN_KEY] = final_answer(env, lv.task, lv.episode.turns)
 
 
 def _score(env: Environment, finished: Sequence[_Live], save) -> None:
@@ -477,7 +500,7 @@ def _score(env: Environment, finished: Sequence[_Live], save) -> None:
     With `env.score_iter`, episodes are saved in the step's order as soon as they and
     those before them are scored (the file's order stays the same from run to run); an
     interruption (Ctrl-C) saves every episode already scored before it propagates."""
-    version = current_scoring_version()
+    version = current_scoring_version(env)
     for lv in finished:
         lv.episode.meta[SCORING_VERSION_KEY] = version
     save([lv for lv in finished if lv.episode.score is not None])

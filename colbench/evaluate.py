@@ -113,7 +113,8 @@ class EvalConfig:
     temperature: float = field(default=0.0, metadata={"help": "agent sampling temperature (0: greedy)"})
     max_new_tokens: int = field(default=1024, metadata={"help": "agent tokens per turn at most"})
     max_turns: int | None = field(default=None, metadata={"help": "agent turns at most (default: env's, 10)"})
-    max_reply_chars: int = field(default=400, metadata={"help": "simulator reply length cap (paper: 400)"})
+    max_reply_chars: int | None = field(default=None, metadata={
+        "help": "simulator reply length cap in characters (default: the env's, as published: frontend 1000, backend 400)"})
     simulator_max_new_tokens: int = field(default=200, metadata={
         "help": "model simulator tokens per reply at most (greedy)"})
     max_concurrent: int | None = field(default=None, metadata={"help": "episodes in flight at once (default all)"})
@@ -145,7 +146,7 @@ class EvalConfig:
                   ("temperature", self.temperature >= 0 and math.isfinite(self.temperature), "a number >= 0"),
                   ("max_new_tokens", self.max_new_tokens >= 1, "an integer >= 1"),
                   ("simulator_max_new_tokens", self.simulator_max_new_tokens >= 1, "an integer >= 1"),
-                  ("max_reply_chars", self.max_reply_chars >= 1, "an integer >= 1"),
+                  ("max_reply_chars", self.max_reply_chars is None or self.max_reply_chars >= 1, "an integer >= 1"),
                   ("limit", self.limit is None or self.limit >= 1, "an integer >= 1"),
                   ("max_turns", self.max_turns is None or self.max_turns >= 1, "an integer >= 1"),
                   ("max_concurrent", self.max_concurrent is None or self.max_concurrent >= 1, "an integer >= 1"),
@@ -154,6 +155,10 @@ class EvalConfig:
             if not ok:
                 raise UsageError(f"--{name.replace('_', '-')}: invalid value {getattr(self, name)!r} "
                                  f"(expected {expected})")
+        from colbench.envs import env_names, reply_cap
+
+        if self.max_reply_chars is None and self.env in env_names():  # the env's: config.json records it
+            self.max_reply_chars = reply_cap(self.env)
 
 
 def parse_config(argv: Sequence[str] | None = None) -> EvalConfig:
@@ -232,7 +237,7 @@ def prepare(config: EvalConfig) -> Plan:
     out_dir = Path(config.output)
     _check_previous_config(out_dir, config, prompts)
     _check_episode_files(out_dir, [n for n, _ in agents])
-    _check_scoring_versions(out_dir, [n for n, _ in agents], config.rescore)
+    _check_scoring_versions(out_dir, config.env, [n for n, _ in agents], config.rescore)
     from colbench.rollout import episode_seeds
 
     return Plan(tasks=tasks, agents=agents, baseline=baseline,
@@ -282,13 +287,13 @@ def _check_episode_files(out_dir: Path, names: Sequence[str]) -> None:
                 raise UsageError(f"{e}; fix or remove the file to rerun those episodes") from None
 
 
-def _old_scoring_versions(out_dir: Path, names: Sequence[str]) -> dict[str, set[int]]:
-    """{agent: the scoring versions of its stored episodes other than this code's}."""
+def _old_scoring_versions(out_dir: Path, env: str, names: Sequence[str]) -> dict[str, set[int]]:
+    """{agent: the scoring versions of its stored episodes other than this code's for `env`}."""
     import warnings
 
     from colbench.episodes import current_scoring_version, episode_scoring_version, read_episodes
 
-    now = current_scoring_version()
+    now = current_scoring_version(env)
     out = {}
     for name in names:
         with warnings.catch_warnings():
@@ -299,17 +304,17 @@ def _old_scoring_versions(out_dir: Path, names: Sequence[str]) -> dict[str, set[
     return out
 
 
-def _check_scoring_versions(out_dir: Path, names: Sequence[str], rescore: bool) -> None:
+def _check_scoring_versions(out_dir: Path, env: str, names: Sequence[str], rescore: bool) -> None:
     """Episodes scored under other scoring rules never mix with new ones: refuse the folder
     (one line naming it and both versions) unless --rescore."""
     from colbench.episodes import current_scoring_version
 
-    old = _old_scoring_versions(out_dir, names)
+    old = _old_scoring_versions(out_dir, env, names)
     if old and not rescore:
         versions = sorted(set().union(*old.values()))
         raise UsageError(f"--output {out_dir} holds episodes scored under scoring version "
                          f"{', '.join(map(str, versions))} (agent {next(iter(old))!r}); this code scores under version "
-                         f"{current_scoring_version()}: rerun with --rescore to rescore their stored answers, "
+                         f"{current_scoring_version(env)}: rerun with --rescore to rescore their stored answers, "
                          "or use a new --output DIR")
 
 
@@ -415,11 +420,11 @@ def _rescore(plan: Plan, env: Any) -> None:
     """--rescore: rescore the stored answers of episodes scored under other rules."""
     from colbench.episodes import current_scoring_version, rescore_file
 
-    old = _old_scoring_versions(plan.out_dir, [n for n, _ in plan.agents])
+    old = _old_scoring_versions(plan.out_dir, env.name, [n for n, _ in plan.agents])
     for name in old:
         path = plan.out_dir / "episodes" / f"{file_slug(name)}.jsonl"
         n = rescore_file(env, path, plan.tasks)
-        print(f"{name}: rescored {n} stored answers in {path} under scoring version {current_scoring_version()} "
+        print(f"{name}: rescored {n} stored answers in {path} under scoring version {current_scoring_version(env)} "
               f"(were {', '.join(map(str, sorted(old[name])))})", file=sys.stderr)
 
 
@@ -460,7 +465,7 @@ def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
         "seeds": plan.seeds,
         "n_tasks": len(plan.tasks),
         "n_unusable_tasks": sum(1 for t in plan.tasks if t.meta.get("unusable")),
-        "scoring_version": _scoring_version(),
+        "scoring_version": _scoring_version(config.env),
         "prompts": {role: t.record() for role, t in plan.prompts.items()},  # the files, path + sha256
         "server": dataclasses.asdict(server_defaults()),  # openai: engines' timeout, retries, reply cap
         "python": sys.version.split()[0],
@@ -468,10 +473,10 @@ def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
     (plan.out_dir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
 
 
-def _scoring_version() -> int:
+def _scoring_version(env: str) -> int:
     from colbench.episodes import current_scoring_version
 
-    return current_scoring_version()
+    return current_scoring_version(env)
 
 
 def _thumbnails(tasks: Sequence[Any], episodes: dict[str, list[Any]]) -> str | None:

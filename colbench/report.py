@@ -99,7 +99,7 @@ def build_row(agent: str, spec: str, env: str, episodes: Sequence[Episode],
         n_tasks=len({ep.task_id for ep in episodes}), n_episodes=len(episodes),
         metrics=env_metrics(env, episodes, baseline), behaviour=behaviour_stats(episodes), baseline=is_baseline,
         unusable=sorted(unusable.values(), key=lambda u: _where_key(u["where"])),
-        scoring_version=versions.pop() if len(versions) == 1 else current_scoring_version(),
+        scoring_version=versions.pop() if len(versions) == 1 else current_scoring_version(env),
         prompts=episodes_prompts(episodes),
     )
 

@@ -88,7 +88,8 @@ class ServeConfig:
     batch_wait_s: float = field(default=0.005, metadata={
         "help": "a step waits this long for steps of other sessions to join its batch (one simulator call)"})
     max_turns: Optional[int] = field(default=None, metadata={"help": "agent turns at most (default: env's)"})
-    max_reply_chars: int = field(default=400, metadata={"help": "simulator reply length cap (paper: 400)"})
+    max_reply_chars: Optional[int] = field(default=None, metadata={
+        "help": "simulator reply length cap in characters (default: the env's, as published: frontend 1000, backend 400)"})
     simulator_max_new_tokens: int = field(default=200, metadata={"help": "model simulator tokens per reply"})
     clip_model: Optional[str] = field(default=None, metadata={"help": "frontend CLIP model ('tiny' for CPU tests)"})
     device: Optional[str] = field(default=None, metadata={"help": "model simulators: cpu, cuda, ..."})
@@ -105,12 +106,16 @@ class ServeConfig:
                   ("step_timeout_s", self.step_timeout_s > 0), ("batch_wait_s", self.batch_wait_s >= 0),
                   ("limit", self.limit is None or self.limit >= 1),
                   ("max_turns", self.max_turns is None or self.max_turns >= 1),
-                  ("max_reply_chars", self.max_reply_chars >= 1)]
+                  ("max_reply_chars", self.max_reply_chars is None or self.max_reply_chars >= 1)]
         for name, ok in checks:
             if not ok:
                 raise UsageError(f"--{name.replace('_', '-')}: invalid value {getattr(self, name)!r}")
         if not self.simulator:
             raise UsageError("--simulator SPEC is required: the agent's questions need a simulated human")
+        from colbench.envs import env_names, reply_cap
+
+        if self.max_reply_chars is None and self.env in env_names():  # the env's (published: frontend 1000)
+            self.max_reply_chars = reply_cap(self.env)
 
 
 class _Given:

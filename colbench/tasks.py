@@ -39,6 +39,13 @@ value on every test and return the same values both times; otherwise its expecte
 outputs are meaningless and the task is reported. Every problem names the file, the
 line (row number for .json/.parquet/hf sources) and the field or the reason.
 
+Target check (frontend, `validate=True`, `check_targets`): each target page is rendered once,
+as scoring renders it, with a generous timeout (TARGET_TIMEOUT_S, so load never fails a good
+page) and a second try after a failure; a page that is empty, does not render, or renders
+blank (one colour) is unusable, as the published `filter_websites.py` drops pages that do
+not render. Verdicts share the validation cache below (keyed by the page and the check's
+fingerprint: its version, the chromium build, the render settings).
+
 Unusable rows (`on_error`, the same for every source):
 
     "keep"  (default) an unusable row never stops the others: it becomes a task flagged
@@ -162,8 +169,9 @@ def load_tasks(
                          source order; one warning line;
               "skip"  -> log each unusable row as a warning, then a summary, and drop it;
               "raise" -> one TaskFormatError listing every unusable row (file:line: reason).
-    validate: backend only: run each reference twice on its tests in the sandbox (the
-              verdicts are cached on disk, see `validation_cache_dir`).
+    validate: backend: run each reference twice on its tests in the sandbox; frontend:
+              render each target page (`check_targets`). Verdicts are cached on disk, see
+              `validation_cache_dir`.
     progress: show progress bars (None: when loading takes over PROGRESS_DELAY_S seconds).
     """
     if on_error not in ON_ERROR:
@@ -183,9 +191,9 @@ def load_tasks(
         except _RowProblem as p:
             tasks.append(_placeholder(row, env, split, str(p)))
     tasks = _flag_duplicates(tasks)
-    if validate and env == "backend":
+    if validate and env in HIDDEN_CHECKS:
         usable = [t for t in tasks if is_usable(t)]
-        bad = validate_references(usable, progress=progress) if usable else {}
+        bad = check_hidden(usable, env, progress=progress) if usable else {}
         tasks = [mark_unusable(t, bad[t.task_id]) if is_usable(t) and t.task_id in bad else t for t in tasks]
     problems = [(t.meta["where"], t.meta[UNUSABLE]) for t in tasks if not is_usable(t)]
     _handle_problems(problems, on_error, source, len(tasks))
@@ -278,11 +286,11 @@ def load_trajectories(
             episodes.append(_row_to_episode(row, env))
         except _RowProblem as p:
             problems.append((row.where, str(p)))
-    if validate and env == "backend" and episodes:
+    if validate and env in HIDDEN_CHECKS and episodes:
         first: dict[str, Task] = {}
         for ep in episodes:
             first.setdefault(ep.task_id, Task.from_json(ep.meta["task"]))
-        bad = validate_references(list(first.values()))
+        bad = check_hidden(list(first.values()), env)
         problems += [(ep.meta["where"], f"task {ep.task_id}: {bad[ep.task_id]}") for ep in episodes
                      if ep.task_id in bad]
         episodes = [ep for ep in episodes if ep.task_id not in bad]
@@ -336,6 +344,137 @@ def stable_task_id(env: str, description: str, hidden: str) -> str:
     """The id of a row that has none: env + first 12 hex digits of sha1(description + hidden)."""
     digest = hashlib.sha1((description + hidden).encode("utf-8")).hexdigest()
     return f"{env}-{digest[:12]}"
+
+
+def check_hidden(tasks: Sequence[Task], env: str, *, progress: bool | None = None) -> dict[str, str]:
+    """{task_id: reason} of the tasks whose hidden information cannot be used: backend
+    references that fail validation (`validate_references`), frontend targets that do not
+    render (`check_targets`); {} for other environments."""
+    if env == "backend":
+        return validate_references(tasks, progress=progress)
+    if env == "frontend":
+        return check_targets(tasks, progress=progress)
+    return {}
+
+
+HIDDEN_CHECKS = ("backend", "frontend")  # environments whose loader checks the hidden information
+TARGET_CHECK_VERSION = 1  # the target check's rules (part of its cache fingerprint)
+TARGET_TIMEOUT_S = 60.0  # a target page's render budget (colbench.envs.frontend renders targets with it too)
+TARGET_TRIES = 2  # a target that fails is rendered once more, in a fresh context, before it is unusable
+
+
+def target_check_fingerprint() -> dict[str, Any]:
+    """What, besides a target page, decides the target check's verdict: the check's rules, the
+    chromium build, the render settings (colbench.envs.frontend's defaults)."""
+    from colbench.scoring.render import chromium_path
+
+    return {"check": "frontend-target", "version": TARGET_CHECK_VERSION, "chromium": _chromium_build(chromium_path()),
+            "timeout_s": TARGET_TIMEOUT_S, "tries": TARGET_TRIES, "viewport": [1280, 800], "max_height": 8000}
+
+
+def _chromium_build(path: str) -> str:
+    """`chromium --version` (a cheap identity of the browser build; the path on failure)."""
+    import subprocess
+
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+        return out.stdout.strip() or path
+    except (OSError, subprocess.SubprocessError):
+        return path
+
+
+def check_targets(tasks: Sequence[Task], *, progress: bool | None = None, cache: bool = True) -> dict[str, str]:
+    """Render each frontend target page (as scoring does: colbench.scoring.render, offline)
+    unless the on-disk cache holds its verdict. Returns {task_id: reason} for the pages that
+    are empty, do not render within TARGET_TIMEOUT_S in TARGET_TRIES tries, or render blank
+    (one colour). Verdicts are cached except a timeout or a crash (maybe the machine's
+    load). Without a chromium the check is skipped with one warning (a trainer that never
+    renders still loads its tasks; scoring would stop on the missing browser)."""
+    from colbench.scoring.render import ChromiumNotFound
+
+    try:
+        fingerprint = target_check_fingerprint()
+    except ChromiumNotFound as e:
+        log.warning("frontend targets not checked: %s", e)
+        return {}
+    store = _ValidationCache.open(fingerprint) if cache else None
+    bad: dict[str, str] = {}
+    groups: dict[str, list[Task]] = {}  # one render per distinct page; copies share its verdict
+    for t in tasks:
+        groups.setdefault(t.hidden, []).append(t)
+    pages = []
+    for html, group in groups.items():
+        hit = store.get(group[0]) if store is not None else None
+        if hit is not None:
+            reason = hit[0]
+        elif not html.strip():
+            reason = "the target page is empty"
+            if store is not None:
+                store.put(group[0], reason)
+        else:
+            pages.append(group)
+            continue
+        if reason:
+            bad.update({t.task_id: reason for t in group})
+    if pages:
+        _render_targets(pages, bad, store, progress)
+    return bad
+
+
+def _render_targets(pages: Sequence[list[Task]], bad: dict[str, str], store: "_ValidationCache | None",
+                    progress: bool | None) -> None:
+    """Render each page (a group of tasks sharing one target) up to TARGET_TRIES times; record
+    the verdicts in `bad` and the cache."""
+    from colbench.scoring.render import RenderPool
+
+    bar = _bar(len(pages), progress, "checking frontend targets", "page")
+    pool = RenderPool(workers=2, timeout_s=TARGET_TIMEOUT_S)
+    try:
+        for i in range(0, len(pages), VALIDATION_CHUNK):
+            chunk = pages[i : i + VALIDATION_CHUNK]
+            reasons: list[str | None] = [None] * len(chunk)
+            left = list(range(len(chunk)))
+            for _ in range(TARGET_TRIES):
+                TARGET_STATS["renders"] += len(left)
+                results = pool.render([chunk[k][0].hidden for k in left])
+                reasons_now = {k: _target_problem(r) for k, r in zip(left, results)}
+                for k, reason in reasons_now.items():
+                    reasons[k] = reason
+                left = [k for k in left if reasons_now[k] is not None]
+                if not left:
+                    break
+            for group, reason in zip(chunk, reasons):
+                if reason:
+                    for t in group:
+                        bad[t.task_id] = reason
+                if store is not None and not _transient_render(reason):
+                    store.put(group[0], reason)
+            if bar is not None:
+                bar.update(len(chunk))
+    finally:
+        if bar is not None:
+            bar.close()
+        pool.close()
+
+
+TARGET_STATS = {"renders": 0}  # target pages check_targets rendered (this process)
+
+
+def _transient_render(reason: str | None) -> bool:
+    """Whether a target's failure may be the machine's load, not the page (a timeout, a crashed
+    or closed renderer): such verdicts are never cached."""
+    text = (reason or "").lower()
+    return "timed out" in text or "crash" in text or "closed" in text
+
+
+def _target_problem(result: Any) -> str | None:
+    """Why a target's RenderResult makes its task unusable, or None."""
+    if not result.ok:
+        return f"the target page does not render: {result.error}"
+    lo, hi = zip(*result.image.getextrema())
+    if lo == hi:
+        return "the target page renders blank (one colour)"
+    return None
 
 
 def validate_references(tasks: Sequence[Task], workers: int | None = None, *,
@@ -448,14 +587,16 @@ class _ValidationCache:
 
     warned: set[str] = set()
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, fingerprint: dict[str, Any] | None = None):
         self.root = root / "validation"
-        self.salt = json.dumps(validation_fingerprint(), sort_keys=True)
+        self.salt = json.dumps(fingerprint if fingerprint is not None else validation_fingerprint(), sort_keys=True)
 
     @classmethod
-    def open(cls) -> "_ValidationCache | None":
+    def open(cls, fingerprint: dict[str, Any] | None = None) -> "_ValidationCache | None":
+        """The cache of the backend reference check (fingerprint None: `validation_fingerprint`)
+        or of another check of hidden information, told apart by its `fingerprint`."""
         root = validation_cache_dir()
-        return cls(root) if root is not None else None
+        return cls(root, fingerprint) if root is not None else None
 
     def path(self, task: Task) -> Path:
         key = hashlib.sha256(json.dumps([self.salt, task.hidden, list(task.tests)]).encode()).hexdigest()

@@ -80,9 +80,11 @@ def check_simulator_spec(spec: str | None, env_name: str) -> None:
 
 
 def load_simulator(spec: str | None, env: "Environment", *, engine_options: "EngineOptions | None" = None,
-                   max_reply_chars: int = 400, max_new_tokens: int | None = None,
+                   max_reply_chars: int | None = None, max_new_tokens: int | None = None,
                    prompt_file: str | None = None) -> Simulator | None:
     """Build the simulator a spec names (None -> None). Model specs load an engine.
+    `max_reply_chars`: the reply cap (--max_reply_chars; None: the environment's,
+    colbench.envs.reply_cap: frontend 1,000, backend 400, as published).
     `max_new_tokens` sets a model simulator's reply budget (default: the simulator's).
     `prompt_file`: a model simulator's template (the `--human_prompt` flag; None: ours;
     kinds backend_human / frontend_vlm / frontend_text of colbench.prompts), validated
@@ -100,6 +102,9 @@ def load_simulator(spec: str | None, env: "Environment", *, engine_options: "Eng
     if kind is not None:
         load_prompt(kind, prompt_file)  # a bad file fails here, before the engine loads
         kwargs_prompt = {"prompt_file": prompt_file or None}
+    from colbench.envs import reply_cap
+
+    max_reply_chars = reply_cap(env, max_reply_chars)
     if spec.startswith("scripted:"):
         from colbench.registry import load_target
 

@@ -81,10 +81,10 @@ class DontKnowSimulator:
     name = "scripted:idk"
 
     def __init__(self, env: Any = None, max_reply_chars: int = 400):
-        pass
+        self.max_reply_chars = max_reply_chars
 
     def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
-        return [SimReply("I don't know.") for _ in requests]
+        return [SimReply("I don't know."[: self.max_reply_chars]) for _ in requests]
 
     def close(self) -> None:
         pass

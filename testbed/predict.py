@@ -204,15 +204,38 @@ def sft_grad(bed: Bed, weights: np.ndarray | None = None):
 
 @dataclass
 class TrajectoryPairs:
-    """The paper's trajectory pairs in the population limit, per c: chosen ~ π0(τ | c,
-    success) (a best episode: with K episodes, the first success), rejected ~ π0(τ | c,
-    failure) (every episode worse than it), with weight P(c)·E[#failures · 1(some success)]
-    = P(c)·K(1 − p)(1 − (1 − p)^(K−1)), p = π0's success on c. Normalised to sum 1."""
+    """The trajectory pairs of the test bed's pairing rule (`pairing_rule`) in the population
+    limit, per c: chosen ~ π0(τ | c, success), rejected ~ π0(τ | c, failure), with weight
+    P(c)·E[pairs per task], p = π0's success on c, K episodes per task:
+    "best" (the paper: the first success against every failure): E[#failures · 1(some
+    success)] = K(1 − p)(1 − (1 − p)^(K−1));
+    "all" (every two episodes whose rewards differ: every success against every failure):
+    E[#successes · #failures] = K(K − 1)p(1 − p).
+    Normalised to sum 1."""
 
     blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # per c: (chosen rows, rejected rows, [S, F] weights)
 
 
-def trajectory_pairs(bed: Bed, k: int = 8) -> TrajectoryPairs:
+def pairing_rule() -> str:
+    """The test bed's trajectory pairing rule: its environment's default (colbench.envs.
+    training_defaults("testbed").pairing_rule), as sweet.core.records.make_trajectory_pairs
+    applies it to the test bed's episodes."""
+    from colbench.envs import training_defaults
+
+    return training_defaults("testbed").pairing_rule
+
+
+def expected_pairs_per_task(rule: str, p: float, k: int) -> float:
+    """E[pairs of one task] among k episodes with success probability p (binary rewards)."""
+    if rule == "best":
+        return k * (1 - p) * (1 - (1 - p) ** (k - 1))
+    if rule == "all":
+        return k * (k - 1) * p * (1 - p)
+    raise ValueError(f"unknown pairing rule {rule!r}")
+
+
+def trajectory_pairs(bed: Bed, k: int = 8, rule: str | None = None) -> TrajectoryPairs:
+    rule = rule or pairing_rule()
     prob = evaluate(bed, bed.logp0).prob
     blocks = []
     for ci in range(len(bed.cs)):
@@ -221,7 +244,7 @@ def trajectory_pairs(bed: Bed, k: int = 8) -> TrajectoryPairs:
         p = float(prob[win].sum())
         if not len(win) or not len(lose) or p <= 0 or p >= 1:
             continue
-        weight = bed.pc[ci] * k * (1 - p) * (1 - (1 - p) ** (k - 1))
+        weight = bed.pc[ci] * expected_pairs_per_task(rule, p, k)
         blocks.append((win, lose, weight * np.outer(prob[win] / p, prob[lose] / (1 - p))))
     total = sum(w.sum() for _, _, w in blocks)
     return TrajectoryPairs([(a, b, w / total) for a, b, w in blocks])
@@ -449,15 +472,19 @@ def sample_episodes(bed: Bed, n_tasks: int, k: int, rng: np.random.Generator) ->
     return task_c, rows
 
 
-def sampled_pairs(bed: Bed, rows: np.ndarray) -> TrajectoryPairs:
-    """The paper's pairing on sampled episodes (sweet.core.records.make_trajectory_pairs): per task
-    whose best episode succeeds, chosen = its first success, rejected = every failure."""
+def sampled_pairs(bed: Bed, rows: np.ndarray, rule: str | None = None) -> TrajectoryPairs:
+    """The test bed's pairing on sampled episodes (sweet.core.records.make_trajectory_pairs with
+    `pairing_rule()`): per task whose best episode succeeds, "best": chosen = its first success,
+    rejected = every failure; "all": every success against every failure."""
+    rule = rule or pairing_rule()
+    if rule not in ("best", "all"):
+        raise ValueError(f"unknown pairing rule {rule!r}")
     blocks = []
     for task_rows in rows:
         ok = bed.success[task_rows] == 1
         if ok.any() and not ok.all():
-            lose = task_rows[~ok]
-            blocks.append((task_rows[ok][:1], lose, np.ones((1, len(lose)))))
+            win, lose = (task_rows[ok][:1] if rule == "best" else task_rows[ok]), task_rows[~ok]
+            blocks.append((win, lose, np.ones((len(win), len(lose)))))
     total = sum(w.sum() for _, _, w in blocks) or 1.0
     return TrajectoryPairs([(a, b, w / total) for a, b, w in blocks])
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from colbench.envs.base import TrainingDefaults
+from colbench.envs.base import PAIRING_RULES, TrainingDefaults
 from colbench.protocols import ANSWER_MARKER, Environment
 from colbench.registry import load_target
 
@@ -23,8 +23,10 @@ _REGISTRY: dict[str, str] = {
     "testbed": "testbed.env:TestbedEnv",
 }
 
-__all__ = ["ANSWER_MARKER", "Environment", "TrainingDefaults", "defaults_help", "env_class", "env_names",
-           "make_env", "register_env", "training_defaults"]
+__all__ = ["ANSWER_MARKER", "PAIRING_RULES", "Environment", "TrainingDefaults", "defaults_help", "env_class", "env_names",
+           "make_env", "register_env", "reply_cap", "training_defaults"]
+
+DEFAULT_REPLY_CHARS = 400  # the reply cap of an environment class without a `max_reply_chars` attribute
 
 
 def register_env(name: str, target: str) -> None:
@@ -56,6 +58,20 @@ def training_defaults(name: str) -> TrainingDefaults:
     return getattr(env_class(name), "training_defaults", None) or TrainingDefaults()
 
 
+def reply_cap(env: Any, override: int | None = None) -> int:
+    """The simulated human's reply cap in characters: `override` (--max_reply_chars) when
+    given, else the environment's `max_reply_chars` (an instance, a class or a registered
+    name; published: frontend 1,000, backend 400), else DEFAULT_REPLY_CHARS."""
+    if override is not None:
+        return int(override)
+    if isinstance(env, str):
+        env = env_class(env) if env in _REGISTRY else None
+    return int(getattr(env, "max_reply_chars", DEFAULT_REPLY_CHARS))
+
+
 def defaults_help(field: str) -> str:
     """'backend 1.0, frontend 0.0, ...': a TrainingDefaults field per bundled environment, for --help."""
-    return ", ".join(f"{name} {getattr(training_defaults(name), field):g}" for name in env_names())
+    def show(value) -> str:
+        return value if isinstance(value, str) else f"{value:g}"
+
+    return ", ".join(f"{name} {show(getattr(training_defaults(name), field))}" for name in env_names())

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 from colbench.envs.base import TrainingDefaults, agent_chat, fill_instructions
 from colbench.prompts import KINDS, load_prompt
 from colbench.protocols import ANSWER_MARKER
-from colbench.scoring.backend import ReferenceCache, extract_code, iter_score_backend, score_backend
+from colbench.scoring.backend import SCORING_VERSION, ReferenceCache, extract_code, iter_score_backend, score_backend
 from colbench.scoring.sandbox import SandboxLimits, SandboxPool
 from colbench.types import Score, Task, Turn
 from engines.base import Message
@@ -45,7 +45,12 @@ class BackendEnv:
 
     name = "backend"
     # the paper's pairing: the best episode passes every test, rejected = strictly worse
-    training_defaults = TrainingDefaults(success_threshold=1.0, min_reward_gap=0.0, rft_top_fraction=1.0)
+    training_defaults = TrainingDefaults(pairing_rule="best", success_threshold=1.0, min_reward_gap=0.0,
+                                         rft_top_fraction=1.0)
+    # the simulated human's replies are cut at this many characters unless --max_reply_chars says
+    # otherwise (published human_interaction_env.py, line 10: 400)
+    max_reply_chars = 400
+    scoring_version = SCORING_VERSION  # the rules every episode records (colbench.scoring.backend)
 
     def __init__(self, answer_marker: str = ANSWER_MARKER, max_turns: int = 10,
                  workers: int | None = None, limits: SandboxLimits | None = None,

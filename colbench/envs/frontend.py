@@ -3,22 +3,27 @@
     from colbench.envs import make_env
     env = make_env("frontend", render_dir="runs/x/renders")   # FrontendEnv
     msgs = env.agent_messages(task, turns)       # system + site idea + dialogue
-    env.is_final(text); html = env.extract_answer(text)
+    env.is_final(text); html = env.episode_answer(task, turns)   # the last draft of any turn
     scores = env.score(tasks, answers)           # CLIP cosine of the two renders
     env.renderer                                 # the RenderPool simulators share
 
-Each agent turn may hold one HTML draft (```html fence); the simulated human sees it
-rendered next to the hidden target and says how they differ (simulators.vlm,
-simulators.text_frontend). The final answer is the HTML after the answer marker.
+Each agent turn may hold one HTML draft (`extract_html`: a ```html fence, a fenced block of
+markup, an <html> document, a <body> element, or a message that is markup; prose is never a
+draft); the simulated human sees it rendered next to the hidden target and says how they
+differ (simulators.vlm, simulators.text_frontend). The scored answer is the last draft the
+agent wrote in any turn (`episode_answer`; the episode records its turn), as the published
+environment scores its last rendered draft; an episode without a draft scores 0 with that
+reason, never its prose rendered as a page.
 
 Scoring renders the answer and the target offline (colbench.scoring.render: vendored
 Tailwind, local placeholder images, no network) and takes the cosine similarity of
 their CLIP image embeddings (colbench.scoring.clip; paper: OpenAI ViT-B/32).
-Success = reward >= `success_threshold`. Target embeddings are cached per task.
+Success = reward >= `success_threshold`. Target embeddings are cached per task; targets
+render with their own generous timeout (`target_timeout_s`), so load never fails a good one
+(a target that does not render at all is an unusable row: colbench.tasks.check_targets).
 Departures from the reference: the answer is kept as HTML (the Episode stores it;
 Score.detail holds the screenshot paths), whole pages are embedded (scheme "pad",
-not a 224-px centre crop), and an empty answer scores 0 instead of the cosine of a
-blank page.
+not a 224-px centre crop), and no draft scores 0 instead of the cosine of a black image.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from colbench.envs.base import TrainingDefaults, agent_chat, fill_instructions
 from colbench.prompts import KINDS, load_prompt
 from colbench.protocols import ANSWER_MARKER
+from colbench.tasks import TARGET_TIMEOUT_S  # a target page's render budget, the loader's check's too
 from colbench.types import Score, Task, Turn
 from engines.base import Message
 
@@ -40,6 +46,8 @@ if TYPE_CHECKING:
     from colbench.scoring.clip import ClipScorer
     from colbench.scoring.render import RenderPool
 
+FRONTEND_SCORING_VERSION = 3
+NO_DRAFT = "no HTML draft in any agent turn"  # Score.error of an episode without a page to render
 PROMPT_PATH = KINDS["frontend_agent"].default_path()  # the registry's default (colbench.prompts)
 SINGLE_TURN_NOTE = (
     "\n\nThis time you get a single turn and no feedback: answer now. Write \"{answer_marker}\" "
@@ -48,11 +56,14 @@ SINGLE_TURN_NOTE = (
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|$)", re.DOTALL)
 _HTML_DOC = re.compile(r"(?:<!DOCTYPE html[^>]*>\s*)?<html\b.*?(?:</html\s*>|$)", re.DOTALL | re.IGNORECASE)
+_BODY = re.compile(r"<body\b.*?(?:</body\s*>|$)", re.DOTALL | re.IGNORECASE)
 
 
 def extract_html(text: str) -> str:
-    """The HTML in an agent message: the first ```html block (else the first fenced
-    block that looks like markup), else an <html>...</html> document, else the text."""
+    """The HTML draft in an agent message, "" when it holds none: the first ```html block,
+    else the first fenced block that looks like markup, else an <html>...</html> document,
+    else a <body>...</body> element, else the whole message when it is markup (starts with
+    "<" and ends with ">"). Prose is never a draft."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
     for lang, body in blocks:
         if lang in ("html", "htm", "xhtml"):
@@ -60,13 +71,17 @@ def extract_html(text: str) -> str:
     for _, body in blocks:
         if "<" in body and ">" in body:
             return body.strip()
-    m = _HTML_DOC.search(text)
-    return m.group(0).strip() if m else text.strip()
+    for pattern in (_HTML_DOC, _BODY):
+        m = pattern.search(text)
+        if m:
+            return m.group(0).strip()
+    bare = text.strip()
+    return bare if bare.startswith("<") and bare.endswith(">") else ""
 
 
 def has_html(text: str) -> bool:
-    """Whether an agent message holds a page to render (a fenced block or an HTML tag)."""
-    return bool(_FENCE.search(text)) or bool(re.search(r"<(html|body|div|section|header|main)\b", text, re.I))
+    """Whether an agent message holds a draft to render (`extract_html` finds one)."""
+    return bool(extract_html(text))
 
 
 def _slug(task_id: str) -> str:
@@ -82,7 +97,9 @@ class FrontendEnv:
     clip_model, clip_pretrained, clip_scheme, clip_device: the ClipScorer ("tiny" for tests).
     render_dir:        where screenshots go (answers/, targets/); default a temp dir.
     workers:           browser contexts rendering at once.
-    render_timeout_s:  per page; a page past it scores 0 with Score.error.
+    render_timeout_s:  per answer page; a page past it scores 0 with Score.error.
+    target_timeout_s:  per target page (generous: a target is known to render, load must
+                       not fail it; TARGET_TIMEOUT_S).
     score_chunk:       answers rendered and scored per chunk by `score_iter` (each chunk
                        is saved before the next starts).
     prompt_path:       the agent's instructions, a frontend_agent template file
@@ -90,17 +107,24 @@ class FrontendEnv:
     """
 
     name = "frontend"
-    # A CLIP cosine never reaches 1.0 and has no natural "success": pairs need no
-    # success, only a margin (half a point of the paper's cosine x 100 scale; closer
-    # pages are ties), and RFT imitates the best quarter of the episodes. Our choice:
-    # the paper does not state its frontend pairing.
-    training_defaults = TrainingDefaults(success_threshold=0.0, min_reward_gap=0.005, rft_top_fraction=0.25)
+    # The published frontend pairing (sweet_rl scripts/evaluate_html.py, lines 121-149): every
+    # two episodes of a task whose CLIP scores differ by at least 0.1, the higher chosen; a
+    # cosine has no "success". RFT imitates the best quarter of the episodes (our choice).
+    training_defaults = TrainingDefaults(pairing_rule="all", success_threshold=0.0, min_reward_gap=0.1,
+                                         rft_top_fraction=0.25)
+    # the simulated human's replies are cut at this many characters unless --max_reply_chars says
+    # otherwise (published human_design_interaction_env.py, line 14: 1,000; backend 400)
+    max_reply_chars = 1000
+    # the scoring rules' version, recorded on every episode (colbench.episodes): 3 scores the last
+    # draft of any turn, no draft 0, unrenderable targets unusable (2: the final message, prose rendered)
+    scoring_version = FRONTEND_SCORING_VERSION
 
     def __init__(self, answer_marker: str = ANSWER_MARKER, max_turns: int = 10,
                  success_threshold: float = 0.9, clip_model: str = "ViT-B-32", clip_pretrained: str = "openai",
                  clip_scheme: str = "pad", clip_device: str | None = None, render_dir: str | Path | None = None,
-                 workers: int = 2, render_timeout_s: float = 10.0, viewport_width: int = 1280,
-                 viewport_height: int = 800, max_height: int = 8000, prompt_path: str | Path | None = None,
+                 workers: int = 2, render_timeout_s: float = 10.0, target_timeout_s: float = TARGET_TIMEOUT_S,
+                 viewport_width: int = 1280, viewport_height: int = 800, max_height: int = 8000,
+                 prompt_path: str | Path | None = None,
                  score_chunk: int = 32):
         if not answer_marker.strip():
             raise ValueError("FrontendEnv.answer_marker must be non-empty")
@@ -117,6 +141,7 @@ class FrontendEnv:
         self.clip_options = dict(model=clip_model, pretrained=clip_pretrained, scheme=clip_scheme, device=clip_device)
         self.render_options = dict(workers=workers, timeout_s=render_timeout_s, viewport_width=viewport_width,
                                    viewport_height=viewport_height, max_height=max_height)
+        self.target_timeout_s = float(target_timeout_s)
         self._render_dir = Path(render_dir) if render_dir is not None else None
         # the agent's instructions: a validated template file (colbench.prompts), recorded on every episode
         self.agent_prompt = load_prompt("frontend_agent", prompt_path)
@@ -141,10 +166,21 @@ class FrontendEnv:
         return self.answer_marker in agent_text
 
     def extract_answer(self, agent_text: str) -> str:
-        """The HTML after the marker; without a marker (turn limit reached) the HTML in
-        the whole message."""
+        """The draft of one agent message: the HTML after the marker, else the HTML in the
+        whole message; "" when it holds none (`extract_html`)."""
         _, found, after = agent_text.partition(self.answer_marker)
-        return extract_html(after if found and after.strip() else agent_text)
+        return (extract_html(after) if found else "") or extract_html(agent_text)
+
+    def answer_turn(self, task: Task, turns: Sequence[Turn]) -> int | None:
+        """Which agent turn (index among the agent turns) holds the last draft; None: no draft."""
+        agent = [t for t in turns if t.role == "agent"]
+        return next((i for i in range(len(agent) - 1, -1, -1) if self.extract_answer(agent[i].content)), None)
+
+    def episode_answer(self, task: Task, turns: Sequence[Turn]) -> str:
+        """The answer scored: the last HTML draft the agent wrote in any turn (the published
+        environment scores its last rendered draft); "" when no turn holds one (scores 0)."""
+        i = self.answer_turn(task, turns)
+        return "" if i is None else self.extract_answer([t for t in turns if t.role == "agent"][i].content)
 
     def training_info(self, task: Task) -> str:
         """The target page's HTML: SWEET-RL's training-time information for the critic."""
@@ -202,7 +238,7 @@ class FrontendEnv:
             res = renders.get(i)
             if res is not None and res.ok:
                 detail.update(answer_png=str(res.png_path), answer_page_height=res.page_height)
-            error = ("empty answer" if not answer.strip() else
+            error = (NO_DRAFT if not answer.strip() else
                      f"target render failed: {target_error}" if target_error else
                      f"answer render failed: {res.error}" if not res.ok else None)
             if error:
@@ -229,7 +265,7 @@ class FrontendEnv:
         missing = {k: t for k, t in zip(keys, tasks) if k not in self._targets}
         if missing:
             paths = [self.render_dir / "targets" / f"{_slug(k[0])}-{k[1]}.png" for k in missing]
-            renders = self.renderer.render([t.hidden for t in missing.values()], paths)
+            renders = self.renderer.render([t.hidden for t in missing.values()], paths, timeout_s=self.target_timeout_s)
             ok = [(k, r) for k, r in zip(missing, renders) if r.ok]
             embs = self.scorer.embed([r.image for _, r in ok]) if ok else []
             with self._lock:

@@ -220,17 +220,19 @@ class RenderPool:
 
     # ---- public API
 
-    def render(self, htmls: Sequence[str], out_paths: Sequence[Path | str] | None = None) -> list[RenderResult]:
+    def render(self, htmls: Sequence[str], out_paths: Sequence[Path | str] | None = None,
+               timeout_s: float | None = None) -> list[RenderResult]:
         """Screenshot each page (full page at the fixed width, clipped at max_height).
 
         Results come back in order; a page that fails or times out gets
         `image=None` and `error`, never an exception. PNGs are written to
-        `out_paths[i]` when given (parent folders are created).
+        `out_paths[i]` when given (parent folders are created). `timeout_s`: this call's
+        budget per page (default the pool's `timeout_s`).
         """
         if out_paths is not None and len(out_paths) != len(htmls):
             raise ValueError(f"render: {len(htmls)} pages but {len(out_paths)} out_paths")
         paths = [Path(p) if p is not None else None for p in (out_paths or [None] * len(htmls))]
-        pngs = self._run_all(htmls, self._screenshot)
+        pngs = self._run_all(htmls, self._screenshot, timeout_s)
         results = []
         for (value, error), path in zip(pngs, paths):
             if error is not None:
@@ -302,13 +304,15 @@ class RenderPool:
                 self._state.update(loop=loop, thread=thread)
             return self._loop
 
-    def _run_all(self, htmls: Sequence[str], action: Callable[[Any], Awaitable[Any]]) -> list[tuple[Any, str | None]]:
+    def _run_all(self, htmls: Sequence[str], action: Callable[[Any], Awaitable[Any]],
+                 timeout_s: float | None = None) -> list[tuple[Any, str | None]]:
         if not htmls:
             return []
+        timeout = float(timeout_s) if timeout_s else self.timeout_s
         loop = self._ensure_started()
-        fut = asyncio.run_coroutine_threadsafe(self._gather(list(htmls), action), loop)
-        # Each page is bounded by timeout_s plus recycling; this bound only guards bugs.
-        budget = (len(htmls) / self.workers + 1) * (self.timeout_s + 30) + 60
+        fut = asyncio.run_coroutine_threadsafe(self._gather(list(htmls), action, timeout), loop)
+        # Each page is bounded by its timeout plus recycling; this bound only guards bugs.
+        budget = (len(htmls) / self.workers + 1) * (timeout + 30) + 60
         return fut.result(timeout=budget)
 
     # ---- async side (runs on the render thread only)
@@ -391,10 +395,11 @@ class RenderPool:
         except Exception:
             pass  # the page went away mid-request
 
-    async def _gather(self, htmls: list[str], action: Callable[[Any], Awaitable[Any]]) -> list[tuple[Any, str | None]]:
-        return await asyncio.gather(*(self._one(html, action) for html in htmls))
+    async def _gather(self, htmls: list[str], action: Callable[[Any], Awaitable[Any]],
+                      timeout: float) -> list[tuple[Any, str | None]]:
+        return await asyncio.gather(*(self._one(html, action, timeout) for html in htmls))
 
-    async def _one(self, html: str, action: Callable[[Any], Awaitable[Any]]) -> tuple[Any, str | None]:
+    async def _one(self, html: str, action: Callable[[Any], Awaitable[Any]], timeout: float) -> tuple[Any, str | None]:
         slot = await self._slots.get()
         healthy = False
         try:
@@ -402,11 +407,12 @@ class RenderPool:
                     or not self._browser.is_connected()):
                 slot = await self._replace(slot)  # its renderer or the browser died since
             slot.html, slot.served = html, False
-            result = await asyncio.wait_for(self._load_and(slot.page, action), self.timeout_s)
+            slot.page.set_default_timeout(timeout * 1000)  # Playwright's own waits: this render's budget
+            result = await asyncio.wait_for(self._load_and(slot.page, action), timeout)
             healthy = True
             return result, None
         except asyncio.TimeoutError:
-            return None, f"render timed out after {self.timeout_s:g}s"
+            return None, f"render timed out after {timeout:g}s"
         except Exception as e:  # crashed page or browser: report, recycle
             first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
             return None, f"render failed: {type(e).__name__}: {first_line}"

@@ -109,6 +109,7 @@ from sweet.core.config import (
     agent_prompt_field,
     check_range,
     human_prompt_field,
+    max_reply_chars_field,
     lr_field,
     resolved_config,
     save_resolved_config,
@@ -188,6 +189,7 @@ class LoopConfig:
     strict_tasks: bool = strict_tasks_field()
     agent_prompt: str | None = agent_prompt_field(collects=True)
     human_prompt: str | None = human_prompt_field()
+    max_reply_chars: int | None = max_reply_chars_field()
 
     @property
     def k(self) -> int:
@@ -233,6 +235,7 @@ class LoopConfig:
             raise ValueError("LoopConfig: kl_coef and value_coef must be >= 0 and gae_lambda in [0, 1]")
         if self.max_turns is not None and self.max_turns < 1:
             raise ValueError(f"LoopConfig.max_turns must be >= 1, got {self.max_turns}")
+        check_range(self, "max_reply_chars", low=1)
 
 
 @dataclass
@@ -721,7 +724,8 @@ def session(cfg: LoopConfig, main_process: bool = True):
     """The run's environment and simulated human (`sweet.core.rollouts.rollout_session`,
     both closed when the block ends); only the main process, which plays, loads the human."""
     return rollout_session(cfg.env, cfg.simulator if main_process else None, max_turns=cfg.max_turns,
-                           agent_prompt=cfg.agent_prompt, human_prompt=cfg.human_prompt if main_process else None)
+                           agent_prompt=cfg.agent_prompt, human_prompt=cfg.human_prompt if main_process else None,
+                           max_reply_chars=cfg.max_reply_chars)
 
 
 class Sampler:

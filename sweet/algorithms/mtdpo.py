@@ -7,11 +7,12 @@ are never in the loss and generated ids are never re-tokenised. The DPO loss
 (sweet/algorithms/losses.py) is applied to the trajectory-level log-ratio; the NLL term is the
 chosen trajectory's per-token NLL over its action tokens.
 
-Pairs (`--pairing`): `paper` (sweet.core.records.make_trajectory_pairs: tasks whose best
-episode reaches `success_threshold`; chosen = best, rejected = each episode worse by
-more than `min_reward_gap`) or `best_vs_worst` (one pair per task: best vs worst, when
-their rewards differ by more than `min_reward_gap`). Both default to the environment's
-(`colbench.envs.training_defaults`: backend 1.0 and 0.0, frontend no success and a margin).
+Pairs (`--pairing`): `paper` (sweet.core.records.make_trajectory_pairs with the
+`--pairing_rule`: backend the best episode against each worse one, frontend every two
+episodes at least `min_reward_gap` apart, as the published scripts do) or `best_vs_worst`
+(one pair per task: best vs worst, when their rewards differ by more than `min_reward_gap`).
+The rule, threshold and gap default to the environment's (`colbench.envs.training_defaults`:
+backend best, 1.0 and 0.0; frontend all, no success, 0.1).
 
     # CPU, tiny model
     python -m sweet.train_policy --algorithm mtdpo --episodes eps.jsonl --model tiny \\
@@ -37,9 +38,11 @@ from sweet.core.config import (
     LearningRates,
     ModelConfig,
     agent_prompt_field,
+    check_pairing_rule,
     check_range,
     fill_env_defaults,
     lr_field,
+    pairing_rule_field,
     save_resolved_config,
     strict_tasks_field,
 )
@@ -57,6 +60,7 @@ class MTDPOConfig:
     episodes: str = field(default="", metadata={"help": "episodes JSONL (several per task: rollouts to compare)"})
     env: str = field(default="backend", metadata={"help": "environment the episodes come from (reads published offline trajectories; sets the pairing defaults)"})
     pairing: str = field(default="paper", metadata={"help": "paper | best_vs_worst (module docstring)"})
+    pairing_rule: str | None = pairing_rule_field()
     success_threshold: float | None = field(default=None, metadata={"help": f"paper pairing: the best episode must reach this reward (default: the --env's: {defaults_help('success_threshold')})"})
     min_reward_gap: float | None = field(default=None, metadata={"help": f"rejected reward must be lower than chosen by more than this (default: the --env's: {defaults_help('min_reward_gap')})"})
     beta: float = field(default=0.1, metadata={"help": "DPO β"})
@@ -68,7 +72,9 @@ class MTDPOConfig:
 
     def __post_init__(self) -> None:
         check_prompt_flags(self.env, None, self.agent_prompt, None)  # a bad file: PromptError, one line
-        fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
+        fill_env_defaults(self, pairing_rule="pairing_rule", success_threshold="success_threshold",
+                          min_reward_gap="min_reward_gap")
+        check_pairing_rule(self)
         for name in ("success_threshold", "min_reward_gap", "beta", "nll_coef"):
             check_range(self, name)  # finite
         if not self.episodes:
@@ -98,7 +104,7 @@ def trajectory_pairs(episodes, cfg: MTDPOConfig):
 
     usable = [ep for ep in episodes if ep.agent_turns]
     if cfg.pairing == "paper":
-        return make_trajectory_pairs(usable, cfg.success_threshold, cfg.min_reward_gap)
+        return make_trajectory_pairs(usable, cfg.success_threshold, cfg.min_reward_gap, cfg.pairing_rule)
     pairs = []
     for task_id, group in sorted(group_by_task(usable).items()):
         best, worst = max(group, key=lambda e: e.reward), min(group, key=lambda e: e.reward)
@@ -118,7 +124,8 @@ def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     check_recorded_prompts(episodes, cfg.env, cfg.agent_prompt, cfg.episodes)  # one agent prompt, --agent_prompt's
     tokenizer = load_tokenizer(model_cfg.model)
     pairs = trajectory_pairs(episodes, cfg)
-    print(f"mtdpo: {len(pairs)} trajectory pairs from {len(episodes)} episodes ({cfg.pairing} pairing)")
+    print(f"mtdpo: {len(pairs)} trajectory pairs from {len(episodes)} episodes ({cfg.pairing} pairing"
+          f"{', rule ' + cfg.pairing_rule if cfg.pairing == 'paper' else ''})")
     if not pairs:
         raise ValueError(f"{cfg.episodes}: no trajectory pairs (need tasks with several episodes of different rewards"
                          f"{'; the best reaching --success_threshold' if cfg.pairing == 'paper' else ''})")

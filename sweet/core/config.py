@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from colbench.cli import parse_configs as parse
-from colbench.envs import training_defaults
+from colbench.envs import PAIRING_RULES, defaults_help, training_defaults
 
 
 @dataclass
@@ -160,6 +160,21 @@ def fill_env_defaults(cfg: Any, **fields: str) -> None:
             setattr(cfg, name, getattr(defaults, attribute))
 
 
+def pairing_rule_field():
+    """The `pairing_rule` field of a config that makes trajectory pairs (None: the --env's,
+    colbench.envs.base.TrainingDefaults; filled by fill_env_defaults, checked by check_pairing_rule)."""
+    return field(default=None, metadata={
+        "help": "trajectory pairs of a task: best (the best episode against each worse one: the paper, the published "
+                "backend script) or all (every two episodes at least --min_reward_gap apart, the higher chosen: the "
+                f"published frontend script) (default: the --env's: {defaults_help('pairing_rule')})"})
+
+
+def check_pairing_rule(cfg: Any) -> None:
+    """Refuse a `pairing_rule` that is not one of PAIRING_RULES, naming the field."""
+    if cfg.pairing_rule not in PAIRING_RULES:
+        raise ValueError(f"{type(cfg).__name__}.pairing_rule must be one of {PAIRING_RULES}, got {cfg.pairing_rule!r}")
+
+
 def flush_denormals() -> None:
     """Treat denormal floats as zero on CPU. A saturated loss drives gradients and Adam's
     moments into the denormal range, where x86 arithmetic is many times slower: the
@@ -223,6 +238,13 @@ def human_prompt_field():
     return field(default=None, metadata={"help": "a model simulator's prompt template file (default: ours, "
                                                  "simulators/prompts/; placeholders in docs/prompts.md); scripted "
                                                  "simulators read none"})
+
+
+def max_reply_chars_field():
+    """The `max_reply_chars` field of a config that builds a simulated human (None: the env's)."""
+    return field(default=None, metadata={
+        "help": "the simulated human's reply cap in characters (default: the env's, as published: frontend 1000, "
+                "backend 400; colbench.envs.reply_cap)"})
 
 
 def prompt_kind(name: str, env: str | None, simulator: str | None = None) -> str | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Iterable, Sequence, TypeVar
 
+from colbench.envs.base import PAIRING_RULES
 from colbench.episodes import load_episodes  # noqa: F401  (the one episode reader, re-exported)
 from colbench.jsonl import read_rows
 from colbench.types import Episode
@@ -120,6 +121,9 @@ def read_candidates(path: str | Path, *, repair: bool = False) -> dict[str, Cand
 
 
 T = TypeVar("T")
+# "all" pairing keeps a gap exactly at min_reward_gap; rewards are floats, so 0.7 - 0.6 is
+# 0.0999...: gaps within this of the threshold count as at it
+GAP_ROUNDING = 1e-9
 
 
 @dataclass(frozen=True)
@@ -152,17 +156,33 @@ def group_by_task(episodes: Iterable[Episode]) -> dict[str, list[Episode]]:
 
 
 def make_trajectory_pairs(
-    episodes: Sequence[Episode], success_threshold: float = 1.0, min_reward_gap: float = 0.0
+    episodes: Sequence[Episode], success_threshold: float = 1.0, min_reward_gap: float = 0.0,
+    pairing_rule: str = "best",
 ) -> list[Pair[Episode]]:
-    """The paper's pairing: for each task whose best episode reaches `success_threshold`,
-    chosen = that best episode, rejected = every episode with a strictly lower reward
-    (by more than `min_reward_gap`)."""
+    """Trajectory pairs within each task whose best episode reaches `success_threshold`
+    (colbench.envs.base.TrainingDefaults states each field; trainers take the --env's):
+
+    "best" (the paper; published evaluate_code.py): chosen = the task's best episode,
+            rejected = every episode whose reward is lower by more than `min_reward_gap`.
+    "all"   (published evaluate_html.py): every two episodes whose rewards differ by at
+            least `min_reward_gap` (a gap exactly at it is kept, up to float rounding:
+            0.7 against 0.6 pairs at 0.1) and are not equal; the higher is chosen.
+
+    Tasks in sorted order; within a task, episodes in their given order."""
+    if pairing_rule not in PAIRING_RULES:
+        raise ValueError(f"pairing_rule must be one of {PAIRING_RULES}, got {pairing_rule!r}")
     pairs = []
     for task_id, group in sorted(group_by_task(episodes).items()):
         best = max(group, key=lambda e: e.reward)
         if best.reward < success_threshold:
             continue
-        for ep in group:
-            if ep.reward < best.reward - min_reward_gap and ep is not best:
-                pairs.append(Pair(best, ep, task_id))
+        if pairing_rule == "best":
+            pairs += [Pair(best, ep, task_id) for ep in group
+                      if ep.reward < best.reward - min_reward_gap and ep is not best]
+            continue
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                hi, lo = (a, b) if a.reward > b.reward else (b, a)
+                if hi.reward > lo.reward and hi.reward - lo.reward >= min_reward_gap - GAP_ROUNDING:
+                    pairs.append(Pair(hi, lo, task_id))
     return pairs

@@ -38,10 +38,12 @@ def prompted_env(env: str, agent_prompt: str | None = None) -> Environment:
 
 @contextmanager
 def rollout_session(env: str, simulator: str | None, *, max_turns: int | None = None, agent_prompt: str | None = None,
-                    human_prompt: str | None = None) -> Iterator[tuple[Environment, Simulator | None]]:
+                    human_prompt: str | None = None, max_reply_chars: int | None = None
+                    ) -> Iterator[tuple[Environment, Simulator | None]]:
     """The environment `env` and the simulated human `simulator` (a spec; None: none),
     both closed when the block ends. `agent_prompt` / `human_prompt`: template files
-    (None: ours; docs/prompts.md); the episodes record them (meta["prompts"])."""
+    (None: ours; docs/prompts.md); the episodes record them (meta["prompts"]).
+    `max_reply_chars`: the human's reply cap (None: the environment's, colbench.envs.reply_cap)."""
     with ExitStack() as stack:
         environment = prompted_env(env, agent_prompt)
         stack.callback(environment.close)
@@ -49,7 +51,7 @@ def rollout_session(env: str, simulator: str | None, *, max_turns: int | None = 
             environment.max_turns = max_turns
         human = None
         if simulator:
-            human = load_simulator(simulator, environment, prompt_file=human_prompt)
+            human = load_simulator(simulator, environment, prompt_file=human_prompt, max_reply_chars=max_reply_chars)
             stack.callback(human.close)
         elif human_prompt:
             load_simulator(None, environment, prompt_file=human_prompt)  # refuses: nothing reads it
@@ -59,11 +61,12 @@ def rollout_session(env: str, simulator: str | None, *, max_turns: int | None = 
 def policy_episodes(model: str, tasks: Sequence[Task], *, env: str, simulator: str | None, sampling: SamplingParams,
                     seeds: Sequence[int], out_path: str | Path, max_turns: int | None = None,
                     engine_options: EngineOptions | None = None, progress: bool = True,
-                    agent_prompt: str | None = None, human_prompt: str | None = None) -> list[Episode]:
+                    agent_prompt: str | None = None, human_prompt: str | None = None,
+                    max_reply_chars: int | None = None) -> list[Episode]:
     """Episodes of the model spec `model` on `tasks` × `seeds` (resumable JSONL at
     `out_path`); the environment, simulator and engine are opened here and closed."""
     with rollout_session(env, simulator, max_turns=max_turns, agent_prompt=agent_prompt,
-                         human_prompt=human_prompt) as (environment, human), \
+                         human_prompt=human_prompt, max_reply_chars=max_reply_chars) as (environment, human), \
             closing(load_engine(model, engine_options)) as engine:
         agent = ModelAgent(engine, sampling, name="policy")
         return rollout(environment, tasks, agent, human, seeds=seeds, max_turns=max_turns, out_path=out_path,

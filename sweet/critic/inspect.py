@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from colbench.envs import TrainingDefaults, env_names, training_defaults
 from colbench.episodes import load_episodes
 from sweet.core.config import parse_configs
 from sweet.core.records import episode_states, make_trajectory_pairs, read_candidates
@@ -158,11 +159,17 @@ def credit_split(pairs, advantages: dict[str, Sequence[float]]) -> CreditSplit:
 
 def training_pairs(critic_dir: str, episodes) -> list:
     """The critic's trajectory pairs among `episodes`, with the pairing settings of its run
-    (critic_dir/config.json, written by sweet.train_critic; the paper's 1.0 / 0.0 if absent)."""
+    (critic_dir/config.json, written by sweet.train_critic); a setting it lacks (a run from
+    before it was recorded) is its environment's default (colbench.envs.training_defaults)."""
     config = Path(critic_dir) / "config.json"
     settings = json.loads(config.read_text()).get("critic", {}) if config.exists() else {}
-    threshold, gap = settings.get("success_threshold"), settings.get("min_reward_gap")
-    return make_trajectory_pairs(episodes, 1.0 if threshold is None else threshold, 0.0 if gap is None else gap)
+    env = settings.get("env") or (episodes[0].env if episodes else "backend")
+    defaults = training_defaults(env) if env in env_names() else TrainingDefaults()
+    pick = lambda name: settings[name] if settings.get(name) is not None else getattr(defaults, name)  # noqa: E731
+    # a run recorded before the rule was (settings without it) paired the best against each worse
+    recorded = "success_threshold" in settings or "min_reward_gap" in settings
+    rule = settings.get("pairing_rule") or ("best" if recorded else defaults.pairing_rule)
+    return make_trajectory_pairs(episodes, pick("success_threshold"), pick("min_reward_gap"), rule)
 
 
 def read_candidate_rows(path: str) -> dict[tuple[str, int], list[tuple[float, str]]]:

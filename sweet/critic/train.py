@@ -64,9 +64,11 @@ from sweet.core.config import (
     ModelConfig,
     TrainConfig,
     agent_prompt_field,
+    check_pairing_rule,
     check_range,
     fill_env_defaults,
     lr_field,
+    pairing_rule_field,
     parse_configs,
     resolve_local,
     resolved_config,
@@ -119,8 +121,9 @@ class CriticConfig:
                 "head on the last hidden state, A = β·mean over the action's tokens of v, no π_ref (the paper's "
                 "sweet_value_head ablation)"})
     nll_coef: float = field(default=0.0, metadata={"help": "weight of an NLL term on the chosen trajectories' actions"})
+    pairing_rule: str | None = pairing_rule_field()
     success_threshold: float | None = field(default=None, metadata={"help": f"a task yields pairs when its best reward reaches this (default: the --env's: {defaults_help('success_threshold')}; backend 1.0 = all tests pass)"})
-    min_reward_gap: float | None = field(default=None, metadata={"help": f"rejected episodes must be worse than the best by more than this (default: the --env's: {defaults_help('min_reward_gap')})"})
+    min_reward_gap: float | None = field(default=None, metadata={"help": f"best pairing: rejected episodes are worse than the best by more than this; all pairing: two rewards at least this far apart pair (default: the --env's: {defaults_help('min_reward_gap')})"})
     max_pairs: int = field(default=0, metadata={"help": "cap on training pairs (0: all)"})
     header: str = field(default=DEFAULT_HEADER, metadata={"help": "header around c in the critic's prompt (the "
                                                                   "note of critics before --critic_context_prompt; "
@@ -143,7 +146,9 @@ class CriticConfig:
     strict_tasks: bool = strict_tasks_field()
 
     def __post_init__(self) -> None:
-        fill_env_defaults(self, success_threshold="success_threshold", min_reward_gap="min_reward_gap")
+        fill_env_defaults(self, pairing_rule="pairing_rule", success_threshold="success_threshold",
+                          min_reward_gap="min_reward_gap")
+        check_pairing_rule(self)
         for name in ("success_threshold", "min_reward_gap", "beta", "nll_coef", "eval_fraction"):
             check_range(self, name)  # finite
         if not 0.0 <= self.eval_fraction < 1.0:
@@ -234,14 +239,14 @@ def _load_all(paths: str, env: str, strict: bool = False, agent_prompt: str | No
 
 
 def _pairs(cfg: CriticConfig, episodes: list, source: str) -> list:
-    pairs = make_trajectory_pairs(episodes, cfg.success_threshold, cfg.min_reward_gap)
+    pairs = make_trajectory_pairs(episodes, cfg.success_threshold, cfg.min_reward_gap, cfg.pairing_rule)
     if not pairs:
         groups = group_by_task(episodes)
         good = sum(max(e.reward for e in g) >= cfg.success_threshold for g in groups.values())
         raise ValueError(
             f"{source}: no trajectory pairs from {len(episodes)} episodes over {len(groups)} tasks "
-            f"({good} tasks reach success_threshold={cfg.success_threshold}; a pair also needs a strictly worse "
-            "episode of the same task)"
+            f"({good} tasks reach success_threshold={cfg.success_threshold}; {cfg.pairing_rule} pairing: a pair also "
+            f"needs another episode of the same task with a reward {cfg.min_reward_gap:g} or more apart)"
         )
     return pairs
 

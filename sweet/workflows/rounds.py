@@ -26,7 +26,7 @@ from colbench.tasks import load_tasks, usable_tasks
 from engines import EngineOptions, SamplingParams
 from sweet.algorithms.sweet_rl import ORACLE_CRITIC, first_episodes
 from sweet.algorithms.sweet_rl import main as run_round
-from sweet.core.config import ModelConfig, human_prompt_field
+from sweet.core.config import ModelConfig, check_range, human_prompt_field, max_reply_chars_field
 from sweet.core.rollouts import policy_episodes
 from sweet.core.trainer import process_state
 from sweet.critic.train import CriticConfig, CriticTrainConfig
@@ -46,6 +46,7 @@ class RoundsConfig:
         "aliases": ["--rollouts_per_task"]})
     max_turns: int | None = field(default=None, metadata={"help": "rounds > 1: agent turns per new episode (default: the env's)"})
     human_prompt: str | None = human_prompt_field()  # the new episodes' agent prompt: stage 2's --agent_prompt
+    max_reply_chars: int | None = max_reply_chars_field()
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -54,6 +55,7 @@ class RoundsConfig:
             raise ValueError("RoundsConfig.simulator is required with rounds > 1 (new episodes need a simulated human)")
         if self.episodes_per_task < 1:
             raise ValueError(f"RoundsConfig.episodes_per_task must be >= 1, got {self.episodes_per_task}")
+        check_range(self, "max_reply_chars", low=1)
 
 
 def main(model_cfg, train, cfg, cand, rounds: RoundsConfig, ranker=None):
@@ -98,7 +100,7 @@ def collect_episodes(policy: Path, cfg, cand, rounds: RoundsConfig, path: Path, 
     policy_episodes(f"hf:{policy}", tasks, env=cfg.env, simulator=rounds.simulator, sampling=sampling,
                     seeds=episode_seeds(seed, rounds.episodes_per_task), max_turns=rounds.max_turns, out_path=path,
                     engine_options=EngineOptions(batch_size=cand.sampler_batch_size), agent_prompt=cfg.agent_prompt,
-                    human_prompt=rounds.human_prompt)
+                    human_prompt=rounds.human_prompt, max_reply_chars=rounds.max_reply_chars)
     return path
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from colbench.envs import make_env
-from colbench.envs.frontend import FrontendEnv, extract_html, has_html
+from colbench.envs.frontend import NO_DRAFT, FrontendEnv, extract_html, has_html
 from colbench.protocols import Environment
 from colbench.scoring.render import DEFAULT_CHROMIUM
 from colbench.types import Task, Turn
@@ -56,6 +56,10 @@ def test_agent_messages_have_instructions_description_and_dialogue(env):
         ("<html><body>unterminated", "<html><body>unterminated"),
         ("```html\n<div>cut off by the token limit", "<div>cut off by the token limit"),
         ("  <div>bare</div>  ", "<div>bare</div>"),
+        ("Thanks! <body class='x'><h1>hi</h1></body> done", "<body class='x'><h1>hi</h1></body>"),
+        ("What colour should the header be?", ""),  # prose is never a draft
+        ("```python\nprint(1)\n```", ""),
+        ("Use a <div> for the header, right?", ""),
     ],
 )
 def test_extract_html(text, html):
@@ -68,6 +72,8 @@ def test_final_answer_extraction(env):
     assert env.extract_answer(final) == "<html><body>final</body></html>"
     # turn limit reached: no marker, the message's HTML is the answer
     assert env.extract_answer("```html\n<div>draft</div>\n```") == "<div>draft</div>"
+    assert env.extract_answer("```html\n<p>v1</p>\n```\nI WANT TO ANSWER: the page above") == "<p>v1</p>"
+    assert env.extract_answer("I WANT TO ANSWER: as discussed") == ""
     assert has_html(final) and not has_html("What colour should the header be?")
     assert env.training_info(TASK) == TARGET
 
@@ -86,7 +92,7 @@ def test_score_rewards_the_target_most_and_records_renders(env):
     assert exact.detail["answer_html_chars"] == len(TARGET)
     assert Path(exact.detail["target_png"]).parent.name == "targets"
     assert hung.reward == 0.0 and not hung.success and "timed out" in hung.error
-    assert empty.reward == 0.0 and empty.error == "empty answer"
+    assert empty.reward == 0.0 and empty.error == NO_DRAFT
     # the target is rendered and embedded once per task, then reused
     assert len(env._targets) == 1
     again = env.score([TASK], [far])[0]
@@ -125,3 +131,63 @@ def test_success_threshold_is_configurable(tmp_path):
         assert s.error is None and s.reward < 1.0 and not s.success
     finally:
         e.close()
+
+
+def test_the_answer_is_the_last_draft_of_any_turn(env):
+    """As the published environment scores its last rendered draft: a final message without
+    HTML leaves the last draft as the answer, and the episode says which turn that was."""
+    a = lambda text: Turn("agent", text)  # noqa: E731
+    h = lambda text: Turn("human", text)  # noqa: E731
+    turns = [a("```html\n<p>v1</p>\n```"), h("Bigger."), a("```html\n<p>v2</p>\n```"), h("Good."),
+             a("Should the footer be grey?"), h("Yes."), a("I WANT TO ANSWER: the page above.")]
+    assert (env.episode_answer(TASK, turns), env.answer_turn(TASK, turns)) == ("<p>v2</p>", 1)
+    assert env.answer_turn(TASK, turns[:1]) == 0
+    prose = [a("What is the site for?"), h("A bakery."), a("I WANT TO ANSWER: a bakery page.")]
+    assert (env.episode_answer(TASK, prose), env.answer_turn(TASK, prose)) == ("", None)
+
+
+class _Script:
+    """An agent that says its scripted messages in order (the same for every episode)."""
+
+    name = "script"
+    needs_simulator = True
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def act(self, requests):
+        from engines.base import Sample
+
+        return [Sample(self.texts[sum(m["role"] == "assistant" for m in r.messages)]) for r in requests]
+
+
+@needs_chromium
+def test_the_runner_scores_the_last_draft_and_a_draftless_episode_scores_0(tmp_path):
+    from colbench.rollout import rollout
+    from simulators import load_simulator
+
+    e = FrontendEnv(clip_model="tiny", render_dir=tmp_path, render_timeout_s=20.0)
+    try:
+        sim = load_simulator("scripted:idk", e)
+        drafted = rollout(e, [TASK], _Script([f"```html\n{TARGET}\n```", "Anything else?",
+                                              "I WANT TO ANSWER: the page I showed you."]), sim)[0]
+        prose = rollout(e, [TASK], _Script(["What should it say?", "I WANT TO ANSWER: a bakery page."]), sim)[0]
+    finally:
+        e.close()
+    assert drafted.answer == TARGET and drafted.meta["answer_turn"] == 0 and drafted.score.error is None
+    assert drafted.score.detail["answer_html_chars"] == len(TARGET)  # the draft was rendered, not the last message
+    assert prose.answer == "" and prose.meta["answer_turn"] is None
+    assert prose.reward == 0.0 and prose.score.error == NO_DRAFT and prose.score.detail["answer_png"] is None
+    assert drafted.meta["scoring_version"] == prose.meta["scoring_version"] == FrontendEnv.scoring_version
+
+
+def test_each_environment_has_its_scoring_version_and_reply_cap():
+    from colbench.envs import reply_cap
+    from colbench.episodes import current_scoring_version
+    from colbench.scoring.backend import SCORING_VERSION
+
+    assert current_scoring_version("backend") == current_scoring_version("testbed") == SCORING_VERSION
+    assert current_scoring_version("frontend") == FrontendEnv.scoring_version != SCORING_VERSION
+    # published: 1,000 characters for frontend (human_design_interaction_env.py), 400 for backend
+    assert (reply_cap("frontend"), reply_cap("backend"), reply_cap("testbed")) == (1000, 400, 400)
+    assert reply_cap("frontend", 50) == 50

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from colbench.envs import training_defaults
+from colbench.envs.frontend import NO_DRAFT
 from colbench.types import Episode, Score, Turn
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,16 +31,22 @@ def _episode(task_id: str, seed: int, reward: float, env: str = "frontend") -> E
     return Episode(task_id, env, "a", seed, turns, answer="<p/>", score=Score(reward, reward >= 0.9), stop_reason="answered")
 
 
-# CLIP-like rewards: nothing reaches 1.0, t1 differs by more than the margin, t2 only by less
-CLIP_EPISODES = [_episode("t1", 0, 0.81), _episode("t1", 1, 0.74), _episode("t1", 2, 0.79),
-                 _episode("t2", 0, 0.702), _episode("t2", 1, 0.700)]
+# CLIP-like rewards, set explicitly: nothing reaches 1.0; in t1, 0.7 and 0.6 are exactly the
+# published 0.1 apart (kept, though 0.7 - 0.6 is 0.0999... in floats), 0.65 is 0.05 from each;
+# t2's 0.502/0.500 never pair
+CLIP_EPISODES = [_episode("t1", 0, 0.7), _episode("t1", 1, 0.6), _episode("t1", 2, 0.65),
+                 _episode("t2", 0, 0.502), _episode("t2", 1, 0.500), _episode("t3", 0, 0.3),
+                 _episode("t3", 1, 0.9), _episode("t3", 2, 0.5)]
+PUBLISHED_PAIRS = [("t1", 0, 1), ("t3", 1, 0), ("t3", 2, 0), ("t3", 1, 2)]  # every two at least 0.1 apart
 
 
 def test_each_environment_supplies_its_defaults():
     assert training_defaults("backend") == training_defaults("testbed")  # the paper's rule: success = 1.0
     assert training_defaults("backend").success_threshold == 1.0
+    assert training_defaults("backend").pairing_rule == "best"
     fe = training_defaults("frontend")
-    assert fe.success_threshold == 0.0 and fe.min_reward_gap > 0 and fe.rft_top_fraction < 1.0
+    assert fe.success_threshold == 0.0 and fe.rft_top_fraction < 1.0
+    assert (fe.pairing_rule, fe.min_reward_gap) == ("all", 0.1)  # published scripts/evaluate_html.py
     with pytest.raises(ValueError, match="unknown environment 'nope'"):
         training_defaults("nope")
 
@@ -50,18 +57,51 @@ def test_critic_and_mtdpo_pair_clip_rewards_with_the_frontend_defaults():
     from sweet.critic.train import CriticConfig
 
     critic = CriticConfig(env="frontend")
-    assert (critic.success_threshold, critic.min_reward_gap) == (0.0, 0.005)
-    pairs = make_trajectory_pairs(CLIP_EPISODES, critic.success_threshold, critic.min_reward_gap)
-    assert [(p.chosen.seed, p.rejected.seed) for p in pairs] == [(0, 1), (0, 2)]  # t2's 0.002 gap is a tie
-    # the backend rule finds nothing here: no CLIP reward reaches 1.0 (the bug these defaults fix)
+    assert (critic.pairing_rule, critic.success_threshold, critic.min_reward_gap) == ("all", 0.0, 0.1)
+    published = PUBLISHED_PAIRS
+    got = lambda pairs: [(p.task_id, p.chosen.seed, p.rejected.seed) for p in pairs]  # noqa: E731
+    assert got(critic_pairs(critic, CLIP_EPISODES)) == published
+    assert got(make_trajectory_pairs(CLIP_EPISODES, 0.0, 0.0, "best")) == [
+        ("t1", 0, 1), ("t1", 0, 2), ("t2", 0, 1), ("t3", 1, 0), ("t3", 1, 2)]
+    # the backend rule finds nothing here: no CLIP reward reaches 1.0
     backend = CriticConfig(env="backend")
+    assert backend.pairing_rule == "best"
     assert make_trajectory_pairs(CLIP_EPISODES, backend.success_threshold, backend.min_reward_gap) == []
-    for pairing, want in (("paper", [(0, 1), (0, 2)]), ("best_vs_worst", [(0, 1)])):
+    for pairing, want in (("paper", published), ("best_vs_worst", [("t3", 1, 0)])):
         cfg = MTDPOConfig(episodes="e.jsonl", env="frontend", pairing=pairing)
-        assert [(p.chosen.seed, p.rejected.seed) for p in trajectory_pairs(CLIP_EPISODES, cfg)] == want
-    # a flag still wins over the environment's default
+        assert got(trajectory_pairs(CLIP_EPISODES, cfg)) == want
+    # flags still win over the environment's defaults
     assert CriticConfig(env="frontend", success_threshold=0.8, min_reward_gap=0.0).success_threshold == 0.8
-    assert MTDPOConfig(episodes="e.jsonl", env="frontend", min_reward_gap=0.1).min_reward_gap == 0.1
+    assert got(critic_pairs(CriticConfig(env="frontend", min_reward_gap=0.05), CLIP_EPISODES)) == [
+        ("t1", 0, 1), ("t1", 0, 2), ("t1", 2, 1), ("t3", 1, 0), ("t3", 2, 0), ("t3", 1, 2)]
+    assert got(critic_pairs(CriticConfig(env="frontend", pairing_rule="best"), CLIP_EPISODES)) == [
+        ("t3", 1, 0), ("t3", 1, 2)]
+    assert MTDPOConfig(episodes="e.jsonl", env="frontend", pairing_rule="best").pairing_rule == "best"
+    with pytest.raises(ValueError, match="pairing_rule must be one of"):
+        CriticConfig(env="frontend", pairing_rule="every")
+
+
+def critic_pairs(cfg, episodes):
+    """The critic's own pairing of `episodes` (sweet.critic.train._pairs: what it trains on)."""
+    from sweet.critic.train import _pairs
+
+    return _pairs(cfg, list(episodes), "test")
+
+
+def test_the_inspector_pairs_with_the_critics_recorded_rule(tmp_path):
+    """The credit inspector pairs with the critic run's recorded settings; a run recorded
+    before the rule was (settings without it) paired the best against each worse."""
+    from sweet.critic.inspect import training_pairs
+
+    def pairs_with(settings):
+        (tmp_path / "config.json").write_text(json.dumps({"critic": settings}))
+        return [(p.task_id, p.chosen.seed, p.rejected.seed) for p in training_pairs(str(tmp_path), CLIP_EPISODES)]
+
+    assert pairs_with({"env": "frontend", "pairing_rule": "all", "success_threshold": 0.0,
+                       "min_reward_gap": 0.1}) == PUBLISHED_PAIRS
+    assert pairs_with({"env": "frontend", "success_threshold": 0.0, "min_reward_gap": 0.1}) == [
+        ("t3", 1, 0), ("t3", 1, 2)]
+    assert pairs_with({"env": "frontend"}) == PUBLISHED_PAIRS
 
 
 def test_rft_keeps_the_best_fraction_on_frontend(tiny_tokenizer):
@@ -70,7 +110,7 @@ def test_rft_keeps_the_best_fraction_on_frontend(tiny_tokenizer):
     cfg = RFTConfig(episodes="e.jsonl", env="frontend")
     assert (cfg.success_threshold, cfg.top_fraction) == (0.0, 0.25)
     kept, segments = rft_segments(CLIP_EPISODES, tiny_tokenizer, cfg.success_threshold, top_fraction=cfg.top_fraction)
-    assert [(e.task_id, e.seed) for e in kept] == [("t1", 0), ("t1", 2)]  # ceil(0.25 × 5) = 2 best
+    assert [(e.task_id, e.seed) for e in kept] == [("t1", 0), ("t3", 1)]  # ceil(0.25 × 8) = 2 best
     assert len(segments) == 2
     backend = RFTConfig(episodes="e.jsonl")
     assert rft_segments(CLIP_EPISODES, tiny_tokenizer, backend.success_threshold, top_fraction=backend.top_fraction)[0] == []
@@ -79,8 +119,8 @@ def test_rft_keeps_the_best_fraction_on_frontend(tiny_tokenizer):
 
 
 @pytest.mark.parametrize("cmd, flags", [
-    (["sweet.train_critic"], ["--success_threshold", "--min_reward_gap"]),
-    (["sweet.train_policy", "--algorithm", "mtdpo"], ["--success_threshold", "--min_reward_gap"]),
+    (["sweet.train_critic"], ["--success_threshold", "--min_reward_gap", "--pairing_rule"]),
+    (["sweet.train_policy", "--algorithm", "mtdpo"], ["--success_threshold", "--min_reward_gap", "--pairing_rule"]),
     (["sweet.train_policy", "--algorithm", "rft"], ["--success_threshold", "--top_fraction"]),
 ])
 def test_help_states_each_environments_default(cmd, flags):
@@ -90,7 +130,7 @@ def test_help_states_each_environments_default(cmd, flags):
     for flag in flags:
         assert flag in text
     assert "frontend 0," in text and "backend 1," in text  # success threshold per environment
-    assert "frontend 0.005" in text or "frontend 0.25" in text
+    assert "frontend 0.1" in text or "frontend 0.25" in text
 
 
 # ---- end to end on the frontend environment -------------------------------------------------------
@@ -98,9 +138,9 @@ def test_help_states_each_environments_default(cmd, flags):
 
 def _frontend_episodes(out: Path):
     """2 tasks × 2 seeds of the tiny agent against the text simulator, scored by the tiny
-    CLIP. The tiny model's random pages all score about the same, so seed-1 episodes end
-    with a page unlike any target (ids from the tokenizer, as a model emitting that text
-    would produce): rewards then differ by more than the frontend margin."""
+    CLIP. Seed-1 episodes end with a page unlike any target (ids from the tokenizer, as a
+    model emitting that text would produce). The tiny CLIP scores any two pages alike, so
+    the rewards the critic learns from are then set explicitly: seed 0 0.8, seed 1 0.3."""
     from colbench.agents import ModelAgent
     from colbench.envs import make_env
     from colbench.rollout import rollout
@@ -128,7 +168,8 @@ def _frontend_episodes(out: Path):
                                                    token_ids=engine.tokenizer(text, add_special_tokens=False)["input_ids"])
                 answer = env.extract_answer(text)
                 ep = replace(ep, turns=turns, answer=answer, score=env.score([task], [answer])[0], stop_reason="answered")
-            final.append(ep)
+                assert ep.score.error is None  # the page was rendered and scored
+            final.append(replace(ep, score=Score(0.8 if ep.seed == 0 else 0.3, False)))
     finally:
         simulator.close()
         engine.close()
@@ -151,9 +192,8 @@ def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 def test_critic_stage2_evaluate_on_frontend_with_the_defaults(tmp_path):
     episodes, tasks, eps = _frontend_episodes(tmp_path)
     rewards = {(e.task_id, e.seed): e.reward for e in eps}
-    assert all(0.0 < r < 1.0 + 1e-6 for r in rewards.values())
     gap = training_defaults("frontend").min_reward_gap
-    assert all(rewards[(t, 0)] - rewards[(t, 1)] > gap for t, _ in rewards)  # the data can pair
+    assert all(rewards[(t, 0)] - rewards[(t, 1)] >= gap for t, _ in rewards)  # the data can pair
 
     # stage 1: no --success_threshold / --min_reward_gap: the frontend defaults pair the tasks
     critic = tmp_path / "critic"
@@ -161,7 +201,8 @@ def test_critic_stage2_evaluate_on_frontend_with_the_defaults(tmp_path):
          str(tasks), "--output_dir", str(critic), "--num_epochs", "1", "--learning_rate", "1e-3", "--max_length",
          "1024", "--keep_head", "128", "--eval_fraction", "0", "--report_to", "none", "--dtype", "float32")
     saved = json.loads((critic / "config.json").read_text())
-    assert saved["critic"]["success_threshold"] == 0.0 and saved["critic"]["min_reward_gap"] == gap
+    recorded = saved["critic"]
+    assert (recorded["pairing_rule"], recorded["success_threshold"], recorded["min_reward_gap"]) == ("all", 0.0, gap)
     assert (critic / "critic_config.json").exists()
 
     # stage 2: candidates of every agent turn ranked by that critic, per-turn DPO
@@ -184,5 +225,7 @@ def test_critic_stage2_evaluate_on_frontend_with_the_defaults(tmp_path):
          "--max-turns", "2", "--max-new-tokens", "8", "--simulator-max-new-tokens", "16", "--device", "cpu",
          "--dtype", "float32", "--output", str(report), "--no-progress")
     played = [json.loads(line) for line in (report / "episodes" / "sweet.jsonl").read_text().splitlines()]
-    assert len(played) == 2 and all(0.0 < ep["score"]["reward"] <= 1.0 + 1e-6 for ep in played)
+    # a page the tiny policy drafted is scored by CLIP; without a draft the episode scores 0, saying why
+    assert len(played) == 2 and all(0.0 < ep["score"]["reward"] <= 1.0 + 1e-6 if ep["answer"] else
+                                    ep["score"]["reward"] == 0.0 and ep["score"]["error"] == NO_DRAFT for ep in played)
     assert all(t["finish_reason"] in ("stop", "length") for ep in played for t in ep["turns"] if t["role"] == "agent")

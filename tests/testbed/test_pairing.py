@@ -68,3 +68,24 @@ def test_sampled_stage2_pairs_as_before_the_shared_rule():
         got = predict.sampled_stage2(bed, task_c, rows, score, np.random.default_rng(1))
         want = inline(bed, task_c, rows, score, np.random.default_rng(1))
         assert got.sum() == pytest.approx(1.0) and np.array_equal(got, want)
+
+
+def test_the_solvers_trajectory_pairs_follow_the_environments_pairing_rule(monkeypatch):
+    """testbed.predict pairs sampled episodes by the test bed's own rule (its environment's
+    TrainingDefaults.pairing_rule, as make_trajectory_pairs does): the best against each worse,
+    or every success against every failure."""
+    from colbench.envs import TrainingDefaults, env_class
+    from testbed import mdp
+
+    bed = mdp.build("default")
+    ok, bad = np.nonzero(bed.success == 1)[0], np.nonzero(bed.success == 0)[0]
+    rows = np.array([[ok[0], ok[1], bad[0]], [bad[1], bad[2], bad[3]]])  # two successes and a failure; none
+    assert predict.pairing_rule() == "best"
+    best = predict.sampled_pairs(bed, rows)
+    assert [(a.tolist(), b.tolist()) for a, b, _ in best.blocks] == [([ok[0]], [bad[0]])]
+    monkeypatch.setattr(env_class("testbed"), "training_defaults", TrainingDefaults(pairing_rule="all"))
+    every = predict.sampled_pairs(bed, rows)
+    assert [(a.tolist(), b.tolist()) for a, b, _ in every.blocks] == [([ok[0], ok[1]], [bad[0]])]
+    # population limit: E[pairs per task] with K episodes of success p
+    assert predict.expected_pairs_per_task("best", 0.5, 4) == pytest.approx(4 * 0.5 * (1 - 0.5 ** 3))
+    assert predict.expected_pairs_per_task("all", 0.5, 4) == pytest.approx(4 * 3 * 0.25)
