@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Sequence
@@ -72,7 +71,8 @@ from sweet.core.config import (LearningRates, ModelConfig, agent_prompt_field, c
                                save_resolved_config, strict_tasks_field)
 from sweet.core.models import load_tokenizer
 from sweet.core.records import Candidate, CandidatesRow, Pair, State, episode_states, state_key
-from sweet.core.records import read_candidates  # noqa: F401
+# stage 2's ranking and pairing (top half vs bottom half) live with the records, re-exported here
+from sweet.core.records import make_action_pairs, rank_halves, read_candidates  # noqa: F401
 from sweet.core.tokens import Segment, action_ids, context_ids, eos_id
 from sweet.core.trainer import process_state
 from sweet.critic.model import TrainedCritic, load_training_info
@@ -174,54 +174,6 @@ def load_ranker(model_cfg: ModelConfig, cfg: SweetConfig) -> CandidateRanker:
     if cfg.critic == ORACLE_CRITIC:
         return load_oracle_ranker(model_cfg, cfg)
     return TrainedCritic.load(cfg.critic)
-
-
-# ---- ranking and pairing: top half vs bottom half -------------------------------------------------
-
-
-def rank_halves(scores: Sequence[float]) -> tuple[list[int], list[int]]:
-    """Stage 2's ranking of one state's candidates, pure: the indices of the top and the
-    bottom half by score, highest first (a stable sort: tied candidates keep their order;
-    an odd count leaves the median out of both halves; fewer than two: no halves). A pair
-    is a top one against a bottom one with a lower score. The test bed's exact solver pairs
-    with it too (testbed/predict.py)."""
-    order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
-    half = len(order) // 2
-    return (order[:half], order[-half:]) if half else ([], [])
-
-
-def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs_per_state: int,
-                      rng: random.Random) -> tuple[list[Pair[Candidate]], dict[str, float]]:
-    """Per state: rank candidates by advantage, draw `pairs_per_state` (top-half, bottom-half)
-    pairs at random (with replacement). States whose candidates all tie are skipped; drawn
-    pairs with equal scores are dropped. Returns the pairs and counts/spread metrics."""
-    pairs: list[Pair[Candidate]] = []
-    tied = dropped = 0
-    stds, ranges = [], []
-    for state, cands in scored:
-        advs = [c.advantage for c in cands]
-        if len(cands) < 2:
-            tied += 1
-            continue
-        stds.append(statistics.pstdev(advs))
-        ranges.append(max(advs) - min(advs))
-        if max(advs) == min(advs):
-            tied += 1
-            continue
-        top, bottom = ([cands[i] for i in idx] for idx in rank_halves(advs))
-        for _ in range(pairs_per_state):
-            chosen, rejected = rng.choice(top), rng.choice(bottom)
-            if chosen.advantage > rejected.advantage:
-                pairs.append(Pair(chosen, rejected, state.task_id, state))
-            else:
-                dropped += 1
-    metrics = {
-        "sweet/states": len(scored), "sweet/tied_states": tied, "sweet/dropped_equal_pairs": dropped,
-        "sweet/pairs": len(pairs),
-        "sweet/critic_score_std": statistics.fmean(stds) if stds else 0.0,
-        "sweet/critic_score_range": statistics.fmean(ranges) if ranges else 0.0,
-    }
-    return pairs, metrics
 
 
 def token_pair(tokenizer, pair: Pair[Candidate], prompt_token_ids: Sequence[int] | None) -> Pair:

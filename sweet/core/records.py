@@ -8,12 +8,17 @@ Pair       a preference, chosen over rejected, within one task: of Episodes (cri
 CandidatesRow  the wire record of stage 2's candidates.jsonl: one State's K sampled
            actions with their critic scores (`read_candidates` is its one reader).
 
+The pairing rules: `make_trajectory_pairs` (episodes of a task, by reward: the critic,
+multi-turn DPO) and `make_action_pairs` (a State's candidates, by critic score: stage 2).
+
 Episodes come from our runner's JSONL or from the published offline trajectories;
 `colbench.episodes.load_episodes` (re-exported here) reads both.
 """
 
 from __future__ import annotations
 
+import random
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,3 +191,48 @@ def make_trajectory_pairs(
                 if hi.reward > lo.reward and hi.reward - lo.reward >= min_reward_gap - GAP_ROUNDING:
                     pairs.append(Pair(hi, lo, task_id))
     return pairs
+
+
+def rank_halves(scores: Sequence[float]) -> tuple[list[int], list[int]]:
+    """Stage 2's ranking of one state's candidates, pure: the indices of the top and the
+    bottom half by score, highest first (a stable sort: tied candidates keep their order;
+    an odd count leaves the median out of both halves; fewer than two: no halves). A pair
+    is a top one against a bottom one with a lower score. The test bed's exact solver pairs
+    with it too (testbed/predict.py)."""
+    order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
+    half = len(order) // 2
+    return (order[:half], order[-half:]) if half else ([], [])
+
+
+def make_action_pairs(scored: Sequence[tuple[State, Sequence[Candidate]]], pairs_per_state: int,
+                      rng: random.Random) -> tuple[list[Pair[Candidate]], dict[str, float]]:
+    """Per state: rank candidates by advantage, draw `pairs_per_state` (top-half, bottom-half)
+    pairs at random (with replacement). States whose candidates all tie are skipped; drawn
+    pairs with equal scores are dropped. Returns the pairs and counts/spread metrics."""
+    pairs: list[Pair[Candidate]] = []
+    tied = dropped = 0
+    stds, ranges = [], []
+    for state, cands in scored:
+        advs = [c.advantage for c in cands]
+        if len(cands) < 2:
+            tied += 1
+            continue
+        stds.append(statistics.pstdev(advs))
+        ranges.append(max(advs) - min(advs))
+        if max(advs) == min(advs):
+            tied += 1
+            continue
+        top, bottom = ([cands[i] for i in idx] for idx in rank_halves(advs))
+        for _ in range(pairs_per_state):
+            chosen, rejected = rng.choice(top), rng.choice(bottom)
+            if chosen.advantage > rejected.advantage:
+                pairs.append(Pair(chosen, rejected, state.task_id, state))
+            else:
+                dropped += 1
+    metrics = {
+        "sweet/states": len(scored), "sweet/tied_states": tied, "sweet/dropped_equal_pairs": dropped,
+        "sweet/pairs": len(pairs),
+        "sweet/critic_score_std": statistics.fmean(stds) if stds else 0.0,
+        "sweet/critic_score_range": statistics.fmean(ranges) if ranges else 0.0,
+    }
+    return pairs, metrics

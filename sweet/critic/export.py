@@ -48,7 +48,8 @@ from colbench.episodes import load_episodes, write_episodes
 from colbench.types import STOP_ANSWERED, Episode, Score, Task, Turn
 from sweet.core.config import (check_pairing_rule, fill_env_defaults, pairing_rule_field, parse_configs,
                                strict_tasks_field)
-from sweet.core.records import State, episode_states, make_trajectory_pairs, read_candidates, state_key
+from sweet.core.records import (State, episode_states, make_action_pairs, make_trajectory_pairs, read_candidates,
+                                 state_key)
 from sweet.core.runs import run_cli
 
 C_PREFIX = "In light that the final answer is: {c}."  # the published critic files' c (evaluate_code.py:92)
@@ -179,8 +180,6 @@ def critic_rows(cfg: ExportConfig, tokenizer) -> list[dict[str, Any]]:
 def policy_rows(cfg: ExportConfig, tokenizer) -> list[dict[str, Any]]:
     """Stage 2's action pairs (`make_action_pairs` over the states that have candidates, in
     episode order, drawn with --seed) as generate_random_pairs_from_ranks.py writes them."""
-    from sweet.algorithms.sweet_rl import make_action_pairs
-
     episodes = load_episodes(cfg.episodes, env=cfg.env, on_error="raise" if cfg.strict_tasks else "skip",
                              usable_only=True)
     rows = read_candidates(cfg.candidates)
