@@ -114,7 +114,8 @@ class EvalConfig:
     max_new_tokens: int = field(default=1024, metadata={"help": "agent tokens per turn at most"})
     max_turns: int | None = field(default=None, metadata={"help": "agent turns at most (default: env's, 10)"})
     max_reply_chars: int | None = field(default=None, metadata={
-        "help": "simulator reply length cap in characters (default: the env's, as published: frontend 1000, backend 400)"})
+        "help": "simulator reply length cap in characters (default: the env's, as published: frontend 1000, "
+                "backend 400)"})
     simulator_max_new_tokens: int = field(default=200, metadata={
         "help": "model simulator tokens per reply at most (greedy)"})
     max_concurrent: int | None = field(default=None, metadata={"help": "episodes in flight at once (default all)"})

@@ -89,7 +89,8 @@ class ServeConfig:
         "help": "a step waits this long for steps of other sessions to join its batch (one simulator call)"})
     max_turns: Optional[int] = field(default=None, metadata={"help": "agent turns at most (default: env's)"})
     max_reply_chars: Optional[int] = field(default=None, metadata={
-        "help": "simulator reply length cap in characters (default: the env's, as published: frontend 1000, backend 400)"})
+        "help": "simulator reply length cap in characters (default: the env's, as published: frontend 1000, "
+                "backend 400)"})
     simulator_max_new_tokens: int = field(default=200, metadata={"help": "model simulator tokens per reply"})
     clip_model: Optional[str] = field(default=None, metadata={"help": "frontend CLIP model ('tiny' for CPU tests)"})
     device: Optional[str] = field(default=None, metadata={"help": "model simulators: cpu, cuda, ..."})

@@ -23,8 +23,8 @@ _REGISTRY: dict[str, str] = {
     "testbed": "testbed.env:TestbedEnv",
 }
 
-__all__ = ["ANSWER_MARKER", "PAIRING_RULES", "Environment", "TrainingDefaults", "defaults_help", "env_class", "env_names",
-           "make_env", "register_env", "reply_cap", "training_defaults"]
+__all__ = ["ANSWER_MARKER", "PAIRING_RULES", "Environment", "TrainingDefaults", "defaults_help", "env_class",
+           "env_names", "make_env", "register_env", "reply_cap", "training_defaults"]
 
 DEFAULT_REPLY_CHARS = 400  # the reply cap of an environment class without a `max_reply_chars` attribute
 

@@ -65,6 +65,7 @@ class TrainingDefaults:
 
     def __post_init__(self) -> None:
         if self.pairing_rule not in PAIRING_RULES:
-            raise ValueError(f"TrainingDefaults: pairing_rule must be one of {PAIRING_RULES}, got {self.pairing_rule!r}")
+            raise ValueError(f"TrainingDefaults: pairing_rule must be one of {PAIRING_RULES}, "
+                             f"got {self.pairing_rule!r}")
         if self.min_reward_gap < 0 or not 0.0 < self.rft_top_fraction <= 1.0:
             raise ValueError(f"TrainingDefaults: min_reward_gap must be >= 0 and rft_top_fraction in (0, 1], got {self}")

@@ -123,7 +123,9 @@ class CriticConfig:
     nll_coef: float = field(default=0.0, metadata={"help": "weight of an NLL term on the chosen trajectories' actions"})
     pairing_rule: str | None = pairing_rule_field()
     success_threshold: float | None = field(default=None, metadata={"help": f"a task yields pairs when its best reward reaches this (default: the --env's: {defaults_help('success_threshold')}; backend 1.0 = all tests pass)"})
-    min_reward_gap: float | None = field(default=None, metadata={"help": f"best pairing: rejected episodes are worse than the best by more than this; all pairing: two rewards at least this far apart pair (default: the --env's: {defaults_help('min_reward_gap')})"})
+    min_reward_gap: float | None = field(default=None, metadata={
+        "help": "best pairing: rejected episodes are worse than the best by more than this; all pairing: two rewards "
+                f"at least this far apart pair (default: the --env's: {defaults_help('min_reward_gap')})"})
     max_pairs: int = field(default=0, metadata={"help": "cap on training pairs (0: all)"})
     header: str = field(default=DEFAULT_HEADER, metadata={"help": "header around c in the critic's prompt (the "
                                                                   "note of critics before --critic_context_prompt; "

@@ -79,7 +79,8 @@ def test_evaluate_counts_and_names_unusable_targets_and_strict_stops(rows, cache
     assert [ep.stop_reason == STOP_UNUSABLE for ep in episodes] == [False, True, True, True]
     assert all(ep.reward == 0.0 for ep in episodes[1:]) and episodes[0].score.error is None
     [row] = json.loads((out / "leaderboard.json").read_text())
-    assert row["n_unusable_tasks"] == 3 and [u["where"] for u in row["unusable_tasks"]] == [f"{rows}:{n}" for n in (2, 3, 4)]
+    assert row["n_unusable_tasks"] == 3
+    assert [u["where"] for u in row["unusable_tasks"]] == [f"{rows}:{n}" for n in (2, 3, 4)]
     assert row["n_tasks"] == 4 and "Unusable tasks: 3 of 4" in (out / "leaderboard.md").read_text()
     capsys.readouterr()
     assert main([*args[:-4], "--output", str(tmp_path / "strict"), "--strict-tasks", "--progress", "false"]) == 2
