@@ -59,16 +59,32 @@ def load_tokenizer(spec: str):
     return tok
 
 
+def is_vision_model(spec: str) -> bool:
+    """Whether `spec` names a vision-language model (its config has a `vision_config`:
+    Qwen2-VL, `tiny-vl`); False for text models and for hub ids not available here."""
+    from transformers import AutoConfig
+
+    path = resolve_model_path(spec)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return False
+    return getattr(config, "vision_config", None) is not None
+
+
 def load_model(cfg: ModelConfig, *, trainable: bool = True, adapter: str | None = None):
-    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen.
-    A frozen one (a reference model, a LoRA merge) is loaded whole in this process even once
-    a ZeRO-3 trainer exists: it never gets an engine to gather partitioned weights."""
-    from transformers import AutoModelForCausalLM
+    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen; a
+    vision-language model (`is_vision_model`) loads as an image-text-to-text LM, its LM head
+    and decoder read the same way. A frozen one (a reference model, a LoRA merge) is loaded
+    whole in this process even once a ZeRO-3 trainer exists: it never gets an engine to
+    gather partitioned weights."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     path = resolve_model_path(cfg.model)
+    auto = AutoModelForImageTextToText if is_vision_model(cfg.model) else AutoModelForCausalLM
     try:
         with contextlib.nullcontext() if trainable else _without_zero3_init():
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.dtype))
+            model = auto.from_pretrained(path, dtype=torch_dtype(cfg.dtype))
     except OSError as e:
         raise ValueError(f"cannot load model {cfg.model!r} ({path}): {str(e).splitlines()[0]}") from None
     if adapter is not None:
