@@ -92,25 +92,30 @@ def load_model(cfg: ModelConfig, *, trainable: bool = True, adapter: str | None 
 
         model = PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
     elif trainable and cfg.lora:
-        from peft import LoraConfig, get_peft_model
-
-        targets = cfg.lora_target_modules
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=cfg.lora_r,
-                lora_alpha=cfg.lora_alpha,
-                lora_dropout=cfg.lora_dropout,
-                target_modules=targets if targets == "all-linear" else targets.split(","),
-                task_type="CAUSAL_LM",
-            ),
-        )
+        model = with_lora(model, cfg)
     if trainable and cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     if not trainable:
         model.eval().requires_grad_(False)
     return model
+
+
+def with_lora(model, cfg: ModelConfig):
+    """`model` wrapped with fresh LoRA adapters of `cfg` (PEFT; the base frozen)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = cfg.lora_target_modules
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=targets if targets == "all-linear" else targets.split(","),
+            task_type="CAUSAL_LM",
+        ),
+    )
 
 
 @contextlib.contextmanager

@@ -136,7 +136,8 @@ class ScreenshotView:
 
     # ---- images
 
-    def _pixels_of(self, html: str, image) -> tuple:
+    def pixels(self, html: str, image) -> tuple:
+        """(pixel_values, image_grid_thw) of the screenshot `image` of page `html` (kept per page)."""
         key = hashlib.sha256(html.encode("utf-8", "replace")).hexdigest()
         if key not in self._pixels:
             out = self.processor.image_processor(images=[image], return_tensors="pt",
@@ -157,14 +158,15 @@ class ScreenshotView:
             ok = renders[target].ok
             messages = with_training_info(messages, IMAGE_SLOT if ok else BROKEN_TARGET_NOTE, header, template)
             if ok:
-                images.append(self._pixels_of(target, renders[target].image))
+                images.append(self.pixels(target, renders[target].image))
         note = NO_DRAFT_NOTE if draft is None else DRAFT_NOTE if renders[draft].ok else BROKEN_DRAFT_NOTE
         messages[-1] = dict(messages[-1], content=str(messages[-1]["content"]) + "\n\n" + note)
         if note == DRAFT_NOTE:
-            images.append(self._pixels_of(draft, renders[draft].image))
-        return self._expand(template_ids(self.tokenizer, messages), images), images
+            images.append(self.pixels(draft, renders[draft].image))
+        return self.expand(template_ids(self.tokenizer, messages), images), images
 
-    def _expand(self, ids: Sequence[int], images: list[tuple]) -> list[int]:
+    def expand(self, ids: Sequence[int], images: list[tuple]) -> list[int]:
+        """`ids` with each image slot's pad token repeated to its image's token count."""
         slots = [i for i, t in enumerate(ids) if t == self.image_token_id]
         if len(slots) != len(images):
             raise RuntimeError(f"critic context has {len(slots)} image slots for {len(images)} screenshots")
