@@ -615,7 +615,18 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
     return dict(metrics)
 
 
-CONFIGS = (ModelConfig, CriticTrainConfig, CriticConfig)
+@dataclass
+class CriticModelConfig(ModelConfig):
+    """ModelConfig whose `--model` is also `--critic_model` (the critic's own model: a text LM,
+    or for the frontend a vision-language one)."""
+
+    model: str = field(default="tiny", metadata={
+        "help": "the critic's initial model (also π_ref): 'tiny', 'hf:<path or hub id>' or a path; a vision-language "
+                "model (Qwen2-VL; 'tiny-vl') makes the frontend critic read screenshots (sweet/critic/vision.py)",
+        "aliases": ["--critic_model"]})
+
+
+CONFIGS = (CriticModelConfig, CriticTrainConfig, CriticConfig)
 
 
 def cli(argv: list[str] | None = None) -> dict[str, float]:

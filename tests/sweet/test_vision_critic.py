@@ -25,7 +25,7 @@ FILES = {"lm": ["model.safetensors"], "value": ["model.safetensors", "value_head
 
 
 def _args(episodes, tasks, out, head: str, *extra) -> list[str]:
-    return ["--model", "tiny-vl", "--env", "frontend", "--head", head, "--episodes", str(episodes), "--tasks",
+    return ["--critic_model", "tiny-vl", "--env", "frontend", "--head", head, "--episodes", str(episodes), "--tasks",
             str(tasks), "--output_dir", str(out), "--num_epochs", "1", "--batch_size", "4", "--micro_batch_size", "2",
             "--learning_rate", "2e-3", "--eval_fraction", "0", "--max_length", "1024", "--report_to", "none",
             "--dtype", "float32", *extra]
@@ -262,3 +262,32 @@ def test_stage2_renders_each_candidate_page_once(vl_critics, frontend_files, tin
     assert scores[0] == scores[2] == scores[4] and scores[1] == scores[3] and scores[0] != scores[1]
     critic.score_states([(state, ids[:2], ["stop", "stop"])])
     assert critic.view.renders.rendered == 3
+
+
+def test_inspector_shows_the_screenshot_beside_each_turn(vl_critics, frontend_files, tmp_path):
+    """The credit page of a vision-language critic: the target's screenshot per episode and,
+    beside each agent turn's credit, the draft it saw (checked by its colour: the draft's
+    background, not any similarity score)."""
+    import base64
+    import io
+    import re
+
+    from PIL import Image
+
+    from colbench.episodes import load_episodes
+    from sweet.critic.inspect import cli as inspect_cli
+
+    critic, _ = vl_critics["lm"]
+    page = inspect_cli(["--critic", str(critic), "--episodes", str(frontend_files[0]), "--tasks", str(frontend_files[1]),
+                        "--output", str(tmp_path / "inspect"), "--max_episodes", "2", "--device", "cpu"])
+    text = page.read_text()
+    shots = re.findall(r"<img class='shot' src='data:image/png;base64,([^']+)'", text)
+    targets = re.findall(r"<img class='target' src='data:image/png;base64,([^']+)'", text)
+    episodes = load_episodes(str(frontend_files[0]), env="frontend")[:2]
+    assert len(targets) == 2 and len(shots) == sum(len(e.agent_turns) for e in episodes) == 4
+    colour = lambda b64: Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB").getpixel((2, 2))  # noqa: E731
+    for k, ep in enumerate(episodes):
+        want = "#c62828" if "#c62828" in ep.agent_turns[0].content else "#1565c0"
+        rgb = tuple(int(want[i:i + 2], 16) for i in (1, 3, 5))
+        assert all(abs(a - b) <= 2 for a, b in zip(colour(shots[2 * k]), rgb))
+    assert text.count("A = ") == 4
