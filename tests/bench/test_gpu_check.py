@@ -28,7 +28,7 @@ def test_gpu_check_script_runs_every_stage_at_tiny_scale(tmp_path):
     env.pop("PYTHONPATH", None)  # the script must set it itself (the GPU machine has no install)
     env.pop("SWEET_DIST_CONFIGS", None)
     res = subprocess.run(["bash", "scripts/gpu_check.sh", "--device", "cpu", "--work", str(tmp_path / "work")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     report = json.loads((out / "gpu_check.json").read_text())
     stages = report["stages"]
     failed = {k: v.get("error") for k, v in stages.items() if not v.get("ok")}
@@ -93,7 +93,7 @@ def test_gpu_check_loop_async_stage_at_tiny_scale(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     res = subprocess.run([sys.executable, "bench/gpu_check.py", "--scale", "tiny", "--device", "cpu",
                           "--stages", "loop_async", "--out", str(out), "--work", str(work)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     stage = json.loads((out / "gpu_check.json").read_text())["stages"]["loop_async"]
     assert res.returncode == 0 and stage["ok"], (stage.get("error"), res.stderr[-3000:])
     for mode in ("sync", "async"):
