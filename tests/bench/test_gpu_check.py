@@ -93,7 +93,7 @@ def test_gpu_check_loop_async_stage_at_tiny_scale(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     res = subprocess.run([sys.executable, "bench/gpu_check.py", "--scale", "tiny", "--device", "cpu",
                           "--stages", "loop_async", "--out", str(out), "--work", str(work)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     stage = json.loads((out / "gpu_check.json").read_text())["stages"]["loop_async"]
     assert res.returncode == 0 and stage["ok"], (stage.get("error"), res.stderr[-3000:])
     for mode in ("sync", "async"):
