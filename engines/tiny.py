@@ -171,8 +171,8 @@ def build_tiny_vl(out: Path) -> Path:
     tok.chat_template = VL_CHAT_TEMPLATE
     ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
     image_processor = Qwen2VLImageProcessor(size={"shortest_edge": VL_MIN_PIXELS, "longest_edge": VL_MAX_PIXELS})
-    processor = Qwen2VLProcessor(image_processor=image_processor, tokenizer=tok, video_processor=Qwen2VLVideoProcessor(),
-                                 chat_template=VL_CHAT_TEMPLATE)
+    processor = Qwen2VLProcessor(image_processor=image_processor, tokenizer=tok,
+                                 video_processor=Qwen2VLVideoProcessor(), chat_template=VL_CHAT_TEMPLATE)
     torch.manual_seed(SEED)
     text = dict(VL_TEXT_CONFIG, vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id)

@@ -309,7 +309,8 @@ def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand
     proc = process_state()  # on CPU, PartialState() alone would leave each process on its own
     if cfg.stage != "train":
         cache.fill(states, cand, model_cfg, train.seed, proc,
-                   load_ranker=lambda: ranker if ranker is not None else load_ranker(model_cfg, cfg, out / CRITIC_RENDERS))
+                   load_ranker=lambda: ranker if ranker is not None
+                   else load_ranker(model_cfg, cfg, out / CRITIC_RENDERS))
         if cfg.stage == "sample":
             return None
     rows = cache.rows(states)

@@ -116,7 +116,8 @@ class ScreenshotView:
         self.max_pixels, self.min_pixels = max_pixels, min_pixels
         self.image_token_id = self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
         if self.image_token_id is None or self.image_token_id == self.tokenizer.unk_token_id:
-            raise ValueError(f"tokenizer {self.tokenizer.name_or_path!r} has no {IMAGE_PAD} token: not a Qwen2-VL processor")
+            raise ValueError(f"tokenizer {self.tokenizer.name_or_path!r} has no {IMAGE_PAD} token: "
+                             "not a Qwen2-VL processor")
         self.merge = int(getattr(processor.image_processor, "merge_size", 2))
         self._pixels: dict[str, tuple] = {}  # page hash -> (pixel_values, grid_thw)
 
@@ -140,8 +141,8 @@ class ScreenshotView:
         """(pixel_values, image_grid_thw) of the screenshot `image` of page `html` (kept per page)."""
         key = hashlib.sha256(html.encode("utf-8", "replace")).hexdigest()
         if key not in self._pixels:
-            out = self.processor.image_processor(images=[image], return_tensors="pt",
-                                                 size={"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels})
+            size = {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels}
+            out = self.processor.image_processor(images=[image], return_tensors="pt", size=size)
             self._pixels[key] = (out["pixel_values"], out["image_grid_thw"])
         return self._pixels[key]
 
@@ -197,7 +198,8 @@ class ScreenshotView:
                                  "without cutting a screenshot; raise --max_length or lower --max_pixels")
         flat = [img for imgs in images for img in imgs]
         if not flat:
-            return VisionBatch(batch.input_ids, batch.attention_mask, batch.action_mask, None, None, self.image_token_id)
+            return VisionBatch(batch.input_ids, batch.attention_mask, batch.action_mask, None, None,
+                               self.image_token_id)
         return VisionBatch(batch.input_ids, batch.attention_mask, batch.action_mask,
                            torch.cat([p for p, _ in flat]), torch.cat([g for _, g in flat]), self.image_token_id)
 

@@ -45,7 +45,8 @@ def make_frontend_synthetic(tokenizer, n_tasks: int, seed: int = 0) -> tuple[lis
             answer = frontend_page(c)
             turns.append(_agent_turn(tokenizer, prompt, f"I WANT TO ANSWER:\n```html\n{answer}\n```"))
             eps.append(Episode(task_id=task.task_id, env="frontend", agent="synthetic", seed=s, turns=turns,
-                               answer=answer, score=Score(reward=reward, success=reward >= 0.9), stop_reason="answered"))
+                               answer=answer, score=Score(reward=reward, success=reward >= 0.9),
+                               stop_reason="answered"))
         rng.shuffle(eps)
         episodes.extend(eps)
     return tasks, episodes

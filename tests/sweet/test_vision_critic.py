@@ -278,8 +278,8 @@ def test_inspector_shows_the_screenshot_beside_each_turn(vl_critics, frontend_fi
     from sweet.critic.inspect import cli as inspect_cli
 
     critic, _ = vl_critics["lm"]
-    page = inspect_cli(["--critic", str(critic), "--episodes", str(frontend_files[0]), "--tasks", str(frontend_files[1]),
-                        "--output", str(tmp_path / "inspect"), "--max_episodes", "2", "--device", "cpu"])
+    page = inspect_cli(["--critic", str(critic), "--episodes", str(frontend_files[0]), "--tasks",
+                        str(frontend_files[1]), "--output", str(tmp_path / "inspect"), "--max_episodes", "2", "--device", "cpu"])
     text = page.read_text()
     shots = re.findall(r"<img class='shot' src='data:image/png;base64,([^']+)'", text)
     targets = re.findall(r"<img class='target' src='data:image/png;base64,([^']+)'", text)
