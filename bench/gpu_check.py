@@ -11,6 +11,12 @@ freeing the GPU in between:
   generation      engines.hf.HFEngine: tokens/s batched vs one conversation at a time
   critic_step     LoRA + gradient checkpointing, two 8k-token turns, one optimiser step on
                   sweet.critic's per-turn advantage and Bradley-Terry loss
+  vlm_critic_step the frontend's vision-language critic (sweet/critic/vision.py) at Qwen2-VL-7B's
+                  shape, random bf16 weights built in memory: LoRA + gradient checkpointing, a
+                  chosen and a rejected turn, each with the target's and the draft's screenshots
+                  at the published size (64x28x28 pixels) through the project's processor path,
+                  one optimiser step on the LM head (π_ref: adapters off) and one on the value
+                  head; seconds and peak memory per head
   dpo_step        SWEET stage 2: per-turn chosen/rejected segments (sweet.core.logprobs.segment_logps)
                   and sweet.algorithms.losses.dpo_loss, one optimiser step
   logprobs        action log-probs of one 8k-token sequence, full-vocabulary float32 logits
@@ -69,6 +75,23 @@ class Scale:
     lora_r: int = 16
 
 
+# Qwen2-VL-7B-Instruct's shape (its config.json): 8.29e9 parameters; the tiny one for CPU runs
+VLM_SHAPES = {
+    "8b": {"text": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                        num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}),
+           "vision": dict(depth=32, embed_dim=1280, num_heads=16, mlp_ratio=4, hidden_size=3584, patch_size=14,
+                          spatial_merge_size=2, temporal_patch_size=2),
+           "text_tokens": 4096},
+    "tiny": {"text": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=None, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}),
+             "vision": dict(depth=2, embed_dim=32, num_heads=2, mlp_ratio=2, hidden_size=64, patch_size=14,
+                            spatial_merge_size=2, temporal_patch_size=2),
+             "text_tokens": 192},
+}
+
+
 SCALES = {
     # Llama-3.1-8B: 8.03e9 parameters
     "8b": Scale(4096, 14336, 32, 32, 8, 128256, conversations=32, one_at_a_time=4, gen_tokens=128,
@@ -85,7 +108,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", default="", help="folder for the saved model and LOOP run (default: /dev/shm if it "
                                               "has room, else a temporary folder; removed at the end)")
     p.add_argument("--device", default="", help="default: cuda if available, else cpu")
-    p.add_argument("--stages", default="generation,critic_step,dpo_step,logprobs,loop_iteration,trl_comparison")
+    p.add_argument("--stages", default="generation,critic_step,vlm_critic_step,dpo_step,logprobs,loop_iteration,"
+                                       "trl_comparison")
     p.add_argument("--budget_s", type=float, default=420.0, help="skip stages not started after this many seconds")
     return p
 
@@ -253,6 +277,98 @@ def critic_step(scale: Scale, path: Path, device: str) -> dict:
     del model, optimizer
     return {"sequences": 2, "tokens_per_sequence": scale.critic_len, "lora_r": scale.lora_r,
             "trainable_params": trainable, "lora_b_norm_after": round(moved, 6), "loss": round(loss.mean().item(), 4), "seconds": round(seconds, 2)}
+
+
+def vlm_config(scale_name: str, tokenizer):
+    """The Qwen2VLConfig of VLM_SHAPES[scale_name], its image tokens the tiny-vl processor's."""
+    from transformers import Qwen2VLConfig
+
+    shape = VLM_SHAPES[scale_name]
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>",
+                                                            "<|vision_end|>")}
+    text = dict(shape["text"], vocab_size=shape["text"]["vocab_size"] or len(tokenizer),
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id)
+    return Qwen2VLConfig(text_config=text, vision_config=shape["vision"], image_token_id=ids["<|image_pad|>"],
+                         video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                         vision_end_token_id=ids["<|vision_end|>"])
+
+
+def vlm_turns(view, text_tokens: int, action_len: int, vocab: int) -> list:
+    """A chosen and a rejected turn: random text with the target's and a draft's screenshot
+    (synthetic pages at 1280x800, resized by the processor to the published size), expanded
+    and batched as sweet.critic.vision builds a critic's turns. Returns (VisionBatch, images per turn)."""
+    import torch
+    from PIL import Image
+
+    from sweet.core.tokens import make_batch
+    from sweet.critic.vision import IMAGE_SLOT, VisionBatch
+
+    slot = view.tokenizer(IMAGE_SLOT, add_special_tokens=False)["input_ids"]
+    target = view.pixels("target", Image.new("RGB", (1280, 800), (198, 40, 40)))
+    pairs, images = [], []
+    for seed, colour in ((1, (198, 40, 40)), (2, (21, 101, 192))):
+        draft = view.pixels(f"draft-{seed}", Image.new("RGB", (1280, 800), colour))
+        half = text_tokens // 2
+        ids = _random_ids(half, 6, vocab, seed) + slot + _random_ids(half, 6, vocab, seed + 3) + slot
+        pairs.append((view.expand(ids, [target, draft]), _random_ids(action_len, 6, vocab, seed + 9)))
+        images += [target, draft]
+    batch = make_batch(pairs, pad_id=view.tokenizer.pad_token_id)
+    return VisionBatch(batch.input_ids, batch.attention_mask, batch.action_mask, torch.cat([p for p, _ in images]),
+                       torch.cat([g for _, g in images]), view.image_token_id)
+
+
+def vlm_critic_step(scale: Scale, path: Path, device: str, scale_name: str = "8b") -> dict:
+    """One stage-1 step of the vision-language critic on each head (module docstring)."""
+    import torch
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from engines.tiny import tiny_vl_path
+    from sweet.core.config import ModelConfig
+    from sweet.core.models import with_lora
+    from sweet.core.value_head import ValueHeadModel
+    from sweet.critic.model import action_sums, bradley_terry_loss, per_turn_advantage
+    from sweet.critic.vision import ScreenshotView, load_processor
+
+    view = ScreenshotView(load_processor(str(tiny_vl_path())), renders=None)
+    config = vlm_config(scale_name, view.tokenizer)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    with torch.device(device):
+        base = Qwen2VLForConditionalGeneration._from_config(config, dtype=dtype)
+    built = time.perf_counter() - start
+    n_params = sum(p.numel() for p in base.parameters())
+    batch = vlm_turns(view, VLM_SHAPES[scale_name]["text_tokens"], scale.action_len, 4000).to(device)
+    model = with_lora(base, ModelConfig(lora=True, lora_r=scale.lora_r))
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    model.train()
+    out = {"params": n_params, "build_seconds": round(built, 1), "tokens_per_sequence": int(batch.input_ids.shape[1]),
+           "image_tokens_per_sequence": int((batch.input_ids[0] == view.image_token_id).sum()),
+           "pixel_patches": int(batch.pixel_values.shape[0])}
+    for head in ("lm", "value"):
+        critic = ValueHeadModel(model).to(device) if head == "value" else model
+        optimizer, trainable = _lora_optimizer(critic)
+        _reset_peak(device)
+        _sync(device)
+        start = time.perf_counter()
+        if head == "lm":
+            with torch.no_grad(), model.disable_adapter():
+                ref = action_sums(model, batch, "lm")  # π_ref: the base under the adapter
+        else:
+            ref = None
+        sums = action_sums(critic, batch, head)
+        adv = per_turn_advantage(sums, ref if ref is not None else torch.zeros_like(sums), batch.action_mask.sum(-1), 1.0)
+        loss, _ = bradley_terry_loss(adv[:1], adv[1:])
+        seconds, moved = _finish_lora_step(loss.mean(), model, optimizer, device, start)
+        out[head] = {"seconds": round(seconds, 2), "loss": round(loss.mean().item(), 4), "trainable_params": trainable,
+                     "lora_b_norm_after": round(moved, 6), "peak_gib": _peak_gib(device)}
+        if head == "value":  # zero at start: the step reached it
+            out[head]["value_head_norm_after"] = round(critic.v_head.weight.detach().float().norm().item(), 6)
+        del optimizer, critic
+    del model, base
+    return out
 
 
 def dpo_step(scale: Scale, path: Path, device: str) -> dict:
@@ -429,7 +545,8 @@ def trl_comparison(scale: Scale, path: Path, device: str, work: Path, seconds_le
             "runs": {run: {k: r[k] for k in keep} for run, r in results.items()}}
 
 
-STAGES = {"generation": generation, "critic_step": critic_step, "dpo_step": dpo_step, "logprobs": logprobs,
+STAGES = {"generation": generation, "critic_step": critic_step, "vlm_critic_step": vlm_critic_step,
+          "dpo_step": dpo_step, "logprobs": logprobs,
           "loop_iteration": loop_iteration, "trl_comparison": trl_comparison, "loop_async": loop_async}
 # scripts/gpu_check.sh stops everything at budget_s + 60 s; a stage that may run long gets what is left of it
 HARD_LIMIT_S = 60
@@ -482,6 +599,8 @@ def run(args) -> dict:
             _reset_peak(device)
             try:
                 extra = (work,) if name in ("loop_iteration", "loop_async") else ()
+                if name == "vlm_critic_step":
+                    extra = (args.scale,)
                 if name == "trl_comparison":
                     extra = (work, args.budget_s + HARD_LIMIT_S - 10 - (time.perf_counter() - t0))
                 result = STAGES[name](scale, model_path, device, *extra)
@@ -522,6 +641,12 @@ def summary(report: dict) -> str:
                              f"max gap {c['max_logp_gap']:.1e}")
         elif name == "build":
             lines.append(f"  {name:15s} {s['params'] / 1e6:,.1f}M params ({s['dtype']}) in {s['seconds']} s{peak}")
+        elif name == "vlm_critic_step":
+            lines.append(f"  {name:15s} Qwen2-VL {s['params'] / 1e6:,.1f}M params, {s['tokens_per_sequence']} tokens "
+                         f"({s['image_tokens_per_sequence']} of 2 screenshots) per turn: "
+                         + "; ".join(f"{h} head {s[h]['seconds']} s, loss {s[h]['loss']}"
+                                     + (f", peak {s[h]['peak_gib']} GiB" if s[h]["peak_gib"] is not None else "")
+                                     for h in ("lm", "value")))
         elif name == "trl_comparison":
             lines.append(f"  {name:15s} {s['headline']} ({s['seconds']} s)")
         elif name == "loop_async":

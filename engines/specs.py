@@ -1,6 +1,7 @@
 """Model spec strings: the one parser every CLI, agent, simulator and trainer uses.
 
     tiny                                    the project's tiny offline Llama (built once, cached)
+    tiny-vl                                 its tiny offline Qwen2-VL (a vision-language critic for tests)
     hf:<path or hub id>                     transformers (CPU or GPU)
     vllm:<path or hub id>                   vLLM offline engine (GPU; `pip install .[vllm]`)
     openai:<model>@<url>[,<url2>,...]       OpenAI-compatible server(s); several URLs spread
@@ -25,6 +26,7 @@ SPEC_HELP = ("expected 'tiny', 'hf:<path or hub id>', 'vllm:<path or hub id>', "
              "'openai:<model>@<base_url>[,<base_url>...]' or a bare path / hub id")
 OPENAI_HELP = "expected 'openai:<model>@<http(s)://host:port/v1>[,<http(s)://host2:port/v1>...]'"
 TINY = "tiny"
+TINY_VL = "tiny-vl"
 # 'word:' at the start names a backend; anything else containing ':' ('./a:b', 'C:\\m') is a path.
 _BACKEND_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_+-]*):")
 
@@ -74,6 +76,10 @@ def parse_spec(spec: str, *, resolve_tiny: bool = True) -> ModelSpec:
         from engines.tiny import tiny_model_path
 
         rest = str(tiny_model_path())
+    elif rest == TINY_VL and resolve_tiny:
+        from engines.tiny import tiny_vl_path
+
+        rest = str(tiny_vl_path())
     return ModelSpec(backend, rest)
 
 
@@ -101,7 +107,7 @@ def check_spec(spec: str) -> ModelSpec:
     (their contents are checked when the engine loads them)."""
     parsed = parse_spec(spec, resolve_tiny=False)
     model = parsed.model
-    if parsed.backend in ("hf", "vllm") and model != TINY and looks_local(model):
+    if parsed.backend in ("hf", "vllm") and model not in (TINY, TINY_VL) and looks_local(model):
         if not Path(model).expanduser().exists():
             raise SpecError(f"model spec {spec.strip()!r}: path {model} does not exist")
     return parsed

@@ -6,6 +6,10 @@
 #   DIST=1 scripts/gpu_check.sh          # then the 2-process tests under the GPU launch configs (>= 2 GPUs)
 #   scripts/gpu_check.sh --stages loop_async   # opt-in: LOOP sync vs async rollouts (~5 minutes at 8B)
 #
+# vlm_critic_step builds a second model in memory, Qwen2-VL-7B-shaped (8.3e9 parameters, random
+# bf16 weights), and times one step of the frontend's vision-language critic on each head
+# (not yet timed on a GPU).
+#
 # The last stage, trl_comparison (bench/trainer_vs_trl.py: our DPO/SFT steps vs TRL's), runs
 # four processes that each load the model (about 2 minutes at 8B, not yet timed on a GPU): it
 # gets what is left of the budget and is reported as failed if that runs out.

@@ -1,9 +1,11 @@
 """Offline, repeatable HTML rendering in headless Chromium, with a pool of contexts.
 
-    from colbench.scoring.render import RenderPool
+    from colbench.scoring.render import RenderPool, RenderCache
     with RenderPool(workers=2) as pool:
         [res] = pool.render(["<html>...</html>"], out_paths=[Path("page.png")])
         res.image, res.png_path, res.error
+    cache = RenderCache("runs/x/renders")     # by content: each distinct page rendered once
+    [res] = cache.render(["<html>...</html>"])
 
 Untrusted HTML never runs in our process: it runs in Debian's chromium
 (`/usr/bin/chromium`, or `$SWEET_CHROMIUM`) driven by Playwright, which we never let
@@ -142,6 +144,57 @@ class RenderResult:
     @property
     def ok(self) -> bool:
         return self.image is not None
+
+
+class RenderCache:
+    """Screenshots by content: each distinct HTML is rendered once, by a RenderPool started
+    on the first page not already there, and its PNG kept as `folder/<sha256[:20]>.png`;
+    later calls (and later runs with the same folder) read it back instead of rendering.
+    A failed render is remembered for this object's life only (a later run retries it).
+
+    `rendered` counts the pages actually rendered (what a cache hit saves).
+    """
+
+    def __init__(self, folder: str | Path, pool: "RenderPool | None" = None, **pool_options: Any) -> None:
+        self.folder = Path(folder)
+        self._pool, self._own_pool, self._options = pool, pool is None, pool_options
+        self._memory: dict[str, RenderResult] = {}
+        self._lock = threading.Lock()
+        self.rendered = 0
+
+    @staticmethod
+    def key(html: str) -> str:
+        import hashlib
+
+        return hashlib.sha256(html.encode("utf-8", "replace")).hexdigest()[:20]
+
+    def render(self, htmls: Sequence[str]) -> list[RenderResult]:
+        """One RenderResult per page, in order; the distinct pages not cached are rendered in one batch."""
+        keys = [self.key(h) for h in htmls]
+        with self._lock:
+            missing: dict[str, str] = {}
+            for k, html in zip(keys, htmls):
+                if k in self._memory or k in missing:
+                    continue
+                path = self.folder / f"{k}.png"
+                if path.exists():
+                    image = Image.open(path).convert("RGB")
+                    self._memory[k] = RenderResult(image, path)
+                else:
+                    missing[k] = html
+            if missing:
+                if self._pool is None:
+                    self._pool = RenderPool(**self._options)
+                results = self._pool.render(list(missing.values()), [self.folder / f"{k}.png" for k in missing])
+                self.rendered += len(missing)
+                self._memory.update(zip(missing, results))
+            return [self._memory[k] for k in keys]
+
+    def close(self) -> None:
+        """Close the pool this cache started (a pool passed in belongs to its owner)."""
+        if self._pool is not None and self._own_pool:
+            self._pool.close()
+        self._pool = None
 
 
 def chromium_path() -> str:

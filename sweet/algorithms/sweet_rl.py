@@ -75,9 +75,10 @@ from sweet.core.records import Candidate, CandidatesRow, Pair, State, episode_st
 from sweet.core.records import make_action_pairs, rank_halves, read_candidates  # noqa: F401
 from sweet.core.tokens import Segment, action_ids, context_ids, eos_id
 from sweet.core.trainer import process_state
-from sweet.critic.model import TrainedCritic, load_training_info
+from sweet.critic.model import CriticRecord, TrainedCritic, load_training_info
 
 STAGES = ("all", "sample", "train")
+CRITIC_RENDERS = "critic_renders"  # a vision-language critic's screenshots of the candidates, by content
 ORACLE_CRITIC = "oracle"  # --critic oracle: testbed/oracle.py instead of a critic dir
 # the lab's oracle and its tasks' bed, "module:Name" loaded on use (colbench.registry): sweet imports no test bed
 ORACLE_RANKER = "testbed.oracle:OracleCritic"
@@ -167,13 +168,17 @@ def load_states(cfg: SweetConfig) -> list[State]:
 # ---- the critic that scores the candidates ----------------------------------------------------
 
 
-def load_ranker(model_cfg: ModelConfig, cfg: SweetConfig) -> CandidateRanker:
-    """The critic `--critic` names: a stage-1 critic dir, or `oracle` (`load_oracle_ranker`)."""
+def load_ranker(model_cfg: ModelConfig, cfg: SweetConfig, render_dir: Path | None = None) -> CandidateRanker:
+    """The critic `--critic` names: a stage-1 critic dir, or `oracle` (`load_oracle_ranker`).
+    A vision-language critic reads each candidate as the policy's text (decoded with the
+    policy's tokenizer) and renders its page once per content into `render_dir`."""
     if not cfg.critic:
         raise ValueError("SweetConfig.critic is required to score candidates: give --critic <critic dir>")
     if cfg.critic == ORACLE_CRITIC:
         return load_oracle_ranker(model_cfg, cfg)
-    return TrainedCritic.load(cfg.critic)
+    if CriticRecord.load(cfg.critic).vision is None:
+        return TrainedCritic.load(cfg.critic)
+    return TrainedCritic.load(cfg.critic, action_tokenizer=load_tokenizer(model_cfg.model), render_dir=render_dir)
 
 
 def token_pair(tokenizer, pair: Pair[Candidate], prompt_token_ids: Sequence[int] | None) -> Pair:
@@ -256,7 +261,8 @@ def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand
     proc = process_state()  # on CPU, PartialState() alone would leave each process on its own
     if cfg.stage != "train":
         cache.fill(states, cand, model_cfg, train.seed, proc,
-                   load_ranker=lambda: ranker if ranker is not None else load_ranker(model_cfg, cfg))
+                   load_ranker=lambda: ranker if ranker is not None
+                   else load_ranker(model_cfg, cfg, out / CRITIC_RENDERS))
         if cfg.stage == "sample":
             return None
     rows = cache.rows(states)

@@ -59,16 +59,32 @@ def load_tokenizer(spec: str):
     return tok
 
 
+def is_vision_model(spec: str) -> bool:
+    """Whether `spec` names a vision-language model (its config has a `vision_config`:
+    Qwen2-VL, `tiny-vl`); False for text models and for hub ids not available here."""
+    from transformers import AutoConfig
+
+    path = resolve_model_path(spec)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return False
+    return getattr(config, "vision_config", None) is not None
+
+
 def load_model(cfg: ModelConfig, *, trainable: bool = True, adapter: str | None = None):
-    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen.
-    A frozen one (a reference model, a LoRA merge) is loaded whole in this process even once
-    a ZeRO-3 trainer exists: it never gets an engine to gather partitioned weights."""
-    from transformers import AutoModelForCausalLM
+    """Causal LM for training (optionally wrapped with fresh LoRA adapters) or frozen; a
+    vision-language model (`is_vision_model`) loads as an image-text-to-text LM, its LM head
+    and decoder read the same way. A frozen one (a reference model, a LoRA merge) is loaded
+    whole in this process even once a ZeRO-3 trainer exists: it never gets an engine to
+    gather partitioned weights."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     path = resolve_model_path(cfg.model)
+    auto = AutoModelForImageTextToText if is_vision_model(cfg.model) else AutoModelForCausalLM
     try:
         with contextlib.nullcontext() if trainable else _without_zero3_init():
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.dtype))
+            model = auto.from_pretrained(path, dtype=torch_dtype(cfg.dtype))
     except OSError as e:
         raise ValueError(f"cannot load model {cfg.model!r} ({path}): {str(e).splitlines()[0]}") from None
     if adapter is not None:
@@ -76,25 +92,30 @@ def load_model(cfg: ModelConfig, *, trainable: bool = True, adapter: str | None 
 
         model = PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
     elif trainable and cfg.lora:
-        from peft import LoraConfig, get_peft_model
-
-        targets = cfg.lora_target_modules
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=cfg.lora_r,
-                lora_alpha=cfg.lora_alpha,
-                lora_dropout=cfg.lora_dropout,
-                target_modules=targets if targets == "all-linear" else targets.split(","),
-                task_type="CAUSAL_LM",
-            ),
-        )
+        model = with_lora(model, cfg)
     if trainable and cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     if not trainable:
         model.eval().requires_grad_(False)
     return model
+
+
+def with_lora(model, cfg: ModelConfig):
+    """`model` wrapped with fresh LoRA adapters of `cfg` (PEFT; the base frozen)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = cfg.lora_target_modules
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=targets if targets == "all-linear" else targets.split(","),
+            task_type="CAUSAL_LM",
+        ),
+    )
 
 
 @contextlib.contextmanager

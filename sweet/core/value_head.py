@@ -40,7 +40,9 @@ class ValueHeadModel(nn.Module):
             # the LM head never runs: frozen, so DDP does not wait for its gradient
             # (tied weights stay trainable: they are the input embeddings too)
             out.requires_grad_(False)
-        self.v_head = nn.Linear(lm.config.hidden_size, 1, dtype=torch.float32)
+        config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+        self.vision = getattr(lm.config, "vision_config", None) is not None  # a vision-language LM (Qwen2-VL)
+        self.v_head = nn.Linear(config.hidden_size, 1, dtype=torch.float32)
         nn.init.zeros_(self.v_head.weight)
         nn.init.zeros_(self.v_head.bias)
         # FSDP's transformer auto-wrap looks for this on the root module
@@ -58,14 +60,24 @@ class ValueHeadModel(nn.Module):
             raise AttributeError("peft_config")
         return self.lm.peft_config
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **image_inputs):
         """v at every position, [B, L] in the head's dtype (float32 as built); with `policy`,
-        (logits [B, L, V], v)."""
+        (logits [B, L, V], v). `image_inputs`: a vision-language LM's pixel_values,
+        image_grid_thw, mm_token_type_ids (sweet.critic.vision.VisionBatch.model_inputs)."""
         if self.policy:
             out = self.lm(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
             return out.logits, self.v_head(out.hidden_states[-1].to(self.v_head.weight.dtype)).squeeze(-1)
-        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        hidden = self._body()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                              **image_inputs).last_hidden_state
         return self.v_head(hidden.to(self.v_head.weight.dtype)).squeeze(-1)
+
+    def _body(self):
+        """The LM without its head: the decoder, or for a vision-language LM the multimodal
+        body (vision tower + decoder: `Qwen2VLModel`), which takes the images."""
+        if not self.vision:
+            return self.lm.get_decoder()
+        base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+        return base.model
 
     # ---- HF-like persistence -----------------------------------------------------------
 
@@ -103,7 +115,8 @@ class ValueHeadModel(nn.Module):
         return self
 
 
-def action_value_sums(model, batch) -> torch.Tensor:
-    """Σ_{i ∈ a} v(x_≤i) per sequence, [B] in the head's dtype: v read at every action token."""
-    values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+def action_value_sums(model, batch, **image_inputs) -> torch.Tensor:
+    """Σ_{i ∈ a} v(x_≤i) per sequence, [B] in the head's dtype: v read at every action token
+    (`image_inputs`: a vision-language critic's, sweet.critic.vision.model_inputs)."""
+    values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **image_inputs)
     return (values * batch.action_mask.to(values.dtype)).sum(-1)

@@ -20,6 +20,11 @@ alone (the earlier turns ordering pairs at chance) gives stage 2 nothing to rank
 questions by, however well it fits its pairs (docs/testbed.md, "Where the learned critic
 puts its credit"). A centred critic's advantages (`--baseline_samples_per_state`) are shown and split
 centred, as it was trained: A − mean_k A(o_t, a_k, c) over its state's baseline samples.
+
+A vision-language critic (sweet/critic/vision.py) is shown with what it saw: the target
+page's screenshot beside each episode's title and, beside each agent turn's credit, the
+screenshot of the agent's latest draft at that turn (thumbnails inlined as data: URLs, from
+the critic's render cache).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class TurnView:
     text: str
     advantage: float | None = None  # agent turns only
     candidates: list[tuple[float, str]] | None = None  # stage-2 state: (score, text), best first
+    screenshot: str | None = None  # vision critic: the latest draft it saw at this turn (a data: URL)
 
 
 @dataclass
@@ -76,6 +82,7 @@ class EpisodeView:
     reward: float
     success: bool
     turns: list[TurnView]
+    target: str | None = None  # vision critic: the target page's screenshot, c (a data: URL)
 
 
 def score_episodes(scorer, episodes, info_of: dict[str, str]) -> list[list[float]]:
@@ -85,7 +92,8 @@ def score_episodes(scorer, episodes, info_of: dict[str, str]) -> list[list[float
     for ep in episodes:
         states = episode_states(ep, info_of[ep.task_id])
         for state, turn in zip(states, ep.agent_turns):
-            ids = turn.token_ids if turn.token_ids is not None else text_ids(scorer.tokenizer, turn.content)
+            vision = getattr(scorer, "view", None) is not None  # it reads the turn's text in its own tokenizer
+            ids = turn.token_ids if turn.token_ids is not None and not vision else text_ids(scorer.tokenizer, turn.content)
             items.append((state, [list(ids)], [getattr(turn, "finish_reason", None)]))
         shape.append(len(states))
     flat = [scores[0] for scores in scorer.score_states(items)]
@@ -181,18 +189,63 @@ def read_candidate_rows(path: str) -> dict[tuple[str, int], list[tuple[float, st
 
 
 def build_views(episodes, advantages: Sequence[Sequence[float]],
-                candidates: dict[tuple[str, int], list[tuple[float, str]]]) -> list[EpisodeView]:
+                candidates: dict[tuple[str, int], list[tuple[float, str]]],
+                shots: dict[tuple[str, int], str | None] | None = None) -> list[EpisodeView]:
+    """`shots`: (episode_id, agent turn) -> the draft screenshot the critic saw, and
+    (episode_id, -1) -> the target's (`screenshots`)."""
+    shots = shots or {}
     views = []
     for ep, advs in zip(episodes, advantages):
         turns, k = [], 0
         for turn in ep.turns:
             if turn.role == "agent":
-                turns.append(TurnView("agent", turn.content, advs[k], candidates.get((ep.episode_id, k))))
+                turns.append(TurnView("agent", turn.content, advs[k], candidates.get((ep.episode_id, k)),
+                                      shots.get((ep.episode_id, k))))
                 k += 1
             else:
                 turns.append(TurnView(turn.role, turn.content))
-        views.append(EpisodeView(ep.episode_id, ep.task_id, float(ep.reward), bool(ep.success), turns))
+        views.append(EpisodeView(ep.episode_id, ep.task_id, float(ep.reward), bool(ep.success), turns,
+                                 shots.get((ep.episode_id, -1))))
     return views
+
+
+THUMB_WIDTH = 320
+
+
+def screenshots(scorer, episodes, info_of: dict[str, str]) -> dict[tuple[str, int], str | None]:
+    """What a vision-language critic saw ({} for a text critic): (episode_id, agent turn) ->
+    the latest draft's screenshot, (episode_id, -1) -> the target's, as PNG data: URLs of
+    THUMB_WIDTH-px thumbnails; None where there was no draft or the page did not render."""
+    import base64
+    import io
+
+    view = getattr(scorer, "view", None)
+    if view is None:
+        return {}
+    thumbs: dict[str, str | None] = {}
+
+    def thumb(page: str | None) -> str | None:
+        if page is None:
+            return None
+        if page not in thumbs:
+            [res] = view.renders.render([page])
+            if not res.ok:
+                thumbs[page] = None
+            else:
+                image = res.image.copy()
+                image.thumbnail((THUMB_WIDTH, THUMB_WIDTH * 4))
+                buf = io.BytesIO()
+                image.save(buf, format="PNG")
+                thumbs[page] = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+        return thumbs[page]
+
+    out: dict[tuple[str, int], str | None] = {}
+    for ep in episodes:
+        for k, (state, turn) in enumerate(zip(episode_states(ep, info_of[ep.task_id]), ep.agent_turns)):
+            target, draft = view.pages(state, view.action_ids(turn.content, None), scorer.record.training_info)
+            out[(ep.episode_id, k)] = thumb(draft)
+            out.setdefault((ep.episode_id, -1), thumb(target))
+    return out
 
 
 def _colour(value: float, scale: float) -> str:
@@ -208,6 +261,8 @@ body{font-family:system-ui,sans-serif;margin:1.5em;max-width:70em;color:#111}
 .head{font-weight:600;margin-bottom:.4em}.ok{color:#15803d}.bad{color:#b91c1c}
 .turn{margin:.3em 0;padding:.35em .5em;border-radius:4px;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:.85em}
 .human{background:#f1f5f9}.adv{float:right;font-weight:700;font-family:system-ui}
+.shot{float:right;clear:right;max-width:240px;margin:0 0 .3em .6em;border:1px solid #999}
+.target{display:block;max-width:240px;border:2px solid #15803d;margin:.3em 0}.turn::after{content:"";display:block;clear:both}
 details{margin:.2em 0 .5em 2em;font-size:.85em}table{border-collapse:collapse}
 td{border-top:1px solid #ddd;padding:.2em .5em;vertical-align:top;white-space:pre-wrap;font-family:ui-monospace,monospace}
 """
@@ -224,12 +279,16 @@ def render_html(views: Sequence[EpisodeView], title: str, note: str) -> str:
         status = "<span class='ok'>success</span>" if v.success else "<span class='bad'>no success</span>"
         parts.append(f"<div class='ep'><div class='head'>{e(v.task_id)} · {e(v.episode_id)} · reward {v.reward:.2f} · "
                      f"{status}</div>")
+        if v.target:
+            parts.append(f"<div>target page (c): <img class='target' src='{e(v.target)}' alt='target page'></div>")
         for t in v.turns:
             if t.advantage is None:
                 parts.append(f"<div class='turn human'><b>{e(t.role)}:</b> {e(t.text)}</div>")
                 continue
+            shot = (f"<img class='shot' src='{e(t.screenshot)}' alt='the latest draft the critic saw'>"
+                    if t.screenshot else "")
             parts.append(f"<div class='turn' style='background:{_colour(t.advantage, scale)}'>"
-                         f"<span class='adv'>A = {t.advantage:+.3f}</span><b>agent:</b> {e(t.text)}</div>")
+                         f"<span class='adv'>A = {t.advantage:+.3f}</span>{shot}<b>agent:</b> {e(t.text)}</div>")
             if t.candidates:
                 rows = "".join(f"<tr><td>{i + 1}</td><td style='background:{_colour(s, scale)}'>{s:+.3f}</td>"
                                f"<td>{e(txt)}</td></tr>" for i, (s, txt) in enumerate(t.candidates))
@@ -262,7 +321,8 @@ def main(cfg: InspectConfig) -> Path:
     # one scoring pass for the page's episodes and the split's (they overlap)
     advantages = advantages_of(scorer, [*episodes, *(e for p in pairs for e in (p.chosen, p.rejected))], info_of,
                                read_baselines(cfg.critic))
-    views = build_views(episodes, [advantages[ep.episode_id] for ep in episodes], candidates)
+    views = build_views(episodes, [advantages[ep.episode_id] for ep in episodes], candidates,
+                        screenshots(scorer, episodes, info_of))
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     note = (f"critic {cfg.critic}; episodes {cfg.episodes}; A(o_t, a_t, c) per agent turn "

@@ -45,6 +45,11 @@ stage 2 ranks with exactly what was trained:
   hidden state (`sweet.core.value_head`), no π_ref; same Bradley-Terry loss over Σ_t A
   (paper: 36.2%).
 Stage 2 uses `TrainedCritic.load(critic_dir).advantages(state, actions)`.
+
+A vision-language `--model` (Qwen2-VL; `tiny-vl` in tests) makes the frontend critic the
+published fork's: c is the target page's screenshot, each turn also sees the screenshot of
+the agent's latest draft, a_t is the turn's text in the critic's tokenizer, on either head
+(sweet/critic/vision.py; recorded as `vision` in critic_config.json).
 """
 
 from __future__ import annotations
@@ -115,6 +120,8 @@ class CriticRecord:
     # None: a critic from before template files, its context built from `header`
     context_template: str | None = None
     context_prompt: dict | None = None
+    # a vision-language critic (sweet/critic/vision.py): {"max_pixels": .., "min_pixels": ..}; None: text
+    vision: dict | None = None
 
     def save(self, critic_dir: str | Path) -> None:
         (Path(critic_dir) / CRITIC_CONFIG_FILE).write_text(json.dumps(asdict(self), indent=2))
@@ -148,36 +155,44 @@ def critic_context_ids(tokenizer, state: State, header: str = DEFAULT_HEADER, tr
     return template_ids(tokenizer, messages)
 
 
-def episode_turn_examples(episode: Episode, training_info: str, tokenizer, tokenize_missing: bool = False
-                          ) -> list[CriticTurn]:
+def episode_turn_examples(episode: Episode, training_info: str, tokenizer, tokenize_missing: bool = False,
+                          view=None) -> list[CriticTurn]:
     """One CriticTurn per agent turn; the action ids by the one rule of every trainer
     (`sweet.core.tokens.turn_action_ids`: generated ids, + end-of-turn exactly when the model
     emitted it). Turns without `token_ids` (published offline data, scripted agents) are
-    an error unless `tokenize_missing`: their text is then tokenised once."""
+    an error unless `tokenize_missing`: their text is then tokenised once. A vision-language
+    critic (`view`, sweet.critic.vision.ScreenshotView) reads the turn's text in its own tokenizer."""
 
     examples = []
     for state, turn in zip(episode_states(episode, training_info), episode.agent_turns):
         try:
-            examples.append(CriticTurn(state, turn_action_ids(tokenizer, turn, tokenize_missing)))
+            ids = (view.action_ids(turn.content, turn.finish_reason) if view is not None
+                   else turn_action_ids(tokenizer, turn, tokenize_missing))
+            examples.append(CriticTurn(state, ids))
         except ValueError as e:
             raise ValueError(f"episode {episode.episode_id}: agent turn {state.turn_index}: {e}") from None
     return examples
 
 
 def critic_batch(tokenizer, examples: Sequence[CriticTurn], header: str, max_length: int | None,
-                 keep_head: int, training_info: bool = True, template: str | None = None) -> "TokenBatch":
-    """Pack turn examples into one right-padded batch (contexts cut in the middle)."""
+                 keep_head: int, training_info: bool = True, template: str | None = None, view=None) -> "TokenBatch":
+    """Pack turn examples into one right-padded batch (contexts cut in the middle); with a
+    vision-language critic's `view` (sweet.critic.vision.ScreenshotView), a VisionBatch."""
 
+    if view is not None:
+        return view.batch(examples, header, max_length, keep_head, training_info, template)
     pairs = [(critic_context_ids(tokenizer, ex.state, header, training_info, template), ex.action_ids)
              for ex in examples]
     return make_batch(pairs, tokenizer.pad_token_id, max_length=max_length, keep_head=keep_head)
 
 
 def action_logprob_sums(model, batch: "TokenBatch") -> "torch.Tensor":
-    """Σ_{y ∈ a} log π(y | context, y_<) per sequence, [B] (float32)."""
-    from sweet.core.logprobs import action_logprob_sum_and_mean, token_logprobs
+    """Σ_{y ∈ a} log π(y | context, y_<) per sequence, [B] (float32); a VisionBatch's images
+    go to the model with it."""
+    from sweet.core.logprobs import action_logprob_sum_and_mean, forward_logprobs
+    from sweet.critic.vision import model_inputs
 
-    total, _ = action_logprob_sum_and_mean(token_logprobs(model, batch), batch.action_mask)
+    total, _ = action_logprob_sum_and_mean(forward_logprobs(model, batch, **model_inputs(batch))[0], batch.action_mask)
     return total
 
 
@@ -186,8 +201,9 @@ def action_sums(model, batch: "TokenBatch", head: str = "lm") -> "torch.Tensor":
     head, v(x_≤i) for the value head (`sweet.core.value_head.ValueHeadModel`)."""
     if head == "value":
         from sweet.core.value_head import action_value_sums
+        from sweet.critic.vision import model_inputs
 
-        return action_value_sums(model, batch)
+        return action_value_sums(model, batch, **model_inputs(batch))
     return action_logprob_sums(model, batch)
 
 
@@ -289,20 +305,30 @@ class TrainedCritic:
     adapters disabled), otherwise two; a value-head critic (`record.head == "value"`) is
     one model and no π_ref. Head, reduction (mean/sum) and whether c is in the context
     all come from the record (CriticRecord), i.e. from training.
+
+    A vision-language critic (`record.vision`) also sees screenshots (`view`, a
+    sweet.critic.vision.ScreenshotView): each candidate's page is rendered (once per
+    content, `render_dir`), and a candidate's ids are decoded with `action_tokenizer` (the
+    policy's; default the critic's) and read as text in the critic's tokenizer.
     """
 
-    def __init__(self, record: CriticRecord, model, ref_model, tokenizer, device, batch_size: int = 16):
+    def __init__(self, record: CriticRecord, model, ref_model, tokenizer, device, batch_size: int = 16, view=None,
+                 action_tokenizer=None):
         self.record = record
         self.model = model
         self.ref_model = ref_model  # None: LoRA, π_ref = model with adapters disabled
         self.tokenizer = tokenizer
         self.device = device
         self.batch_size = batch_size
+        self.view = view
+        self.action_tokenizer = action_tokenizer or tokenizer
 
     @classmethod
-    def load(cls, critic_dir: str | Path, device=None, batch_size: int = 16) -> "TrainedCritic":
+    def load(cls, critic_dir: str | Path, device=None, batch_size: int = 16, action_tokenizer=None,
+             render_dir: str | Path | None = None) -> "TrainedCritic":
         """Read critic_config.json in `critic_dir` (a train_critic output_dir) and load
-        the trained critic and π_ref, frozen, on `device` (default: cuda if available)."""
+        the trained critic and π_ref, frozen, on `device` (default: cuda if available).
+        A vision-language critic renders pages into `render_dir` (default critic_dir/renders)."""
         import torch
 
 
@@ -334,7 +360,15 @@ class TrainedCritic:
                                trainable=False)
             ref_model = load_model(ref_cfg, trainable=False).to(device)
         tokenizer = load_tokenizer(str(critic_dir / record.model_dir))
-        return cls(record, model.to(device), ref_model, tokenizer, device, batch_size)
+        view = None
+        if record.vision is not None:
+            from colbench.scoring.render import RenderCache
+            from sweet.critic.vision import ScreenshotView, load_processor
+
+            processor = load_processor(str(critic_dir / record.model_dir))
+            tokenizer = processor.tokenizer
+            view = ScreenshotView(processor, RenderCache(render_dir or critic_dir / "renders"), **record.vision)
+        return cls(record, model.to(device), ref_model, tokenizer, device, batch_size, view, action_tokenizer)
 
     def advantages(self, state: State, actions: Sequence[Sequence[int]],
                    finish_reasons: Sequence[str | None] | None = None) -> list[float]:
@@ -355,7 +389,10 @@ class TrainedCritic:
             if len(reasons) != len(actions):
                 raise ValueError(f"state {state.episode_id}#{state.turn_index}: {len(actions)} actions but "
                                  f"{len(reasons)} finish reasons")
-            examples = [CriticTurn(state, action_ids(a, self.record.eos_token_id, r)) for a, r in zip(actions, reasons)]
+            examples = [CriticTurn(state, self._action_ids(a, r)) for a, r in zip(actions, reasons)]
+            if self.view is not None:  # screenshots: one padded pass per chunk
+                out.append(self._padded_advantages(examples) if examples else [])
+                continue
             context = critic_context_ids(self.tokenizer, state, self.record.header, self.record.training_info,
                                          self.record.context_template)
             longest = max((len(ex.action_ids) for ex in examples), default=0)
@@ -366,6 +403,12 @@ class TrainedCritic:
             else:
                 out.append(self._padded_advantages(examples))
         return out
+
+    def _action_ids(self, ids: Sequence[int], reason: str | None) -> tuple[int, ...]:
+        """a as training read it: the ids + eos, or (vision critic) the ids' text in the critic's tokenizer."""
+        if self.view is None:
+            return action_ids(ids, self.record.eos_token_id, reason)
+        return self.view.action_ids(self.action_tokenizer.decode(list(ids), skip_special_tokens=True), reason)
 
     def _advantage(self, policy, ref, chunk: Sequence[CriticTurn]) -> list[float]:
         import torch
@@ -403,7 +446,8 @@ class TrainedCritic:
             for start in range(0, len(examples), self.batch_size):
                 chunk = examples[start : start + self.batch_size]
                 batch = critic_batch(self.tokenizer, chunk, self.record.header, self.record.max_length,
-                                     self.record.keep_head, self.record.training_info, self.record.context_template)
+                                     self.record.keep_head, self.record.training_info, self.record.context_template,
+                                     self.view)
                 batch = batch.to(self.device)
                 policy, ref = self._both_models(lambda m: action_sums(m, batch, self.record.head))
                 values.extend(self._advantage(policy, ref, chunk))

@@ -35,6 +35,14 @@ reduction and context as training:
     --head value            # sweet_value_head: scalar regression head, mean over a_t of v, no π_ref
     --length_normalize false  # sweet_sum: sum over a_t's tokens instead of the mean
 
+The frontend critic as the published fork trains it: a vision-language --model (Qwen2-VL;
+`tiny-vl` on CPU) sees the target page's screenshot as c and the agent's latest draft's
+screenshot at each turn, on either head (sweet/critic/vision.py; pages rendered once into
+output_dir/renders):
+
+    python -m sweet.train_critic --env frontend --model hf:Qwen/Qwen2-VL-7B-Instruct --head lm \
+        --episodes runs/frontend/episodes.jsonl --tasks builtin:train --output_dir runs/critic-vl
+
 Or everything from a YAML file (`--config run.yaml`; flags override it). Outputs:
 `final/` (HF weights; LoRA: merged weights + `final-adapter/`), `critic_config.json`
 (what `sweet.critic.model.TrainedCritic.load` needs), `metrics.jsonl` (`loss/bt`, `loss/nll`,
@@ -82,6 +90,7 @@ from sweet.core.runs import trainer_run
 from sweet.core.nograd_pass import REFERENCE_CACHE, ReferenceCache, sharded_scores
 from sweet.core.trainer import Trainer, mark_finished
 from sweet.critic.baseline import baseline_index, centred, sample_baselines
+from sweet.critic.vision import MAX_PIXELS, MIN_PIXELS, ScreenshotView
 from sweet.critic.model import (
     DEFAULT_HEADER,
     HEADS,
@@ -146,6 +155,11 @@ class CriticConfig:
                                                                 "from (default: hf:<--model>, the critic's initial model)"})
     baseline_max_new_tokens: int = field(default=512, metadata={"help": "max tokens per baseline sample"})
     strict_tasks: bool = strict_tasks_field()
+    max_pixels: int = field(default=MAX_PIXELS, metadata={
+        "help": "vision-language critic (frontend): screenshots are resized to at most this many pixels (the "
+                "published fork's 64*28*28 = 50176; Qwen2-VL: one token per 28x28 pixels)"})
+    min_pixels: int = field(default=MIN_PIXELS, metadata={
+        "help": "vision-language critic: screenshots are resized to at least this many pixels (the fork's 16*28*28)"})
 
     def __post_init__(self) -> None:
         fill_env_defaults(self, pairing_rule="pairing_rule", success_threshold="success_threshold",
@@ -170,6 +184,8 @@ class CriticConfig:
         if self.critic_context_prompt and self.header != DEFAULT_HEADER:
             raise ValueError("CriticConfig: give --critic_context_prompt or a non-default --header, not both "
                              "(the template file holds its own header)")
+        if not 0 < self.min_pixels <= self.max_pixels:
+            raise ValueError(f"CriticConfig: need 0 < min_pixels <= max_pixels, got {self.min_pixels}, {self.max_pixels}")
         check_prompt_flags(self.env, None, self.agent_prompt, None)  # a bad file: PromptError, one line
         self.context_prompt()
 
@@ -253,8 +269,9 @@ def _pairs(cfg: CriticConfig, episodes: list, source: str) -> list:
     return pairs
 
 
-def build_data(cfg: CriticConfig, tokenizer, seed: int) -> CriticData:
-    """Episodes -> pairs -> train/held-out split (by task) -> indexed turn examples."""
+def build_data(cfg: CriticConfig, tokenizer, seed: int, view: ScreenshotView | None = None) -> CriticData:
+    """Episodes -> pairs -> train/held-out split (by task) -> indexed turn examples (a
+    vision-language critic's `view` reads each action's text in its tokenizer)."""
 
     if not cfg.episodes:
         raise ValueError("--episodes is required (episode JSONL file(s))")
@@ -287,7 +304,7 @@ def build_data(cfg: CriticConfig, tokenizer, seed: int) -> CriticData:
                                  "(give the task file the episodes ran on: the source of training-time information)")
             if ep.task_id not in info:
                 raise ValueError(f"task {ep.task_id!r} (episode {ep.episode_id}) is not in --tasks {cfg.tasks}")
-            examples = episode_turn_examples(ep, info[ep.task_id], tokenizer, cfg.tokenize_missing_actions)
+            examples = episode_turn_examples(ep, info[ep.task_id], tokenizer, cfg.tokenize_missing_actions, view)
             if not examples:
                 raise ValueError(f"episode {ep.episode_id} has no agent turns")
             index[id(ep)] = len(episode_turns)
@@ -304,7 +321,7 @@ def build_data(cfg: CriticConfig, tokenizer, seed: int) -> CriticData:
 
 
 def sharded_action_sums(accelerator, model, tokenizer, turns: list[CriticTurn], indices: list[int],
-                        mcfg: ModelConfig, ccfg: CriticConfig, desc: str = "") -> Any:
+                        mcfg: ModelConfig, ccfg: CriticConfig, desc: str = "", view: ScreenshotView | None = None) -> Any:
     """Σ_{y ∈ a_t} log π(y | o_t, c) (value head: Σ v) for turns[indices], no grad, split
     over processes (sweet.core.nograd_pass.sharded_scores, contexts of similar length together:
     less padding); every process gets all values, float64 [len(indices)]."""
@@ -314,7 +331,7 @@ def sharded_action_sums(accelerator, model, tokenizer, turns: list[CriticTurn], 
 
     def score(positions: list[int]) -> list[float]:
         batch = critic_batch(tokenizer, [turns[indices[p]] for p in positions], ccfg.header, mcfg.max_length,
-                             mcfg.keep_head, ccfg.training_info, template).to(accelerator.device)
+                             mcfg.keep_head, ccfg.training_info, template, view).to(accelerator.device)
         return action_sums(model, batch, ccfg.head).double().tolist()
 
     order = sorted(range(len(indices)), key=lambda p: _length_key(turns[indices[p]]))
@@ -328,7 +345,7 @@ def _length_key(ex: CriticTurn) -> int:
 
 
 def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig,
-                       output_dir: Path) -> Any:
+                       output_dir: Path, view: ScreenshotView | None = None) -> Any:
     """π_ref sums per turn, from the run's reference cache when it holds these turns, else
     computed once with the initial model (LoRA: adapters disabled) and cached. The value
     head has no π_ref: zeros."""
@@ -343,6 +360,8 @@ def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: Cr
     settings = {
         "model": mcfg.model, "dtype": mcfg.dtype, "max_length": mcfg.max_length, "keep_head": mcfg.keep_head,
         "header": ccfg.header, "training_info": ccfg.training_info, "turns": digest}
+    if view is not None:  # the screenshots' size changes every log-prob
+        settings["vision"] = {"max_pixels": view.max_pixels, "min_pixels": view.min_pixels}
     context = ccfg.context_prompt()
     if context is not None and not context.is_default:  # our file's text is the header note: old caches stay valid
         settings["context_prompt"] = context.sha256
@@ -354,7 +373,7 @@ def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: Cr
     ctx = unwrapped.disable_adapter() if hasattr(unwrapped, "disable_adapter") else contextlib.nullcontext()
     with ctx:
         sums = sharded_action_sums(accelerator, model, tokenizer, data.turns, list(range(len(data.turns))), mcfg,
-                                   ccfg, desc="π_ref log-probs")
+                                   ccfg, desc="π_ref log-probs", view=view)
     if accelerator.is_main_process:
         cache.save(sums)
     accelerator.wait_for_everyone()
@@ -430,7 +449,7 @@ class PairTurns:
 
 
 def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[int, int]], ccfg: CriticConfig,
-               mcfg: ModelConfig, device) -> tuple[Any, Any, Any]:
+               mcfg: ModelConfig, device, view: ScreenshotView | None = None) -> tuple[Any, Any, Any]:
     """One forward over every turn of the pairs' episodes (and their baseline actions).
     Returns per pair [P]: L_BT, NLL of the chosen trajectory's actions (token mean; 0 for
     the value head), and the margin."""
@@ -438,7 +457,7 @@ def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[i
 
     pt = PairTurns.of(data, pairs)
     batch = critic_batch(tokenizer, [data.turns[t] for t in pt.needed], ccfg.header, mcfg.max_length,
-                         mcfg.keep_head, ccfg.training_info, ccfg.context_template())
+                         mcfg.keep_head, ccfg.training_info, ccfg.context_template(), view)
     logp = action_sums(model, batch.to(device), ccfg.head)  # Σ over a_t of log π_θ (value head: of v)
     scores = pt.scores(logp, ref_sums, data, ccfg)
     chosen, rejected = scores[pt.chosen], scores[pt.rejected]
@@ -452,12 +471,12 @@ def pair_terms(model, tokenizer, data: CriticData, ref_sums, pairs: list[tuple[i
 
 
 def evaluate(accelerator, model, tokenizer, data: CriticData, ref_sums, ccfg: CriticConfig,
-             mcfg: ModelConfig) -> dict[str, float]:
+             mcfg: ModelConfig, view: ScreenshotView | None = None) -> dict[str, float]:
     """Held-out pairwise accuracy and mean margin."""
     if not data.eval_pairs:
         return {}
     pt = PairTurns.of(data, data.eval_pairs)
-    logp = sharded_action_sums(accelerator, model, tokenizer, data.turns, pt.needed, mcfg, ccfg)
+    logp = sharded_action_sums(accelerator, model, tokenizer, data.turns, pt.needed, mcfg, ccfg, view=view)
     scores = pt.scores(logp, ref_sums, data, ccfg)
     acc, margin = pair_accuracy_and_margin(scores[pt.chosen], scores[pt.rejected])
     return {"critic/pair_accuracy": acc, "critic/margin": margin}
@@ -466,13 +485,14 @@ def evaluate(accelerator, model, tokenizer, data: CriticData, ref_sums, ccfg: Cr
 # ---- the loop -------------------------------------------------------------------------------
 
 
-def critic_loss_fn(data: CriticData, ref_sums, ccfg: CriticConfig, mcfg: ModelConfig, tokenizer, device):
+def critic_loss_fn(data: CriticData, ref_sums, ccfg: CriticConfig, mcfg: ModelConfig, tokenizer, device,
+                   view: ScreenshotView | None = None):
     """The trainer's loss hook: Σ over the micro-batch's pairs of L_BT + nll_coef·NLL,
     and metric sums (the skeleton divides both by the step's pair count)."""
 
     def loss_fn(model, idx):
         pairs = [data.train_pairs[i] for i in idx]
-        bt, nll, margin = pair_terms(model, tokenizer, data, ref_sums, pairs, ccfg, mcfg, device)
+        bt, nll, margin = pair_terms(model, tokenizer, data, ref_sums, pairs, ccfg, mcfg, device, view)
         metrics = {"loss/bt": bt.detach().sum().item(), "loss/nll": nll.detach().sum().item(),
                    "critic/train_accuracy": (margin > 0).sum().item()}
         return (bt + ccfg.nll_coef * nll).sum(), metrics
@@ -502,6 +522,38 @@ def attach_baselines(data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig, to
                "other baseline actions scored")
 
 
+def screenshot_view(mcfg: ModelConfig, ccfg: CriticConfig, out: Path) -> ScreenshotView | None:
+    """A vision-language --model's view of the turns (sweet/critic/vision.py), pages rendered
+    into output_dir/renders; None for a text model."""
+    from colbench.scoring.render import RenderCache
+    from sweet.core.models import is_vision_model
+    from sweet.critic.vision import load_processor
+
+    if not is_vision_model(mcfg.model):
+        return None
+    if ccfg.env != "frontend":
+        raise ValueError(f"--model {mcfg.model}: a vision-language critic judges rendered pages: it needs --env "
+                         f"frontend, got {ccfg.env!r}")
+    if ccfg.baseline_samples_per_state:
+        raise ValueError("--baseline_samples_per_state needs a text critic (its samples come from the critic's "
+                         "own model, which here is a vision-language model, not the policy)")
+    return ScreenshotView(load_processor(mcfg.model), RenderCache(out / "renders"), ccfg.max_pixels, ccfg.min_pixels)
+
+
+def prefetch_screenshots(view: ScreenshotView, data: CriticData, ccfg: CriticConfig) -> None:
+    """Render every page the turns show, in the main process first (each page once, into
+    the shared cache folder); the other processes then read the PNGs."""
+    from sweet.core.trainer import process_state
+
+    proc = process_state()
+    pages = sorted({h for t in data.turns for h in view.pages(t.state, t.action_ids, ccfg.training_info) if h is not None})
+    if proc.is_main_process:
+        failed = sum(not r.ok for r in view.renders.render(pages))
+        proc.print(f"critic: {len(pages)} distinct pages ({view.renders.rendered} rendered now, {failed} failed)")
+    proc.wait_for_everyone()
+    view.renders.render(pages)
+
+
 def _value_model(mcfg: ModelConfig):
     """θ for head='value': the initial LM (LoRA-wrapped when asked) + a zero value head."""
     from sweet.core.value_head import ValueHeadModel
@@ -517,10 +569,13 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
     if begin_run(out, {"critic": ccfg, "model": mcfg, "train": tcfg}, resume=tcfg.resume) is not None:
         print(f"{out} holds a finished critic: not retraining (use a new output_dir or --resume false)")
         return json.loads((out / "final_metrics.json").read_text())
-    tokenizer = load_tokenizer(mcfg.model)
+    view = screenshot_view(mcfg, ccfg, out)
+    tokenizer = view.tokenizer if view is not None else load_tokenizer(mcfg.model)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"model {mcfg.model!r}: tokenizer has no eos token (needed to end every action)")
-    data = build_data(ccfg, tokenizer, tcfg.seed)
+    data = build_data(ccfg, tokenizer, tcfg.seed, view)
+    if view is not None:
+        prefetch_screenshots(view, data, ccfg)
     if ccfg.baseline_samples_per_state:
         attach_baselines(data, ccfg, mcfg, tokenizer, out, tcfg.seed)
     set_seed(tcfg.seed)  # the initial model (LoRA adapters) is rebuilt identically on a resume
@@ -529,7 +584,7 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
     trainer.prepare(trainer.steps_per_epoch(len(data.train_pairs)) * tcfg.num_epochs)
     acc = trainer.accelerator
     # π_ref from the initial model, before `fit` restores a checkpoint
-    ref_sums = reference_logprobs(acc, trainer.model, tokenizer, data, ccfg, mcfg, out)
+    ref_sums = reference_logprobs(acc, trainer.model, tokenizer, data, ccfg, mcfg, out, view)
     if acc.is_main_process:
         save_resolved_config(out, critic=ccfg, model=mcfg, train=tcfg)
         print(f"critic: {len(data.train_pairs)} training pairs, {len(data.eval_pairs)} held-out pairs, "
@@ -540,16 +595,16 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
 
     def on_epoch_end(epoch: int) -> dict[str, float]:
         metrics.clear()
-        metrics.update(evaluate(acc, trainer.model, tokenizer, data, ref_sums, ccfg, mcfg))
+        metrics.update(evaluate(acc, trainer.model, tokenizer, data, ref_sums, ccfg, mcfg, view))
         if metrics:
             acc.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         return dict(metrics)
 
-    loss_fn = critic_loss_fn(data, ref_sums, ccfg, mcfg, tokenizer, acc.device)
+    loss_fn = critic_loss_fn(data, ref_sums, ccfg, mcfg, tokenizer, acc.device, view)
     trainer.fit(list(range(len(data.train_pairs))), loss_fn, save_steps=tcfg.save_steps, save_every_epoch=True,
                 on_epoch_end=on_epoch_end)
     if not metrics:
-        metrics.update(evaluate(acc, trainer.model, tokenizer, data, ref_sums, ccfg, mcfg))
+        metrics.update(evaluate(acc, trainer.model, tokenizer, data, ref_sums, ccfg, mcfg, view))
     if acc.is_main_process:
         value_lora = ccfg.head == "value" and mcfg.lora  # the adapter and the head both in final/
         CriticRecord(beta=ccfg.beta, length_normalize=ccfg.length_normalize, header=ccfg.header,
@@ -557,14 +612,28 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
                      adapter_dir=("final" if value_lora else "final-adapter") if mcfg.lora else None, dtype=mcfg.dtype,
                      max_length=mcfg.max_length, keep_head=mcfg.keep_head, env=ccfg.env, head=ccfg.head,
                      training_info=ccfg.training_info, context_template=ccfg.context_template(),
-                     context_prompt=context.record() if (context := ccfg.context_prompt()) else None).save(out)
+                     context_prompt=context.record() if (context := ccfg.context_prompt()) else None,
+                     vision=({"max_pixels": view.max_pixels, "min_pixels": view.min_pixels} if view else None)).save(out)
+        if view is not None:  # the scorer loads the processor from final/
+            view.processor.save_pretrained(out / "final")
         (out / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
         mark_finished(out, final="final", step=trainer.step)  # last: critic_config.json and metrics exist
     acc.wait_for_everyone()
     return dict(metrics)
 
 
-CONFIGS = (ModelConfig, CriticTrainConfig, CriticConfig)
+@dataclass
+class CriticModelConfig(ModelConfig):
+    """ModelConfig whose `--model` is also `--critic_model` (the critic's own model: a text LM,
+    or for the frontend a vision-language one)."""
+
+    model: str = field(default="tiny", metadata={
+        "help": "the critic's initial model (also π_ref): 'tiny', 'hf:<path or hub id>' or a path; a vision-language "
+                "model (Qwen2-VL; 'tiny-vl') makes the frontend critic read screenshots (sweet/critic/vision.py)",
+        "aliases": ["--critic_model"]})
+
+
+CONFIGS = (CriticModelConfig, CriticTrainConfig, CriticConfig)
 
 
 def cli(argv: list[str] | None = None) -> dict[str, float]:

@@ -28,13 +28,13 @@ def test_gpu_check_script_runs_every_stage_at_tiny_scale(tmp_path):
     env.pop("PYTHONPATH", None)  # the script must set it itself (the GPU machine has no install)
     env.pop("SWEET_DIST_CONFIGS", None)
     res = subprocess.run(["bash", "scripts/gpu_check.sh", "--device", "cpu", "--work", str(tmp_path / "work")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     report = json.loads((out / "gpu_check.json").read_text())
     stages = report["stages"]
     failed = {k: v.get("error") for k, v in stages.items() if not v.get("ok")}
     assert res.returncode == 0 and not failed, (failed, res.stderr[-3000:])
-    assert list(stages) == ["build", "generation", "critic_step", "dpo_step", "logprobs", "loop_iteration",
-                            "trl_comparison"]
+    assert list(stages) == ["build", "generation", "critic_step", "vlm_critic_step", "dpo_step", "logprobs",
+                            "loop_iteration", "trl_comparison"]
     gen = stages["generation"]
     assert gen["batched"]["tokens"] == 8 * 8 and gen["one_at_a_time"]["tokens"] == 2 * 8
     # the speedup is measured and reported, never asserted: a time depends on the machine's load
@@ -43,6 +43,13 @@ def test_gpu_check_script_runs_every_stage_at_tiny_scale(tmp_path):
     # and L_BT = log 2; stage 2's DPO term is log 2 as well.
     assert math.isclose(stages["critic_step"]["loss"], math.log(2), abs_tol=1e-4)
     assert stages["critic_step"]["tokens_per_sequence"] == 256 and stages["critic_step"]["trainable_params"] > 0
+    # the vision-language critic: two screenshots per turn at the published size (at most 64
+    # tokens each), both heads start at A = 0 (LoRA identity; zero value head) and one step moves them
+    vlm = stages["vlm_critic_step"]
+    assert 2 * 16 <= vlm["image_tokens_per_sequence"] <= 2 * 64
+    for head in ("lm", "value"):
+        assert math.isclose(vlm[head]["loss"], math.log(2), abs_tol=1e-4) and vlm[head]["trainable_params"] > 0
+    assert vlm["lm"]["lora_b_norm_after"] > 0 and vlm["value"]["value_head_norm_after"] > 0
     assert math.isclose(stages["dpo_step"]["loss_dpo"], math.log(2), abs_tol=1e-4)
     assert stages["dpo_step"]["loss"] > stages["dpo_step"]["loss_dpo"]  # + the NLL term
     # one step through LoRA + gradient checkpointing reached the adapters (B was 0)
@@ -99,3 +106,23 @@ def test_gpu_check_loop_async_stage_at_tiny_scale(tmp_path):
                 for mode in ("sync", "async")}
     assert versions == {"sync": [0] * 4 + [1] * 4 + [2] * 4, "async": [0] * 8 + [1] * 4}
     assert "loop_async" in (out / "summary.txt").read_text()
+
+
+def test_vlm_critic_stage_has_qwen2_vl_7b_shape():
+    """The stage's paper-scale model, built shape-only on the meta device: Qwen2-VL-7B-Instruct's
+    8,291,375,616 parameters (675,759,104 in the vision tower), its image tokens the processor's."""
+    import torch
+    from transformers import Qwen2VLForConditionalGeneration
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_check
+    from engines.tiny import tiny_vl_path
+    from sweet.critic.vision import load_processor
+
+    tokenizer = load_processor(str(tiny_vl_path())).tokenizer
+    config = gpu_check.vlm_config("8b", tokenizer)
+    with torch.device("meta"):
+        model = Qwen2VLForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
+    assert sum(p.numel() for p in model.parameters()) == 8_291_375_616
+    assert sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}") == 675_759_104
+    assert config.image_token_id == tokenizer.convert_tokens_to_ids("<|image_pad|>")

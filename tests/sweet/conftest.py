@@ -208,3 +208,13 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture
 def dist(request) -> DistConfig:
     return dist_config(request.param)
+
+
+@pytest.fixture(scope="session")
+def frontend_files(tmp_path_factory, tiny_tokenizer):
+    """(episodes.jsonl, tasks.jsonl) for 8 frontend tasks (16 episodes, 8 pairs): frontend_fixtures.py."""
+    from frontend_fixtures import make_frontend_synthetic
+
+    d = tmp_path_factory.mktemp("frontend_critic_data")
+    tasks, episodes = make_frontend_synthetic(tiny_tokenizer, 8)
+    return write_jsonl(d / "episodes.jsonl", episodes), write_jsonl(d / "tasks.jsonl", tasks)
