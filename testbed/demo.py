@@ -100,6 +100,23 @@ class DemoConfig:
             raise ValueError(f"DemoConfig.{e}") from None
 
 
+STEPS = ("warm start", "collect episodes", "train critic", "train policy (SWEET-RL)", "evaluate",
+         "per-turn credit inspector")
+
+
+@dataclass
+class DemoRun:
+    """What the main job's steps produced: the two policies, the episodes learnt from, the
+    critic and the held-out leaderboard's rows."""
+
+    warm: Path
+    episodes: Path
+    critic: Path
+    policy: Path
+    rows: list[dict]
+    page: Path
+
+
 def main(cfg: DemoConfig) -> Path:
     """Run every step of the main job into `cfg.output_dir`; returns that folder."""
     import torch
@@ -110,10 +127,22 @@ def main(cfg: DemoConfig) -> Path:
     if cfg.smoke:
         setup = TestbedSetup.for_bed(cfg.bed, episodes_per_task=2, train_limit=8, test_limit=4, val_limit=8,
                                       eval_seeds=1, candidates=2, max_new_tokens=48, stage2_episodes=16)
-    steps = ["warm start", "collect episodes", "train critic", "train policy (SWEET-RL)", "evaluate",
-             "per-turn credit inspector"]
-    say = lambda i: print(f"\n=== [{i + 1}/{len(steps)}] {steps[i]} ===", flush=True)  # noqa: E731
+    run = run_steps(cfg, setup, out)
+    summary = report(cfg, setup, out, run)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"summary: {out / 'summary.json'}")
+    (out / "timings.json").write_text(json.dumps(setup.timings, indent=2))
+    print("\nwall time per step (s): " + ", ".join(f"{k} {v:.0f}" for k, v in setup.timings.items()))
+    print(f"leaderboard: {out / 'leaderboard' / 'leaderboard.md'}")
+    print(f"report with plots: {out / 'leaderboard' / 'report.html'}")
+    print(f"per-turn credit inspector: {run.page}")
+    print(f"critic metrics: {out / 'critic' / 'metrics.jsonl'}; policy metrics: {out / 'sweet' / 'metrics.jsonl'}")
+    return out
 
+
+def run_steps(cfg: DemoConfig, setup: TestbedSetup, out: Path) -> DemoRun:
+    """The six steps (each skipped when its output exists), timed into `setup.timings`."""
+    say = lambda i: print(f"\n=== [{i + 1}/{len(STEPS)}] {STEPS[i]} ===", flush=True)  # noqa: E731
     say(0)
     with timed(setup, "warm_start"):
         warm = warm_start(out / "warm_start", seed=cfg.seed, smoke=cfg.smoke, bed=cfg.bed, teacher=cfg.teacher)
@@ -145,22 +174,54 @@ def main(cfg: DemoConfig) -> Path:
         page = inspect_critic.main(inspect_critic.InspectConfig(
             critic=str(critic), episodes=str(episodes), output=str(out / "inspect"),
             candidates=str(out / "sweet" / "candidates.jsonl"), tasks=setup.train_tasks, max_episodes=40))
+    return DemoRun(warm=Path(warm), episodes=Path(episodes), critic=Path(critic), policy=Path(policy), rows=rows,
+                   page=page)
 
+
+def report(cfg: DemoConfig, setup: TestbedSetup, out: Path, run: DemoRun) -> dict:
+    """Print the results (held-out success, the solver's predictions, the warm start's checks,
+    the critic's credit, the dialogues, the reads check); returns summary.json's content."""
     print("\n=== results (held-out test-bed tasks) ===")
-    for row in rows:
+    for row in run.rows:
         m = row["metrics"]
         print(f"{row['agent']:>12}: success {m['success_rate']['value']:.3f} "
               f"[{m['success_rate']['ci95'][0]:.3f}, {m['success_rate']['ci95'][1]:.3f}]  "
               f"tests passed {m['tests_passed']['value']:.3f}")
-    print(compare(rows, "warm_start", "sweet_rl"))
+    print(compare(run.rows, "warm_start", "sweet_rl"))
     kl = None
-    if not testbed_bed.design(cfg.bed).legacy:  # sampled at temperature 1: the policy itself (sweet/core/kl.py)
+    legacy = testbed_bed.design(cfg.bed).legacy
+    if not legacy:  # sampled at temperature 1: the policy itself (sweet/core/kl.py)
         with timed(setup, "kl"):
-            kl = measured_kl(str(policy), str(warm), out / "leaderboard" / "episodes" / "sweet_rl.jsonl")
-    summary = main_job_summary(rows, cfg.bed, cfg.teacher, kl)
+            kl = measured_kl(str(run.policy), str(run.warm), out / "leaderboard" / "episodes" / "sweet_rl.jsonl")
+    summary = main_job_summary(run.rows, cfg.bed, cfg.teacher, kl)
+    print_predictions(summary, cfg.bed)
+    print(warm_start_checks(out / "warm_start"))
+    credit = out / "inspect" / "credit_split.json"
+    if credit.exists():  # where the critic put its credit: the answer, or the questions (sweet/critic/inspect.py)
+        split = inspect_critic.CreditSplit.from_json(json.loads(credit.read_text()))
+        summary["critic_credit"] = split.to_json()
+        print(split.line())
+    if not legacy:  # what each policy does turn by turn (testbed.profile)
+        episodes = {agent: read_episodes(out / "leaderboard" / "episodes" / f"{agent}.jsonl")
+                    for agent in ("warm_start", "sweet_rl")}
+        summary["dialogue"] = {}
+        for agent, eps in episodes.items():
+            prof = testbed_profile.profile(cfg.bed, eps)
+            summary["dialogue"][agent] = prof.to_json()
+            print(f"{agent} dialogues: {prof.line()}")
+        # does the warm start read its dialogue as its teacher does (testbed.profile.reads_check)?
+        check = testbed_profile.reads_check(cfg.bed, cfg.teacher, episodes["warm_start"])
+        summary["reads_check"] = check.to_json()
+        print(f"warm start vs its teacher ({check.teacher}), held-out: {check.line()}")
+    return summary
+
+
+def print_predictions(summary: dict, bed: str) -> None:
+    """The exact solver's lines: its warm start and optimum, the share of the distance closed,
+    its SWEET-RL at the measured KL, and (a blind warm start) the blind class's ceiling."""
     if summary.get("optimum") is not None:
         at = summary["predicted_at_kl"]
-        print(f"exact solver ({cfg.bed!r} bed, {summary['teacher']} teacher): warm start "
+        print(f"exact solver ({bed!r} bed, {summary['teacher']} teacher): warm start "
               f"{summary['predicted_warm_start']:.3f}, optimum {summary['optimum']:.3f}; SWEET-RL closed "
               f"{summary['gap_closed']:.0%} of the measured warm start's distance to the optimum")
         print(f"SWEET-RL measured {summary['sweet_rl']['value']:.3f} at KL {at['kl']:.3f} from the warm start; the "
@@ -171,32 +232,6 @@ def main(cfg: DemoConfig) -> Path:
         print(f"exact solver, for a policy blind to which question it asked (testbed.policy_class): SWEET-RL "
               f"{blind['sweet_rl']['0.5']:.3f} at KL 0.5, at most {blind['ceiling']:.3f} "
               f"({blind['ceiling_closed']:.1%} of the distance), repeat rate {blind['repeat_rate']['0.5']:.2f}")
-    print(warm_start_checks(out / "warm_start"))
-    credit = out / "inspect" / "credit_split.json"
-    if credit.exists():  # where the critic put its credit: the answer, or the questions (sweet/critic/inspect.py)
-        split = inspect_critic.CreditSplit.from_json(json.loads(credit.read_text()))
-        summary["critic_credit"] = split.to_json()
-        print(split.line())
-    if not testbed_bed.design(cfg.bed).legacy:  # what each policy does turn by turn (testbed.profile)
-        summary["dialogue"] = {}
-        for agent in ("warm_start", "sweet_rl"):
-            prof = testbed_profile.profile(cfg.bed, read_episodes(out / "leaderboard" / "episodes" / f"{agent}.jsonl"))
-            summary["dialogue"][agent] = prof.to_json()
-            print(f"{agent} dialogues: {prof.line()}")
-        # does the warm start read its dialogue as its teacher does (testbed.profile.reads_check)?
-        check = testbed_profile.reads_check(cfg.bed, cfg.teacher,
-                                            read_episodes(out / "leaderboard" / "episodes" / "warm_start.jsonl"))
-        summary["reads_check"] = check.to_json()
-        print(f"warm start vs its teacher ({check.teacher}), held-out: {check.line()}")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"summary: {out / 'summary.json'}")
-    (out / "timings.json").write_text(json.dumps(setup.timings, indent=2))
-    print("\nwall time per step (s): " + ", ".join(f"{k} {v:.0f}" for k, v in setup.timings.items()))
-    print(f"leaderboard: {out / 'leaderboard' / 'leaderboard.md'}")
-    print(f"report with plots: {out / 'leaderboard' / 'report.html'}")
-    print(f"per-turn credit inspector: {page}")
-    print(f"critic metrics: {out / 'critic' / 'metrics.jsonl'}; policy metrics: {out / 'sweet' / 'metrics.jsonl'}")
-    return out
 
 
 def measured_kl(policy: str, warm: str, episodes: Path) -> float:

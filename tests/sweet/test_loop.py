@@ -359,6 +359,7 @@ def test_grpo_and_ppo_switches_train(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_update_on_two_processes_matches_one(tmp_path):
     """The step's turns dealt across 2 gloo processes give the weights of 1 process."""
     script = tmp_path / "run.py"
@@ -460,6 +461,7 @@ def _final_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_killed_and_resumed_run_gives_the_uninterrupted_weights(tmp_path):
     """2 iterations, full weights with gradient checkpointing: killed (SIGKILL) once
     iteration 0's checkpoint exists, then rerun, the final weights and metrics equal an
@@ -622,6 +624,7 @@ def test_ppo_with_lora_and_kl_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_layout, kill_tree, dist):
     """The CLI under `accelerate launch` with 2 gloo processes, DDP or FSDP2, or a GPU config
     from $SWEET_DIST_CONFIGS (rollouts on the main one, broadcast; each step's turns dealt
@@ -670,6 +673,7 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_async_two_process_run_matches_one(tmp_path, dist):
     """Async rollouts at lag 1 with the decoupled loss under `accelerate launch` with 2 gloo
     processes (each launch config) and micro-batches of 1 turn, against 1 process with

@@ -142,6 +142,7 @@ def _finish(proc: subprocess.Popen, timeout: int = 600) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_sweet_stage2_two_processes_match_one_and_survive_a_kill(data, candidates, tmp_path, dist, checkpoint_layout,
                                                                  kill_tree):
     """2 processes (DDP or FSDP2; the GPU configs with $SWEET_DIST_CONFIGS) give the weights

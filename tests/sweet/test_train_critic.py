@@ -394,6 +394,7 @@ def _finish(proc: subprocess.Popen) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("head,port", [("lm", 29631), ("value", 29641)])
 def test_two_processes_killed_and_resumed_match_uninterrupted(tmp_path, synthetic_files, fresh_accelerate, checkpoint_layout,
                                                               kill_tree, head, port, dist):

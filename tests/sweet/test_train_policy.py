@@ -494,6 +494,7 @@ def test_help_lists_the_algorithm_flags(algorithm, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("algorithm, extra, loss_key", [
     ("mtdpo", ["--pairing", "best_vs_worst"], "loss/dpo"),  # 3 pairs, batch 2: the second step has one pair
     ("rft", [], "loss/nll"),  # a token mean over the whole step, tokens split unevenly over the ranks
