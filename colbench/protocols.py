@@ -112,6 +112,11 @@ class SimRequest:
 
     task: Task
     turns: Sequence[Turn]  # dialogue so far; turns[-1] is the agent's latest message
+    # A resample the runner's leak guard asks for (colbench.leaks): sample at this temperature
+    # with this seed instead of the simulator's own sampling. None: the simulator's own.
+    # Simulators that do not sample (scripted) ignore them.
+    temperature: float | None = None
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
