@@ -98,7 +98,8 @@ class EvalConfig:
         "help": "simulated human: a model spec, 'scripted:<name>', or frontend 'text+<spec>'; "
                 "needed unless every agent answers at once or --single-turn"})
     tasks: str = field(default="builtin:test", metadata={
-        "help": "task source: builtin:test, builtin:train, a JSONL/Parquet file, or hf:<dataset id>"})
+        "help": "task source: builtin:test, builtin:train, a JSONL/Parquet file, or hf:<dataset id>, optionally "
+                "with a row range last: file.jsonl[200:1000], hf:<id>[test][0:200]"})
     limit: int | None = field(default=None, metadata={"help": "evaluate the first N tasks only"})
     episodes_per_task: int = field(default=1, metadata={
         "help": "S: episodes per task and agent, seeds 0..S-1, S <= 1000 (use with --temperature > 0)",
