@@ -444,11 +444,16 @@ def guard_replies(simulator: Simulator, asking: Sequence[_Live], replies: list[S
                   guard: LeakGuard) -> list[SimReply]:
     """The leak guard (colbench.leaks): each reply that reveals its task's reference is asked
     again up to `guard.resamples` times (sampled, seeds from the episode's), then replaced by
-    `FIXED_REPLY`; every leaking reply is recorded in its episode's `meta["leaks"]`."""
+    `FIXED_REPLY`; every leaking reply is recorded in its episode's `meta["leaks"]`. A failed reply
+    marked `resample` (a model's reply that was all code) is asked again the same way; if every
+    sample fails too the failure stands (`meta["resampled_empty"]` records the tries)."""
     lines = {id(lv): ReferenceLines(lv.task.hidden, lv.task.description) for lv in asking}
     leaking = [i for i, r in enumerate(replies) if not r.failed and lines[id(asking[i])].leaked(r.text)]
     records = {i: {"turn": len(asking[i].episode.turns), "lines": len(lines[id(asking[i])].leaked(replies[i].text)),
                    "temperature": guard.temperature, "seeds": [], "replaced": False} for i in leaking}
+    empty = [i for i, r in enumerate(replies) if r.failed and r.resample]  # all code: asked again, not a leak
+    tried = {i: {"turn": len(asking[i].episode.turns), "temperature": guard.temperature, "seeds": []} for i in empty}
+    leaking = sorted(leaking + empty)
     for attempt in range(1, guard.resamples + 1):
         if not leaking:
             break
@@ -456,7 +461,7 @@ def guard_replies(simulator: Simulator, asking: Sequence[_Live], replies: list[S
         for i in leaking:
             ep = asking[i].episode
             seed = resample_seed(ep.task_id, ep.seed, sum(1 for t in ep.turns if t.role == "human"), attempt)
-            records[i]["seeds"].append(seed)
+            (records.get(i) or tried[i])["seeds"].append(seed)
             requests.append(SimRequest(asking[i].task, list(ep.turns), temperature=guard.temperature, seed=seed))
         again = _ask(simulator, requests)
         still = []
@@ -467,10 +472,14 @@ def guard_replies(simulator: Simulator, asking: Sequence[_Live], replies: list[S
                 replies[i] = r
         leaking = still
     for i in leaking:
-        replies[i] = SimReply(FIXED_REPLY)
-        records[i]["replaced"] = True
+        if i in records:  # still leaking: the fixed reply; still all code: the failure stands
+            replies[i] = SimReply(FIXED_REPLY)
+            records[i]["replaced"] = True
     for i, record in records.items():
         asking[i].episode.meta.setdefault("leaks", []).append(record)
+    for i, record in tried.items():
+        record["fixed"] = i not in leaking
+        asking[i].episode.meta.setdefault("resampled_empty", []).append(record)
     return replies
 
 

@@ -128,6 +128,9 @@ class SimReply:
     failed: bool = False
     error: str | None = None
     render: str | None = None  # frontend: screenshot of the agent's page that was compared
+    # a failed reply that a new sample may fix (a model's reply that was all code, empty once the
+    # code is removed): the runner's leak guard asks again, as for a leaking reply
+    resample: bool = False
 
 
 @runtime_checkable

@@ -102,7 +102,7 @@ class LLMSimulator:
             if text:
                 replies.append(SimReply(text))
             else:
-                replies.append(SimReply("", failed=True, error="empty reply after removing code"))
+                replies.append(SimReply("", failed=True, error="empty reply after removing code", resample=True))
         return replies
 
     def _generate(self, conversations: list[list[Message]], sampling: SamplingParams) -> list:

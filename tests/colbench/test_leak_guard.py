@@ -151,3 +151,28 @@ def test_evaluate_records_the_flag_and_refuses_to_mix_guarded_and_unguarded_runs
     rows = board["rows"] if isinstance(board, dict) else board
     assert rows[0]["behaviour"]["leaks"] == 0 and rows[0]["behaviour"]["answer_parses"] == 1.0
     assert len(read_episodes(tmp_path / "run/episodes/reference.jsonl")) == 2
+
+
+class CodeOnlyHuman:
+    """Replies with nothing but code when greedy (a chat model echoing code: empty once the code
+    is removed), in words when sampled, or never in words (`always_code`)."""
+
+    name = "code-only"
+
+    def __init__(self, always_code: bool = False):
+        self.always_code = always_code
+
+    def reply(self, requests: Sequence[SimRequest]) -> list[SimReply]:
+        return [SimReply("It returns the total, rounded.") if r.temperature is not None and not self.always_code
+                else SimReply("", failed=True, error="empty reply after removing code", resample=True)
+                for r in requests]
+
+
+def test_an_all_code_reply_is_asked_again_and_the_failure_stands_if_it_stays_empty(env, tasks):
+    [ep] = rollout(env, tasks[:1], AskingAgent(1), CodeOnlyHuman(), max_turns=2)
+    assert ep.turns[1].content == "It returns the total, rounded." and ep.stop_reason == "answered"
+    assert [(len(r["seeds"]), r["fixed"]) for r in ep.meta["resampled_empty"]] == [(1, True)]
+    assert "leaks" not in ep.meta
+    [ep] = rollout(env, tasks[:1], AskingAgent(1), CodeOnlyHuman(always_code=True), max_turns=2)
+    assert ep.turns[1].failed and ep.stop_reason == "simulator_error" and ep.n_simulator_failures == 1
+    assert [(len(r["seeds"]), r["fixed"]) for r in ep.meta["resampled_empty"]] == [(3, False)]
