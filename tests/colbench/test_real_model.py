@@ -16,7 +16,7 @@ from colbench.tasks import load_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST = ROOT / "tasks/backend/test.jsonl"
-PUBLISHED = ROOT.parent.parent / "shared/data/colbench-test/backend_test.jsonl"
+PUBLISHED = ROOT.parent / "shared/data/colbench-test/backend_test.jsonl"  # ../shared beside the checkout
 PUBLISHED_SHAPE = """You play a person who asked a coding helper for this: {problem_description}
 What you privately know (answer only from it, otherwise say "I don't know"):
 {hidden_information}
@@ -49,7 +49,7 @@ def test_smollm2_plays_both_seats_with_a_published_shape_prompt(tmp_path):
         for t in human:  # the simulator got one user message with the dialogue as text
             assert not leaked_lines(t.content, tasks[ep.task_id].hidden, tasks[ep.task_id].description)
         assert ep.meta["prompts"]["human"]["path"] == str(prompt)
-        assert ep.stop_reason in ("answered", "turn_limit") and ep.score is not None
+        assert ep.stop_reason in ("answered", "turn_limit", "simulator_error") and ep.score is not None
     config = json.loads((tmp_path / "run/config.json").read_text())
     assert config["config"]["leak_guard"] is True and config["prompts"]["human"]["path"] == str(prompt)
     board = (tmp_path / "run/leaderboard.md").read_text()

@@ -14,7 +14,7 @@ from colbench.tasks import load_tasks, split_row_range, write_tasks_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST = ROOT / "tasks/backend/test.jsonl"
-PUBLISHED = ROOT.parent.parent / "shared/data/colbench-test/backend_test.jsonl"
+PUBLISHED = ROOT.parent / "shared/data/colbench-test/backend_test.jsonl"  # ../shared beside the checkout
 
 
 def test_a_range_selects_rows_which_keep_their_place_in_the_file():
