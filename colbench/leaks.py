@@ -17,7 +17,10 @@ character and backtick removed. So re-indented code, code joined onto one line i
 A reference line of at least `MIN_LINE_CHARS` normalised characters leaks when:
 - it is shorter than `WINDOW` normalised characters and the whole line occurs in the reply;
 - or one of its `WINDOW`-character windows occurs in the reply, so a long line pasted in part
-  (its first half, a condition, a formula) is caught too.
+  (its first half, a condition, a formula) is caught too. In a line that holds code symbols
+  (brackets, operators, quotes, '.', ',', ':') only windows holding one count: a human who names
+  two parameters "a and b" must not match the reference's `if a and b:` (seen with the scripted
+  human on published row 2); a line of words only (`return total_after_discount`) keeps all.
 Lines (a block's trailing ':' aside), and windows, that occur in the task description do not count: the description holds
 the signature and the agent already has it. Shorter lines (`else:`, `return x`,
 `return total`) say nothing a description in words would not, and matching them would flag
@@ -38,6 +41,7 @@ WINDOW = 20  # normalised characters: a window of a longer line that appears is 
 FIXED_REPLY = ("I can't show you the code. Ask me about what the function should do and I'll "
                "describe it in my own words.")
 _DROP = re.compile(r"[\s`]+")
+_SYMBOL = re.compile(r"[()\[\]{}=<>+\-*/%:.,'\"]")
 
 
 def normalise(text: str) -> str:
@@ -78,6 +82,8 @@ class ReferenceLines:
             else:
                 keys = [norm[i:i + WINDOW] for i in range(len(norm) - WINDOW + 1)]
                 keys = [k for k in keys if k not in desc]
+                if _SYMBOL.search(norm):  # words-only windows of a line with code symbols are prose's
+                    keys = [k for k in keys if _SYMBOL.search(k)]
             if keys:
                 self.lines.append((line.strip(), keys))
 

@@ -176,3 +176,14 @@ def test_an_all_code_reply_is_asked_again_and_the_failure_stands_if_it_stays_emp
     [ep] = rollout(env, tasks[:1], AskingAgent(1), CodeOnlyHuman(always_code=True), max_turns=2)
     assert ep.turns[1].failed and ep.stop_reason == "simulator_error" and ep.n_simulator_failures == 1
     assert [(len(r["seeds"]), r["fixed"]) for r in ep.meta["resampled_empty"]] == [(3, False)]
+
+
+def test_parameters_named_in_words_are_not_the_line_that_tests_them():
+    hidden = ("def testimony(entity, has_criminal_charges, deadline_met=False):\n"
+              "    if entity == 'USADA' and has_criminal_charges and deadline_met:\n        return True\n"
+              "    return False\n    return total_amount_after_discount\n")
+    description = "The signature of the function is: def testimony(entity, has_criminal_charges, deadline_met=False)"
+    words = "It takes entity, has_criminal_charges and deadline_met. The values that matter are 'USADA'."
+    assert leaked_lines(words, hidden, description) == []  # the scripted human's sentence
+    assert leaked_lines("so if entity == 'USADA' and has_criminal charges", hidden, description)
+    assert leaked_lines("it does return total_amount_after_discount at the end", hidden, description)
