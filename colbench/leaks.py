@@ -18,9 +18,10 @@ A reference line of at least `MIN_LINE_CHARS` normalised characters leaks when:
 - it is shorter than `WINDOW` normalised characters and the whole line occurs in the reply;
 - or one of its `WINDOW`-character windows occurs in the reply, so a long line pasted in part
   (its first half, a condition, a formula) is caught too. In a line that holds code symbols
-  (brackets, operators, quotes, '.', ',', ':') only windows holding one count: a human who names
-  two parameters "a and b" must not match the reference's `if a and b:` (seen with the scripted
-  human on published row 2); a line of words only (`return total_after_discount`) keeps all.
+  (brackets, operators, quotes; not prose's '.', ',' and ':') only windows holding one count: a
+  human who names two parameters "a and b." must not match the reference's `if a and b.get(x):`
+  (seen with the scripted human on published rows 2 and 19); a line of words only
+  (`return total_after_discount`) keeps all its windows.
 Lines (a block's trailing ':' aside), and windows, that occur in the task description do not count: the description holds
 the signature and the agent already has it. Shorter lines (`else:`, `return x`,
 `return total`) say nothing a description in words would not, and matching them would flag
@@ -41,7 +42,7 @@ WINDOW = 20  # normalised characters: a window of a longer line that appears is 
 FIXED_REPLY = ("I can't show you the code. Ask me about what the function should do and I'll "
                "describe it in my own words.")
 _DROP = re.compile(r"[\s`]+")
-_SYMBOL = re.compile(r"[()\[\]{}=<>+\-*/%:.,'\"]")
+_SYMBOL = re.compile(r"[()\[\]{}=<>+\-*/%'\"]")  # code's symbols; prose's . , : do not count
 
 
 def normalise(text: str) -> str:
