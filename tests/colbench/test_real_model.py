@@ -5,7 +5,9 @@ templates, end-of-turn tokens, answer extraction and the leak guard on a real mo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,8 @@ from colbench.leaks import leaked_lines
 from colbench.tasks import load_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
+PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
+ENV = {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
 TEST = ROOT / "tasks/backend/test.jsonl"
 PUBLISHED = ROOT.parent / "shared/data/colbench-test/backend_test.jsonl"  # ../shared beside the checkout
 PUBLISHED_SHAPE = """You play a person who asked a coding helper for this: {problem_description}
@@ -27,16 +31,15 @@ Reply to the helper's last message in two sentences at most, and write nothing e
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_smollm2_plays_both_seats_with_a_published_shape_prompt(tmp_path):
-    from tests.colbench.test_prompts import ENV, PY
-
     prompt = tmp_path / "published_shape.txt"
     prompt.write_text(PUBLISHED_SHAPE)
     source = f"{PUBLISHED}[0:2]" if PUBLISHED.exists() else f"{TEST}[0:2]"
     cmd = [PY, "-m", "colbench.evaluate", "--env", "backend", "--agent", "smollm2", "--simulator", "smollm2",
-           "--human_prompt", str(prompt), "--tasks", source, "--max_turns", "2", "--max_new_tokens", "160",
-           "--simulator_max_new_tokens", "80", "--output", str(tmp_path / "run"), "--progress", "false"]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=1500)
+           "--human_prompt", str(prompt), "--tasks", source, "--max_turns", "2", "--max_new_tokens", "128",
+           "--simulator_max_new_tokens", "64", "--output", str(tmp_path / "run"), "--progress", "false"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=1700)
     assert done.returncode == 0, done.stderr[-2000:]
     episodes = read_episodes(tmp_path / "run/episodes/smollm2.jsonl")
     tasks = {t.task_id: t for t in load_tasks(source, validate=False)}
