@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Sequence
 
 from colbench.jsonl import Appender, read_rows
+from colbench.leaks import FIXED_REPLY, LeakGuard, ReferenceLines, resample_seed
 from colbench.protocols import Agent, AgentRequest, Environment, SimReply, SimRequest, Simulator
 from colbench.types import (
     STOP_ANSWERED,
@@ -178,6 +179,16 @@ class EpisodeConfig:
     single_turn: bool = field(default=False, metadata={"help": "the first agent message is the answer"})
     max_concurrent: int | None = field(
         default=None, metadata={"help": "episodes in flight at once (None: all); bounds memory on huge runs"})
+    # colbench.leaks: None guards backend episodes with LeakGuard(); False: off; a LeakGuard: on
+    leak_guard: LeakGuard | bool | None = None
+
+    def guard(self, env: Environment) -> LeakGuard | None:
+        """The leak guard these episodes run under (None: unguarded)."""
+        if self.leak_guard is None:
+            return LeakGuard() if env.name == "backend" else None
+        if self.leak_guard is True:
+            return LeakGuard()
+        return self.leak_guard or None
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -443,21 +454,75 @@ def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: l
             continue
         finished.append(lv)
     if asking:
-        finished += _human_turns(env, simulator, asking)
+        finished += _human_turns(env, simulator, asking, config.guard(env))
     return finished
 
 
-def _human_turns(env: Environment, simulator: Simulator | None, asking: list[_Live]) -> list[_Live]:
-    """The simulator's batch of replies; returns the episodes ended by a failure."""
-    if simulator is None:
-        raise RuntimeError("an agent asked a question but no simulator was given")
-    requests = [SimRequest(lv.task, list(lv.episode.turns)) for lv in asking]
+def _ask(simulator: Simulator, requests: list[SimRequest]) -> list[SimReply]:
+    """`simulator.reply`, whose failures (even a raise, against its contract) fail their episodes, not the run."""
     try:
         replies = simulator.reply(requests)
         if len(replies) != len(requests):
             raise RuntimeError(f"simulator {simulator.name} returned {len(replies)} replies for {len(requests)}")
-    except Exception as e:  # the contract says reply never raises; if it does, fail its episodes, not the run
+    except Exception as e:
         replies = [SimReply("", failed=True, error=f"{type(e).__name__}: {e}")] * len(requests)
+    return list(replies)
+
+
+def guard_replies(simulator: Simulator, asking: Sequence[_Live], replies: list[SimReply],
+                  guard: LeakGuard) -> list[SimReply]:
+    """The leak guard (colbench.leaks): each reply that reveals its task's reference is asked
+    again up to `guard.resamples` times (sampled, seeds from the episode's), then replaced by
+    `FIXED_REPLY`; every leaking reply is recorded in its episode's `meta["leaks"]`. A failed reply
+    marked `resample` (a model's reply that was all code) is asked again the same way; if every
+    sample fails too the failure stands (`meta["resampled_empty"]` records the tries)."""
+    lines = {id(lv): ReferenceLines(lv.task.hidden, lv.task.description) for lv in asking}
+    leaking = [i for i, r in enumerate(replies) if not r.failed and lines[id(asking[i])].leaked(r.text)]
+    records = {i: {"turn": len(asking[i].episode.turns), "lines": len(lines[id(asking[i])].leaked(replies[i].text)),
+                   "temperature": guard.temperature, "seeds": [], "replaced": False} for i in leaking}
+    empty = [i for i, r in enumerate(replies) if r.failed and r.resample]  # all code: asked again, not a leak
+    tried = {i: {"turn": len(asking[i].episode.turns), "temperature": guard.temperature, "seeds": []} for i in empty}
+    leaking = sorted(leaking + empty)
+    for attempt in range(1, guard.resamples + 1):
+        if not leaking:
+            break
+        requests = []
+        for i in leaking:
+            ep = asking[i].episode
+            seed = resample_seed(ep.task_id, ep.seed, sum(1 for t in ep.turns if t.role == "human"), attempt)
+            (records.get(i) or tried[i])["seeds"].append(seed)
+            requests.append(SimRequest(asking[i].task, list(ep.turns), temperature=guard.temperature, seed=seed))
+        again = _ask(simulator, requests)
+        still = []
+        for i, r in zip(leaking, again):
+            if r.failed or lines[id(asking[i])].leaked(r.text):
+                still.append(i)
+            else:
+                replies[i] = r
+        leaking = still
+    for i in leaking:
+        if i in records:  # still leaking: the fixed reply; still all code: the failure stands
+            replies[i] = SimReply(FIXED_REPLY)
+            records[i]["replaced"] = True
+    for i, record in records.items():
+        asking[i].episode.meta.setdefault("leaks", []).append(record)
+    for i, record in tried.items():
+        record["fixed"] = i not in leaking
+        asking[i].episode.meta.setdefault("resampled_empty", []).append(record)
+    return replies
+
+
+def _human_turns(env: Environment, simulator: Simulator | None, asking: list[_Live],
+                 guard: LeakGuard | None = None) -> list[_Live]:
+    """The simulator's batch of replies, through the leak guard when one is given; returns
+    the episodes ended by a failure."""
+    if simulator is None:
+        raise RuntimeError("an agent asked a question but no simulator was given")
+    replies = _ask(simulator, [SimRequest(lv.task, list(lv.episode.turns)) for lv in asking])
+    if guard is not None:
+        for lv in asking:
+            lv.episode.meta["leak_guard"] = guard.record()
+        replies = guard_replies(simulator, asking, replies, guard)
     ended = []
     for lv, r in zip(asking, replies):
         lv.episode.turns.append(Turn(role="human", content="" if r.failed else r.text,

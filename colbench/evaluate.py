@@ -74,7 +74,7 @@ PROG = "python -m colbench.evaluate"
 
 # Settings that change what an episode is; a rerun into the same DIR must keep them.
 _EPISODE_FIELDS = ("env", "tasks", "simulator", "single_turn", "temperature", "max_new_tokens", "max_turns",
-                   "max_reply_chars", "clip_model", "simulator_max_new_tokens")
+                   "max_reply_chars", "clip_model", "simulator_max_new_tokens", "leak_guard")
 
 
 class UsageError(UserError):
@@ -98,7 +98,8 @@ class EvalConfig:
         "help": "simulated human: a model spec, 'scripted:<name>', or frontend 'text+<spec>'; "
                 "needed unless every agent answers at once or --single-turn"})
     tasks: str = field(default="builtin:test", metadata={
-        "help": "task source: builtin:test, builtin:train, a JSONL/Parquet file, or hf:<dataset id>"})
+        "help": "task source: builtin:test, builtin:train, a JSONL/Parquet file, or hf:<dataset id>, optionally "
+                "with a row range last: file.jsonl[200:1000], hf:<id>[test][0:200]"})
     limit: int | None = field(default=None, metadata={"help": "evaluate the first N tasks only"})
     episodes_per_task: int = field(default=1, metadata={
         "help": "S: episodes per task and agent, seeds 0..S-1, S <= 1000 (use with --temperature > 0)",
@@ -118,6 +119,10 @@ class EvalConfig:
                 "backend 400)"})
     simulator_max_new_tokens: int = field(default=200, metadata={
         "help": "model simulator tokens per reply at most (greedy)"})
+    leak_guard: bool = field(default=True, metadata={
+        "help": "backend: a simulated human's reply that reveals the hidden reference's code is resampled "
+                "(3 times, temperature 0.7, seeds from the episode's), then replaced by a fixed reply; leaks are "
+                "counted per episode and agent (colbench/leaks.py)"})
     max_concurrent: int | None = field(default=None, metadata={"help": "episodes in flight at once (default all)"})
     device: str | None = field(default=None, metadata={"help": "hf engines: cpu, cuda, ... (default: cuda if any)"})
     dtype: str = field(default="auto", metadata={"help": "hf/vllm dtype: auto, bfloat16, float16, float32"})
@@ -332,7 +337,9 @@ def _check_previous_config(out_dir: Path, config: EvalConfig, prompts: dict[str,
     except (json.JSONDecodeError, KeyError, TypeError):
         raise UsageError(f"{path}: unreadable; use a new --output DIR") from None
     for k in _EPISODE_FIELDS:
-        if old.get(k) != getattr(config, k):
+        if k == "leak_guard" and config.env != "backend":
+            continue  # guards backend episodes only
+        if old.get(k, False if k == "leak_guard" else None) != getattr(config, k):
             raise UsageError(f"--output {out_dir} holds a run with {k}={old.get(k)!r} (now {getattr(config, k)!r}); "
                              "use a new --output DIR")
     from colbench.prompts import KINDS, load_prompt
@@ -366,7 +373,7 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
         env_kwargs["prompt_path"] = str(plan.prompts["agent"].path)
     env = make_env(config.env, **env_kwargs)
     episode_config = EpisodeConfig(max_turns=config.max_turns or env.max_turns, single_turn=config.single_turn,
-                                   max_concurrent=config.max_concurrent)
+                                   max_concurrent=config.max_concurrent, leak_guard=None if config.leak_guard else False)
     _write_config(plan, config, episode_config)
     options = EngineOptions(device=config.device, dtype=config.dtype, batch_size=config.batch_size)
     sampling = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=0)
@@ -401,6 +408,7 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
                 episodes[name] = rollout(env, plan.tasks, agent, simulator, seeds=plan.seeds,
                                          max_turns=episode_config.max_turns, single_turn=config.single_turn,
                                          max_concurrent=config.max_concurrent, out_path=path,
+                                         leak_guard=episode_config.leak_guard,
                                          progress=config.progress)
             finally:
                 if shared is None:

@@ -112,6 +112,11 @@ class SimRequest:
 
     task: Task
     turns: Sequence[Turn]  # dialogue so far; turns[-1] is the agent's latest message
+    # A resample the runner's leak guard asks for (colbench.leaks): sample at this temperature
+    # with this seed instead of the simulator's own sampling. None: the simulator's own.
+    # Simulators that do not sample (scripted) ignore them.
+    temperature: float | None = None
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,9 @@ class SimReply:
     failed: bool = False
     error: str | None = None
     render: str | None = None  # frontend: screenshot of the agent's page that was compared
+    # a failed reply that a new sample may fix (a model's reply that was all code, empty once the
+    # code is removed): the runner's leak guard asks again, as for a leaking reply
+    resample: bool = False
 
 
 @runtime_checkable

@@ -32,6 +32,9 @@ BEHAVIOUR_LABELS = {
     "mean_agent_reply_chars": "reply chars",
     "simulator_dont_know_rate": "sim. don't know",
     "simulator_failures": "sim. failures",
+    "answer_parses": "answer parses",
+    "leaks": "leaks",
+    "leaks_replaced": "leaks replaced",
     "engine_errors": "engine errors",
 }
 FIRST_ERROR_CHARS = 300  # the first engine error, as the leaderboard's note quotes it
@@ -135,7 +138,7 @@ def _metric_names(rows: Sequence[LeaderboardRow]) -> list[str]:
 def _behaviour_cell(key: str, value: Any) -> str:
     if value is None:
         return ""
-    if key in ("asked_before_answering", "answered_without_asking", "simulator_dont_know_rate"):
+    if key in ("asked_before_answering", "answered_without_asking", "simulator_dont_know_rate", "answer_parses"):
         return f"{100 * value:.0f}%"
     if isinstance(value, float):
         return f"{value:.1f}" if key == "mean_agent_reply_chars" else f"{value:.2f}"

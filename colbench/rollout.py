@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from colbench.episodes import EpisodeConfig, run_episodes
+from colbench.leaks import LeakGuard
 from colbench.protocols import Agent, Environment, Simulator
 from colbench.types import Episode, Task
 
@@ -42,6 +43,7 @@ def rollout(
     max_concurrent: int | None = None,
     out_path: str | Path | None = None,
     progress: bool = False,
+    leak_guard: LeakGuard | bool | None = None,
 ) -> list[Episode]:
     """Run and score one episode per task × seed (task-then-seed order).
 
@@ -49,9 +51,11 @@ def rollout(
     The simulator is not consulted by agents that answer at once (`needs_simulator`
     False) or in single-turn mode, so their episodes record none. Episodes already in
     `out_path` are reused by id, so a crashed collection resumes where it stopped.
+    leak_guard: the guard on the simulated human's replies (colbench.leaks; None: on for
+    backend, False: off).
     """
     asks = getattr(agent, "needs_simulator", True) and not single_turn
     config = EpisodeConfig(max_turns=max_turns or env.max_turns, single_turn=single_turn,
-                           max_concurrent=max_concurrent)
+                           max_concurrent=max_concurrent, leak_guard=leak_guard)
     return run_episodes(env, tasks, agent, simulator if asks else None, seeds=seeds, config=config,
                         out_path=Path(out_path) if out_path is not None else None, progress=progress)

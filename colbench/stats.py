@@ -152,6 +152,25 @@ def behaviour_stats(episodes: Sequence[Episode]) -> dict[str, float | int | dict
         "engine_errors": len(engine_failed),
         "first_engine_error": _engine_error(engine_failed[0]) if engine_failed else None,
         "stop_reasons": stop_reasons,
+        **_backend_stats(episodes),
+    }
+
+
+def _backend_stats(episodes: Sequence[Episode]) -> dict[str, float | int]:
+    """Backend only: how often the final answer parses as Python defining a function, and
+    the leak guard's counts (colbench.leaks): human replies that revealed the reference, per
+    episode, and how many of them the fixed reply replaced."""
+    if not episodes or episodes[0].env != "backend":
+        return {}
+    from colbench.leaks import count_leaks
+    from colbench.scoring.backend import defines
+
+    leaks = [count_leaks(ep.meta) for ep in episodes]
+    return {
+        "answer_parses": sum(1 for ep in episodes if defines(ep.answer, None)) / len(episodes),
+        "leaks_per_episode": sum(n for n, _ in leaks) / len(episodes),
+        "leaks": sum(n for n, _ in leaks),
+        "leaks_replaced": sum(r for _, r in leaks),
     }
 
 

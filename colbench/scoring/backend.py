@@ -63,6 +63,73 @@ def extract_code(text: str) -> str:
     return text.strip()
 
 
+
+_CODE_START = re.compile(r"^(?:async\s+def|def|class|import|from|@)\b")
+_TARGET = re.compile(r"def\s+([A-Za-z_]\w*)\s*\(")
+
+
+def target_function(description: str) -> str | None:
+    """The function a backend task asks for: the name in the description's last `def name(`
+    (the published rows end with "The signature of the function is: def ..."), else None."""
+    names = _TARGET.findall(description)
+    return names[-1] if names else None
+
+
+def defines(code: str, name: str | None) -> bool:
+    """Whether `code` parses and defines `name` at module level (any function when None)."""
+    import ast
+
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    funcs = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return bool(funcs) if name is None else name in funcs
+
+
+def _bare_code(text: str) -> str | None:
+    """Code written without fences inside prose: from the first line that starts a
+    definition or an import to the last line of that run (indented, blank or another
+    definition); None when no such line exists."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if _CODE_START.match(line)), None)
+    if start is None:
+        return None
+    end = start
+    for i in range(start + 1, len(lines)):
+        line = lines[i]
+        if not line.strip() or line[0] in " \t" or _CODE_START.match(line) or line.startswith("#"):
+            end = i if line.strip() else end
+            continue
+        break
+    return "\n".join(lines[start:end + 1])
+
+
+def extract_function_code(text: str, name: str | None = None) -> str:
+    """The code of a backend answer as a real model writes it (the published evaluator runs
+    the text after its marker as is, see docs/reference-differences.md):
+
+    1. a fenced block (```python, ```py, unlabeled or any label; an unclosed last fence
+       counts) that defines `name`, else the first block `extract_code` picks, when some
+       block defines a function;
+    2. else the whole text, when it parses as Python;
+    3. else code written without fences inside prose (`_bare_code`);
+    4. else `extract_code(text)` (what the text holds, scored as written).
+    """
+    blocks = [body.strip("\n") for _, body in _FENCE.findall(text)]
+    for body in blocks:
+        if name is not None and defines(body, name):
+            return body
+    if blocks and any(defines(b, None) for b in blocks):
+        return extract_code(text)
+    if defines(text, None):
+        return text.strip()
+    bare = _bare_code(text)
+    if bare is not None and defines(bare, None):
+        return bare
+    return extract_code(text)
+
+
 # ---------------------------------------------------------------- value comparison
 
 _NUMERIC = ("int", "float", "decimal", "fraction")
