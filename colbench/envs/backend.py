@@ -27,6 +27,12 @@ from colbench.scoring.sandbox import SandboxLimits, SandboxPool
 from colbench.types import Score, Task, Turn
 from engines.base import Message
 
+# The rules backend episodes are scored under (each environment has its own version):
+# 2: colbench.scoring.backend SCORING_VERSION (structural equality, the sandbox's seeding);
+# 3: and answers read as real models write them (extract_function_code: the marker in any
+#    case or emphasis, the fenced block that defines the asked function, code inside prose,
+#    at the turn limit the latest message that defines it).
+BACKEND_SCORING_VERSION = SCORING_VERSION + 1
 PROMPT_PATH = KINDS["backend_agent"].default_path()  # the registry's default (colbench.prompts)
 SINGLE_TURN_NOTE = (
     "\n\nThis time you get a single turn: do not ask questions. Answer now: write \"{answer_marker}\" "
@@ -63,7 +69,7 @@ class BackendEnv:
     # the simulated human's replies are cut at this many characters unless --max_reply_chars says
     # otherwise (published human_interaction_env.py, line 10: 400)
     max_reply_chars = 400
-    scoring_version = SCORING_VERSION  # the rules every episode records (colbench.scoring.backend)
+    scoring_version = BACKEND_SCORING_VERSION  # the rules every episode records
 
     def __init__(self, answer_marker: str = ANSWER_MARKER, max_turns: int = 10,
                  workers: int | None = None, limits: SandboxLimits | None = None,

@@ -186,7 +186,10 @@ def test_each_environment_has_its_scoring_version_and_reply_cap():
     from colbench.episodes import current_scoring_version
     from colbench.scoring.backend import SCORING_VERSION
 
-    assert current_scoring_version("backend") == current_scoring_version("testbed") == SCORING_VERSION
+    from colbench.envs.backend import BackendEnv
+
+    assert current_scoring_version("testbed") == SCORING_VERSION
+    assert current_scoring_version("backend") == BackendEnv.scoring_version == SCORING_VERSION + 1
     assert current_scoring_version("frontend") == FrontendEnv.scoring_version != SCORING_VERSION
     # published: 1,000 characters for frontend (human_design_interaction_env.py), 400 for backend
     assert (reply_cap("frontend"), reply_cap("backend"), reply_cap("testbed")) == (1000, 400, 400)

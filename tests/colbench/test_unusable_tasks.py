@@ -18,7 +18,7 @@ import pytest
 import colbench.tasks as tasks_mod
 from colbench.episodes import load_episodes, read_episodes
 from colbench.evaluate import main
-from colbench.scoring.backend import SCORING_VERSION
+from colbench.envs.backend import BACKEND_SCORING_VERSION as SCORING_VERSION  # what backend episodes record
 from colbench.tasks import TaskFormatError, is_usable, load_tasks, usable_tasks
 from colbench.types import STOP_UNUSABLE
 
@@ -179,7 +179,7 @@ def test_cache_key_covers_the_scoring_version(mixed, cache, monkeypatch):
     load_tasks(str(mixed))
     import colbench.scoring.backend as backend
 
-    monkeypatch.setattr(backend, "SCORING_VERSION", SCORING_VERSION + 1)
+    monkeypatch.setattr(backend, "SCORING_VERSION", backend.SCORING_VERSION + 1)
     before = _jobs()
     load_tasks(str(mixed))
     assert _jobs() - before == 10  # other rules: every verdict recomputed
