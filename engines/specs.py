@@ -2,7 +2,7 @@
 
     tiny                                    the project's tiny offline Llama (built once, cached)
     hf:<path or hub id>                     transformers (CPU or GPU)
-    vllm:<path or hub id>                   vLLM offline engine (GPU; `pip install .[vllm]`)
+    vllm:<path or hub id>                   vLLM offline engine (GPU: `pip install .[vllm]`; CPU: .venv-vllm)
     openai:<model>@<url>[,<url2>,...]       OpenAI-compatible server(s); several URLs spread
                                             the requests over replicas
     <path or hub id>                        bare: the same as hf:<path or hub id>

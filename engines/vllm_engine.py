@@ -1,6 +1,8 @@
-"""vLLM offline backend (GPU): `vllm.LLM` in this process.
+"""vLLM offline backend: `vllm.LLM` in this process (its engine core is a process of its own:
+a script that starts one needs an `if __name__ == "__main__":` guard).
 
-    pip install '.[vllm]'            # on a CUDA machine (scripts/check_vllm.sh builds and checks one)
+    pip install '.[vllm]'            # on a CUDA machine
+    bash scripts/setup_vllm.sh       # CPU: vLLM's CPU build in .venv-vllm (docs/vllm.md)
     engine = load_engine("vllm:meta-llama/Llama-3.1-8B-Instruct",
                          EngineOptions(tensor_parallel_size=2, enable_lora=True, max_lora_rank=32))
 
@@ -37,7 +39,7 @@ from engines.base import Conversation, EngineError, EngineOptions, Sample, Sampl
 from engines.templating import cut_completion, end_token_ids, prompt_ids
 from engines.vllm_worker import LOAD_METHOD, WORKER_EXTENSION
 
-NOT_INSTALLED = "vLLM is not installed: pip install '.[vllm]' on a CUDA machine"
+NOT_INSTALLED = "vLLM is not installed: pip install '.[vllm]' on a CUDA machine, bash scripts/setup_vllm.sh on CPU"
 
 # gpu_memory_utilization for a vLLM sampler sharing one 80 GB GPU (79.6 GiB usable) with an
 # 8B bf16 LoRA policy (Llama-3.1-8B; 1 GiB = 2**30 bytes):
