@@ -9,7 +9,9 @@ Every argument but `--cpu-share` goes to `python -m vllm.entrypoints.openai.api_
 command looks up the distribution `vllm`). `--cpu-share i/n`: this server is the i-th of
 n processes that share the cores this one may use (`engines.vllm_engine.cpu_share`:
 contiguous near-equal slices), and binds its threads there through
-VLLM_CPU_OMP_THREADS_BIND; default 0/1, all of them. A GPU build ignores it. The
+VLLM_CPU_OMP_THREADS_BIND; default 0/1, all of them. A GPU build ignores it. On the CPU
+build `--gpu-memory-utilization` (there: the share of the machine's memory reserved)
+defaults to engines.vllm_engine.CPU_MEMORY_UTILIZATION instead of vLLM's 0.92. The
 simulated human then reads it as `openai:<model>@http://localhost:8001/v1,...`.
 """
 
@@ -19,7 +21,7 @@ import argparse
 import runpy
 import sys
 
-from engines.vllm_engine import bind_cpu_threads
+from engines.vllm_engine import CPU_MEMORY_UTILIZATION, _is_cpu_build, bind_cpu_threads
 
 SERVER = "vllm.entrypoints.openai.api_server"
 
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-share", type=parse_share, default=(0, 1))
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     bind = bind_cpu_threads(*args.cpu_share)
+    if _is_cpu_build(None) and not any(a.startswith("--gpu-memory-utilization") for a in rest):
+        rest += ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]  # the CPU build's share of the memory
     print(f"[vllm_serve] {SERVER} {' '.join(rest)} (CPU threads bound to {bind} if this is vLLM's CPU build)",
           file=sys.stderr, flush=True)
     sys.argv = [SERVER, *rest]

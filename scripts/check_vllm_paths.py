@@ -89,14 +89,16 @@ def loop(work: Path, name: str, *extra: str) -> list[dict]:
         "--k", "8", "--temperature", "2", "--max_new_tokens", "1", "--max_turns", "2", "--batch_size", "4",
         "--learning_rate", "1e-3", "--dtype", "float32", "--report_to", "none", "--output_dir", str(out), *extra,
         timeout=900)
-    rows = metrics(out)
-    if len(rows) != 2 or not all(r["loop/optimizer_steps"] > 0 for r in rows):
-        raise RuntimeError(f"expected 2 iterations that learned, got {rows}")
+    rows = metrics(out)  # the random tiny model: an iteration whose K episodes all score alike learns nothing
+    if len(rows) != 2 or not any(r["loop/optimizer_steps"] > 0 for r in rows):
+        raise RuntimeError(f"expected 2 iterations, one at least that learned, got {rows}")
     return rows
 
 
 def gaps(rows: list[dict]) -> str:
-    return "gap per iteration " + ", ".join(f"{r['loop/sampler_trainer_logprob_gap']:.1e}" for r in rows)
+    """The sampler/trainer log-prob gap of each iteration that trained ('-': nothing to train on)."""
+    return "gap per iteration " + ", ".join(f"{r['loop/sampler_trainer_logprob_gap']:.1e}"
+                                            if "loop/sampler_trainer_logprob_gap" in r else "-" for r in rows)
 
 
 def path_loop_lora(work: Path) -> str:
@@ -106,7 +108,8 @@ def path_loop_lora(work: Path) -> str:
 
 def path_loop_full(work: Path) -> str:
     rows = loop(work, "loop-full", "--decoupled_loss", "true", "--behaviour_weight_cap", "2")
-    weights = ", ".join(f"{r['loop/behaviour_weight_mean']:.6f}" for r in rows)
+    weights = ", ".join(f"{r['loop/behaviour_weight_mean']:.7f}" if "loop/behaviour_weight_mean" in r else "-"
+                        for r in rows)
     return f"2 iterations, full weights reloaded each; {gaps(rows)}; decoupled pi_prox/pi_behav mean {weights}"
 
 
@@ -115,7 +118,8 @@ def path_loop_async(work: Path) -> str:
     lags = [r["loop/policy_lag"] for r in rows]
     if lags != [0.0, 1.0]:
         raise RuntimeError(f"policy lags {lags}, expected [0, 1]")
-    weights = ", ".join(f"{r['loop/behaviour_weight_mean']:.4f}" for r in rows)
+    weights = ", ".join(f"{r['loop/behaviour_weight_mean']:.7f}" if "loop/behaviour_weight_mean" in r else "-"
+                        for r in rows)
     return f"lags {lags}; {gaps(rows)}; pi_prox/pi_behav mean {weights}"
 
 
