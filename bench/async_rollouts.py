@@ -87,9 +87,10 @@ class Clock:
 
     def __init__(self):
         from sweet.algorithms import loop
+        from sweet.core.sampler import Collector
 
-        self.loop, self.plays, self.marks = loop, [], []
-        self.play, self.report, self.start = loop.Collector.play, loop.report, loop.Collector.start
+        self.loop, self.collector, self.plays, self.marks = loop, Collector, [], []
+        self.play, self.report, self.start = Collector.play, loop.report, Collector.start
 
     def __enter__(self):
         clock = self
@@ -110,11 +111,11 @@ class Clock:
             clock.marks.append(time.perf_counter())
             return clock.report(*args, **kwargs)
 
-        self.loop.Collector.play, self.loop.Collector.start, self.loop.report = play, start, report
+        self.collector.play, self.collector.start, self.loop.report = play, start, report
         return self
 
     def __exit__(self, *exc):
-        self.loop.Collector.play, self.loop.Collector.start, self.loop.report = self.play, self.start, self.report
+        self.collector.play, self.collector.start, self.loop.report = self.play, self.start, self.report
 
     @property
     def iteration_times(self) -> list[float]:

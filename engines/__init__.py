@@ -4,7 +4,7 @@ Model spec strings (used by every CLI; parsed in `engines.specs`):
 
     tiny                                the project's tiny offline Llama (built once, cached)
     hf:<path or hub id>                 transformers, CPU or GPU, batched with left padding
-    vllm:<path or hub id>               vLLM offline engine (GPU; `pip install .[vllm]`)
+    vllm:<path or hub id>               vLLM offline engine (GPU: `pip install .[vllm]`; CPU: .venv-vllm)
     openai:<model>@<url>[,<url2>...]    OpenAI-compatible server(s) (vLLM serve, OpenAI, ...);
                                         several URLs spread requests over replicas
     <path or hub id>                    bare: the same as hf:<path or hub id>

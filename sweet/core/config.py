@@ -118,6 +118,13 @@ def check_range(cfg: Any, name: str, *, low: float | None = None, high: float | 
         raise ValueError(f"{where} must be {'<' if strict_high else '<='} {high:g}, got {value!r}")
 
 
+def check_choice(cfg: Any, name: str, choices: Sequence[Any]) -> None:
+    """Refuse `cfg.<name>` unless it is one of `choices`, naming the field, the choices and the value."""
+    value = getattr(cfg, name)
+    if value not in choices:
+        raise ValueError(f"{type(cfg).__name__}.{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
 def parse_configs(types: Sequence[type], argv: list[str] | None = None, description: str | None = None):
     """Parse dataclass configs from the CLI in the project's one dialect (colbench.cli:
     `--config run.yaml` defaults that flags override, `--output_dir`/`--output-dir`).

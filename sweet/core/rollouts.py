@@ -22,6 +22,7 @@ from colbench.agents import ModelAgent
 from colbench.envs import make_env
 from colbench.protocols import Environment, Simulator
 from colbench.rollout import rollout
+from colbench.tasks import load_tasks, usable_tasks
 from colbench.types import Episode, Task
 from engines import EngineOptions, SamplingParams, load_engine
 from simulators import load_simulator
@@ -71,3 +72,13 @@ def policy_episodes(model: str, tasks: Sequence[Task], *, env: str, simulator: s
         agent = ModelAgent(engine, sampling, name="policy")
         return rollout(environment, tasks, agent, human, seeds=seeds, max_turns=max_turns, out_path=out_path,
                        progress=progress)
+
+
+def task_pool(source: str, env: str, *, strict: bool = False) -> list[Task]:
+    """The tasks an online trainer samples from (`--tasks` for `--env`): those with a
+    reference to score against (one warning for the others); none is an error."""
+    loaded = load_tasks(source, env=env, on_error="raise" if strict else "keep")
+    tasks = usable_tasks(loaded, source=source)
+    if not tasks:
+        raise ValueError(f"--tasks {source}: no tasks for env {env!r}")
+    return tasks

@@ -1,8 +1,8 @@
 """API conformance with the installed vLLM, on CPU: every vLLM name, signature and field the
 project uses, and what the weight-update path sends between processes.
 
-Run by scripts/check_vllm.sh in an environment with the `vllm` extra; skipped where vLLM is
-not installed (the default suite). Nothing here starts an engine (that needs a GPU).
+Run by scripts/check_vllm.sh in .venv-vllm (vLLM's CPU build); skipped where vLLM is not
+installed (the default suite). Nothing here starts an engine (tests/engines/test_vllm_cpu.py does).
 """
 
 from __future__ import annotations
@@ -99,6 +99,8 @@ def test_worker_extension_resolves_and_fits_vllms_worker():
     own = {n for n in vars(WeightSync) if not n.startswith("__")}
     assert own == {LOAD_METHOD} and not own & set(dir(Worker))
     assert callable(GPUModelRunner.get_model)
+    # full weights reload in place through the model runner (engines/vllm_worker.py)
+    assert {"weights_iterator", "is_checkpoint_format"} <= _params(GPUModelRunner.reload_weights)
     assert "model_runner" in inspect.getsource(Worker.__init__) or "model_runner" in inspect.getsource(Worker)
 
 

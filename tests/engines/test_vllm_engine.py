@@ -126,15 +126,61 @@ def test_full_weight_update_files_carry_every_tensor_to_the_worker(tiny_path, tm
     model = _LoadingModel(trainer)
     worker.model_runner.get_model = lambda: model
     names = [(f"module.{n}", p) for n, p in trainer.state_dict().items()]  # what LOOP's Sampler.sync sends
-    total = sum(p.numel() * p.element_size() for _, p in names)
     shards = 0
-    for path in write_weight_shards(names, tmp_path, shard_bytes=total // 3):
+    for path in write_weight_shards(names, tmp_path, shard_bytes=1):  # a shard per layer
         assert getattr(worker, LOAD_METHOD)(str(path)) > 0
         path.unlink()
         shards += 1
     assert shards >= 3 and not list(tmp_path.iterdir())
     for name, p in trainer.state_dict().items():
         assert torch.equal(model.params[name], p), name
+
+
+def test_weight_shards_split_on_layer_boundaries(tiny_path, tmp_path):
+    """With a shard size a third of one decoder layer (by bytes alone every layer would
+    span shards, and vLLM's reload would process a fused q/k/v or gate/up layer with parts
+    missing), each layer lies whole in one shard, every tensor is written once, and a
+    layer's tensor that comes back after its shard was written is refused."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from engines import EngineError
+    from engines.vllm_engine import weight_group, write_weight_shards
+
+    state = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).state_dict()
+    layer_bytes = sum(t.numel() * 4 for n, t in state.items() if n.startswith("model.layers.0."))
+    shards = []
+    for path in write_weight_shards(state.items(), tmp_path, shard_bytes=layer_bytes // 3):
+        with safe_open(str(path), framework="pt") as f:
+            shards.append({n: f.get_tensor(n) for n in f.keys()})
+    groups = [{weight_group(n) for n in shard} for shard in shards]
+    layers = {weight_group(n) for n in state if ".layers." in n}
+    assert len(layers) == 4 and all(sum(layer in g for g in groups) == 1 for layer in layers)
+    assert weight_group("model.layers.12.mlp.up_proj.weight") == "model.layers.12"
+    assert weight_group("lm_head.weight") == "lm_head.weight"
+    assert len(shards) >= 4  # it does split: at least one shard per layer at this size
+    written = {n: t for shard in shards for n, t in shard.items()}
+    assert written.keys() == state.keys() and all(torch.equal(written[n], state[n]) for n in state)
+    items = list(state.items())
+    late = [i for i, (n, _) in enumerate(items) if n.startswith("model.layers.0.")][0]
+    shuffled = [*items[:late], *items[late + 1:], items[late]]  # layer 0's first tensor after every other layer
+    with pytest.raises(EngineError, match="model.layers.0"):
+        list(write_weight_shards(shuffled, tmp_path / "x", shard_bytes=layer_bytes // 3))
+
+
+def test_cpu_share_rule():
+    """One process alone binds every core it may use; n sharers get contiguous near-equal
+    slices (at least one core each)."""
+    from engines.vllm_engine import cpu_share
+
+    assert cpu_share(cores=[0, 1]) == [0, 1]
+    assert [cpu_share(i, 2, cores=[0, 1]) for i in range(2)] == [[0], [1]]
+    assert [cpu_share(i, 2, cores=[4, 5, 6]) for i in range(2)] == [[4], [5, 6]]
+    assert [cpu_share(i, 3, cores=[0, 1]) for i in range(3)] == [[0], [1], [0]]
+    import os
+
+    assert cpu_share() == sorted(os.sched_getaffinity(0))
 
 
 def test_worker_extension_names_do_not_clash_with_vllm_worker_methods():

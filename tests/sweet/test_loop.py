@@ -155,8 +155,9 @@ def test_loop_config_validates():
         LoopConfig(advantage="gae")
     with pytest.raises(ValueError, match=r"^LoopConfig.staleness must be >= 0, got -1$"):
         LoopConfig(async_rollouts=True, staleness=-1)
-    with pytest.raises(ValueError, match="LoopConfig.async_rollouts"):
-        LoopConfig(async_rollouts=True, sampler="vllm")
+    assert LoopConfig(async_rollouts=True, sampler="vllm").sampler == "vllm"  # vLLM plays while the trainer trains
+    with pytest.raises(ValueError, match=r"^LoopConfig.sampler must be one of '', 'vllm', got 'sglang'$"):
+        LoopConfig(sampler="sglang")
     with pytest.raises(ValueError, match="LoopConfig.behaviour_weight_cap caps the decoupled loss"):
         LoopConfig(behaviour_weight_cap=2.0)
     with pytest.raises(ValueError, match=r"^LoopConfig.behaviour_weight_cap must be >= 1, got 0.5$"):
@@ -204,11 +205,12 @@ def test_decoupled_batch_clips_around_the_current_policy_and_weights_by_the_samp
 
 
 def test_defaults_follow_the_environment_and_the_paper(capsys):
-    from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, load_loop_tasks, session
+    from sweet.algorithms.loop import LoopConfig, LoopTrainConfig, session
+    from sweet.core.rollouts import task_pool
     from sweet.train_policy import main
 
     cfg = LoopConfig(env="backend", tasks="builtin:train", simulator=None)
-    assert load_loop_tasks(cfg)
+    assert task_pool(cfg.tasks, cfg.env)
     with session(cfg) as (env, _):
         assert env.max_turns == 10  # ColBench's own limit, not a LOOP default
     with session(LoopConfig(max_turns=2)) as (env, _):
