@@ -335,7 +335,8 @@ def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: Cr
     digest = hashlib.sha256("".join(t.fingerprint() for t in data.turns).encode()).hexdigest()
     settings = {
         "model": mcfg.model, "dtype": mcfg.dtype, "max_length": mcfg.max_length, "keep_head": mcfg.keep_head,
-        "header": ccfg.header, "training_info": ccfg.training_info, "turns": digest}
+        "header": ccfg.header, "training_info": ccfg.training_info, "turns": digest,
+        "truncation": "keeps the first message"}  # critic_batch: cached sums of the earlier head rule are stale
     context = ccfg.context_prompt()
     if context is not None and not context.is_default:  # our file's text is the header note: old caches stay valid
         settings["context_prompt"] = context.sha256
