@@ -20,7 +20,7 @@ from colbench.cli import make_configs
 from colbench.jsonl import read_rows
 from colbench.rollout import episode_seeds
 from colbench.tasks import load_tasks, usable_tasks
-from engines import SamplingParams
+from engines import EngineOptions, SamplingParams
 from sweet.algorithms import load_algorithm
 from sweet.core.records import read_candidates
 from sweet.core.rollouts import policy_episodes
@@ -62,6 +62,7 @@ class TestbedSetup:
     timings: dict[str, float] = field(default_factory=dict)
     bed: str = DEFAULT_BED  # the test-bed preset (testbed/bed.py) the task sources name
     val_tasks: str | None = "builtin:val"  # validation tasks, drawn from the train split (None: legacy)
+    dtype: str = "auto"  # the sampling engines' dtype (collection, evaluation): auto = bf16 on GPUs, else fp32
 
     @classmethod
     def for_bed(cls, name: str, **sizes: Any) -> "TestbedSetup":
@@ -206,7 +207,8 @@ def collect_episodes(model: str, setup: TestbedSetup, out_path: Path, seed: int 
                          source=setup.train_tasks)
     policy_episodes(f"hf:{model}", tasks, env=setup.env, simulator=setup.simulator,
                     sampling=SamplingParams(temperature=setup.temperature, max_new_tokens=setup.max_new_tokens),
-                    seeds=episode_seeds(seed, setup.episodes_per_task), max_turns=setup.max_turns, out_path=out_path)
+                    seeds=episode_seeds(seed, setup.episodes_per_task), max_turns=setup.max_turns, out_path=out_path,
+                    engine_options=EngineOptions(dtype=setup.dtype))
     sort_episodes(out_path)
     return out_path
 
@@ -332,5 +334,5 @@ def evaluate(agents: dict[str, str], setup: TestbedSetup, out: Path, seed_round:
         output=str(out), env=setup.env, simulator=setup.simulator, tasks=setup.test_tasks,
         agent=[f"{name}=hf:{model}" for name, model in agents.items()], limit=setup.test_limit or None,
         episodes_per_task=setup.eval_seeds, seed_round=seed_round, temperature=setup.eval_temperature,
-        max_turns=setup.max_turns, max_new_tokens=setup.max_new_tokens, progress=False))
+        max_turns=setup.max_turns, max_new_tokens=setup.max_new_tokens, dtype=setup.dtype, progress=False))
     return json.loads((out / "leaderboard.json").read_text())

@@ -137,7 +137,7 @@ class LoopConfig:
                 check_range(self, name, low=low, high=high)
         check_range(self, "max_logprob_gap", low=0, strict=True)
         if self.sampler == "vllm" and self.temperature > 2:
-            raise ValueError(f"LoopConfig.temperature must be <= 2 with --sampler vllm (vLLM's limit), got {self.temperature}")
+            raise ValueError(f"LoopConfig.temperature must be <= 2 with --sampler vllm, got {self.temperature}")
         if self.behaviour_weight_cap is not None:
             check_range(self, "behaviour_weight_cap", low=1)
             if not self.decoupled_loss:

@@ -67,7 +67,8 @@ from colbench.types import Episode
 from sweet.core.config import ModelConfig
 from sweet.core.models import load_model, load_tokenizer
 from sweet.core.records import State, episode_states
-from sweet.core.tokens import action_ids, make_batch, template_ids, turn_action_ids, with_training_info
+from sweet.core.tokens import (action_ids, make_batch, template_ids, truncate_context, turn_action_ids,
+                               with_training_info)
 
 if TYPE_CHECKING:  # torch stays out of `--help`
     import torch
@@ -174,15 +175,38 @@ def episode_turn_examples(episode: Episode, training_info: str, tokenizer, token
     return examples
 
 
+def first_message_length(tokenizer, state: State, context: Sequence[int], header: str = DEFAULT_HEADER,
+                         training_info: bool = True, template: str | None = None) -> int:
+    """Tokens of `context` (the state's critic context) up to the end of its first message,
+    the one that holds c; 0 when the chat template does not render that message as a prefix
+    of the whole context."""
+    from engines.templating import normalize_messages
+
+    messages = (with_training_info(state.prompt, state.training_info, header, template) if training_info
+                else list(state.prompt))
+    text = tokenizer.apply_chat_template(normalize_messages(messages[:1]), tokenize=False, add_generation_prompt=False)
+    first = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return len(first) if list(context[:len(first)]) == list(first) else 0
+
+
 def critic_batch(tokenizer, examples: Sequence[CriticTurn], header: str, max_length: int | None,
                  keep_head: int, training_info: bool = True, template: str | None = None, view=None) -> "TokenBatch":
-    """Pack turn examples into one right-padded batch (contexts cut in the middle); with a
-    vision-language critic's `view` (sweet.critic.vision.ScreenshotView), a VisionBatch."""
+    """Pack turn examples into one right-padded batch; with a vision-language critic's `view`
+    (sweet.critic.vision.ScreenshotView), a VisionBatch. A context too long for `max_length`
+    loses tokens from its middle, keeping the first `keep_head` tokens or, when longer, the
+    whole first message (the task and c: a real reference runs to ~1,000 tokens with the
+    system prompt, beyond the default head of 512), as far as `max_length` allows."""
 
     if view is not None:
         return view.batch(examples, header, max_length, keep_head, training_info, template)
-    pairs = [(critic_context_ids(tokenizer, ex.state, header, training_info, template), ex.action_ids)
-             for ex in examples]
+    pairs = []
+    for ex in examples:
+        context = critic_context_ids(tokenizer, ex.state, header, training_info, template)
+        room = max_length - len(ex.action_ids) if max_length is not None else len(context)
+        if len(context) > room > 0:
+            head = max(keep_head, first_message_length(tokenizer, ex.state, context, header, training_info, template))
+            context = truncate_context(context, room, head)
+        pairs.append((context, ex.action_ids))
     return make_batch(pairs, tokenizer.pad_token_id, max_length=max_length, keep_head=keep_head)
 
 

@@ -359,7 +359,8 @@ def reference_logprobs(accelerator, model, tokenizer, data: CriticData, ccfg: Cr
     digest = hashlib.sha256("".join(t.fingerprint() for t in data.turns).encode()).hexdigest()
     settings = {
         "model": mcfg.model, "dtype": mcfg.dtype, "max_length": mcfg.max_length, "keep_head": mcfg.keep_head,
-        "header": ccfg.header, "training_info": ccfg.training_info, "turns": digest}
+        "header": ccfg.header, "training_info": ccfg.training_info, "turns": digest,
+        "truncation": "keeps the first message"}  # critic_batch: cached sums of the earlier head rule are stale
     if view is not None:  # the screenshots' size changes every log-prob
         settings["vision"] = {"max_pixels": view.max_pixels, "min_pixels": view.min_pixels}
     context = ccfg.context_prompt()

@@ -201,3 +201,32 @@ def test_scorer_appends_end_of_turn_by_the_finish_reason(tiny_tokenizer, two_mod
     assert abs(ended - cut) > 1e-3
     with pytest.raises(ValueError, match="2 actions but 1 finish reasons"):
         scorer.advantages(state, [a, a], ["stop"])
+
+
+def test_truncation_keeps_the_whole_first_message_where_c_is(tiny_tokenizer):
+    """A long context loses tokens from its middle, but never from the first message, which
+    holds the task and c (a real reference is far longer than the default head): the batch
+    starts with that whole message and ends with the latest turn and the action."""
+    from sweet.critic.model import CriticTurn, critic_batch, critic_context_ids, first_message_length
+
+    tok = tiny_tokenizer
+    reference = "def f(x):\n" + "".join(f"    if x == {k}:\n        return 'word{k}'\n" for k in range(30))
+    long_reply = "Yes. " * 200
+    prompt = ({"role": "system", "content": "Ask, then answer."}, {"role": "user", "content": "I need f."},
+              {"role": "assistant", "content": "Is it a word?"}, {"role": "user", "content": long_reply},
+              {"role": "assistant", "content": "Which word?"}, {"role": "user", "content": "The last one."})
+    state = State("t0", "t0/a/0", 2, prompt, None, reference)
+    action = action_ids(tok("I WANT TO ANSWER: f", add_special_tokens=False)["input_ids"], tok.eos_token_id, "stop")
+    context = critic_context_ids(tok, state)
+    head = first_message_length(tok, state, context)
+    max_length = head + 80
+    assert head > 64 and len(context) + len(action) > max_length  # c alone is longer than keep_head; cut needed
+    row = critic_batch(tok, [CriticTurn(state, action)], "Training-time information", max_length, 64).input_ids[0]
+    assert len(row) == max_length
+    assert row[:head].tolist() == context[:head]  # the whole first message, c's last line included
+    assert row[-len(action):].tolist() == list(action)
+    tail = max_length - head - len(action)
+    assert row[head:head + tail].tolist() == context[-tail:]  # then the latest tokens
+    # a head longer than keep_head is kept only when the context must be cut
+    assert critic_batch(tok, [CriticTurn(state, action)], "Training-time information", None, 64).input_ids[0].tolist() \
+        == context + list(action)
