@@ -14,7 +14,7 @@ import pytest
 from colbench.agents import AgentRequest
 from testbed.env import TestbedEnv, answer_text, make_tasks
 from colbench.episodes import EpisodeConfig, read_episodes, run_episodes
-from colbench.scoring.backend import SCORING_VERSION
+from colbench.envs.backend import BACKEND_SCORING_VERSION as SCORING_VERSION  # TestbedEnv scores as backend
 from colbench.types import STOP_ANSWERED, STOP_ENGINE_ERROR, STOP_SIMULATOR_ERROR, STOP_SINGLE_TURN, STOP_TURN_LIMIT
 from engines.base import EngineError, Sample
 from simulators.scripted import FlakySimulator, ScriptedBackendSimulator
