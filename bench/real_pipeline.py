@@ -2,7 +2,7 @@
 tasks, on CPU: SmolLM2-135M-Instruct (`--model smollm2`) with LoRA.
 
     python bench/real_pipeline.py --smoke                      # every step at toy sizes on --pool ours
-    nice -n 10 python bench/real_pipeline.py --output_dir runs/real   # the full size (docs/2026-12-04-real-pipeline.md)
+    nice -n 10 python bench/real_pipeline.py --output_dir runs/real   # the full size (docs/results/2026-12-04-real-pipeline.md)
     python bench/real_pipeline.py --model hf:/path/to/hf-folder --smoke
 
 Data: the published backend test rows (`--data`, default ../shared/data/colbench-test/backend_test.jsonl).
