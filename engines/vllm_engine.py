@@ -186,6 +186,7 @@ def write_weight_shards(named_tensors: Iterable[tuple[str, Any]], folder: str | 
     weights included)."""
     from safetensors.torch import save_file
 
+    Path(folder).mkdir(parents=True, exist_ok=True)
     shard: dict[str, Any] = {}
     size, index, group, written = 0, 0, None, set()
 

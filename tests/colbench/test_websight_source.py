@@ -67,11 +67,13 @@ def test_test_split_is_rows_10000_on_and_the_paper_size(websight):
 
 
 def test_train_split_and_quick_runs(websight):
-    train = load_tasks("hf:HuggingFaceM4/WebSight", env="frontend", split="train", limit=3)
+    # the split and its rows only: the target pages are not rendered (validate=False; the target
+    # check has its own tests), or the 10,000-row split would render 10,000 pages
+    train = load_tasks("hf:HuggingFaceM4/WebSight", env="frontend", split="train", limit=3, validate=False)
     assert [t.description for t in train] == [_raw(i)["llm_generated_idea"] for i in range(3)]
-    quick = load_tasks("hf:HuggingFaceM4/WebSight[test]", env="frontend", limit=100)
+    quick = load_tasks("hf:HuggingFaceM4/WebSight[test]", env="frontend", limit=100, validate=False)
     assert len(quick) == 100 and quick[0].description == _raw(10_000)["llm_generated_idea"]
-    assert len(load_tasks("hf:HuggingFaceM4/WebSight[test]", env="frontend", limit=20_000)) == 10_000
+    assert len(load_tasks("hf:HuggingFaceM4/WebSight[test]", env="frontend", limit=20_000, validate=False)) == 10_000
 
 
 @pytest.mark.parametrize("source, env, message", [
