@@ -2,5 +2,5 @@
 # Set up (idempotent) and run the main job offline on CPU with the embedded default.
 # Extra arguments go to `python -m testbed.demo`.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+SWEET_SETUP=main source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 .venv/bin/python -m testbed.demo "$@"

