@@ -506,6 +506,22 @@ def _number(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """`python -m testbed.learning`: parse and check the command line, then `run_benchmark`."""
+    p = parser()
+    args = p.parse_args(argv)
+    policies = checked_policies(args, p)
+    from sweet.core.config import flush_denormals
+
+    flush_denormals()  # before any torch op starts the thread pool (its threads inherit the flag)
+
+    from sweet.core.runs import trainer_run
+
+    with trainer_run(args.out, command="python -m testbed.learning"):  # one writer per --out; Ctrl-C says what is kept
+        return run_benchmark(args, p, policies)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's command line."""
     from testbed.bed import DEFAULT_BED, PRESETS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -547,7 +563,11 @@ def main(argv: list[str] | None = None) -> dict:
                    help="the warm start's teacher (testbed/bed.py TEACHERS; default: reads on a non-legacy bed, the "
                         "explorer that reads its dialogue; blind on the legacy bed); the solver predicts from it")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "learning")
-    args = p.parse_args(argv)
+    return p
+
+
+def checked_policies(args, p: argparse.ArgumentParser) -> list[str]:
+    """The policies to train; a bad flag value exits through `p.error` with one line."""
     policies = [a for a in args.policies.split(",") if a and a != "warm_start"]
     unknown = set(policies) - set(POLICIES)
     if unknown:
@@ -569,14 +589,7 @@ def main(argv: list[str] | None = None) -> dict:
                         ("--val-limit", args.val_limit)):
         if value is not None and value < 1:
             p.error(f"{flag} must be >= 1 (or left out: all tasks)")
-    from sweet.core.config import flush_denormals
-
-    flush_denormals()  # before any torch op starts the thread pool (its threads inherit the flag)
-
-    from sweet.core.runs import trainer_run
-
-    with trainer_run(args.out, command="python -m testbed.learning"):  # one writer per --out; Ctrl-C says what is kept
-        return run_benchmark(args, p, policies)
+    return policies
 
 
 def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict:
