@@ -27,6 +27,7 @@ def _run(out: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.reproducible
+@pytest.mark.timeout(1500)  # two toy-size main jobs: 72 s on the idle 2-core machine, minutes beside CI's other slow tests
 def test_main_job_twice_in_fresh_processes_gives_the_same_weights_and_figures(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     printed = [_run(a), _run(b)]
