@@ -12,7 +12,8 @@ a hub id). Generation: `--prompts` conversations, one sample each at temperature
 in one generate call after a warm-up call; tokens/s = the tokens each engine really
 generated / the call's wall time. Episodes: `--tasks`
 backend tasks x 2 seeds, 3 turns, with agent and human both from the engine under test
-(the human through the same backend as a simulator spec). vLLM binds its threads to all
+(the human through the same backend as a simulator spec), timed after a one-episode warm-up;
+the engines' start is printed on its own line. vLLM binds its threads to all
 the process's cores (engines.vllm_engine.cpu_share); the HF engine uses `--threads` torch
 threads (default: the same cores).
 """
@@ -61,21 +62,33 @@ def tokens_per_second(spec: str, dtype: str, args) -> float:
     return sum(len(s[0].token_ids) for s in out) / seconds
 
 
-def episodes_per_minute(backend: str, args) -> float:
+def episodes_per_minute(backend: str, args) -> tuple[float, float]:
+    """(seconds to start the agent's and the human's engines, episodes per minute after a
+    one-episode warm-up): a vLLM start on CPU takes a minute or more, which a handful of
+    episodes would otherwise be dominated by."""
+    from contextlib import closing
+
+    from colbench.agents import ModelAgent
+    from colbench.rollout import rollout
     from colbench.tasks import load_tasks
-    from engines import EngineOptions, SamplingParams
-    from sweet.core.rollouts import policy_episodes
+    from engines import EngineOptions, SamplingParams, load_engine
+    from sweet.core.rollouts import rollout_session
 
     spec = f"{backend}:{args.model}"
     tasks = load_tasks("builtin:train", env="backend")[: args.tasks]
     options = EngineOptions(dtype="float32", device="cpu" if backend == "hf" else None, max_model_len=4096)
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        episodes = policy_episodes(spec, tasks, env="backend", simulator=spec, max_turns=3, engine_options=options,
-                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=64), seeds=[0, 1],
-                                   out_path=f"{tmp}/episodes.jsonl", progress=False)
-        minutes = (time.perf_counter() - t0) / 60
-    return len(episodes) / minutes
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=64)
+    t0 = time.perf_counter()
+    with rollout_session("backend", spec, max_turns=3) as (env, human), closing(load_engine(spec, options)) as engine:
+        start = time.perf_counter() - t0
+        agent = ModelAgent(engine, sampling, name="policy")
+        with tempfile.TemporaryDirectory() as tmp:
+            rollout(env, tasks[:1], agent, human, seeds=[99], max_turns=3, out_path=f"{tmp}/warm.jsonl", progress=False)
+            t1 = time.perf_counter()
+            episodes = rollout(env, tasks, agent, human, seeds=[0, 1], max_turns=3, out_path=f"{tmp}/episodes.jsonl",
+                               progress=False)
+            minutes = (time.perf_counter() - t1) / 60
+    return start, len(episodes) / minutes
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,8 +105,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"generation {dtype:>9}: hf {hf:8.1f} tok/s   vllm {vl:8.1f} tok/s   ratio vllm/hf {vl / hf:5.2f}x",
               flush=True)
     if not args.skip_episodes:
-        hf, vl = episodes_per_minute("hf", args), episodes_per_minute("vllm", args)
-        print(f"episodes (agent + human): hf {hf:6.2f}/min   vllm {vl:6.2f}/min   ratio vllm/hf {vl / hf:5.2f}x")
+        (hf_start, hf), (vl_start, vl) = episodes_per_minute("hf", args), episodes_per_minute("vllm", args)
+        print(f"engines' start (agent + human): hf {hf_start:6.1f} s   vllm {vl_start:6.1f} s")
+        print(f"episodes (agent + human, after a warm-up): hf {hf:6.2f}/min   vllm {vl:6.2f}/min   "
+              f"ratio vllm/hf {vl / hf:5.2f}x")
     load = os.getloadavg()
     print(f"load after {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
 
