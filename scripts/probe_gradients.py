@@ -21,7 +21,7 @@ _steps = [0]
 
 def _dump(named) -> None:
     _steps[0] += 1
-    grads = {name: g.detach().clone() for name, g in named if g is not None}  # every rank joins the gathers
+    grads = {name: g.detach().clone() for name, g in named if g is not None}
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(grads, f"{PREFIX}-step{_steps[0]}.pt")
 
@@ -51,7 +51,7 @@ else:
     _engine_step = DeepSpeedEngine.step
 
     def engine_step(self, *args, **kwargs):
-        if self.is_gradient_accumulation_boundary():
+        if self.is_gradient_accumulation_boundary():  # every rank joins each gather
             _dump([(n, safe_get_full_grad(p)) for n, p in self.module.named_parameters()])
         return _engine_step(self, *args, **kwargs)
 

@@ -26,7 +26,7 @@ if [ ! -f ".venv/.sweet-main-$digest" ]; then
   # torch first, pinned, so nothing else can pull a different build.
   .venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
   .venv/bin/python -m pip install -q -e .
-  rm -f .venv/.sweet-main-* .venv/.sweet-full-*
+  rm -f .venv/.sweet-main-* .venv/.sweet-full-* .venv/.sweet-installed-*  # (the last: the single stamp of earlier set-ups)
   touch ".venv/.sweet-main-$digest"
 fi
 if [ "$PROFILE" = full ] && [ ! -f ".venv/.sweet-full-$digest" ]; then
