@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ROOT / "tasks" / "backend" / "train.jsonl"
 
@@ -49,3 +51,26 @@ def test_paired_difference_is_taken_per_task():
     diff = paired(a, b)
     assert diff.value == 1.0 / 3
     assert diff.low >= 0.0 and diff.high <= 1.0 and diff.low <= diff.value <= diff.high
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_smoke_trains_every_method_on_smollm2_and_prints_held_out_figures(run_bench, tmp_path):
+    """`--smoke` as the README's user runs it: SmolLM2 with LoRA through every step, pairs and
+    states above 0 for each method, a held-out line for zero-shot and each trained policy."""
+    out = tmp_path / "smoke"
+    proc = run_bench("real_pipeline.py", "--smoke", "--output_dir", out, timeout=2400, env={"OMP_NUM_THREADS": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["model"] == "smollm2" and summary["config"]["dtype"] == "bfloat16"
+    data = summary["training_data"]
+    assert summary["collected"]["pairs"] > 0 and data["mtdpo"]["pairs"] > 0
+    assert data["sweet_rl"]["states"] > 0 and data["sweet_rl"]["pairs"] > 0 and data["rft"]["episodes"] > 0
+    assert set(summary["heldout"]) == {"zero_shot", "sweet_rl", "rft", "mtdpo"}
+    for method in ("sweet_rl", "rft", "mtdpo"):
+        assert f"{method}: tests " in proc.stdout and "minus_zero_shot" in summary["heldout"][method]
+        trained = out / method.replace("_rl", "")
+        assert json.loads((trained / "config.json").read_text())["model"]["lora"] is True
+        assert (trained / "final-adapter" / "adapter_config.json").exists()  # the LoRA adapter beside the merged model
+    assert "critic agreement on held-out pairs: " in proc.stdout
+    assert (out / "inspect" / "index.html").exists()
