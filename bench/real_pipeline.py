@@ -76,7 +76,7 @@ class RealConfig:
     heldout_rows: str = field(default="0:200", metadata={"help": "held-out rows (every figure)"})
     train_limit: int | None = field(default=100, metadata={"help": "collect on the first N training tasks (0: all)"})
     heldout_limit: int | None = field(default=None, metadata={"help": "evaluate on the first N held-out tasks"})
-    episodes_per_task: int = field(default=4, metadata={"help": "K: episodes per training task (temperature 1)"})
+    episodes_per_task: int = field(default=4, metadata={"help": "K: episodes per training task (at --temperature)"})
     max_turns: int = field(default=3, metadata={"help": "agent turns per episode"})
     max_new_tokens: int = field(default=192, metadata={"help": "agent tokens per turn"})
     temperature: float = field(default=0.7, metadata={"help": "collection's sampling temperature (the paper's 1.0 "
@@ -144,7 +144,8 @@ def task_files(cfg: RealConfig, out: Path) -> dict[str, str]:
 def setup_of(cfg: RealConfig, tasks: dict[str, str]) -> TestbedSetup:
     return TestbedSetup(env="backend", simulator=cfg.simulator, train_tasks=tasks["train"], test_tasks=tasks["heldout"],
                         val_tasks=tasks["val"], episodes_per_task=cfg.episodes_per_task, max_turns=cfg.max_turns,
-                        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, eval_seeds=1, eval_temperature=0.0,
+                        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, eval_seeds=1,
+                        eval_temperature=0.0,
                         candidates=cfg.candidates, stage2_episodes=cfg.stage2_episodes, train_limit=cfg.train_limit,
                         test_limit=cfg.heldout_limit, dtype=cfg.dtype)
 
@@ -241,7 +242,8 @@ def main(cfg: RealConfig) -> dict:
     with timed(setup, "inspect"):
         page = inspect_critic.main(inspect_critic.InspectConfig(
             critic=str(critic), episodes=str(episodes), output=str(out / "inspect"),
-            candidates=str(out / "sweet" / "candidates.jsonl"), tasks=tasks["train"], max_episodes=cfg.inspect_episodes))
+            candidates=str(out / "sweet" / "candidates.jsonl"), tasks=tasks["train"],
+            max_episodes=cfg.inspect_episodes))
     credit = out / "inspect" / "credit_split.json"
     summary["critic_credit"] = json.loads(credit.read_text()) if credit.exists() else None
     summary["timings_s"] = setup.timings
