@@ -2,11 +2,11 @@
 tasks, on CPU: SmolLM2-135M-Instruct (`--model smollm2`) with LoRA.
 
     python bench/real_pipeline.py --smoke                      # every step at toy sizes on --pool ours
-    nice -n 10 python bench/real_pipeline.py --output_dir runs/real   # the full size (docs/results/2026-12-04-real-pipeline.md)
+    python bench/real_pipeline.py --output_dir runs/real   # the full size, about 2 h (docs/results/)
     python bench/real_pipeline.py --model hf:/path/to/hf-folder --smoke
 
 Data: the published backend test rows (`--data`, default ../shared/data/colbench-test/backend_test.jsonl).
-Rows 200-999 are the training pool (the default size collects on its first 100 rows), rows
+Rows 200-999 are the training pool (the default size collects on its first 48 rows), rows
 200-299 of it the validation tasks for choosing settings (OUT/tasks/val.jsonl; no step
 selects on them yet), rows 0-199 the held-out tasks every figure is measured on. `--pool ours` runs the
 same pipeline on the project's own backend tasks (tasks/backend: train 44, held-out 20), an
@@ -74,8 +74,8 @@ class RealConfig:
     train_rows: str = field(default="200:1000", metadata={"help": "the training pool's rows of --data"})
     val_rows: str = field(default="200:300", metadata={"help": "validation rows (settings are chosen on them)"})
     heldout_rows: str = field(default="0:200", metadata={"help": "held-out rows (every figure)"})
-    train_limit: int | None = field(default=100, metadata={"help": "collect on the first N training tasks (0: all)"})
-    heldout_limit: int | None = field(default=None, metadata={"help": "evaluate on the first N held-out tasks"})
+    train_limit: int | None = field(default=48, metadata={"help": "collect on the first N training tasks (0: all)"})
+    heldout_limit: int | None = field(default=40, metadata={"help": "evaluate on the first N held-out tasks (0: all)"})
     episodes_per_task: int = field(default=4, metadata={"help": "K: episodes per training task (at --temperature)"})
     max_turns: int = field(default=3, metadata={"help": "agent turns per episode"})
     max_new_tokens: int = field(default=192, metadata={"help": "agent tokens per turn"})
@@ -83,7 +83,7 @@ class RealConfig:
                                                              "makes SmolLM2 write no parsable code)"})
     max_length: int = field(default=2048, metadata={"help": "training context + action tokens (cut in the middle)"})
     candidates: int = field(default=16, metadata={"help": "stage 2: candidates per state (paper: 16)"})
-    stage2_episodes: int = field(default=16, metadata={"help": "stage 2: states of the first N episodes"})
+    stage2_episodes: int = field(default=4, metadata={"help": "stage 2: states of the first N episodes"})
     inspect_episodes: int = field(default=20, metadata={"help": "episodes on the credit inspector's page"})
     reward: str = field(default="tests", metadata={"help": "tests (pairs from tests passed) or success"})
     min_tests: float = field(default=0.1, metadata={"help": "--reward tests: a task pairs when its best episode "
@@ -98,7 +98,7 @@ class RealConfig:
     smoke: bool = field(default=False, metadata={"help": "toy sizes: every step in <= 10 minutes on an idle machine"})
 
     def __post_init__(self) -> None:
-        self.train_limit = self.train_limit or None
+        self.train_limit, self.heldout_limit = self.train_limit or None, self.heldout_limit or None
         if self.pool not in ("published", "ours"):
             raise ValueError(f"RealConfig.pool must be published or ours, got {self.pool!r}")
         if self.reward not in ("tests", "success"):
@@ -107,7 +107,7 @@ class RealConfig:
             rows(getattr(self, name), f"RealConfig.{name}")
         if self.smoke:  # toy sizes on the easier pool, where toy sizes still form pairs
             self.pool = "ours"
-            self.train_limit, self.heldout_limit = 4, self.heldout_limit or 4
+            self.train_limit, self.heldout_limit = 4, 4
             self.episodes_per_task, self.max_turns, self.max_new_tokens = 4, 2, 128
             self.stage2_episodes, self.critic_epochs, self.max_length, self.inspect_episodes = 1, 1, 1536, 8
 
