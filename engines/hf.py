@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams, SpecError
 from engines.templating import cut_completion, end_token_ids, prompt_ids
+from engines.memory import release_memory
 from engines.specs import local_model_path
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -245,12 +246,6 @@ class HFEngine:
         return samples
 
     def close(self) -> None:
-        """Drop the model reference (GPU memory is freed once no one else holds it)."""
+        """Drop the model reference and give back the memory it held (once no one else holds it)."""
         self.model = None
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except ImportError:
-            pass
+        release_memory()

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams
+from engines.memory import release_memory
 from engines.templating import cut_completion, end_token_ids, prompt_ids
 from engines.vllm_worker import LOAD_METHOD, WORKER_EXTENSION
 
@@ -359,13 +360,4 @@ class VLLMEngine:
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
         del llm
-        import gc
-
-        gc.collect()
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except ImportError:
-            pass
+        release_memory()

@@ -30,6 +30,7 @@ from colbench.cli import canonical_keys
 from colbench.jsonl import Appender
 from engines import EngineOptions, load_engine
 from engines.base import Sample, SamplingParams
+from engines.memory import release_memory
 from sweet.core.config import ModelConfig, check_range
 from sweet.core.models import resolve_model_path
 from sweet.core.records import CandidatesRow, SampledAction, State, read_candidates, state_key
@@ -160,8 +161,6 @@ class CandidateCache:
 def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cand: CandidateConfig, path: Path, seed: int,
                        settings: dict, load_ranker: Callable[[], CandidateRanker]) -> None:
     """Load the sampler and the critic (unless every state is done), sample + score, free them."""
-    import gc
-
     done = read_candidates(path)
     if all(state_key(s) in done for s in states):
         return
@@ -179,8 +178,7 @@ def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cand: Ca
     finally:
         engine.close()
         del engine, ranker
-        gc.collect()
-        _empty_cuda_cache()
+        release_memory()
 
 
 def sample_and_score(states: Sequence[State], engine, ranker: CandidateRanker, cand: CandidateConfig, path: Path,
@@ -245,8 +243,3 @@ class StoredSamples:
         pass
 
 
-def _empty_cuda_cache() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from colbench.jsonl import read_rows
+from engines.memory import HeapTrimmer
 from sweet.core.config import ModelConfig, TrainConfig, resolve_learning_rate
 from sweet.core.metrics import MetricsLogger, trackers
 from sweet.core.models import load_model, make_optimizer, set_seed
@@ -279,6 +280,7 @@ class Trainer:
         self.base_accum = self.accelerator.gradient_accumulation_steps
         self.step = 0
         self.logger = MetricsLogger(self.out, self.accelerator, run_config)
+        self.trim_heap = HeapTrimmer()  # a real model's long sequences leave GBs freed but mapped
 
     # ---- setup ---------------------------------------------------------------------------
 
@@ -409,6 +411,7 @@ class Trainer:
                 sums[key] = sums.get(key, 0.0) + weight * float(value)
         self.scheduler.step()
         self.step += 1
+        self.trim_heap()
         keys = sorted(sums)
         values = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=acc.device)
         if self.world > 1 and keys:
