@@ -189,7 +189,8 @@ def main(cfg: RealConfig) -> dict:
     setup = setup_of(cfg, tasks)
     thr = threshold(cfg)
     summary: dict = {"config": asdict(cfg), "tasks": tasks, "load_at_start": os.getloadavg()}
-    say = lambda s: print(f"\n=== {s} === (load {os.getloadavg()[0]:.1f})", flush=True)  # noqa: E731
+    say = lambda s: print(f"\n=== {s} === (load {os.getloadavg()[0]:.1f}; resident after each step, GB: "  # noqa: E731
+                          f"{ {k: round(v, 1) for k, v in setup.memory_gb.items()} })", flush=True)
 
     say("1/6 collect episodes")
     with timed(setup, "collect"):
@@ -247,6 +248,7 @@ def main(cfg: RealConfig) -> dict:
     credit = out / "inspect" / "credit_split.json"
     summary["critic_credit"] = json.loads(credit.read_text()) if credit.exists() else None
     summary["timings_s"] = setup.timings
+    summary["memory_gb"] = setup.memory_gb
     summary["load_at_end"] = os.getloadavg()
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     report(summary, cfg, page)

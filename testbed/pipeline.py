@@ -21,6 +21,7 @@ from colbench.jsonl import read_rows
 from colbench.rollout import episode_seeds
 from colbench.tasks import load_tasks, usable_tasks
 from engines import EngineOptions, SamplingParams
+from engines.memory import release_memory, resident_bytes
 from sweet.algorithms import load_algorithm
 from sweet.core.records import read_candidates
 from sweet.core.rollouts import policy_episodes
@@ -60,6 +61,7 @@ class TestbedSetup:
     test_limit: int | None = None  # evaluate on the first N test tasks only (smoke runs)
     val_limit: int | None = None  # validate on the first N validation tasks only (smoke runs)
     timings: dict[str, float] = field(default_factory=dict)
+    memory_gb: dict[str, float] = field(default_factory=dict)  # the process's resident set after each step
     bed: str = DEFAULT_BED  # the test-bed preset (testbed/bed.py) the task sources name
     val_tasks: str | None = "builtin:val"  # validation tasks, drawn from the train split (None: legacy)
     dtype: str = "auto"  # the sampling engines' dtype (collection, evaluation): auto = bf16 on GPUs, else fp32
@@ -189,7 +191,9 @@ def compare(rows: list[dict], base: str, new: str) -> str:
 
 
 def timed(setup: TestbedSetup, name: str):
-    """Context manager adding the step's wall time to setup.timings[name]."""
+    """Context manager adding the step's wall time to setup.timings[name]; after the step it
+    gives back the memory the step freed (engines.memory.release_memory: the steps share one
+    process) and records the resident set left (GB; Linux only) in setup.memory_gb[name]."""
 
     class _T:
         def __enter__(self):
@@ -197,6 +201,10 @@ def timed(setup: TestbedSetup, name: str):
 
         def __exit__(self, *exc):
             setup.timings[name] = setup.timings.get(name, 0.0) + time.perf_counter() - self.t
+            release_memory()
+            resident = resident_bytes()
+            if resident is not None:
+                setup.memory_gb[name] = resident / 1e9
 
     return _T()
 
