@@ -86,9 +86,8 @@ site_stamp="$SITE/.sweet-installed-$( (cat scripts/sandbox-libraries.txt; .venv/
 if [ ! -f "$site_stamp" ]; then
   echo "[setup] installing the sandbox's libraries into $SITE"
   rm -rf "$SITE.new"
-  # (pip compiles the bytecode now: the sandbox sees the folder read-only and cannot write it)
-  .venv/bin/python -m pip install -q --no-deps --only-binary=:all: --no-warn-conflicts \
-    --target "$SITE.new" -r scripts/sandbox-libraries.txt
+  # (the bytecode is compiled now: the sandbox sees the folder read-only and cannot write it)
+  pip_install --no-deps --only-binary=:all: --target "$SITE.new" -r scripts/sandbox-libraries.txt
   rm -rf "$SITE"
   mv "$SITE.new" "$SITE"
   touch "$site_stamp"
