@@ -74,7 +74,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from colbench.jsonl import read_rows
-from engines.memory import HeapTrimmer
+from engines.memory import HeapTrimmer, release_memory
 from sweet.core.config import ModelConfig, TrainConfig, resolve_learning_rate
 from sweet.core.metrics import MetricsLogger, trackers
 from sweet.core.models import load_model, make_optimizer, set_seed
@@ -280,7 +280,7 @@ class Trainer:
         self.base_accum = self.accelerator.gradient_accumulation_steps
         self.step = 0
         self.logger = MetricsLogger(self.out, self.accelerator, run_config)
-        self.trim_heap = HeapTrimmer()  # a real model's long sequences leave GBs freed but mapped
+        self.trim_heap = HeapTrimmer()  # after each micro-batch: a real model's leave GBs freed but mapped
 
     # ---- setup ---------------------------------------------------------------------------
 
@@ -409,9 +409,9 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
             for key, value in metric_sums.items():
                 sums[key] = sums.get(key, 0.0) + weight * float(value)
+            self.trim_heap()  # the micro-batch's activations are freed: give their pages back past 1 GB
         self.scheduler.step()
         self.step += 1
-        self.trim_heap()
         keys = sorted(sums)
         values = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=acc.device)
         if self.world > 1 and keys:
@@ -523,9 +523,11 @@ class Trainer:
 
     def save_final(self, name: str = "final") -> Path:
         """The trained model in HF format (`hf:<path>`, `vllm:<path>`) in output_dir/<name>
-        (`save_model`). Every process must call it."""
+        (`save_model`), and the memory training freed given back (`release_memory`). Every
+        process must call it."""
         out = self.save_model(self.out / name)
         self.logger.close()
+        release_memory()
         self.accelerator.print(f"saved {out} (use it as hf:{out})")
         return out
 

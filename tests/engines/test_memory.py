@@ -47,12 +47,12 @@ def test_trim_heap_gives_back_freed_tensors():
 
 
 @glibc
-def test_heap_trimmer_trims_only_past_its_slack():
+def test_heap_trimmer_trims_past_its_slack_then_measures_the_working_level_again():
     never = HeapTrimmer(slack=1 << 40)
+    assert [never() for _ in range(3)] == [False] * 3 and never.trims == 0
     always = HeapTrimmer(slack=-(1 << 40))
-    assert never() is False and never.trims == 0
-    assert always() is True and always.trims == 1
-    assert always.base == pytest.approx(resident_bytes(), rel=0.05)  # measured again after the trim
+    assert [always() for _ in range(4)] == [True, False, True, False] and always.trims == 2
+    assert always.level == pytest.approx(resident_bytes(), rel=0.05)  # the level measured after a trim
 
 
 @glibc
@@ -68,13 +68,13 @@ def test_trainer_trims_after_a_step_past_the_slack_and_not_before(tiny_tokenizer
 
     rng = random.Random(0)
     segs = [Segment(tuple(rng.randrange(5, 250) for _ in range(6)), tuple(rng.randrange(5, 250) for _ in range(3)))
-            for _ in range(4)]
+            for _ in range(8)]
     model = ModelConfig(model="tiny", dtype="float32", max_length=128, keep_head=16)
 
     def steps(tmp: Path, slack: int | None) -> int:
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
-        trainer = Trainer(model, TrainConfig(output_dir=str(tmp), batch_size=2, micro_batch_size=2, report_to="none"),
+        trainer = Trainer(model, TrainConfig(output_dir=str(tmp), batch_size=2, micro_batch_size=1, report_to="none"),
                           tiny_tokenizer)
         if slack is not None:
             trainer.trim_heap = HeapTrimmer(slack)
@@ -83,4 +83,5 @@ def test_trainer_trims_after_a_step_past_the_slack_and_not_before(tiny_tokenizer
         return trainer.trim_heap.trims
 
     assert steps(tmp_path / "a", None) == 0  # the default slack: the tiny model's steps never trim
-    assert steps(tmp_path / "b", -(1 << 40)) == 2  # past the slack after every one of its 2 steps
+    # always past the slack: after each of the 8 micro-batches (2 a step, 4 steps) a trim, or the level measured again
+    assert steps(tmp_path / "b", -(1 << 40)) == 4
