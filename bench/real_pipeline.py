@@ -89,7 +89,8 @@ class RealConfig:
     min_tests: float = field(default=0.1, metadata={"help": "--reward tests: a task pairs when its best episode "
                                                             "passes at least this fraction of its tests"})
     critic_epochs: int = field(default=2, metadata={"help": "critic passes over its pairs"})
-    critic_lr: float = field(default=1e-4, metadata={"help": "critic LoRA learning rate"})
+    critic_lr: float = field(default=1e-3, metadata={"help": "critic LoRA learning rate (chosen on the validation rows: "
+                                                          "docs/results/2026-12-05-real-pipeline-full.md)"})
     policy_lr: float = field(default=1e-4, metadata={"help": "stage 2 / RFT / MT-DPO LoRA learning rate"})
     policy_epochs: int = field(default=1, metadata={"help": "passes of each policy trainer"})
     dtype: str = field(default="bfloat16", metadata={"help": "every model's dtype (bf16: a LoRA step is 1.7x "
