@@ -33,11 +33,13 @@ need_gb() {  # need_gb GB WHAT: stop with one line if the disk under the repo ha
 # Installs go through uv, which installs the releases pip would, downloading and unpacking in
 # parallel: torch's build and its libraries took 65 s with pip and 32 s with uv (bytecode
 # compiled by both) on the 2-core machine. uv reads PIP_FIND_LINKS and PIP_(EXTRA_)INDEX_URL
-# as passed here, not pip.conf; any install uv fails is done again by pip, and SWEET_PIP=pip
-# uses pip alone.
+# as passed here, not pip.conf, and trusts the system's certificates (as pip's PIP_CERT or curl
+# do: a TLS-inspecting proxy's CA is there, not in uv's own roots); any install uv fails is
+# done again by pip, and SWEET_PIP=pip uses pip alone.
 pip_install() {  # pip_install ARGS...: install into .venv
   if [ "${SWEET_PIP:-uv}" = uv ] && [ -x .venv/bin/uv ]; then
-    local env=()
+    local env=("UV_SYSTEM_CERTS=${UV_SYSTEM_CERTS:-1}")
+    [ -n "${PIP_CERT:-}" ] && env+=("SSL_CERT_FILE=${SSL_CERT_FILE:-$PIP_CERT}")
     [ -n "${PIP_FIND_LINKS:-}" ] && env+=("UV_FIND_LINKS=${UV_FIND_LINKS:-$PIP_FIND_LINKS}")
     [ -n "${PIP_INDEX_URL:-}" ] && env+=("UV_DEFAULT_INDEX=${UV_DEFAULT_INDEX:-$PIP_INDEX_URL}")
     [ -n "${PIP_EXTRA_INDEX_URL:-}" ] && env+=("UV_INDEX=${UV_INDEX:-$PIP_EXTRA_INDEX_URL}")
