@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams, SpecError
-from engines.templating import cut_completion, end_token_ids, prompt_ids
 from engines.memory import release_memory
 from engines.specs import local_model_path
+from engines.templating import cut_completion, end_token_ids, prompt_ids
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
