@@ -488,8 +488,9 @@ def score_backend(
     """Score each answer (code) against its task: reward = fraction of the task's tests
     whose answer output equals the reference output; success = all pass.
 
-    References (cached) and answers run in parallel, each in its own sandbox. Never
-    raises for anything the answer does; Score.detail["tests"] lists per-test results.
+    References (cached) and answers run in parallel, each in its own sandbox; identical
+    answers to the same task run once (`iter_score_backend`). Never raises for anything
+    the answer does; Score.detail["tests"] lists per-test results.
     """
     scores = dict(iter_score_backend(tasks, answers, pool, cache))
     return [scores[i] for i in range(len(tasks))]
@@ -500,29 +501,38 @@ def iter_score_backend(
 ) -> Iterator[tuple[int, Score]]:
     """`score_backend` one answer at a time: yields (index, Score) as each answer's sandbox
     finishes (any order), so a caller can save each result at once. Closing the iterator
-    early cancels the sandboxes not yet started."""
+    early cancels the sandboxes not yet started.
+
+    Within one call, an answer identical to an earlier one for the same task (same
+    reference and tests) is not run again: its copies get the outcome of one run, each its
+    own Score. The sandbox seeds `random`, numpy and the hash (colbench.scoring.sandbox), so
+    separate runs would agree; a program that reads a clock, `os.urandom` or an unseeded
+    generator gets one draw for all its copies."""
     if len(tasks) != len(answers):
         raise ValueError(f"score_backend: {len(tasks)} tasks but {len(answers)} answers")
     cache = DEFAULT_REFERENCE_CACHE if cache is None else cache
     refs: dict[tuple[str, str], list[CallOutcome] | None] = {}
     missing: dict[tuple[str, str], Task] = {}
-    for t in tasks:
+    copies: dict[tuple[tuple[str, str], str], list[int]] = {}  # (reference key, answer) -> indices, in order
+    for i, (t, answer) in enumerate(zip(tasks, answers)):
         k = ReferenceCache.key(t)
-        refs[k] = cache.get(t)
-        if refs[k] is None and t.tests:
-            missing[k] = t
+        if k not in refs:
+            refs[k] = cache.get(t)
+            if refs[k] is None and t.tests:
+                missing[k] = t
+        copies.setdefault((k, answer), []).append(i)
     # references first: the pool runs jobs in submission order
     ref_jobs = {k: pool.submit((t.hidden, list(t.tests))) for k, t in missing.items()}
-    answer_jobs = {pool.submit((answer, list(t.tests))): i for i, (t, answer) in enumerate(zip(tasks, answers))}
+    answer_jobs = {pool.submit((answer, list(tasks[indices[0]].tests))): (k, indices)
+                   for (k, answer), indices in copies.items()}
     try:
         for job in as_completed(answer_jobs):
-            i = answer_jobs[job]
-            task = tasks[i]
-            k = ReferenceCache.key(task)
+            k, indices = answer_jobs[job]
             if refs[k] is None and k in ref_jobs:
                 refs[k] = ref_jobs[k].result()
-                cache.put(task, refs[k])
-            yield i, _score_one(task, refs[k] or [], job.result())
+                cache.put(tasks[indices[0]], refs[k])
+            for i in indices:
+                yield i, _score_one(tasks[i], refs[k] or [], job.result())
     finally:
         for job in (*ref_jobs.values(), *answer_jobs):
             job.cancel()

@@ -157,6 +157,35 @@ def test_reference_outputs_are_cached(pool):
     assert len(cache) == 2 and scores[0].reward < 1.0
 
 
+class CountingPool(SandboxPool):
+    """The real pool, counting the sandboxes submitted."""
+
+    def __init__(self):
+        super().__init__(workers=2)
+        self.sources: list[str] = []
+
+    def submit(self, job):
+        self.sources.append(job[0])
+        return super().submit(job)
+
+
+def test_identical_answers_to_one_task_run_once_and_each_gets_its_score():
+    # os.urandom is never seeded: separate runs of this answer would differ almost surely
+    draw = "import os\n\ndef net_pay(hours, rate):\n    return int.from_bytes(os.urandom(8), 'big')\n"
+    other = Task(**{**TASK.to_json(), "task_id": "other", "tests": TESTS[:2]})
+    tasks = [TASK, TASK, other, TASK, TASK]
+    answers = [draw, REFERENCE, draw, draw, REFERENCE]
+    with CountingPool() as counting:
+        scores = score_backend(tasks, answers, counting, cache=ReferenceCache())
+    # two references (TASK, other) and three distinct (task, answer) pairs
+    assert sorted(counting.sources).count(draw) == 2 and counting.sources.count(REFERENCE) == 3
+    got = [[row["got"] for row in scores[i].detail["tests"]] for i in (0, 2, 3)]
+    assert got[0] == got[2] and len(set(got[0])) == len(TESTS)  # copies share one run's draws
+    assert len(got[1]) == 2 and got[1][0] != got[0][0]  # another task's tests: its own run
+    assert [s.success for s in scores] == [False, True, False, False, True]
+    assert scores[0] is not scores[3] and scores[1] is not scores[4]
+
+
 def test_task_without_tests_and_length_mismatch(pool):
     empty = Task(task_id="e", env="backend", description="", hidden="def f(): pass")
     assert score_backend([empty], ["def f(): pass"], pool)[0].error == "task 'e' has no tests"
