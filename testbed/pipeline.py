@@ -147,9 +147,10 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
                   epochs: int = 1, **explorer) -> Path:
     """One warm-start phase, checked: imitate the explorer (`explorer`: WarmStartConfig
     fields such as p_ask, n_dialogues; `epochs` per pass), measure held-out copy accuracy
-    (testbed.warm_start.copy_accuracy: greedy answers after three questions on the test
-    tasks) and, below `bar`, train another pass from the last one on fresh dialogues
-    (pass k at learning_rates[k], the last rate repeating): copying emerges abruptly,
+    (testbed.warm_start.copy_accuracy: greedy answers after the always-asking explorer's
+    questions on the validation tasks, the legacy bed's test tasks) and, below `bar`, train
+    another pass from the last one on fresh dialogues (pass k at learning_rates[k], the
+    last rate repeating): copying emerges abruptly,
     after a number of steps that varies with the seed, the prompt's wording and, on the
     tiny model, float noise (two runs of the same 10 steps differ by 1e-7 in the weights;
     after one 400-step copy pass, two builds scored 0.92 and 0.76). Each pass is its

@@ -131,16 +131,24 @@ def _teacher_dialogue(teacher: str, task, rng: random.Random, p_ask: float, p_ot
     return optimal_dialogue(task, rng.sample(range(facts), facts) if teacher == "optimal_shuffled" else None)
 
 
+def check_split(bed: str = DEFAULT_BED) -> str:
+    """The split the copy check reads: the validation tasks ("val") where the bed has them,
+    so that the warm start's gate never looks at a test task; the legacy bed has none, and
+    its check reads "test"."""
+    s = testbed_bed.design(bed)
+    return "val" if not s.legacy and s.n_val > 0 else "test"
+
+
 def copy_check_dialogues(n: int = 48, seed: int = 0, bed: str = DEFAULT_BED):
     """`n` held-out copy-check cases: the always-asking explorer's questions (one on every
     turn before the last: three on the legacy bed, two on a 3-turn bed) and the human's
-    replies on the test tasks of `bed`, as (task, turns, want). want: per constant, what
-    the answer must write, or None where it is not checked. Legacy: the constants the
-    replies stated (A or None, B or None). Another bed: what the explorer would write,
-    every constant (told ones copied, the fixed guess for the rest), since its warm
-    start's success rests on both."""
+    replies on the tasks of `check_split(bed)`, as (task, turns, want). want: per
+    constant, what the answer must write, or None where it is not checked. Legacy: the
+    constants the replies stated (A or None, B or None). Another bed: what the explorer
+    would write, every constant (told ones copied, the fixed guess for the rest), since
+    its warm start's success rests on both."""
 
-    tasks = make_tasks("test", bed=bed)
+    tasks = make_tasks(check_split(bed), bed=bed)
     s = testbed_bed.design(bed)
     rng = random.Random(f"copy-check-{seed}")
     cases = []
@@ -175,7 +183,7 @@ def copy_score(answers: list[str], told: list[tuple[int | None, ...]], bed: str 
 
 def copy_accuracy(model: str, n: int = 48, seed: int = 0, bed: str = DEFAULT_BED) -> float:
     """How often `model`, answering greedily after the always-asking explorer's questions
-    on held-out tasks of `bed`, writes each constant as checked (`copy_check_dialogues`,
+    on held-out tasks of `bed` (its validation tasks: `check_split`), writes each constant as checked (`copy_check_dialogues`,
     `copy_score`). The warm start's copy phase must pass this before the behaviour
     phase: a cosmetic change to the prompt once flipped it from 28/28 to 8/28, and every
     algorithm then started from a policy that miscopies."""

@@ -16,7 +16,7 @@ def test_copy_check_cases_are_held_out_three_question_dialogues_with_what_was_to
     assert len(cases) == 40
     kinds = set()
     for task, turns, (a, b) in cases:
-        assert task.meta["split"] == "test"
+        assert task.meta["split"] == "test"  # the legacy bed has no validation tasks
         assert [t.role for t in turns] == ["agent", "human"] * (MAX_TURNS - 1)  # three questions, no answer yet
         replies = [t.content for t in turns if t.role == "human"]
         assert (a is not None) == any(f"x * {task.meta['a']}" in r for r in replies)
@@ -47,7 +47,7 @@ def test_bed_copy_check_asks_on_every_turn_but_the_last_and_wants_the_explorers_
     s = tb.design("default")
     cases = copy_check_dialogues(n=40, seed=0, bed="default")
     for task, turns, want in cases:
-        assert task.meta["split"] == "test" and task.meta["bed"] == "default"
+        assert task.meta["split"] == "val" and task.meta["bed"] == "default"  # never a test task
         assert [t.role for t in turns] == ["agent", "human"] * (s.turns - 1)
         replies = [t.content for t in turns if t.role == "human"]
         assert want == tb.guess_values(s, tb.told_values(s, replies))
