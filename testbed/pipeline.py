@@ -141,10 +141,6 @@ def behave_size(bed: str, teacher: str | None) -> tuple[int, int]:
 COPY_PASS = 0.9
 BEHAVE_PASS = 0.97
 PHASE_ROUNDS = 4  # at most this many passes of one phase (fresh dialogues each) before giving up
-# A step's 16 turns run as two micro-batches of 8 in order of length (sweet.core.trainer: the same
-# update): the turns pad to their half's longest, not the step's, 11% less time a step than
-# one micro-batch of 16 on the 2-core machine (bench/main_job.py).
-WARM_MICRO_BATCH = 8
 
 
 def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, learning_rates: Sequence[float],
@@ -169,8 +165,8 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
     for k in range(PHASE_ROUNDS):
         folder = out / (phase if k == 0 else f"{phase}-{k + 1}")
         model = str(run(WarmStartConfig(output_dir=str(folder), model=model, seed=seed + 100 * k, epochs=epochs,
-                                        batch_size=16, micro_batch_size=WARM_MICRO_BATCH,
-                                        learning_rate=learning_rates[min(k, len(learning_rates) - 1)], **explorer)))
+                                        batch_size=16, learning_rate=learning_rates[min(k, len(learning_rates) - 1)],
+                                        **explorer)))
         if k >= len(checks):
             checks.append({"model": model, "copy_accuracy": copy_accuracy(model, seed=seed,
                                                                           bed=explorer.get("bed", DEFAULT_BED))})

@@ -172,12 +172,10 @@ def train_dpo(pairs: Sequence[Pair], model_cfg: ModelConfig, train: PolicyTrainC
 
 def train_sft(segments: Sequence[Segment], model_cfg: ModelConfig, train: PolicyTrainConfig, tokenizer, *,
               run_config: dict[str, Any] | None = None, first_metrics: dict[str, float] | None = None) -> Path:
-    """Token-mean NLL on the action tokens of `segments` (a step's micro-batches by length);
-    returns output_dir/final."""
+    """Token-mean NLL on the action tokens of `segments`; returns output_dir/final."""
     trainer = _trainer(model_cfg, train, tokenizer, len(segments), run_config)
     loss_fn = sft_loss_fn(segments, model_cfg, int(tokenizer.pad_token_id))
     final = trainer.fit(list(range(len(segments))), loss_fn, lambda i: len(segments[i].action),
-                        length_fn=lambda i: len(segments[i].context) + len(segments[i].action),
                         save_steps=train.save_steps, first_metrics=first_metrics)
     return _mark(trainer, final)
 

@@ -3,7 +3,7 @@
     trainer = Trainer(model_cfg, train_cfg, tokenizer)   # accelerate, seed, initial model
     trainer.prepare(total_steps)                         # AdamW (or optimizer=) + linear schedule, prepare
     ...                                                  # reference log-probs etc. with trainer.model
-    final = trainer.fit(items, loss_fn, count_fn, length_fn=length_fn)  # epochs, checkpoints, resume, final/
+    final = trainer.fit(items, loss_fn, count_fn)        # epochs, checkpoints, resume, metrics, final/
 
 or, for a loop that makes its own data (LOOP):
 
@@ -18,7 +18,6 @@ The loss hook (one contract for every algorithm):
 
     loss_fn(model, micro_items) -> (loss_sum, metric_sums)
     count_fn(item) -> float                              # default: 1 per item
-    length_fn(item) -> int                               # optional: the tokens an item pads to
 
 `loss_sum` is the SUM over the micro-batch's units (pairs, examples, tokens: whatever
 the algorithm averages over) of the per-unit loss, as a scalar tensor with a graph;
@@ -37,9 +36,7 @@ are sums over the same units (floats); the trainer logs Σ/N per key (so a hook 
 `mean * batch` for a per-pair mean).
 
 Batches: an optimiser step takes `batch_size` items (the last step of an epoch what is
-left) from a seeded per-epoch permutation; with `length_fn`, the step's items are put in
-order of length first (a stable sort: the same items, the same Σ loss / N, so micro-batches
-of similar lengths pad less); item j of the step then goes to micro-batch slot
+left) from a seeded per-epoch permutation; item j of the step goes to micro-batch slot
 j // micro, slot s to process s % world, accumulation round s // world. Every process
 runs the same number of forward/backward passes (`accum`, from batch/(micro·world),
 more for a larger step given to `optimizer_step`): an empty slot re-runs the step's
@@ -84,7 +81,6 @@ from sweet.core.models import load_model, make_optimizer, set_seed
 
 LossFn = Callable[[Any, Sequence[Any]], tuple[Any, dict[str, float]]]
 CountFn = Callable[[Any], float]
-LengthFn = Callable[[Any], int]
 STATE_FILE = "state.json"
 FINISHED_FILE = "finished.json"  # the one "this stage is done" marker, written last
 SNAPSHOT_DIR = "path"  # output_dir/path/step-<N>/: the training path's model-only snapshots
@@ -383,17 +379,14 @@ class Trainer:
 
     # ---- one optimiser step ----------------------------------------------------------------
 
-    def optimizer_step(self, step_items: Sequence[Any], loss_fn: LossFn, count_fn: CountFn | None = None,
-                       length_fn: LengthFn | None = None) -> dict[str, float]:
+    def optimizer_step(self, step_items: Sequence[Any], loss_fn: LossFn, count_fn: CountFn | None = None
+                       ) -> dict[str, float]:
         """One optimiser step on `step_items` (the WHOLE step's items, the same list on
-        every process; more than `batch_size` items take more accumulation rounds), dealt
-        to micro-batches in order of `length_fn` when given; returns the step's metrics
-        (Σ/N over all processes, grad norm, lr)."""
+        every process; more than `batch_size` items take more accumulation rounds);
+        returns the step's metrics (Σ/N over all processes, grad norm, lr)."""
         import torch
 
         acc, model = self.accelerator, self.model
-        if length_fn is not None:
-            step_items = sorted(step_items, key=length_fn)
         self._fit_accumulation(len(step_items))
         total = float(sum(count_fn(it) for it in step_items)) if count_fn else float(len(step_items))
         if total <= 0:
@@ -445,10 +438,9 @@ class Trainer:
         return math.ceil(n_items / self.train.batch_size)
 
     def fit(self, items: Sequence[Any], loss_fn: LossFn, count_fn: CountFn | None = None, *,
-            length_fn: LengthFn | None = None, save_steps: int = 0, save_every_epoch: bool = False, first_metrics: dict[str, float] | None = None,
+            save_steps: int = 0, save_every_epoch: bool = False, first_metrics: dict[str, float] | None = None,
             on_epoch_end: Callable[[int], dict[str, float]] | None = None) -> Path:
-        """`train.num_epochs` passes over `items` in seeded order (each step's micro-batches
-        by `length_fn`: `optimizer_step`), from the restored step;
+        """`train.num_epochs` passes over `items` in seeded order, from the restored step;
         checkpoint every `save_steps` steps and/or at each epoch end; `first_metrics` are
         logged at step 0 of a fresh run; `on_epoch_end(epoch)` (every process) returns
         metrics logged at that step. Saves and returns output_dir/final.
@@ -468,8 +460,7 @@ class Trainer:
             epoch, k = divmod(self.step, per_epoch)
             order = epoch_order(len(items), epoch, self.train.seed)
             batch = self.train.batch_size
-            metrics = self.optimizer_step([items[i] for i in order[k * batch : (k + 1) * batch]], loss_fn, count_fn,
-                                          length_fn)
+            metrics = self.optimizer_step([items[i] for i in order[k * batch : (k + 1) * batch]], loss_fn, count_fn)
             bar.update(1)
             end_of_epoch = self.step % per_epoch == 0
             if self.step % self.train.logging_steps == 0 or self.step == total:

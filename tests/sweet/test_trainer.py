@@ -118,33 +118,6 @@ def test_token_mean_step_is_the_same_for_any_micro_batch(tmp_path, tiny_tokenize
         _assert_same(_sgd_delta(tmp_path, micro, 5, loss_fn, count_fn, 5, tiny_tokenizer), want)
 
 
-def test_micro_batches_by_length_hold_similar_lengths_and_give_the_same_step(tmp_path, tiny_tokenizer):
-    """`length_fn`: the step's items are dealt in order of length; the update is still the
-    gradient of the token mean over the whole step."""
-    segs = _segments(6, seed=3)
-    loss_fn, count_fn, want = _token_mean_case(segs, tiny_tokenizer)
-    length = lambda i: len(segs[i].context) + len(segs[i].action)  # noqa: E731
-    seen: list[list[int]] = []
-
-    def recording(model, idx):
-        seen.append(list(idx))
-        return loss_fn(model, idx)
-
-    _reset_accelerate()
-    train = TrainConfig(output_dir=str(tmp_path / "by-length"), batch_size=6, micro_batch_size=2, max_grad_norm=1e9,
-                        report_to="none")
-    trainer = Trainer(MODEL, train, tiny_tokenizer)
-    before = _params(trainer.model)
-    trainer.prepare(1, optimizer=torch.optim.SGD(trainer.model.parameters(), lr=1.0))
-    order = [4, 0, 5, 2, 1, 3]
-    trainer.optimizer_step(order, recording, count_fn, length_fn=length)
-    after = _params(trainer.accelerator.unwrap_model(trainer.model))
-    assert sorted(i for mb in seen for i in mb) == list(range(6))
-    assert [i for mb in seen for i in mb] == sorted(order, key=length)  # shortest first, micro-batch by micro-batch
-    assert sorted(order, key=length) != order
-    _assert_same({k: after[k] - before[k] for k in before}, want)
-
-
 # ---- DPO on trajectories: a trajectory's log-prob is the sum over its turns -----------------
 
 
