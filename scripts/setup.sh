@@ -57,9 +57,8 @@ if [ ! -f ".venv/.sweet-main-$digest" ]; then
   if [ "${SWEET_PIP:-uv}" != uv ] || ! .venv/bin/python -m pip install -q uv; then
     .venv/bin/python -m pip install -q --upgrade pip
   fi
-  # torch first, pinned, so nothing else can pull a different build.
-  pip_install "torch==2.14.1" "torchvision==0.29.1"
-  pip_install -e .
+  # torch pinned in the same resolution as the package, so nothing can pull a different build.
+  pip_install "torch==2.14.1" "torchvision==0.29.1" -e .
   rm -f .venv/.sweet-main-* .venv/.sweet-full-* .venv/.sweet-installed-*  # (the last: the single stamp of earlier set-ups)
   touch ".venv/.sweet-main-$digest"
 fi
@@ -83,16 +82,16 @@ fi
 # The libraries sandboxed code may import (scripts/sandbox-libraries.txt, pinned): their own
 # read-only folder, never the venv's site-packages (torch and the project stay invisible there).
 # Installed beside, then swapped in; reinstalled only when the list or the interpreter changed.
+# Installed in the background while the tiny models build below (the two need nothing of each other).
 SITE="${SWEET_SANDBOX_SITE:-.venv/sandbox-site}"
 site_stamp="$SITE/.sweet-installed-$( (cat scripts/sandbox-libraries.txt; .venv/bin/python -VV) | sha1sum | cut -c1-12)"
+site_pid=""
 if [ ! -f "$site_stamp" ]; then
   echo "[setup] installing the sandbox's libraries into $SITE"
   rm -rf "$SITE.new"
   # (the bytecode is compiled now: the sandbox sees the folder read-only and cannot write it)
-  pip_install --no-deps --only-binary=:all: --target "$SITE.new" -r scripts/sandbox-libraries.txt
-  rm -rf "$SITE"
-  mv "$SITE.new" "$SITE"
-  touch "$site_stamp"
+  pip_install --no-deps --only-binary=:all: --target "$SITE.new" -r scripts/sandbox-libraries.txt &
+  site_pid=$!
 fi
 
 # Debian chromium for rendering (Playwright drives it; its own browser download needs the internet).
@@ -106,5 +105,11 @@ fi
 # Tiny offline models, and SmolLM2's transformers folder from its GGUF (built once into the cache,
 # no download; the smollm2 folder is 517 MB of float32 weights, about 30 s on 2 cores).
 .venv/bin/python -m engines.tiny >/dev/null
+if [ -n "$site_pid" ]; then
+  wait "$site_pid" || { echo "scripts/setup.sh: installing the sandbox's libraries into $SITE.new failed (above)" >&2; exit 1; }
+  rm -rf "$SITE"
+  mv "$SITE.new" "$SITE"
+  touch "$site_stamp"
+fi
 if [ "$PROFILE" = full ]; then .venv/bin/python -m engines.smollm2 >/dev/null; fi
 echo "[setup] ready"
