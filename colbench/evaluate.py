@@ -62,6 +62,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,6 +128,10 @@ class EvalConfig:
     device: str | None = field(default=None, metadata={"help": "hf engines: cpu, cuda, ... (default: cuda if any)"})
     dtype: str = field(default="auto", metadata={"help": "hf/vllm dtype: auto, bfloat16, float16, float32"})
     batch_size: int = field(default=16, metadata={"help": "hf engines: sequences per forward batch"})
+    workers: int = field(default=1, metadata={
+        "help": "on the CPU: roll agents out in this many forked processes at once, torch's threads shared "
+                "among them (a small model's generation keeps about one core busy); the same episodes and "
+                "leaderboard as one process (on a GPU: one process)"})
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
     strict_tasks: bool = field(default=False, metadata={
         "help": "stop (exit 2) on any unusable task row, naming each; default: an unusable row scores 0 for "
@@ -156,7 +161,8 @@ class EvalConfig:
                   ("limit", self.limit is None or self.limit >= 1, "an integer >= 1"),
                   ("max_turns", self.max_turns is None or self.max_turns >= 1, "an integer >= 1"),
                   ("max_concurrent", self.max_concurrent is None or self.max_concurrent >= 1, "an integer >= 1"),
-                  ("batch_size", self.batch_size >= 1, "an integer >= 1")]
+                  ("batch_size", self.batch_size >= 1, "an integer >= 1"),
+                  ("workers", self.workers >= 1, "an integer >= 1")]
         for name, ok, expected in checks:
             if not ok:
                 raise UsageError(f"--{name.replace('_', '-')}: invalid value {getattr(self, name)!r} "
@@ -377,42 +383,65 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
     _write_config(plan, config, episode_config)
     options = EngineOptions(device=config.device, dtype=config.dtype, batch_size=config.batch_size)
     sampling = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=0)
-    simulator = None
-    episodes: dict[str, list[Any]] = {}
     _claim_episode_files(plan, config, episode_config)
     if config.rescore:
         _rescore(plan, env)
+
+    def finished(name: str) -> list[Any] | None:
+        path = plan.out_dir / "episodes" / f"{file_slug(name)}.jsonl"
+        wanted = {f"{t.task_id}/{name}/{s}": t for t in plan.tasks for s in plan.seeds}
+        have = {ep.episode_id: ep for ep in read_episodes(path)
+                if ep.episode_id in wanted and matches_task(ep, wanted[ep.episode_id])}
+        return [have[f"{t.task_id}/{name}/{s}"] for t in plan.tasks for s in plan.seeds] if len(have) == len(wanted) \
+            else None
+
+    def roll_out(agents: list[tuple[str, str]], env: Any) -> None:  # each agent's episodes into its file
+        simulator = None
+        try:
+            for name, spec in agents:
+                uses_sim = needs_simulator(spec) and not config.single_turn
+                if uses_sim and simulator is None:
+                    simulator = load_simulator(config.simulator, env, engine_options=options,
+                                               max_reply_chars=config.max_reply_chars,
+                                               max_new_tokens=config.simulator_max_new_tokens,
+                                               prompt_file=config.human_prompt)
+                shared = getattr(simulator, "engine", None) if uses_sim and spec == config.simulator else None
+                if shared is not None:  # one copy of the model plays both sides (a second vLLM would not fit)
+                    print(f"{name}: sharing the simulator's engine ({spec})", file=sys.stderr)
+                    agent = ModelAgent(shared, sampling, name=name)
+                else:
+                    agent = load_agent(spec, env, sampling=sampling, engine_options=options, name=name)
+                try:
+                    rollout(env, plan.tasks, agent, simulator, seeds=plan.seeds, max_turns=episode_config.max_turns,
+                            single_turn=config.single_turn, max_concurrent=config.max_concurrent,
+                            out_path=plan.out_dir / "episodes" / f"{file_slug(name)}.jsonl",
+                            leak_guard=episode_config.leak_guard, progress=config.progress)
+                finally:
+                    if shared is None:
+                        getattr(agent, "close", lambda: None)()
+        finally:
+            if simulator is not None:
+                simulator.close()
+
+    def roll_out_alone(agents: list[tuple[str, str]]) -> None:  # in a forked process: its own env and sandboxes
+        own = make_env(config.env, **env_kwargs)
+        try:
+            roll_out(agents, own)
+        finally:
+            own.close()
+
     try:
+        pending = [(name, spec) for name, spec in plan.agents if finished(name) is None]
         for name, spec in plan.agents:
-            path = plan.out_dir / "episodes" / f"{file_slug(name)}.jsonl"
-            wanted = {f"{t.task_id}/{name}/{s}": t for t in plan.tasks for s in plan.seeds}
-            have = {ep.episode_id: ep for ep in read_episodes(path)
-                    if ep.episode_id in wanted and matches_task(ep, wanted[ep.episode_id])}
-            if len(have) == len(wanted):  # finished earlier: no model to load
-                episodes[name] = [have[f"{t.task_id}/{name}/{s}"] for t in plan.tasks for s in plan.seeds]
-                print(f"{name}: reusing {len(have)} finished episodes from {path}", file=sys.stderr)
-                continue
-            uses_sim = needs_simulator(spec) and not config.single_turn
-            if uses_sim and simulator is None:
-                simulator = load_simulator(config.simulator, env, engine_options=options,
-                                           max_reply_chars=config.max_reply_chars,
-                                           max_new_tokens=config.simulator_max_new_tokens,
-                                           prompt_file=config.human_prompt)
-            shared = getattr(simulator, "engine", None) if uses_sim and spec == config.simulator else None
-            if shared is not None:  # one copy of the model plays both sides (a second vLLM would not fit)
-                print(f"{name}: sharing the simulator's engine ({spec})", file=sys.stderr)
-                agent = ModelAgent(shared, sampling, name=name)
-            else:
-                agent = load_agent(spec, env, sampling=sampling, engine_options=options, name=name)
-            try:
-                episodes[name] = rollout(env, plan.tasks, agent, simulator, seeds=plan.seeds,
-                                         max_turns=episode_config.max_turns, single_turn=config.single_turn,
-                                         max_concurrent=config.max_concurrent, out_path=path,
-                                         leak_guard=episode_config.leak_guard,
-                                         progress=config.progress)
-            finally:
-                if shared is None:
-                    getattr(agent, "close", lambda: None)()
+            if (name, spec) not in pending:  # finished earlier: no model to load
+                path = plan.out_dir / "episodes" / f"{file_slug(name)}.jsonl"
+                print(f"{name}: reusing {len(plan.tasks) * len(plan.seeds)} finished episodes from {path}",
+                      file=sys.stderr)
+        if config.workers > 1 and len(pending) > 1 and _on_cpu(config):
+            _roll_out_in_processes(config, pending, roll_out_alone)
+        else:
+            roll_out(pending, env)
+        episodes = {name: finished(name) for name, _ in plan.agents}
         base_eps = episodes.get(plan.baseline) if plan.baseline else None
         rows = [build_row(name, spec, env.name, episodes[name], base_eps, is_baseline=name == plan.baseline)
                 for name, spec in plan.agents]
@@ -420,9 +449,49 @@ def run(config: EvalConfig, plan: Plan) -> list[Any]:
         write_reports(plan.out_dir, rows, episodes, env=env.name, config=dataclasses.asdict(config), thumbs=thumbs)
         return rows
     finally:
-        if simulator is not None:
-            simulator.close()
         env.close()
+
+
+def _on_cpu(config: EvalConfig) -> bool:
+    """Whether the hf engines run on the CPU (--device cpu, or none given and no GPU): forked
+    processes cannot use a CUDA context their parent made."""
+    if config.device is not None:
+        return config.device == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _roll_out_in_processes(config: EvalConfig, agents: list[tuple[str, str]], roll_out) -> None:
+    """`roll_out(agents)` for a share of `agents` in each of `config.workers` forked
+    processes (round robin), each with an equal share of torch's threads; returns when all
+    have written their episodes. A process that fails is a one-line error naming its agents
+    (what the others wrote is kept: a rerun reuses it)."""
+    import multiprocessing
+
+    import torch
+
+    workers = min(config.workers, len(agents))
+    threads = max(1, torch.get_num_threads() // workers)
+    shares = [agents[k::workers] for k in range(workers)]
+
+    def child(share: list[tuple[str, str]]) -> None:
+        torch.set_num_threads(threads)
+        print(f"--workers {workers}: process {os.getpid()} rolls out {', '.join(n for n, _ in share)} "
+              f"({threads} torch thread{'s' if threads > 1 else ''})", file=sys.stderr, flush=True)
+        roll_out(share)
+
+    context = multiprocessing.get_context("fork")
+    procs = [context.Process(target=child, args=(share,), name=f"rollout-{k}") for k, share in enumerate(shares)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+    failed = [share for proc, share in zip(procs, shares) if proc.exitcode != 0]
+    if failed:
+        names = ", ".join(name for share in failed for name, _ in share)
+        raise RuntimeError(f"--workers {config.workers}: the process rolling out {names} failed (its error is "
+                           f"above); the other agents' episodes are kept in {config.output}")
 
 
 def _rescore(plan: Plan, env: Any) -> None:

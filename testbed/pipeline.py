@@ -65,6 +65,9 @@ class TestbedSetup:
     bed: str = DEFAULT_BED  # the test-bed preset (testbed/bed.py) the task sources name
     val_tasks: str | None = "builtin:val"  # validation tasks, drawn from the train split (None: legacy)
     dtype: str = "auto"  # the sampling engines' dtype (collection, evaluation): auto = bf16 on GPUs, else fp32
+    # evaluation and validation roll several agents out in this many forked processes (colbench.evaluate
+    # --workers; CPU): the tiny model's generation keeps one core busy, so two run in the time of one
+    eval_workers: int = 2
 
     @classmethod
     def for_bed(cls, name: str, **sizes: Any) -> "TestbedSetup":
@@ -343,5 +346,6 @@ def evaluate(agents: dict[str, str], setup: TestbedSetup, out: Path, seed_round:
         output=str(out), env=setup.env, simulator=setup.simulator, tasks=setup.test_tasks,
         agent=[f"{name}=hf:{model}" for name, model in agents.items()], limit=setup.test_limit or None,
         episodes_per_task=setup.eval_seeds, seed_round=seed_round, temperature=setup.eval_temperature,
-        max_turns=setup.max_turns, max_new_tokens=setup.max_new_tokens, dtype=setup.dtype, progress=False))
+        max_turns=setup.max_turns, max_new_tokens=setup.max_new_tokens, dtype=setup.dtype, progress=False,
+        workers=setup.eval_workers))
     return json.loads((out / "leaderboard.json").read_text())

@@ -266,3 +266,30 @@ def test_behaviour_stats_by_hand():
     assert b["simulator_failures"] == 1
     assert b["mean_agent_reply_chars"] == pytest.approx((3 + 3 + 19 + 2 + 20) / 5)
     assert b["stop_reasons"] == {"answered": 2, "simulator_error": 1}
+
+
+def test_workers_roll_agents_out_in_forked_processes_with_the_same_episodes(tmp_path, capfd):
+    """--workers 2: each agent's episodes come from another process, and they, the leaderboard
+    and the report's rows are those of one process."""
+    from colbench.evaluate import EvalConfig, evaluate
+    from colbench.episodes import read_episodes
+
+    def run(workers: int) -> tuple[list[dict], dict]:
+        out = tmp_path / f"w{workers}"
+        evaluate(EvalConfig(output=str(out), env="testbed", simulator="scripted:testbed", tasks="builtin:default/test",
+                            agent=["a=hf:tiny", "b=hf:tiny", "c=reference"], limit=4, episodes_per_task=2,
+                            max_new_tokens=24, device="cpu", dtype="float32", progress=False, workers=workers))
+        rows = json.loads((out / "leaderboard.json").read_text())
+        eps = {name: [(e.episode_id, [t.token_ids for t in e.agent_turns], e.score.reward)
+                      for e in read_episodes(out / "episodes" / f"{name}.jsonl")] for name in "abc"}
+        return rows, eps
+
+    rows1, eps1 = run(1)
+    capfd.readouterr()
+    rows2, eps2 = run(2)
+    err = capfd.readouterr().err
+    pids = {line.split("process ")[1].split()[0] for line in err.splitlines() if "--workers 2: process" in line}
+    assert len(pids) == 2 and str(os.getpid()) not in pids, err[-2000:]
+    assert "rolls out a, c" in err and "rolls out b" in err
+    assert eps2 == eps1 and all(len(v) == 8 for v in eps1.values())
+    assert [r["metrics"] for r in rows2] == [r["metrics"] for r in rows1]
