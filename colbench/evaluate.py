@@ -7,9 +7,10 @@
     python -m colbench.evaluate --env backend --agent vllm:meta-llama/Llama-3.1-8B-Instruct \\
         --simulator vllm:meta-llama/Llama-3.1-70B-Instruct --output runs/8b
 
-    # several agents, 3 sampled seeds each, the same output dir (finished agents are reused)
+    # several agents, 3 sampled seeds each, the same output dir (finished agents are reused);
+    # on the CPU, two agents at a time in forked processes (the same episodes as one process)
     python -m colbench.evaluate --env backend --agent tiny --agent mine=hf:runs/sweet/final \\
-        --simulator tiny --episodes_per_task 3 --temperature 0.7 --output runs/cmp
+        --simulator tiny --episodes_per_task 3 --temperature 0.7 --workers 2 --output runs/cmp
 
     # frontend: win rate against a baseline agent, VLM simulator, tiny CLIP for a CPU demo
     python -m colbench.evaluate --env frontend --agent tiny --baseline-agent reference \\
