@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from colbench.agents import ModelAgent, _split_name, check_agent_spec, file_slug, load_agent, needs_simulator
-from colbench.cli import Interrupted, UserError, run_main
+from colbench.cli import EXIT_USER_ERROR, Interrupted, UserError, one_line, run_main
 
 PROG = "python -m colbench.evaluate"
 
@@ -477,10 +477,17 @@ def _roll_out_in_processes(config: EvalConfig, agents: list[tuple[str, str]], ro
     shares = [agents[k::workers] for k in range(workers)]
 
     def child(share: list[tuple[str, str]]) -> None:
+        from engines.base import SpecError
+
+        names = ", ".join(n for n, _ in share)
         torch.set_num_threads(threads)
-        print(f"--workers {workers}: process {os.getpid()} rolls out {', '.join(n for n, _ in share)} "
+        print(f"--workers {workers}: process {os.getpid()} rolls out {names} "
               f"({threads} torch thread{'s' if threads > 1 else ''})", file=sys.stderr, flush=True)
-        roll_out(share)
+        try:
+            roll_out(share)
+        except (UserError, SpecError) as e:  # bad input: one line, as the CLI gives it in one process
+            print(f"{PROG}: error: {names}: {one_line(e)}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_USER_ERROR)
 
     context = multiprocessing.get_context("fork")
     procs = [context.Process(target=child, args=(share,), name=f"rollout-{k}") for k, share in enumerate(shares)]
@@ -488,11 +495,12 @@ def _roll_out_in_processes(config: EvalConfig, agents: list[tuple[str, str]], ro
         proc.start()
     for proc in procs:
         proc.join()
-    failed = [share for proc, share in zip(procs, shares) if proc.exitcode != 0]
+    failed = [(proc.exitcode, share) for proc, share in zip(procs, shares) if proc.exitcode != 0]
     if failed:
-        names = ", ".join(name for share in failed for name, _ in share)
-        raise RuntimeError(f"--workers {config.workers}: the process rolling out {names} failed (its error is "
-                           f"above); the other agents' episodes are kept in {config.output}")
+        names = ", ".join(name for _, share in failed for name, _ in share)
+        message = (f"--workers {config.workers}: the process rolling out {names} failed (its error is above); "
+                   f"the other agents' episodes are kept in {config.output}")
+        raise (UserError if all(code == EXIT_USER_ERROR for code, _ in failed) else RuntimeError)(message)
 
 
 def _rescore(plan: Plan, env: Any) -> None:

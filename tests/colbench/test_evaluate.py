@@ -293,3 +293,23 @@ def test_workers_roll_agents_out_in_forked_processes_with_the_same_episodes(tmp_
     assert "rolls out a, c" in err and "rolls out b" in err
     assert eps2 == eps1 and all(len(v) == 8 for v in eps1.values())
     assert [r["metrics"] for r in rows2] == [r["metrics"] for r in rows1]
+
+
+def test_a_worker_that_cannot_load_its_agent_is_one_line_and_keeps_the_others_episodes(tmp_path, monkeypatch, capfd):
+    from colbench.cli import UserError
+    from colbench.evaluate import EvalConfig, evaluate
+    from colbench.episodes import read_episodes
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bad = tmp_path / "bad-model"
+    bad.mkdir()
+    for name in ("config.json", "tokenizer_config.json"):
+        (bad / name).write_text("{")
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match=r"--workers 2: the process rolling out b failed .* kept in "):
+        evaluate(EvalConfig(output=str(out), env="testbed", simulator="scripted:testbed", tasks="builtin:default/test",
+                            agent=["a=hf:tiny", f"b=hf:{bad}"], limit=2, max_new_tokens=16, device="cpu",
+                            dtype="float32", progress=False, workers=2))
+    err = capfd.readouterr().err
+    assert "error: b: cannot load model" in err and "Traceback" not in err
+    assert len(read_episodes(out / "episodes" / "a.jsonl")) == 2
