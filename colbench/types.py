@@ -92,7 +92,9 @@ class Turn:
     render: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+        """The set fields (not None, not False), for serialisation: its lists are the turn's
+        own, not copies."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None and v is not False}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Turn":
