@@ -128,6 +128,7 @@ class EngineOptions:
     device: str | None = None  # hf: "cpu", "cuda", ...; None = cuda if available
     dtype: str = "auto"  # hf/vllm: "auto", "float32", "bfloat16", "float16"
     batch_size: int = 16  # hf: conversations × samples per forward batch
+    workers: int = 1  # hf on the CPU: forked processes that decode a call's batches (the same samples)
     tensor_parallel_size: int = 1  # vllm
     # vllm: the share of the whole GPU this engine may take (weights + KV cache). 0.85 for
     # an engine alone on its GPUs; colocated with a trainer use

@@ -11,6 +11,7 @@ top-p, so no extra forward pass and no [steps, batch, vocab] logits buffer is ne
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Sequence
 
 from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams, SpecError
@@ -21,20 +22,38 @@ from engines.templating import cut_completion, end_token_ids, prompt_ids
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-class _Sampler:
-    """Last logits processor: draws each row's next token from softmax(scores), as
-    generate()'s own sampling step does (the same draws from the same generator state),
-    and returns scores that are −inf everywhere else, so greedy decoding picks it.
-    `generator`: a private torch.Generator; None draws from the process-wide one."""
+def row_generators(seed: int, rows: Sequence[tuple[int, int]]) -> list[Any]:
+    """One private CPU generator per row (prompt index, copy index), seeded from (`seed`,
+    row) alone: a row's draws do not depend on the other rows, the batch it shares or the
+    process that decodes it."""
+    import torch
 
-    def __init__(self, generator=None) -> None:
-        self.generator = generator
+    def row_seed(c: int, k: int) -> int:
+        digest = hashlib.blake2b(f"{seed}/{c}/{k}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") >> 1  # torch seeds are < 2**63
+
+    return [torch.Generator().manual_seed(row_seed(c, k)) for c, k in rows]
+
+
+class _Sampler:
+    """Last logits processor: draws each row's next token from softmax(scores) by inverse
+    transform, one uniform (float64) per row and step from that row's generator, and
+    returns scores that are −inf everywhere else, so greedy decoding picks it. A token of
+    probability zero (cut by top-p) is never drawn. (torch.multinomial draws a vocabulary's
+    worth of exponentials per row and step from one shared generator.)"""
+
+    def __init__(self, generators: Sequence[Any]) -> None:
+        self.generators = list(generators)
 
     def __call__(self, input_ids, scores):
         import torch
 
-        probs = torch.nn.functional.softmax(scores, dim=-1)
-        tokens = torch.multinomial(probs, num_samples=1, generator=self.generator)
+        cdf = torch.softmax(scores.double(), dim=-1).cumsum(-1)
+        total = cdf[:, -1:]
+        u = torch.cat([torch.rand(1, dtype=torch.float64, generator=g) for g in self.generators])
+        tokens = torch.searchsorted(cdf, u.to(cdf.device)[:, None] * total, right=True)
+        last = (cdf < total).sum(-1, keepdim=True)  # the last token of non-zero probability
+        tokens = torch.minimum(tokens, last)
         return torch.full_like(scores, float("-inf")).scatter_(1, tokens, 0.0)
 
 
@@ -169,24 +188,81 @@ class HFEngine:
         copies = params.distinct
         rows = [(c, k) for c in range(len(prompts)) for k in range(copies)]
         rows.sort(key=lambda r: len(prompts[r[0]]))  # similar lengths share a batch: less padding
-        results: dict[tuple[int, int], Sample] = {}
         bs = max(1, self.options.batch_size)
+        chunks = [rows[start : start + bs] for start in range(0, len(rows), bs)]
+        # Every row draws from its own generator (`row_generators`), never the process-wide
+        # one, so that a sampler on another thread (LOOP's async rollouts) and the trainer's
+        # RNG users (dropout, checkpoint recomputation) cannot interleave their draws, and a
+        # row's draws are the same in any batch or worker. An unseeded call takes its seed
+        # from the process-wide generator.
+        seed = 0 if params.temperature == 0 else params.seed if params.seed is not None else \
+            int(torch.randint(2**62, (1,)).item())
         was_training = self.model.training
-        # A seeded call draws from its own generator, never the process-wide one, so that
-        # a sampler on another thread (LOOP's async rollouts) and the trainer's RNG users
-        # (dropout, checkpoint recomputation) cannot interleave their draws.
-        generator = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
         try:
             self.model.eval()
-            for start in range(0, len(rows), bs):
-                chunk = rows[start : start + bs]
-                samples = self._generate_batch([prompts[c] for c, _ in chunk], params, generator)
-                results.update(zip(chunk, samples))
+            workers = min(self.options.workers, len(chunks))
+            if workers > 1 and self.device.type == "cpu":
+                results = self._decode_in_processes(prompts, chunks, params, seed, workers)
+            else:
+                results = self._decode(prompts, chunks, params, seed)
         finally:
             self.model.train(was_training)
         return [[results[(c, k % copies)] for k in range(params.n)] for c in range(len(prompts))]
 
-    def _generate_batch(self, batch_prompts: list[list[int]], params: SamplingParams, generator=None) -> list[Sample]:
+    def _decode(self, prompts: list[list[int]], chunks: Sequence[list[tuple[int, int]]], params: SamplingParams,
+                seed: int) -> dict[tuple[int, int], Sample]:
+        results: dict[tuple[int, int], Sample] = {}
+        for chunk in chunks:
+            generators = row_generators(seed, chunk) if params.temperature > 0 else None
+            results.update(zip(chunk, self._generate_batch([prompts[c] for c, _ in chunk], params, generators)))
+        return results
+
+    def _decode_in_processes(self, prompts: list[list[int]], chunks: Sequence[list[tuple[int, int]]],
+                             params: SamplingParams, seed: int, workers: int) -> dict[tuple[int, int], Sample]:
+        """`_decode` with the chunks dealt round robin to `workers` forked processes, each
+        with its share of torch's threads (`EngineOptions.workers`: on the CPU one decoding
+        process keeps about one core busy). The samples are those of one process."""
+        import multiprocessing
+        import pickle
+        import torch
+
+        threads = max(1, torch.get_num_threads() // workers)
+        context = multiprocessing.get_context("fork")
+
+        def child(share, conn) -> None:
+            torch.set_num_threads(threads)
+            try:
+                conn.send_bytes(pickle.dumps(("ok", self._decode(prompts, share, params, seed))))
+            except BaseException as e:  # the parent raises it, as one process would
+                conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}")))
+            finally:
+                conn.close()
+
+        started = []
+        for k in range(workers):
+            receive, send = context.Pipe(duplex=False)
+            proc = context.Process(target=child, args=(chunks[k::workers], send), name=f"hf-decode-{k}")
+            proc.start()
+            send.close()
+            started.append((proc, receive))
+        results: dict[tuple[int, int], Sample] = {}
+        errors = []
+        for proc, receive in started:
+            try:
+                status, payload = pickle.loads(receive.recv_bytes())
+            except EOFError:
+                status, payload = "error", "the process ended without sending its samples"
+            proc.join()
+            if status == "ok":
+                results.update(payload)
+            else:
+                errors.append(f"{proc.name}: {payload}")
+        if errors:
+            raise EngineError(f"{self.spec}: decoding in {workers} processes failed: " + "; ".join(errors))
+        return results
+
+    def _generate_batch(self, batch_prompts: list[list[int]], params: SamplingParams,
+                        generators: Sequence[Any] | None = None) -> list[Sample]:
         import torch
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
         from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
@@ -217,7 +293,7 @@ class HFEngine:
         if not greedy and params.top_p < 1.0:
             processors.append(TopPLogitsWarper(params.top_p))
         if not greedy:
-            processors.append(_Sampler(generator))
+            processors.append(_Sampler(generators))
         criteria = [_StopStringCriteria(self.tokenizer, params.stop, width)] if any(params.stop) else []
         sequences = self.model.generate(
             input_ids=input_ids,

@@ -180,3 +180,78 @@ def test_lora_adapter_is_applied(tiny_path, tmp_path, hf_engine):
     assert adapted.token_ids != plain.token_ids
     expected = teacher_forced_logprobs(peft_model.eval(), adapted.prompt_token_ids, adapted.token_ids)
     assert max(abs(a - b) for a, b in zip(adapted.logprobs, expected)) < 1e-4
+
+
+def test_sampler_draws_each_token_at_its_probability_and_never_a_cut_one():
+    """`_Sampler` (inverse transform, one uniform per row and step): over 20,000 draws each
+    token's frequency is within 5 standard errors of softmax(scores), and a token of
+    probability zero (cut by top-p: −inf) is never drawn, in either row."""
+    from engines.hf import _Sampler, row_generators
+
+    probs = torch.tensor([0.1, 0.2, 0.0, 0.7])
+    scores = probs.log().repeat(2, 1)  # log 0 = −inf
+    sampler = _Sampler(row_generators(0, [(0, 0), (1, 0)]))
+    draws = torch.stack([sampler(None, scores).argmax(-1) for _ in range(10_000)]).flatten()
+    counts = torch.bincount(draws, minlength=4).double()
+    n = draws.numel()
+    assert counts[2] == 0
+    stderr = (probs.double() * (1 - probs.double()) / n).sqrt()
+    assert ((counts / n - probs.double()).abs() <= 5 * stderr).all(), (counts / n).tolist()
+
+
+def test_a_rows_draws_do_not_depend_on_its_batch(tiny_path, hf_engine):
+    """Each row samples from its own generator (`row_generators`: seed, prompt, copy), so
+    one row per batch and eight per batch draw the same tokens (the log-probs differ by
+    the float noise of left padding, as in test_left_padding_matches_unbatched_greedy)."""
+    params = SamplingParams(n=3, temperature=1.0, top_p=0.9, max_new_tokens=12, seed=11)
+    alone = HFEngine.from_model(hf_engine.model, hf_engine.tokenizer, options=EngineOptions(batch_size=1))
+    for unbatched, batched in zip(alone.generate(CONVS, params), hf_engine.generate(CONVS, params), strict=True):
+        assert len({s.token_ids for s in batched}) > 1  # three distinct draws per prompt, not copies
+        for a, b in zip(unbatched, batched, strict=True):
+            assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+def test_decoding_workers_give_the_samples_of_one_process(tiny_path, hf_engine, tmp_path):
+    """EngineOptions.workers: the batches are decoded in forked processes (not this one),
+    and the samples, seeded or not, are those of one process."""
+    import os
+
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=12, seed=5)
+    pids = tmp_path / "pids"
+
+    def record_pid(module, args):
+        with pids.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    forked = HFEngine.from_model(hf_engine.model, hf_engine.tokenizer, options=EngineOptions(batch_size=2, workers=2))
+    one = HFEngine.from_model(hf_engine.model, hf_engine.tokenizer, options=EngineOptions(batch_size=2))
+    handle = hf_engine.model.register_forward_pre_hook(record_pid)
+    try:
+        in_processes = forked.generate(CONVS, params)
+    finally:
+        handle.remove()
+    decoders = {int(p) for p in pids.read_text().split()}
+    assert len(decoders) == 2 and os.getpid() not in decoders
+    assert in_processes == one.generate(CONVS, params)
+    torch.manual_seed(3)
+    unseeded = forked.generate(CONVS, SamplingParams(n=2, temperature=1.0, max_new_tokens=12))
+    torch.manual_seed(3)
+    assert unseeded == one.generate(CONVS, SamplingParams(n=2, temperature=1.0, max_new_tokens=12))
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    assert forked.generate(CONVS, greedy) == one.generate(CONVS, greedy)
+
+
+def test_a_failing_decoding_worker_is_an_engine_error(hf_engine):
+    """An error in a forked decoder reaches the caller as one EngineError naming it."""
+    forked = HFEngine.from_model(hf_engine.model, hf_engine.tokenizer, options=EngineOptions(batch_size=1, workers=2))
+
+    def fail(module, args):
+        raise ValueError("boom in the forward")
+
+    handle = hf_engine.model.register_forward_pre_hook(fail)
+    try:
+        with pytest.raises(EngineError, match=r"decoding in 2 processes failed: hf-decode-0: ValueError: boom"):
+            forked.generate(CONVS, SamplingParams(temperature=1.0, max_new_tokens=4, seed=0))
+    finally:
+        handle.remove()
