@@ -434,9 +434,9 @@ def test_one_iteration_with_a_vllm_sampler(tmp_path):
 
 def runnable_answer_tasks(path: Path) -> Path:
     """Test-bed tasks whose two tests ("0", "1") do not call f: an answer scores 1 exactly
-    when it runs. The random tiny model sampling one token at temperature 3 writes runnable
-    Python (a digit, "None", "#") now and then, so groups of K episodes differ in reward
-    and LOOP has something to learn from (real sampling, real sandbox scoring)."""
+    when it runs. `number_writer` answers with a bare number (which runs) about half the
+    time, so groups of K episodes differ in reward and LOOP has something to learn from (real
+    sampling, real sandbox scoring)."""
     from testbed.env import make_tasks
 
     tasks = [replace(t, tests=("0", "1")) for t in make_tasks("train", n=4, bed="legacy")]
@@ -444,14 +444,75 @@ def runnable_answer_tasks(path: Path) -> Path:
     return path
 
 
+NUMBER_WEIGHT = 0.5  # the LM head's weight on the constant dimension for number tokens: ~45% numbers at temperature 1
+
+
+def number_writer() -> Path:
+    """The tiny model, made to write a bare number (a token such as "13") about half the time
+    at temperature 1, where the random tiny model writes an answer that runs about one time in
+    20 and an iteration's groups of K often all tie. Residual dimension 0 is a constant 1 (in
+    every token's embedding; no layer writes to it), about 11 after the final norm, and the LM
+    head reads it into the number tokens only: their logits are ~5.6 above the others'. (At
+    temperature 3 that would take ~17, and float32's summation-order noise between process
+    counts grows with the logits it rides on.) Built once into the tiny models' cache
+    (engines.tiny.cache_dir)."""
+    import os
+    import shutil
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engines.tiny import cache_dir, tiny_model_path
+
+    out = cache_dir() / f"tiny-number-writer-{NUMBER_WEIGHT}"
+    if (out / "config.json").exists():
+        return out
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(), dtype=torch.float32)
+    numbers = [i for i in range(len(tok)) if tok.decode([i]).isdigit()]
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0, :] = 0.0
+            layer.mlp.down_proj.weight[0, :] = 0.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[numbers, 0] = NUMBER_WEIGHT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    model.save_pretrained(build)
+    tok.save_pretrained(build)
+    try:
+        os.rename(build, out)  # atomic: another test process may have built it meanwhile
+    except OSError:
+        shutil.rmtree(build, ignore_errors=True)
+    return out
+
+
+def test_the_number_writer_writes_a_number_about_half_the_time():
+    """The fixture's premise, on the sampler the runs use: at temperature 1 between 30% and 60%
+    of first answers on `runnable_answer_tasks`' tasks are bare numbers (a group of 8 then
+    ties with probability below 6%)."""
+    from engines import EngineOptions, SamplingParams, load_engine
+    from testbed.env import TestbedEnv, make_tasks
+
+    env = TestbedEnv(bed="legacy")
+    prompts = [env.agent_messages(t, []) for t in make_tasks("train", n=4, bed="legacy")] * 50
+    engine = load_engine(f"hf:{number_writer()}", EngineOptions(device="cpu", dtype="float32"))
+    try:
+        texts = [s[0].text for s in engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=1, seed=0))]
+    finally:
+        engine.close()
+    assert 0.3 <= sum(t.isdigit() for t in texts) / len(texts) <= 0.6
+
+
 def runnable_loop_cli(tasks: Path, out: Path, *extra: str, iterations: int = 2, micro: int = 4,
                       launcher: Sequence[str] = (sys.executable, "-m")) -> list[str]:
-    """`sweet.train_policy --algorithm loop` on `runnable_answer_tasks`, as the CLI tests run it:
-    one token per turn at temperature 3, 2 tasks x K=8 per iteration, up to 2 turns, batches
-    of 3 trajectories, lr 1e-3; `extra` flags are appended."""
-    return [*launcher, "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", "tiny",
+    """`sweet.train_policy --algorithm loop` on `runnable_answer_tasks` with `number_writer`, as
+    the CLI tests run it: one token per turn at temperature 1, 2 tasks x K=8 per iteration, up
+    to 2 turns, batches of 3 trajectories, lr 1e-3; `extra` flags are appended."""
+    return [*launcher, "sweet.train_policy", "--algorithm", "loop", "--env", "testbed", "--model", str(number_writer()),
             "--tasks", str(tasks), "--iterations", str(iterations), "--tasks_per_iteration", "2", "--k", "8",
-            "--temperature", "3", "--max_new_tokens", "1", "--max_turns", "2", "--batch_size", "3",
+            "--temperature", "1", "--max_new_tokens", "1", "--max_turns", "2", "--batch_size", "3",
             "--micro_batch_size", str(micro), "--learning_rate", "1e-3", "--report_to", "none",
             "--output_dir", str(out), *extra]
 
