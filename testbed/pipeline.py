@@ -32,6 +32,8 @@ from sweet.critic.baseline import BaselineRow
 from testbed import bed as testbed_bed
 from testbed.bed import DEFAULT_BED
 
+WORKERS = 2  # the CPU's cores: forked generating processes (TestbedSetup.workers, the warm start's copy check)
+
 
 @dataclass
 class TestbedSetup:
@@ -65,9 +67,10 @@ class TestbedSetup:
     bed: str = DEFAULT_BED  # the test-bed preset (testbed/bed.py) the task sources name
     val_tasks: str | None = "builtin:val"  # validation tasks, drawn from the train split (None: legacy)
     dtype: str = "auto"  # the sampling engines' dtype (collection, evaluation): auto = bf16 on GPUs, else fp32
-    # evaluation and validation roll several agents out in this many forked processes (colbench.evaluate
-    # --workers; CPU): the tiny model's generation keeps one core busy, so two run in the time of one
-    eval_workers: int = 2
+    # forked processes that generate on the CPU, where the tiny model's decoding keeps one core busy:
+    # evaluation and validation roll agents out in them (colbench.evaluate --workers), collection and
+    # stage 2's candidates decode their batches in them (EngineOptions.workers); the same samples as one
+    workers: int = WORKERS
 
     @classmethod
     def for_bed(cls, name: str, **sizes: Any) -> "TestbedSetup":
@@ -171,7 +174,7 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
                                         batch_size=16, learning_rate=learning_rates[min(k, len(learning_rates) - 1)],
                                         **explorer)))
         if k >= len(checks):
-            checks.append({"model": model, "copy_accuracy": copy_accuracy(model, seed=seed,
+            checks.append({"model": model, "copy_accuracy": copy_accuracy(model, seed=seed, workers=WORKERS,
                                                                           bed=explorer.get("bed", DEFAULT_BED))})
             out.mkdir(parents=True, exist_ok=True)
             record.write_text(json.dumps(checks, indent=2))
@@ -220,7 +223,7 @@ def collect_episodes(model: str, setup: TestbedSetup, out_path: Path, seed: int 
     policy_episodes(f"hf:{model}", tasks, env=setup.env, simulator=setup.simulator,
                     sampling=SamplingParams(temperature=setup.temperature, max_new_tokens=setup.max_new_tokens),
                     seeds=episode_seeds(seed, setup.episodes_per_task), max_turns=setup.max_turns, out_path=out_path,
-                    engine_options=EngineOptions(dtype=setup.dtype))
+                    engine_options=EngineOptions(dtype=setup.dtype, workers=setup.workers))
     sort_episodes(out_path)
     return out_path
 
@@ -293,7 +296,7 @@ def train_policy(algorithm: str, episodes: Path, base_model: str, setup: Testbed
                 "candidates_per_state": setup.candidates, "max_new_tokens": setup.max_new_tokens,
                 "learning_rate": 3e-5, "beta": 0.1, "nll_coef": 0.1, "num_epochs": 1,
                 "batch_size": 16, "micro_batch_size": 16, "pairs_per_state": 4,
-                "max_episodes": setup.stage2_episodes, "episode_fraction": 1.0}
+                "max_episodes": setup.stage2_episodes, "episode_fraction": 1.0, "sampler_workers": setup.workers}
     elif algorithm == "loop":
         n_tasks = 8
         budget = setup.n_train * setup.episodes_per_task  # as many episodes as the offline algorithms
@@ -347,5 +350,5 @@ def evaluate(agents: dict[str, str], setup: TestbedSetup, out: Path, seed_round:
         agent=[f"{name}=hf:{model}" for name, model in agents.items()], limit=setup.test_limit or None,
         episodes_per_task=setup.eval_seeds, seed_round=seed_round, temperature=setup.eval_temperature,
         max_turns=setup.max_turns, max_new_tokens=setup.max_new_tokens, dtype=setup.dtype, progress=False,
-        workers=setup.eval_workers))
+        workers=setup.workers))
     return json.loads((out / "leaderboard.json").read_text())

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from colbench.types import STOP_ANSWERED, Episode, Turn
-from engines import SamplingParams, load_engine
+from engines import EngineOptions, SamplingParams, load_engine
 from sweet.algorithms import rft
 from sweet.core.config import ModelConfig, parse_configs
 from sweet.core.models import load_tokenizer
@@ -181,18 +181,18 @@ def copy_score(answers: list[str], told: list[tuple[int | None, ...]], bed: str 
     return right / max(total, 1)
 
 
-def copy_accuracy(model: str, n: int = 48, seed: int = 0, bed: str = DEFAULT_BED) -> float:
+def copy_accuracy(model: str, n: int = 48, seed: int = 0, bed: str = DEFAULT_BED, workers: int = 1) -> float:
     """How often `model`, answering greedily after the always-asking explorer's questions
     on held-out tasks of `bed` (its validation tasks: `check_split`), writes each constant as checked (`copy_check_dialogues`,
     `copy_score`). The warm start's copy phase must pass this before the behaviour
     phase: a cosmetic change to the prompt once flipped it from 28/28 to 8/28, and every
-    algorithm then started from a policy that miscopies."""
+    algorithm then started from a policy that miscopies. `workers`: EngineOptions.workers."""
 
     env = bed_env(bed)
     cases = copy_check_dialogues(n, seed, bed)
     prompts = [env.agent_messages(task, turns) for task, turns, _ in cases]
     env.close()
-    engine = load_engine(f"hf:{model}")
+    engine = load_engine(f"hf:{model}", EngineOptions(workers=workers))
     try:
         samples = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=64))
     finally:

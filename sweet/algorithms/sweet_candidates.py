@@ -56,6 +56,8 @@ class CandidateConfig:
     max_new_tokens: int = field(default=512, metadata={"help": "max tokens per candidate"})
     sample_batch_size: int = field(default=8, metadata={"help": "states per sampling + scoring call (one candidates.jsonl flush each)"})
     sampler_batch_size: int = field(default=16, metadata={"help": "hf sampler: rows per forward batch"})
+    sampler_workers: int = field(default=1, metadata={"help": "hf sampler on the CPU: forked processes that decode its "
+                                                            "batches (the same samples as one)"})
     sampler_tensor_parallel: int = field(default=1, metadata={"help": "vllm sampler: tensor parallel size"})
     sampler_gpu_memory_utilization: float = field(default=0.6, metadata={"help": "vllm sampler: GPU memory share (the critic shares the GPU)"})
 
@@ -64,7 +66,8 @@ class CandidateConfig:
         check_range(self, "top_p", low=0, high=1, strict=True)
         check_range(self, "sampler_gpu_memory_utilization", low=0, high=1, strict=True)
         check_range(self, "sampler_tensor_parallel", low=1)
-        for name in ("candidates_per_state", "max_new_tokens", "sample_batch_size", "sampler_batch_size"):
+        for name in ("candidates_per_state", "max_new_tokens", "sample_batch_size", "sampler_batch_size",
+                     "sampler_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"CandidateConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.candidates_per_state < 2:
@@ -169,7 +172,7 @@ def collect_candidates(states: Sequence[State], model_cfg: ModelConfig, cand: Ca
         engine = StoredSamples(Path(cand.reuse_candidates), settings)
     ranker = load_ranker()
     if engine is None:
-        options = EngineOptions(dtype=model_cfg.dtype, batch_size=cand.sampler_batch_size,
+        options = EngineOptions(dtype=model_cfg.dtype, batch_size=cand.sampler_batch_size, workers=cand.sampler_workers,
                                 tensor_parallel_size=cand.sampler_tensor_parallel,
                                 gpu_memory_utilization=cand.sampler_gpu_memory_utilization)
         engine = load_engine(cand.sampler or default_sampler(model_cfg), options)

@@ -99,7 +99,8 @@ def collect_episodes(policy: Path, cfg, cand, rounds: RoundsConfig, path: Path, 
     sampling = SamplingParams(temperature=cand.temperature, top_p=cand.top_p, max_new_tokens=cand.max_new_tokens)
     policy_episodes(f"hf:{policy}", tasks, env=cfg.env, simulator=rounds.simulator, sampling=sampling,
                     seeds=episode_seeds(seed, rounds.episodes_per_task), max_turns=rounds.max_turns, out_path=path,
-                    engine_options=EngineOptions(batch_size=cand.sampler_batch_size), agent_prompt=cfg.agent_prompt,
+                    engine_options=EngineOptions(batch_size=cand.sampler_batch_size, workers=cand.sampler_workers),
+                    agent_prompt=cfg.agent_prompt,
                     human_prompt=rounds.human_prompt, max_reply_chars=rounds.max_reply_chars)
     return path
 
