@@ -169,8 +169,18 @@ class ReadsCheck:
     def matched(self) -> int:
         return sum(m.low <= want <= m.high for _, m, want, _ in self.cells())
 
+    def telling(self) -> tuple[int, int, int]:
+        """Over the cells where the teacher's value and the blind explorer's differ (the ones
+        that tell reading from not reading): (cells, how many intervals hold the teacher's
+        value, how many hold the blind explorer's)."""
+        cells = [(m, want, blind) for _, m, want, blind in self.cells() if abs(want - blind) > 1e-9]
+        return (len(cells), sum(m.low <= want <= m.high for m, want, _ in cells),
+                sum(m.low <= blind <= m.high for m, _, blind in cells))
+
     def to_json(self) -> dict:
+        telling, teacher_in, blind_in = self.telling()
         return {"teacher": self.teacher, "matched": self.matched, "cells": len(self.cells()),
+                "telling": {"cells": telling, "teacher_within": teacher_in, "blind_within": blind_in},
                 **{name: {**m.to_json(), "teacher": round(want, 4), "blind": round(blind, 4)}
                    for name, m, want, blind in self.cells()}}
 
@@ -178,8 +188,10 @@ class ReadsCheck:
         shown = [c for c in self.cells() if c[0] in ("repeat", "after a side: other side", "after a side: same side")]
         parts = [f"{name} {m.value:.3f} [{m.low:.3f}, {m.high:.3f}] (teacher {want:.3f}, blind {blind:.3f})"
                  for name, m, want, blind in shown]
+        telling, teacher_in, blind_in = self.telling()
         return (f"{'; '.join(parts)}; {self.matched} of {len(self.cells())} (repeat rate and every P(move | history)) "
-                f"within the 95% intervals")
+                f"within the 95% intervals; where the teacher and the blind explorer differ, {teacher_in} of {telling} "
+                f"intervals hold the teacher's value and {blind_in} the blind one's")
 
 
 def reads_check(bed: str | tb.BedDesign, teacher: str | None, episodes: Sequence[Episode]) -> ReadsCheck:

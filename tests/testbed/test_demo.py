@@ -45,6 +45,10 @@ def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     check = summary["reads_check"]
     assert check["teacher"] == "reads" and check["cells"] == 11 and check["repeat"]["teacher"] == 0.2
     assert f"of 11 (repeat rate and every P(move | history)) within the 95% intervals" in res.stdout
+    telling = check["telling"]
+    assert telling["cells"] == 5 and 0 <= telling["blind_within"] <= 5
+    assert (f"where the teacher and the blind explorer differ, {telling['teacher_within']} of 5 intervals hold the "
+            f"teacher's value and {telling['blind_within']} the blind one's") in res.stdout
     assert f"optimum {summary['optimum']:.3f}" in res.stdout and "warm start checks:" in res.stdout
     # no prediction for a policy blind to which question it asked: the reading warm start is in no blind class
     assert summary["predicted_blind"] is None and "blind to which question it asked" not in res.stdout

@@ -93,6 +93,9 @@ def test_the_solvers_value_matches_the_scripted_teachers_dialogues():
     assert abs(rate - exact) <= 1.96 * math.sqrt(exact * (1 - exact) / n), (rate, exact)
     check = tp.reads_check("default", "reads", eps)
     assert check.matched == len(check.cells())  # the teacher's own dialogues match its exact profile
+    # the five cells that tell reading from not (repeat rate, the four moves after a side): every
+    # interval holds the teacher's value and none the blind explorer's
+    assert check.telling() == (5, 5, 0)
     assert tp.reads_check("default", "blind", eps).matched < len(check.cells()) - 2  # ... and not the blind one's
     blind = scripted_episodes(load_tokenizer("tiny"), 40, 0.75, seed=0, bed="default", teacher="blind")
     from testbed.human import scripted_dialogue
