@@ -7,6 +7,10 @@ Samples carry the generated ids and their log-probs under the model's unmodified
 distribution (log-softmax of the raw logits, temperature 1, no top-p). They are
 recorded during generation by a logits processor that runs before temperature and
 top-p, so no extra forward pass and no [steps, batch, vocab] logits buffer is needed.
+
+Each row (prompt, copy) draws from its own generator, seeded from the call's seed and the
+row (`row_generators`), so its samples do not depend on the batch it shares; on the CPU,
+`EngineOptions.workers` deals a call's batches to forked processes.
 """
 
 from __future__ import annotations
@@ -174,8 +178,8 @@ class HFEngine:
         """Return `params.n` samples for each conversation, in order.
 
         Prompts × n are sorted by length and processed in chunks of
-        `options.batch_size` rows; greedy decoding (temperature 0) runs each prompt once
-        and repeats the result n times.
+        `options.batch_size` rows (in `options.workers` processes on the CPU); greedy
+        decoding (temperature 0) runs each prompt once and repeats the result n times.
         """
         return self.generate_from_ids([prompt_ids(self.tokenizer, conv) for conv in conversations], params)
 
