@@ -238,7 +238,8 @@ class HFEngine:
             try:
                 conn.send_bytes(pickle.dumps(("ok", self._decode(prompts, share, params, seed))))
             except BaseException as e:  # the parent raises it, as one process would
-                conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}")))
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {first}".rstrip(": "))))
             finally:
                 conn.close()
 

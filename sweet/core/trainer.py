@@ -456,10 +456,11 @@ class Trainer:
         if self.restore() is None and first_metrics:
             self.log(first_metrics)
         bar = tqdm(total=total, initial=self.step, desc=self.name, disable=not self.is_main)
-        orders: dict[int, list[int]] = {}  # an epoch's order, drawn once
+        drawn, order = None, []  # the epoch whose order is drawn (once per epoch), and that order
         while self.step < total:
             epoch, k = divmod(self.step, per_epoch)
-            order = orders.get(epoch) or orders.setdefault(epoch, epoch_order(len(items), epoch, self.train.seed))
+            if epoch != drawn:
+                drawn, order = epoch, epoch_order(len(items), epoch, self.train.seed)
             batch = self.train.batch_size
             metrics = self.optimizer_step([items[i] for i in order[k * batch : (k + 1) * batch]], loss_fn, count_fn)
             bar.update(1)

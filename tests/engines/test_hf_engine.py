@@ -243,15 +243,16 @@ def test_decoding_workers_give_the_samples_of_one_process(tiny_path, hf_engine, 
 
 
 def test_a_failing_decoding_worker_is_an_engine_error(hf_engine):
-    """An error in a forked decoder reaches the caller as one EngineError naming it."""
+    """An error in a forked decoder reaches the caller as one EngineError naming it, one line."""
     forked = HFEngine.from_model(hf_engine.model, hf_engine.tokenizer, options=EngineOptions(batch_size=1, workers=2))
 
     def fail(module, args):
-        raise ValueError("boom in the forward")
+        raise ValueError("boom in the forward\nwith a second line")
 
     handle = hf_engine.model.register_forward_pre_hook(fail)
     try:
-        with pytest.raises(EngineError, match=r"decoding in 2 processes failed: hf-decode-0: ValueError: boom"):
+        with pytest.raises(EngineError, match=r"decoding in 2 processes failed: hf-decode-0: ValueError: boom") as err:
             forked.generate(CONVS, SamplingParams(temperature=1.0, max_new_tokens=4, seed=0))
     finally:
         handle.remove()
+    assert "\n" not in str(err.value)  # one line per process
