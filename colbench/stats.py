@@ -63,11 +63,21 @@ def bootstrap_ci(per_task: Sequence[Sequence[float]], *, n_boot: int = N_BOOTSTR
     groups = [np.asarray(v, dtype=float) for v in per_task if len(v)]
     if not groups:
         return Metric(float("nan"), float("nan"), float("nan"))
-    sums = np.array([g.sum() for g in groups])
-    counts = np.array([len(g) for g in groups], dtype=float)
+    return bootstrap_sums([g.sum() for g in groups], [len(g) for g in groups], n_boot=n_boot, seed=seed)
+
+
+def bootstrap_sums(sums: Sequence[float], counts: Sequence[float], *, n_boot: int = N_BOOTSTRAP,
+                   seed: int = BOOTSTRAP_SEED) -> Metric:
+    """`bootstrap_ci` from each task's sum of values and their count (tasks with count 0
+    are left out): the pooled mean and its 95% percentile interval over tasks."""
+    keep = [i for i, n in enumerate(counts) if n > 0]
+    if not keep:
+        return Metric(float("nan"), float("nan"), float("nan"))
+    sums = np.asarray([float(sums[i]) for i in keep])
+    counts = np.asarray([float(counts[i]) for i in keep])
     value = float(sums.sum() / counts.sum())
     rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(groups), size=(n_boot, len(groups)))  # [B, n_tasks] task indices
+    draws = rng.integers(0, len(sums), size=(n_boot, len(sums)))  # [B, n_tasks] task indices
     boots = sums[draws].sum(axis=1) / counts[draws].sum(axis=1)
     low, high = np.percentile(boots, [2.5, 97.5])
     # Float noise must not put the point estimate outside its own interval.

@@ -45,6 +45,7 @@ class TrainingPath:
     repeat:   [P, T]  of those that asked twice, how many repeated the first question in the
                       second (testbed.profile; None on the legacy bed)
     twice:    [P, T]  how many asked twice
+    reward:   [P, T]  the sum of the episodes' rewards (the share of tests passed)
     """
 
     tasks: tuple[str, ...]
@@ -54,6 +55,23 @@ class TrainingPath:
     count: np.ndarray
     repeat: np.ndarray | None = None
     twice: np.ndarray | None = None
+    reward: np.ndarray | None = None
+
+    ARRAYS = ("success", "log_ratio", "count", "repeat", "twice", "reward")
+
+    def to_json(self) -> dict:
+        """Plain data (a benchmark's seed record, testbed/learning.py): exact for the counts,
+        log-ratios and rewards to 1e-9."""
+        def plain(a: np.ndarray | None):
+            return None if a is None else [[round(float(x), 9) for x in row] for row in a]
+
+        return {"tasks": list(self.tasks), "steps": list(self.steps), **{k: plain(getattr(self, k)) for k in self.ARRAYS}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TrainingPath":
+        shape = (len(d["steps"]), len(d["tasks"]))
+        arrays = {k: None if d.get(k) is None else np.asarray(d[k], dtype=float).reshape(shape) for k in cls.ARRAYS}
+        return cls(tuple(d["tasks"]), tuple(int(s) for s in d["steps"]), **arrays)
 
     def points(self, weights: np.ndarray, quantity: str = "success") -> tuple[np.ndarray, np.ndarray]:
         """(KL [..., P], the quantity [..., P]) of every point with task `weights` [..., T]
@@ -224,7 +242,7 @@ def training_path(points: list[tuple[int, str]], files: list[str], warm: Path, t
 
     index = {t: i for i, t in enumerate(tasks)}
     shape = (len(points), len(tasks))
-    success, ratio, count = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    success, ratio, count, reward = np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros(shape)
     s = testbed_bed.design(bed) if bed is not None and not testbed_bed.design(bed).legacy else None
     repeat, twice = (np.zeros(shape), np.zeros(shape)) if s is not None else (None, None)
     for k, ((step, model), file) in enumerate(zip(points, files)):
@@ -235,12 +253,13 @@ def training_path(points: list[tuple[int, str]], files: list[str], warm: Path, t
                 raise ValueError(f"{file}: task {ep.task_id!r} is not one of the warm start's evaluation tasks")
             j = index[ep.task_id]
             success[k, j] += float(ep.success)
+            reward[k, j] += float(ep.reward)
             ratio[k, j] += r
             count[k, j] += 1
             if s is not None and (rep := testbed_profile.asked_twice_repeat(s, ep)) is not None:
                 repeat[k, j] += float(rep)
                 twice[k, j] += 1
-    return TrainingPath(tasks, tuple(step for step, _ in points), success, ratio, count, repeat, twice)
+    return TrainingPath(tasks, tuple(step for step, _ in points), success, ratio, count, repeat, twice, reward)
 
 
 def paths_of(results: dict[int, dict[str, dict]], names: list[str], warm: Path, bed: str | None = None):

@@ -5,6 +5,7 @@ compared under one rule at matched KL from the warm start.
     python -m testbed.learning --seeds 3 --seed-start 10         # seeds 10, 11, 12
     python -m testbed.learning --seeds 1 --policies sweet,mtdpo --hp-grid 1 --out runs/learning-quick
     python -m testbed.learning --bed legacy                     # the first bed (testbed/env.py)
+    python -m testbed.learning --records A/records/seed0.json B/records/seed1.json --out runs/both
 
 All policies start from the same warm-started tiny model (testbed.pipeline.warm_start,
 built once into OUT/warm_start, or --warm-start) on a test bed (testbed/bed.py).
@@ -56,6 +57,15 @@ results.json (per-seed values and paths, the search, the critic check, timings),
 frontier.png (success vs KL, 95% bands, predictions as markers) and learning.png (training
 curves). The final policies' success_rate/tests_passed are today's fields (their last snapshot).
 
+Seed records. Every table and figure is computed from OUT/records/seed<S>.json, one per seed,
+written once its points are evaluated: per policy its path (per point and test task the
+sums of successes, rewards, log-ratios and repeats, and the counts: frontier.TrainingPath),
+samples and training time; the critics' counts against A* and their credit splits; the
+bed, teacher, warm start (its weights' sha256), protocol, setup, search record and commit.
+No model is needed to summarise them: `--records FILE...` combines the records of separate
+runs (seeds measured in other sessions or on other machines) into one summary, training
+nothing, and refuses records whose protocol, warm start or policies differ.
+
 results.md also checks each SWEET-RL critic's stage-2 rankings against the exact advantage
 A* (testbed.oracle.exact_advantages, for the bed), overall and per turn: the share of
 candidate pairs it orders as A* does, and how often its top candidate is A*-best; beside it
@@ -82,15 +92,18 @@ from typing import NamedTuple
 from testbed.critic_check import (
     agreement_needed,
     checks_table,
-    credit_splits,
     credit_table,
-    critic_vs_oracle,
+    critic_counts,
     needed_table,
+    pool_checks,
+    pool_credit,
+    seed_credit,
 )
 from testbed.frontier import (  # the protocol's maths, tables and plot
     LEVELS,
     PREDICTED,
     Bootstrap,
+    TrainingPath,
     kl_table,
     pairs,
     pairs_table,
@@ -403,38 +416,144 @@ def search(seed: int, policies: list[str], warm: Path, out: Path, setup, proto: 
     return {"rule": rule, "grid": list(proto.hp_grid), "choice": choice, "validation": validation}
 
 
-def cluster_metrics(per_seed: dict[int, Path]) -> dict[str, dict]:
-    """success_rate and tests_passed over all evaluation episodes of all seeds, with
-    bootstrap intervals over (seed, task) clusters."""
-    from colbench.stats import bootstrap_ci
-    from sweet.core.records import load_episodes
+# ---- seed records: what the summary needs of a seed, without its models ----------------------
 
-    success: dict[tuple[int, str], list[float]] = {}
-    reward: dict[tuple[int, str], list[float]] = {}
-    for seed, path in per_seed.items():
-        for ep in load_episodes(path, env="testbed"):
-            success.setdefault((seed, ep.task_id), []).append(float(ep.success))
-            reward.setdefault((seed, ep.task_id), []).append(float(ep.reward))
-    return {"success_rate": bootstrap_ci(list(success.values())).to_json(),
-            "tests_passed": bootstrap_ci(list(reward.values())).to_json()}
+RECORD_VERSION = 1
+RECORD_RUN_KEYS = ("samples", "train_wall_s", "note", "mult", "folder")
+# what every combined record must share (the rest may differ: the seed, the commit, folders)
+RECORD_SHARED = ("version", "bed", "teacher", "warm_start", "protocol", "setup", "policies", "hp")
 
 
-def summarise(results: dict[int, dict[str, dict]], names: list[str], boot=None, paths=None,
-              predicted: dict | None = None) -> dict:
-    """The issue's summary.json: {"seeds": S, "policies": {name: M}}, and with the paths
-    (`paths_of`) and the solver's `prediction`: per policy its budget, final KL, success at
-    each KL level and prediction, the top-level prediction and every pair's gap."""
+def write_records(results: dict[int, dict[str, dict]], hp: dict, names: list[str], warm: Path, args,
+                  proto: Protocol, setup) -> list[dict]:
+    """Each seed's record in OUT/records/seed<S>.json (`seed_record`), returned as read
+    back, so that a run and a later `--records` summary of its files compute on the same
+    numbers."""
+    from sweet.core.fingerprint import file_sha256
+
+    bed = setup.bed if setup.env == "testbed" else None
+    _, paths = paths_of(results, names, warm, bed)
+    meta = {"version": RECORD_VERSION, "bed": args.bed,
+            "teacher": args.teacher or (testbed_default_teacher(args.bed) if setup.env == "testbed" else None),
+            "warm_start": {"model": str(warm), "sha256": file_sha256(Path(warm) / "model.safetensors")},
+            "protocol": {k: list(v) if isinstance(v, tuple) else v for k, v in proto.__dict__.items()},
+            "setup": {"episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates,
+                      "eval_seeds": setup.eval_seeds, "train_limit": setup.train_limit,
+                      "test_limit": setup.test_limit, "val_limit": setup.val_limit},
+            "hp": hp, "commit": git_commit()}
+    folder = args.out / "records"
+    folder.mkdir(parents=True, exist_ok=True)
+    records = []
+    for seed, runs in results.items():
+        policies = [n for n in names if n != "warm_start"]
+        record = {**meta, "seed": seed,
+                  "policies": {n: {**{k: nan_to_none(runs[n].get(k)) for k in RECORD_RUN_KEYS},
+                                   "path": paths[n][seed].to_json()} for n in names},
+                  "critic_counts": critic_counts(args.out, seed, policies, setup) if bed else {},
+                  "credit": seed_credit(args.out, seed, policies, setup)}
+        file = folder / f"seed{seed}.json"
+        tmp = file.with_name(file.name + ".tmp")
+        tmp.write_text(json.dumps(record, allow_nan=False))
+        tmp.replace(file)
+        records.append(json.loads(file.read_text()))
+    return records
+
+
+def nan_to_none(v):
+    """NaN (a time not recorded) as null: records are strict JSON."""
+    return None if isinstance(v, float) and v != v else v
+
+
+def testbed_default_teacher(bed: str) -> str:
+    from testbed import bed as testbed_bed
+
+    return testbed_bed.default_teacher(bed)
+
+
+def git_commit() -> str:
+    """The checkout's commit, `+changes` when tracked files differ from it ("unknown" outside git)."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
+def read_records(files: list[Path], p: argparse.ArgumentParser) -> list[dict]:
+    """--records: seed records written by earlier runs (`write_records`); they must share
+    RECORD_SHARED and name distinct seeds, else a one-line usage error naming the file and
+    the field."""
+    records = []
+    for file in files:
+        try:
+            record = json.loads(Path(file).read_text())
+        except (OSError, ValueError) as e:
+            p.error(f"--records {file}: not a seed record ({e})")
+        if not isinstance(record, dict) or record.get("version") != RECORD_VERSION:
+            p.error(f"--records {file}: not a version-{RECORD_VERSION} seed record of testbed.learning")
+        if records:
+            first = records[0]
+            for key in RECORD_SHARED:
+                mine, theirs = record.get(key), first.get(key)
+                if key == "policies":
+                    mine, theirs = list(mine or {}), list(theirs or {})
+                if mine != theirs:
+                    p.error(f"--records {file}: field {key!r} differs from {files[0]}'s; only seeds of one protocol, "
+                            "warm start and policy list combine")
+            if any(r["seed"] == record["seed"] for r in records):
+                p.error(f"--records {file}: seed {record['seed']} is already given")
+        records.append(record)
+    return records
+
+
+def unpack_records(records: list[dict]) -> tuple[dict, dict, dict, dict, dict]:
+    """(results[seed][policy] = its run's RECORD_RUN_KEYS, paths[policy][seed] = TrainingPath,
+    critic counts per seed, credit splits per seed, the search record)."""
+    results: dict[int, dict[str, dict]] = {}
+    paths: dict[str, dict[int, TrainingPath]] = {}
+    counts, credit = {}, {}
+    for r in sorted(records, key=lambda r: r["seed"]):
+        s = int(r["seed"])
+        results[s] = {n: {k: run.get(k) for k in RECORD_RUN_KEYS} for n, run in r["policies"].items()}
+        for n, run in r["policies"].items():
+            paths.setdefault(n, {})[s] = TrainingPath.from_json(run["path"])
+        counts[s], credit[s] = r["critic_counts"], r["credit"]
+    for runs in results.values():
+        for run in runs.values():
+            run["train_wall_s"] = float("nan") if run["train_wall_s"] is None else run["train_wall_s"]
+    return results, paths, counts, credit, records[0]["hp"]
+
+
+def final_metrics(paths: dict[int, TrainingPath]) -> dict[str, dict]:
+    """success_rate and tests_passed of the paths' last points (the final policies) over
+    all their episodes, with bootstrap intervals over (seed, task) clusters."""
+    from colbench.stats import bootstrap_sums
+
+    seeds = sorted(paths)
+    count = [c for s in seeds for c in paths[s].count[-1]]
+    return {"success_rate": bootstrap_sums([x for s in seeds for x in paths[s].success[-1]], count).to_json(),
+            "tests_passed": bootstrap_sums([x for s in seeds for x in paths[s].reward[-1]], count).to_json()}
+
+
+def summarise(results: dict[int, dict[str, dict]], names: list[str], boot: Bootstrap,
+              paths: dict[str, dict[int, TrainingPath]], predicted: dict | None = None) -> dict:
+    """summary.json: {"seeds": S, "policies": {name: M}}: per policy its final metrics,
+    samples, budget, final KL and success at each KL level (`paths`), with the solver's
+    `prediction` beside them, the top-level prediction and every pair's gap."""
     policies = {}
     for name in names:
-        m = cluster_metrics({s: r[name]["eval_episodes"] for s, r in results.items()})
+        m = final_metrics(paths[name])
         samples = [sum(r[name]["samples"].values()) for r in results.values()]
         walls = [w for r in results.values() if (w := r[name]["train_wall_s"]) == w]  # NaN: not recorded
         policies[name] = {**m, "samples": int(round(statistics.fmean(samples))),
                           "train_wall_s": round(statistics.fmean(walls), 1) if walls else None,
                           "budget": budget(name, results)}
     out = {"seeds": len(results), "policies": policies}
-    if paths is None:
-        return out
     pred = {n: (predicted["warm_start"] if n == "warm_start" else predicted["methods"].get(solver_name(n))) if predicted else None
             for n in names}
     classes = (predicted or {}).get("policy_class")
@@ -562,6 +681,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher", choices=("reads", "blind"), default=None,
                    help="the warm start's teacher (testbed/bed.py TEACHERS; default: reads on a non-legacy bed, the "
                         "explorer that reads its dialogue; blind on the legacy bed); the solver predicts from it")
+    p.add_argument("--records", type=Path, nargs="+", default=None, metavar="FILE",
+                   help="summarise these seed records (OUT/records/seed<S>.json of earlier runs, e.g. of other "
+                        "sessions) into --out, training and evaluating nothing: seeds combine across runs")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "learning")
     return p
 
@@ -596,29 +718,45 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     """Warm start, every (seed, policy) path, the summary, tables and plots into args.out."""
     from testbed.pipeline import TestbedSetup, warm_start
 
-    setup = TestbedSetup.for_bed(args.bed)
-    if args.episodes_per_task:
-        setup.episodes_per_task = args.episodes_per_task
-    setup.train_limit, setup.test_limit, setup.val_limit = args.train_limit, args.test_limit, args.val_limit
-    grid = args.hp_grid or (Protocol.hp_grid if setup.val_tasks else (1.0,))  # legacy: no validation tasks
-    proto = Protocol(path_epochs=args.path_epochs, snapshot_steps=args.snapshot_steps, hp_grid=grid,
-                     val_episodes=args.val_episodes, predict_finite=args.predict_finite, eval_points=args.eval_points)
-    if len(proto.hp_grid) > 1 and not setup.val_tasks:
-        p.error(f"--hp-grid: the bed {args.bed!r} has no validation tasks; give --hp-grid 1")
-    t0 = time.perf_counter()
-    if args.warm_start is not None and not (args.warm_start / "config.json").exists():
-        p.error(f"--warm-start {args.warm_start}: no model there (no config.json)")
-    warm = args.warm_start or warm_start(args.out / "warm_start", bed=setup.bed, teacher=args.teacher)
-    setup.timings["warm_start"] = time.perf_counter() - t0
-    seeds = list(range(args.seed_start, args.seed_start + args.seeds))
-    print(f"one rule for every method: {search_rule(proto)}", flush=True)
-    results, hp = run_all(seeds, policies, warm, args.out, setup, jobs=args.jobs, proto=proto)
+    if args.records:  # the records' own bed, teacher, protocol, setup and policies, whatever the flags say
+        records = read_records(args.records, p)
+        first = records[0]
+        args.bed, args.teacher, policies = first["bed"], first["teacher"], list(first["policies"])[1:]
+        setup = TestbedSetup.for_bed(args.bed)
+        for key, value in first["setup"].items():
+            setattr(setup, key, value)
+        proto = Protocol(**{**first["protocol"], "hp_grid": tuple(first["protocol"]["hp_grid"])})
+        setup.timings["warm_start"] = float("nan")
+        print(f"summarising {len(records)} seed records ({', '.join(map(str, args.records))}); nothing is trained",
+              flush=True)
+    else:
+        setup = TestbedSetup.for_bed(args.bed)
+        if args.episodes_per_task:
+            setup.episodes_per_task = args.episodes_per_task
+        setup.train_limit, setup.test_limit, setup.val_limit = args.train_limit, args.test_limit, args.val_limit
+        grid = args.hp_grid or (Protocol.hp_grid if setup.val_tasks else (1.0,))  # legacy: no validation tasks
+        proto = Protocol(path_epochs=args.path_epochs, snapshot_steps=args.snapshot_steps, hp_grid=grid,
+                         val_episodes=args.val_episodes, predict_finite=args.predict_finite,
+                         eval_points=args.eval_points)
+        if len(proto.hp_grid) > 1 and not setup.val_tasks:
+            p.error(f"--hp-grid: the bed {args.bed!r} has no validation tasks; give --hp-grid 1")
+        t0 = time.perf_counter()
+        if args.warm_start is not None and not (args.warm_start / "config.json").exists():
+            p.error(f"--warm-start {args.warm_start}: no model there (no config.json)")
+        warm = args.warm_start or warm_start(args.out / "warm_start", bed=setup.bed, teacher=args.teacher)
+        setup.timings["warm_start"] = time.perf_counter() - t0
+        seeds = list(range(args.seed_start, args.seed_start + args.seeds))
+        print(f"one rule for every method: {search_rule(proto)}", flush=True)
+        results, hp = run_all(seeds, policies, warm, args.out, setup, jobs=args.jobs, proto=proto)
+        records = write_records(results, hp, ["warm_start", *policies], warm, args, proto, setup)
+    results, paths, counts, credit, hp = unpack_records(records)
+    seeds = sorted(results)
+    boot = Bootstrap({s: paths["warm_start"][s].tasks for s in seeds})
 
     names = ["warm_start", *policies]
     with_prediction = [n for n in names if solver_name(n) in PREDICTED]
     predicted = (prediction(args.bed, setup, proto.predict_finite, args.out, args.teacher)
                  if setup.env == "testbed" else None)
-    boot, paths = paths_of(results, names, warm, setup.bed if setup.env == "testbed" else None)
     summary = {"bed": args.bed, **summarise(results, names, boot, paths, predicted), "hp": hp}
     folders = {n: {s: r[n]["folder"] for s, r in results.items()} for n in policies}
     text = (f"test bed {args.bed!r}; hyper-parameters: {hp['rule']} (chosen "
@@ -631,14 +769,14 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
         text += ("\n\nHow often the second question repeats the first (of the dialogues that ask twice), at matched "
                  "KL; the solver's for a tabular policy and for one blind to the dialogue (python -m "
                  "testbed.policy_class):\n\n" + repeat_table(summary))
-    checks = critic_vs_oracle(args.out, seeds, policies, setup, folders) if setup.env == "testbed" else {}
+    checks = pool_checks([counts[s] for s in seeds])
     if checks:
         text += "\n\nStage-2 rankings against the exact advantage A* (1.00 = the oracle's ranking):\n\n" + checks_table(checks)
         summary["critic_agreement_needed"] = agreement_needed(args.bed, setup, args.out)
         text += ("\n\nThe agreement (pairs ordered as A*) a critic needs for stage 2 to reach MT-DPO, per the exact "
                  "solver (population limit; python -m testbed.agreement):\n\n"
                  + needed_table(summary["critic_agreement_needed"]))
-    splits = credit_splits(args.out, seeds, policies, setup)
+    splits = pool_credit({s: credit[s] for s in seeds})
     if splits:
         summary["critic_credit"] = splits
         text += ("\n\nWhere each learned critic puts its margin on its own pairs of equal length (the answer: the "
@@ -650,10 +788,10 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
             if r[n].get("note"):
                 print(f"note: seed {s} {n}: {r[n]['note']}")
     print(f"\nseeds {seeds}; {setup.episodes_per_task} episodes per train task per seed; SWEET-RL variants also "
-          f"sample {setup.candidates} candidates per stage-2 state; warm start {setup.timings['warm_start']:.0f} s")
+          f"sample {setup.candidates} candidates per stage-2 state; warm start {setup.timings['warm_start']:.0f} s; "
+          f"commits {', '.join(sorted({r['commit'] for r in records}))}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    nan_to_none = lambda v: None if isinstance(v, float) and v != v else v  # noqa: E731 (strict JSON)
     per_seed = {str(s): {n: {**{k: nan_to_none(r[n].get(k)) for k in ("samples", "train_wall_s", "note", "mult")},
                              "path": [{"step": st, "kl": round(float(kl), 4), "success_rate": round(float(sr), 4)}
                                       for st, kl, sr in zip(paths[n][s].steps, *paths[n][s].points(

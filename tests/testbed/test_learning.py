@@ -59,9 +59,24 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     assert c["n_ties"] == 4 and c["ties_split"] == 1.0
     assert c["per_turn"] == {"0": {"pairs": 1.0, "n_pairs": 2}, "2": {"pairs": 0.75, "n_pairs": 4},
                              "3": {"pairs": 0.0, "n_pairs": 2}}
+    # stage 2's own pairs, drawn again (no config.json here: 4 per state, seed 0): turn 0 pairs
+    # the question (top) with the answer (bottom), 4 as A*; the last turn pairs the question
+    # with the right answer, 4 reversed; turn 2's top half {answer +1, positive 0} against
+    # {both +1, vague 0} gives A*-ties or not by the draw
+    s2 = c["stage2"]
+    assert s2["pairs"] == 12 and s2["agree"] + s2["tied"] + s2["reversed"] == 12
+    assert s2["agree"] >= 4 and s2["reversed"] >= 4 and s2["tied"] >= 1
     table = learning.checks_table(checks)
-    assert "| sweet | 0.62 (of 8) | 0.67 (of 3) | 0.00 (of 1) | 0.50 (of 2) | 1.00 (of 4) |" in table
+    drawn = f"{s2['agree']} / {s2['tied']} / {s2['reversed']} (of 12)"
+    assert f"| sweet | 0.62 (of 8) | 0.67 (of 3) | 0.00 (of 1) | 0.50 (of 2) | 1.00 (of 4) | {drawn} |" in table
     assert "| sweet | 1.00 (of 2) | 0.75 (of 4) | 0.00 (of 2) |" in table  # per turn 0, 2, 3
+
+    # the run's own settings, from its config.json: one pair per state, and its seed
+    (sd / "sweet" / "config.json").write_text(json.dumps({
+        "sweet": {"episodes": "/elsewhere/episodes.jsonl", "tasks": TestbedSetup.for_bed("legacy").train_tasks,
+                  "env": "testbed", "episode_fraction": 1.0, "pairs_per_state": 1}, "train": {"seed": 7}}))
+    one = learning.critic_vs_oracle(tmp_path, [0], ["sweet"], TestbedSetup.for_bed("legacy"))["sweet"]["stage2"]
+    assert one["pairs"] == 3 and one["agree"] >= 1 and one["reversed"] >= 1
 
 
 def test_the_solvers_needed_agreement_is_computed_once_and_tabled_beside_the_check(tmp_path):

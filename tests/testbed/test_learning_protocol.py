@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed import learning
+
 ROOT = Path(__file__).resolve().parents[2]
 LEVELS = ("0.5", "1.0", "2.0")
 
@@ -113,6 +115,48 @@ def test_toy_run_on_the_default_bed(tmp_path, smoke_warm_start):
     assert summary["policies"]["mtdpo"]["predicted_repeat"] == {"history": tabular.to_json()["repeat_rate"]["mtdpo"]}
     assert all("predicted_blind" not in m for m in summary["policies"].values())
     assert "How often the second question repeats the first" in text and "| tabular | blind" in text
+
+    # the seed's record alone gives the same summary and tables, training nothing (--records):
+    # seeds measured by separate runs combine
+    record = out / "records" / "seed0.json"
+    again = tmp_path / "again"
+    res = subprocess.run([sys.executable, "-m", "testbed.learning", "--records", str(record), "--out", str(again)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "nothing is trained" in res.stdout and not (again / "seed0").exists()
+    assert json.loads((again / "summary.json").read_text()) == summary
+    assert (again / "results.md").read_text() == text
+    data = json.loads(record.read_text())
+    assert data["policies"]["mtdpo"]["path"]["tasks"] == list(summary_tasks(out))
+    twice = tmp_path / "seed1.json"  # the same numbers under another seed: two clusters per task
+    twice.write_text(json.dumps({**data, "seed": 1}))
+    both = learning.main(["--records", str(record), str(twice), "--out", str(tmp_path / "both")])
+    assert both["seeds"] == 2
+    assert both["policies"]["rft"]["success_rate"]["value"] == pytest.approx(summary["policies"]["rft"]["success_rate"]["value"])
+
+
+def summary_tasks(out: Path) -> list[str]:
+    from testbed.frontier import tasks_of
+
+    return tasks_of(out / "seed0" / "eval" / "episodes" / "warm_start.jsonl")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"protocol": {"path_epochs": 99}}, "field 'protocol' differs from"),
+    ({"seed": 0}, "seed 0 is already given"),
+    ({"version": 0}, "not a version-1 seed record"),
+])
+def test_records_of_another_protocol_or_the_same_seed_do_not_combine(tmp_path, capsys, change, message):
+    first = {"version": 1, "seed": 0, "bed": "default", "teacher": "reads", "warm_start": {"sha256": "x"},
+             "protocol": {"path_epochs": 4}, "setup": {}, "policies": {"warm_start": {}}, "hp": {}}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(first))
+    b.write_text(json.dumps({**first, "seed": 1, **change}))
+    with pytest.raises(SystemExit) as stop:
+        learning.main(["--records", str(a), str(b), "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--records {b}: {message}" in err
 
 
 @pytest.mark.slow
