@@ -425,10 +425,10 @@ RECORD_SHARED = ("version", "bed", "teacher", "warm_start", "protocol", "setup",
 
 
 def write_records(results: dict[int, dict[str, dict]], hp: dict, names: list[str], warm: Path, args,
-                  proto: Protocol, setup) -> list[dict]:
-    """Each seed's record in OUT/records/seed<S>.json (`seed_record`), returned as read
-    back, so that a run and a later `--records` summary of its files compute on the same
-    numbers."""
+                  proto: Protocol, setup, commit: str) -> list[dict]:
+    """Each seed's record in OUT/records/seed<S>.json, returned as read back, so that a run
+    and a later `--records` summary of its files compute on the same numbers. `commit`: the
+    code's, read when the run started."""
     from sweet.core.fingerprint import file_sha256
 
     bed = setup.bed if setup.env == "testbed" else None
@@ -440,7 +440,7 @@ def write_records(results: dict[int, dict[str, dict]], hp: dict, names: list[str
             "setup": {"episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates,
                       "eval_seeds": setup.eval_seeds, "train_limit": setup.train_limit,
                       "test_limit": setup.test_limit, "val_limit": setup.val_limit},
-            "hp": hp, "commit": git_commit()}
+            "hp": hp, "commit": commit}
     folder = args.out / "records"
     folder.mkdir(parents=True, exist_ok=True)
     records = []
@@ -730,6 +730,7 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
         print(f"summarising {len(records)} seed records ({', '.join(map(str, args.records))}); nothing is trained",
               flush=True)
     else:
+        commit = git_commit()  # before anything runs: the code this run loads
         setup = TestbedSetup.for_bed(args.bed)
         if args.episodes_per_task:
             setup.episodes_per_task = args.episodes_per_task
@@ -748,7 +749,7 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
         seeds = list(range(args.seed_start, args.seed_start + args.seeds))
         print(f"one rule for every method: {search_rule(proto)}", flush=True)
         results, hp = run_all(seeds, policies, warm, args.out, setup, jobs=args.jobs, proto=proto)
-        records = write_records(results, hp, ["warm_start", *policies], warm, args, proto, setup)
+        records = write_records(results, hp, ["warm_start", *policies], warm, args, proto, setup, commit)
     results, paths, counts, credit, hp = unpack_records(records)
     seeds = sorted(results)
     boot = Bootstrap({s: paths["warm_start"][s].tasks for s in seeds})
