@@ -502,6 +502,8 @@ def read_records(files: list[Path], p: argparse.ArgumentParser) -> list[dict]:
                 mine, theirs = record.get(key), first.get(key)
                 if key == "policies":
                     mine, theirs = list(mine or {}), list(theirs or {})
+                elif key == "warm_start":  # the same weights, wherever each run found them
+                    mine, theirs = (mine or {}).get("sha256"), (theirs or {}).get("sha256")
                 if mine != theirs:
                     p.error(f"--records {file}: field {key!r} differs from {files[0]}'s; only seeds of one protocol, "
                             "warm start and policy list combine")

@@ -129,7 +129,7 @@ def test_toy_run_on_the_default_bed(tmp_path, smoke_warm_start):
     data = json.loads(record.read_text())
     assert data["policies"]["mtdpo"]["path"]["tasks"] == list(summary_tasks(out))
     twice = tmp_path / "seed1.json"  # the same numbers under another seed: two clusters per task
-    twice.write_text(json.dumps({**data, "seed": 1}))
+    twice.write_text(json.dumps({**data, "seed": 1, "warm_start": {**data["warm_start"], "model": "elsewhere"}}))
     both = learning.main(["--records", str(record), str(twice), "--out", str(tmp_path / "both")])
     assert both["seeds"] == 2
     assert both["policies"]["rft"]["success_rate"]["value"] == pytest.approx(summary["policies"]["rft"]["success_rate"]["value"])
@@ -143,6 +143,7 @@ def summary_tasks(out: Path) -> list[str]:
 
 @pytest.mark.parametrize("change, message", [
     ({"protocol": {"path_epochs": 99}}, "field 'protocol' differs from"),
+    ({"warm_start": {"model": "elsewhere", "sha256": "y"}}, "field 'warm_start' differs from"),
     ({"seed": 0}, "seed 0 is already given"),
     ({"version": 0}, "not a version-1 seed record"),
 ])
