@@ -104,6 +104,8 @@ def test_toy_run_on_the_default_bed(tmp_path, smoke_warm_start):
 
     warm = summary["policies"]["warm_start"]
     episodes = read_episodes(out / "seed0" / "eval" / "episodes" / "warm_start.jsonl")
+    assert warm["success_rate"]["value"] == pytest.approx(sum(e.success for e in episodes) / len(episodes))
+    assert warm["tests_passed"]["value"] == pytest.approx(sum(e.reward for e in episodes) / len(episodes))
     assert warm["at_kl"]["0.5"]["repeat_rate"]["value"] == pytest.approx(
         testbed_profile.profile("default", episodes).metrics["repeat"].value)
     check_metric(warm["at_kl"]["1.0"]["repeat_rate"])
