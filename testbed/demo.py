@@ -287,14 +287,22 @@ def main_job_summary(rows: list[dict], bed: str, teacher: str | None = None, kl:
 
 def warm_start_checks(folder: Path) -> str:
     """One line: at which pass each warm-start phase passed its check (a retry said so)."""
+    def score(c: dict) -> str:
+        r = c.get("reads")
+        return f"{c['copy_accuracy']:.2f}" + (f", reads {r['teacher_within']} of {r['cells']} (blind {r['blind_within']})"
+                                              if r else "")
+
     parts = []
     for phase in ("copy", "behave"):
         record = folder / f"{phase}_check.json"
         if record.exists():
             checks = json.loads(record.read_text())
-            scores = ", ".join(f"{c['copy_accuracy']:.2f}" for c in checks)
-            parts.append(f"{phase} passed at once ({scores})" if len(checks) == 1 else
-                         f"{phase} retried: passed on pass {len(checks)} ({scores})")
+            scores = "; ".join(score(c) for c in checks)
+            if checks[-1].get("reads", {}).get("passed") is False:
+                parts.append(f"{phase} did not read in {len(checks)} passes ({scores})")
+            else:
+                parts.append(f"{phase} passed at once ({scores})" if len(checks) == 1 else
+                             f"{phase} retried: passed on pass {len(checks)} ({scores})")
     return "warm start checks: " + ("; ".join(parts) if parts else "none recorded (smoke run)")
 
 

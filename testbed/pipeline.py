@@ -113,8 +113,10 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False, bed: str = DEFAULT
                default 0.75), which sets the per-turn question/answer choices that RL
                then has to improve (`behave_size` dialogues and epochs per pass).
     Each phase is checked on held-out dialogues and trained on until it answers as the
-    explorer would (`checked_phase`). The behaviour phase's last pass is the policy
-    every algorithm starts from (OUT/behave/final, or OUT/behave-2/final, ...)."""
+    explorer would (`checked_phase`); a teacher that reads its dialogue must also be read
+    back from the behave phase's own dialogues on the validation tasks (`reads_gate`). The
+    behaviour phase's last pass is the policy every algorithm starts from (OUT/behave/final,
+    or OUT/behave-2/final, ...)."""
     from testbed.warm_start import WarmStartConfig
     from testbed.warm_start import main as run
 
@@ -124,9 +126,10 @@ def warm_start(out: Path, seed: int = 0, smoke: bool = False, bed: str = DEFAULT
     copy = checked_phase(out, "copy", "tiny", COPY_PASS, seed=seed, learning_rates=(2e-3, 1e-3), p_ask=1.0,
                          n_dialogues=1600, bed=bed, teacher=teacher)
     n_dialogues, epochs = behave_size(bed, teacher)
+    reads = testbed_bed.teacher_design(bed, teacher).p_other > 0 and not testbed_bed.design(bed).legacy
     return checked_phase(out, "behave", str(copy), BEHAVE_PASS, seed=seed + 1, learning_rates=(1e-3,),
-                         epochs=epochs, p_ask=testbed_bed.design(bed).p_ask, n_dialogues=n_dialogues, bed=bed,
-                         teacher=teacher)
+                         epochs=epochs, retry_epochs=1, reads=reads, p_ask=testbed_bed.design(bed).p_ask,
+                         n_dialogues=n_dialogues, bed=bed, teacher=teacher)
 
 
 def behave_size(bed: str, teacher: str | None) -> tuple[int, int]:
@@ -149,10 +152,32 @@ BEHAVE_PASS = 0.97
 PHASE_ROUNDS = 4  # at most this many passes of one phase (fresh dialogues each) before giving up
 
 
+def reads_gate(model: str, out: Path, bed: str, teacher: str | None) -> dict:
+    """Does a warm start read its dialogue as its teacher does? Its dialogues on the bed's
+    validation tasks (2 episodes each, the evaluation temperature, round 0; never the test
+    tasks) against the teacher's exact profile (testbed.profile.reads_check): over the cells
+    where the teacher and the blind explorer differ, it passes when no 95% interval holds
+    the blind explorer's value and at most one misses the teacher's (a perfect imitator
+    misses two or more of five about 2% of the time). The reading emerges abruptly with
+    the behave phase's steps, at a number that varies with the seed
+    (testbed/results/2026-12-05-main-job-seeds.md). Episodes in `out`."""
+    from colbench.episodes import read_episodes
+    from testbed import profile as testbed_profile
+
+    setup = TestbedSetup.for_bed(bed)
+    val = replace(setup, test_tasks=setup.val_tasks)
+    evaluate({"warm_start": model}, val, out)
+    check = testbed_profile.reads_check(bed, teacher, read_episodes(out / "episodes" / "warm_start.jsonl"))
+    cells, teacher_within, blind_within = check.telling()
+    return {"cells": cells, "teacher_within": teacher_within, "blind_within": blind_within,
+            "passed": blind_within == 0 and teacher_within >= cells - 1}
+
+
 def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, learning_rates: Sequence[float],
-                  epochs: int = 1, **explorer) -> Path:
+                  epochs: int = 1, retry_epochs: int | None = None, reads: bool = False, **explorer) -> Path:
     """One warm-start phase, checked: imitate the explorer (`explorer`: WarmStartConfig
-    fields such as p_ask, n_dialogues; `epochs` per pass), measure held-out copy accuracy
+    fields such as p_ask, n_dialogues; `epochs` on the first pass, `retry_epochs` (default
+    `epochs`) on later ones), measure held-out copy accuracy
     (testbed.warm_start.copy_accuracy: greedy answers after the always-asking explorer's
     questions on the validation tasks, the legacy bed's test tasks) and, below `bar`, train
     another pass from the last one on fresh dialogues (pass k at learning_rates[k], the
@@ -161,27 +186,48 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
     tiny model, float noise (two runs of the same 10 steps differ by 1e-7 in the weights;
     after one 400-step copy pass, two builds scored 0.92 and 0.76). Each pass is its
     own folder (copy, copy-2, ...) with its accuracy in OUT/<phase>_check.json, so a
-    rerun resumes. Raises if no pass of PHASE_ROUNDS passes: every algorithm would start
-    from a policy that cannot use what the human said."""
+    rerun resumes. Raises if no pass of PHASE_ROUNDS copies: every algorithm would start
+    from a policy that cannot use what the human said. With `reads`, a pass that copies
+    must also pass `reads_gate` (its record beside the accuracy); when none of
+    PHASE_ROUNDS does, the last pass that copies is kept and a warning says it does not
+    read."""
     from testbed.warm_start import WarmStartConfig, copy_accuracy
     from testbed.warm_start import main as run
 
     record = out / f"{phase}_check.json"
     checks = json.loads(record.read_text()) if record.exists() else []
+    bed = explorer.get("bed", DEFAULT_BED)
+    copies = None  # the last pass that copies
     for k in range(PHASE_ROUNDS):
         folder = out / (phase if k == 0 else f"{phase}-{k + 1}")
-        model = str(run(WarmStartConfig(output_dir=str(folder), model=model, seed=seed + 100 * k, epochs=epochs,
+        model = str(run(WarmStartConfig(output_dir=str(folder), model=model, seed=seed + 100 * k,
+                                        epochs=epochs if k == 0 or retry_epochs is None else retry_epochs,
                                         batch_size=16, learning_rate=learning_rates[min(k, len(learning_rates) - 1)],
                                         **explorer)))
         if k >= len(checks):
-            checks.append({"model": model, "copy_accuracy": copy_accuracy(model, seed=seed, workers=WORKERS,
-                                                                          bed=explorer.get("bed", DEFAULT_BED))})
+            checks.append({"model": model, "copy_accuracy": copy_accuracy(model, seed=seed, workers=WORKERS, bed=bed)})
             out.mkdir(parents=True, exist_ok=True)
             record.write_text(json.dumps(checks, indent=2))
         print(f"warm start: {phase} pass {k + 1}: held-out copy accuracy {checks[k]['copy_accuracy']:.2f} "
               f"(bar {bar})", flush=True)
-        if checks[k]["copy_accuracy"] >= bar:
+        if checks[k]["copy_accuracy"] < bar:
+            continue
+        copies = model
+        if not reads:
             return Path(model)
+        if "reads" not in checks[k]:
+            checks[k]["reads"] = reads_gate(model, out / f"{folder.name}-reads", bed, explorer.get("teacher"))
+            record.write_text(json.dumps(checks, indent=2))
+        r = checks[k]["reads"]
+        print(f"warm start: {phase} pass {k + 1}: reads its dialogue on the validation tasks: "
+              f"{'yes' if r['passed'] else 'no'} ({r['teacher_within']} of {r['cells']} telling intervals hold the "
+              f"teacher's value, {r['blind_within']} the blind explorer's)", flush=True)
+        if r["passed"]:
+            return Path(model)
+    if copies is not None:
+        print(f"warning: warm start: no {phase} pass of {PHASE_ROUNDS} reads its dialogue as its teacher does "
+              f"({record}); the last one that copies is kept", flush=True)
+        return Path(copies)
     raise RuntimeError(f"warm start: the {phase} phase did not reach {bar} held-out copy accuracy in "
                        f"{PHASE_ROUNDS} passes ({record}); the policy cannot use what the human said")
 

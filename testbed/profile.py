@@ -177,6 +177,12 @@ class ReadsCheck:
         return (len(cells), sum(m.low <= want <= m.high for m, want, _ in cells),
                 sum(m.low <= blind <= m.high for m, _, blind in cells))
 
+    def reads(self) -> bool:
+        """The warm start's reading gate (testbed.pipeline.reads_gate): no telling interval
+        holds the blind explorer's value, and at most one misses the teacher's."""
+        cells, teacher_in, blind_in = self.telling()
+        return blind_in == 0 and teacher_in >= cells - 1
+
     def to_json(self) -> dict:
         telling, teacher_in, blind_in = self.telling()
         return {"teacher": self.teacher, "matched": self.matched, "cells": len(self.cells()),

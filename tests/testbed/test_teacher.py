@@ -96,7 +96,10 @@ def test_the_solvers_value_matches_the_scripted_teachers_dialogues():
     # the five cells that tell reading from not (repeat rate, the four moves after a side): every
     # interval holds the teacher's value and none the blind explorer's
     assert check.telling() == (5, 5, 0)
+    assert check.reads()  # the warm start's reading gate (testbed.pipeline.reads_gate) passes the teacher itself
     assert tp.reads_check("default", "blind", eps).matched < len(check.cells()) - 2  # ... and not the blind one's
+    unread = scripted_episodes(load_tokenizer("tiny"), n, 0.75, seed=0, bed="default", teacher="blind")
+    assert not tp.reads_check("default", "reads", unread).reads()  # the gate fails the explorer blind to its dialogue
     blind = scripted_episodes(load_tokenizer("tiny"), 40, 0.75, seed=0, bed="default", teacher="blind")
     from testbed.human import scripted_dialogue
 

@@ -1,6 +1,7 @@
 """The warm start's copy check (testbed/warm_start.py): the held-out cases and their scoring."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -63,14 +64,22 @@ def test_bed_copy_check_asks_on_every_turn_but_the_last_and_wants_the_explorers_
 
 def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_path, monkeypatch):
     """A warm-start phase stops at the first pass over the bar, each pass continuing the
-    last at its own learning rate; it resumes from <phase>_check.json, and raises rather
-    than hand on a warm start that cannot copy."""
-    trained, measured = [], []
-    accuracy = {"copy": 0.5, "copy-2": pipeline.COPY_PASS, "behave": pipeline.BEHAVE_PASS - 0.01, "behave-2": 1.0}
+    last at its own learning rate; the reading teacher's behave phase also needs a pass that
+    reads (`reads_gate`, only on passes that copy), later passes one epoch each; it resumes
+    from <phase>_check.json, and raises rather than hand on a warm start that cannot copy."""
+    trained, measured, read = [], [], []
+    accuracy = {"copy": 0.5, "copy-2": pipeline.COPY_PASS, "behave": pipeline.BEHAVE_PASS - 0.01, "behave-2": 1.0,
+                "behave-3": 1.0}
+    reading = {"behave-2": False, "behave-3": True}
+
+    def fake_reads(model, out, bed, teacher):
+        read.append((model.split("/")[-2], out.name, bed, teacher))
+        ok = reading[model.split("/")[-2]]
+        return {"cells": 5, "teacher_within": 5 if ok else 2, "blind_within": 0 if ok else 1, "passed": ok}
 
     def fake_run(cfg):
         trained.append(cfg)
-        return tmp_path / "ws" / cfg.output_dir.rsplit("/", 1)[1] / "final"
+        return Path(cfg.output_dir) / "final"
 
     def fake_accuracy(model, seed=0, **bed):
         measured.append(model)
@@ -78,23 +87,42 @@ def test_a_checked_phase_trains_again_until_the_bar_and_records_each_pass(tmp_pa
 
     monkeypatch.setattr("testbed.warm_start.main", fake_run)
     monkeypatch.setattr("testbed.warm_start.copy_accuracy", fake_accuracy)
+    monkeypatch.setattr(pipeline, "reads_gate", fake_reads)
     model = pipeline.warm_start(tmp_path / "ws", seed=0)
-    assert model == tmp_path / "ws" / "behave-2" / "final"
-    assert [c.output_dir.rsplit("/", 1)[1] for c in trained] == ["copy", "copy-2", "behave", "behave-2"]
+    assert model == tmp_path / "ws" / "behave-3" / "final"
+    assert [c.output_dir.rsplit("/", 1)[1] for c in trained] == ["copy", "copy-2", "behave", "behave-2", "behave-3"]
     ws = str(tmp_path / "ws")
-    assert [c.model for c in trained] == ["tiny", f"{ws}/copy/final", f"{ws}/copy-2/final", f"{ws}/behave/final"]
-    assert [c.learning_rate for c in trained] == [2e-3, 1e-3, 1e-3, 1e-3]
-    assert [c.p_ask for c in trained] == [1.0, 1.0, 0.75, 0.75]  # the default bed's explorer in phase 2
+    assert [c.model for c in trained] == ["tiny", f"{ws}/copy/final", f"{ws}/copy-2/final", f"{ws}/behave/final",
+                                          f"{ws}/behave-2/final"]
+    assert [c.learning_rate for c in trained] == [2e-3, 1e-3, 1e-3, 1e-3, 1e-3]
+    assert [c.p_ask for c in trained] == [1.0, 1.0, 0.75, 0.75, 0.75]  # the default bed's explorer in phase 2
     assert {c.bed for c in trained} == {"default"}
-    assert [c.n_dialogues for c in trained] == [1600, 1600, 1800, 1800]  # the reading teacher's behave phase
-    assert [c.epochs for c in trained] == [1, 1, 3, 3]
+    assert [c.n_dialogues for c in trained] == [1600, 1600, 1800, 1800, 1800]  # the reading teacher's behave phase
+    assert [c.epochs for c in trained] == [1, 1, 3, 1, 1]
+    assert read == [("behave-2", "behave-2-reads", "default", None), ("behave-3", "behave-3-reads", "default", None)]
     assert pipeline.behave_size("default", "blind") == pipeline.behave_size("legacy", None) == (600, 1)
-    assert len({c.seed for c in trained}) == 4  # fresh dialogues each pass
-    for phase, want in (("copy", [0.5, pipeline.COPY_PASS]), ("behave", [pipeline.BEHAVE_PASS - 0.01, 1.0])):
+    assert len({c.seed for c in trained}) == 5  # fresh dialogues each pass
+    for phase, want in (("copy", [0.5, pipeline.COPY_PASS]), ("behave", [pipeline.BEHAVE_PASS - 0.01, 1.0, 1.0])):
         record = json.loads((tmp_path / "ws" / f"{phase}_check.json").read_text())
         assert [r["copy_accuracy"] for r in record] == want
+    behave = json.loads((tmp_path / "ws" / "behave_check.json").read_text())
+    assert [r.get("reads", {}).get("passed") for r in behave] == [None, False, True]
+    from testbed.demo import warm_start_checks
+
+    assert warm_start_checks(tmp_path / "ws") == (
+        "warm start checks: copy retried: passed on pass 2 (0.50; 0.90); behave retried: passed on pass 3 "
+        "(0.96; 1.00, reads 2 of 5 (blind 1); 1.00, reads 5 of 5 (blind 0))")
     assert pipeline.warm_start(tmp_path / "ws", seed=0) == model  # resumed: nothing measured again
-    assert len(measured) == 4
+    assert len(measured) == 5 and len(read) == 2
+    # no pass reads: the last one that copies is kept, and the checks line says so
+    reading.update({"behave-3": False, "behave-4": False})
+    accuracy["behave-4"] = 1.0
+    assert pipeline.warm_start(tmp_path / "unread", seed=0) == tmp_path / "unread" / "behave-4" / "final"
+    assert "behave did not read in 4 passes" in warm_start_checks(tmp_path / "unread")
+    # the blind teacher's behave phase has nothing to read
+    read.clear()
+    pipeline.warm_start(tmp_path / "blind", seed=0, teacher="blind")
+    assert read == []
     accuracy.update({"copy-2": 0.5, "copy-3": 0.5, "copy-4": 0.5})
     with pytest.raises(RuntimeError, match="copy phase did not reach"):
         pipeline.warm_start(tmp_path / "other", seed=0)
