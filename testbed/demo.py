@@ -168,7 +168,10 @@ def run_steps(cfg: DemoConfig, setup: TestbedSetup, out: Path) -> DemoRun:
                   + ", ".join(f"{k} {v:.3f}" for k, v in selected["validation_success"].items()) + ")")
     say(4)
     with timed(setup, "evaluate"):
-        rows = evaluate({"warm_start": str(warm), "sweet_rl": str(policy)}, setup, out / "leaderboard")
+        # each seed its own evaluation draws (the warm start and SWEET-RL share them: paired), as in
+        # testbed.learning; seed 0 keeps round 0
+        rows = evaluate({"warm_start": str(warm), "sweet_rl": str(policy)}, setup, out / "leaderboard",
+                        seed_round=cfg.seed)
     say(5)
     with timed(setup, "inspect"):
         page = inspect_critic.main(inspect_critic.InspectConfig(
