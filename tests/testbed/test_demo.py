@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     out = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "testbed.demo", "--smoke", "true", "--output_dir", str(out)]
+    cmd = [sys.executable, "-m", "testbed.demo", "--smoke", "true", "--seed", "1", "--output_dir", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     rows = json.loads((out / "leaderboard" / "leaderboard.json").read_text())
@@ -19,6 +19,12 @@ def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     for r in rows:
         assert 0.0 <= r["metrics"]["success_rate"]["value"] <= 1.0 and r["n_tasks"] == 4
     assert (out / "leaderboard" / "report.html").exists()
+    # seed 1 evaluates with round 1's episode seeds (each seed its own draws), both policies alike (paired)
+    from colbench.rollout import episode_seeds
+
+    for agent in ("warm_start", "sweet_rl"):
+        lines = (out / "leaderboard" / "episodes" / f"{agent}.jsonl").read_text().splitlines()
+        assert {json.loads(line)["seed"] for line in lines} == set(episode_seeds(1, 1))
     assert (out / "critic" / "critic_config.json").exists()
     assert (out / "sweet" / "final" / "config.json").exists()
     # the policy was chosen on the first 8 validation tasks (the smoke's val_limit), never on test tasks
