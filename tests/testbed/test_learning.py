@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import learning
+from testbed import critic_check, learning
 from testbed.env import DEFAULT_B, QUESTION_NEG, QUESTION_POS, QUESTION_VAGUE, answer_text
 from testbed.pipeline import TestbedSetup
 
@@ -49,7 +49,7 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     (sd / "sweet").mkdir(parents=True)
     (sd / "sweet" / "candidates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    checks = learning.critic_vs_oracle(tmp_path, [0], ["rft", "sweet", "sweet_sum"], TestbedSetup.for_bed("legacy"))
+    checks = critic_check.critic_vs_oracle(tmp_path, [0], ["rft", "sweet", "sweet_sum"], TestbedSetup.for_bed("legacy"))
     assert set(checks) == {"sweet"}  # rft has no critic; sweet_sum has no candidates here
     c = checks["sweet"]
     assert c["n_pairs"] == 8 and c["pairs"] == 5 / 8  # turn 0: 2 of 2 right; turn 2: 3 of 4; last turn: 0 of 2
@@ -66,7 +66,7 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     s2 = c["stage2"]
     assert s2["pairs"] == 12 and s2["agree"] + s2["tied"] + s2["reversed"] == 12
     assert s2["agree"] >= 4 and s2["reversed"] >= 4 and s2["tied"] >= 1
-    table = learning.checks_table(checks)
+    table = critic_check.checks_table(checks)
     drawn = f"{s2['agree']} / {s2['tied']} / {s2['reversed']} (of 12)"
     assert f"| sweet | 0.62 (of 8) | 0.67 (of 3) | 0.00 (of 1) | 0.50 (of 2) | 1.00 (of 4) | {drawn} |" in table
     assert "| sweet | 1.00 (of 2) | 0.75 (of 4) | 0.00 (of 2) |" in table  # per turn 0, 2, 3
@@ -75,7 +75,7 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     (sd / "sweet" / "config.json").write_text(json.dumps({
         "sweet": {"episodes": "/elsewhere/episodes.jsonl", "tasks": TestbedSetup.for_bed("legacy").train_tasks,
                   "env": "testbed", "episode_fraction": 1.0, "pairs_per_state": 1}, "train": {"seed": 7}}))
-    one = learning.critic_vs_oracle(tmp_path, [0], ["sweet"], TestbedSetup.for_bed("legacy"))["sweet"]["stage2"]
+    one = critic_check.critic_vs_oracle(tmp_path, [0], ["sweet"], TestbedSetup.for_bed("legacy"))["sweet"]["stage2"]
     assert one["pairs"] == 3 and one["agree"] >= 1 and one["reversed"] >= 1
 
 
