@@ -63,7 +63,7 @@ sums of successes, rewards, log-ratios and repeats, and the counts: frontier.Tra
 samples and training time; the critics' counts against A* and their credit splits; the
 bed, teacher, warm start (its weights' sha256), protocol, setup, search record and commit.
 No model is needed to summarise them: `--records FILE...` combines the records of separate
-runs (seeds measured in other sessions or on other machines) into one summary, training
+runs (seeds measured by other runs or on other machines) into one summary, training
 nothing, and refuses records whose protocol, warm start or policies differ.
 
 results.md also checks each SWEET-RL critic's stage-2 rankings against the exact advantage
@@ -430,11 +430,12 @@ def write_records(results: dict[int, dict[str, dict]], hp: dict, names: list[str
     and a later `--records` summary of its files compute on the same numbers. `commit`: the
     code's, read when the run started."""
     from sweet.core.fingerprint import file_sha256
+    from testbed import bed as testbed_bed
 
     bed = setup.bed if setup.env == "testbed" else None
     _, paths = paths_of(results, names, warm, bed)
     meta = {"version": RECORD_VERSION, "bed": args.bed,
-            "teacher": args.teacher or (testbed_default_teacher(args.bed) if setup.env == "testbed" else None),
+            "teacher": args.teacher or (testbed_bed.default_teacher(args.bed) if setup.env == "testbed" else None),
             "warm_start": {"model": str(warm), "sha256": file_sha256(Path(warm) / "model.safetensors")},
             "protocol": {k: list(v) if isinstance(v, tuple) else v for k, v in proto.__dict__.items()},
             "setup": {"episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates,
@@ -462,12 +463,6 @@ def write_records(results: dict[int, dict[str, dict]], hp: dict, names: list[str
 def nan_to_none(v):
     """NaN (a time not recorded) as null: records are strict JSON."""
     return None if isinstance(v, float) and v != v else v
-
-
-def testbed_default_teacher(bed: str) -> str:
-    from testbed import bed as testbed_bed
-
-    return testbed_bed.default_teacher(bed)
 
 
 def git_commit() -> str:
@@ -685,7 +680,7 @@ def parser() -> argparse.ArgumentParser:
                         "explorer that reads its dialogue; blind on the legacy bed); the solver predicts from it")
     p.add_argument("--records", type=Path, nargs="+", default=None, metavar="FILE",
                    help="summarise these seed records (OUT/records/seed<S>.json of earlier runs, e.g. of other "
-                        "sessions) into --out, training and evaluating nothing: seeds combine across runs")
+                        "machines) into --out, training and evaluating nothing: seeds combine across runs")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "learning")
     return p
 
