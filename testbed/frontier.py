@@ -388,16 +388,45 @@ def repeat_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+PREDICTED_APART = 0.05  # a predicted gap this large is one the benchmark must reproduce
+
+
+def verdict(row: dict) -> str | None:
+    """A pair row's verdict against its prediction: None where the solver predicts no gap of
+    at least PREDICTED_APART; "reproduced" where the paired interval excludes zero on the
+    predicted side, "reversed" where it excludes zero on the other, else "undecided"."""
+    g = row["predicted_gap"]
+    if g is None or abs(g) < PREDICTED_APART:
+        return None
+    lo, hi = row["ci95"]
+    if (lo > 0) if g > 0 else (hi < 0):
+        return "reproduced"
+    return "reversed" if ((hi < 0) if g > 0 else (lo > 0)) else "undecided"
+
+
+def replication(rows: list[dict]) -> dict[str, int]:
+    """How many (pair, KL level) rows the solver predicts at least PREDICTED_APART apart, and
+    how many of them are reproduced, reversed or undecided (`verdict`)."""
+    verdicts = [v for v in map(verdict, rows) if v is not None]
+    return {"predicted_apart": len(verdicts),
+            **{k: verdicts.count(k) for k in ("reproduced", "undecided", "reversed")}}
+
+
 def pairs_table(summary: dict) -> str:
-    """Every pair's gap a − b, predicted and measured (paired 95% interval); `!` marks a
-    predicted gap of at least 0.05 whose measured interval does not exclude zero on its side."""
+    """Every pair's gap a − b, predicted and measured (paired 95% interval), `!` marking a
+    predicted gap of at least PREDICTED_APART that is not reproduced (`!!` reversed), and a
+    last line with the counts (`replication`)."""
     lines = ["| a − b | KL | predicted | measured [paired 95% CI] |", "|---|---|---|---|"]
+    marks = {"undecided": " !", "reversed": " !!"}
     for r in summary["pairs"]:
         g = r["predicted_gap"]
         lo, hi = r["ci95"]
-        miss = g is not None and abs(g) >= 0.05 and not (lo > 0 if g > 0 else hi < 0)
         lines.append(f"| {r['a']} − {r['b']} | {r['kl']} | {'n/a' if g is None else format(g, '+.3f')} | "
-                     f"{r['measured_gap']:+.3f} [{lo:+.3f}, {hi:+.3f}]{' !' if miss else ''} |")
+                     f"{r['measured_gap']:+.3f} [{lo:+.3f}, {hi:+.3f}]{marks.get(verdict(r), '')} |")
+    n = replication(summary["pairs"])
+    lines.append(f"\nOf the {n['predicted_apart']} (pair, KL) gaps the solver predicts at least {PREDICTED_APART} "
+                 f"apart, {n['reproduced']} reproduced (paired interval excludes zero on the predicted side), "
+                 f"{n['undecided']} undecided (the interval holds zero), {n['reversed']} reversed.")
     return "\n".join(lines)
 
 

@@ -52,7 +52,8 @@ and diagnostics, not the paper's ablations (run only when --policies names them)
 
 Outputs in OUT: summary.json ({"bed", "seeds", "predicted": {"warm_start", "optimum"},
 "policies": {name: {"success_rate", "tests_passed", "samples", "train_wall_s", "budget",
-"kl", "at_kl", "predicted"}}, "pairs": [...], "hp": {...}}), results.md (the tables),
+"kl", "at_kl", "predicted"}}, "pairs": [...], "replication": {"predicted_apart", "reproduced",
+"undecided", "reversed"}, "hp": {...}}), results.md (the tables),
 results.json (per-seed values and paths, the search, the critic check, timings),
 frontier.png (success vs KL, 95% bands, predictions as markers) and learning.png (training
 curves). The final policies' success_rate/tests_passed are today's fields (their last snapshot).
@@ -111,6 +112,7 @@ from testbed.frontier import (  # the protocol's maths, tables and plot
     plot_frontier,
     prediction,
     repeat_table,
+    replication,
     solver_name,
     tasks_of,
     training_path,
@@ -570,6 +572,7 @@ def summarise(results: dict[int, dict[str, dict]], names: list[str], boot: Boots
     out["predicted"] = ({"warm_start": predicted["warm_start"], "optimum": predicted["optimum"],
                          "source": predicted["source"]} if predicted else None)
     out["pairs"] = pairs(boot, {n: paths[n] for n in names}, pred)
+    out["replication"] = replication(out["pairs"])
     return out
 
 

@@ -89,6 +89,23 @@ def test_pairs_are_antisymmetric_and_carry_the_predicted_gap():
     assert back["predicted_gap"] == pytest.approx(-one["predicted_gap"])
 
 
+def test_a_predicted_gap_is_reproduced_undecided_or_reversed_by_its_paired_interval():
+    def row(g, lo, hi):
+        return {"a": "x", "b": "y", "kl": "0.5", "predicted_gap": g, "measured_gap": (lo + hi) / 2, "ci95": [lo, hi]}
+
+    rows = [row(0.09, 0.01, 0.05), row(-0.06, -0.08, -0.002),  # reproduced, either sign
+            row(0.05, -0.01, 0.04),                             # the interval holds zero
+            row(-0.07, 0.003, 0.03), row(0.2, -0.1, -0.01),     # excluded on the wrong side
+            row(0.049, 0.02, 0.05), row(None, 0.1, 0.2)]        # not predicted apart: not counted
+    assert [frontier.verdict(r) for r in rows] == ["reproduced", "reproduced", "undecided", "reversed",
+                                                   "reversed", None, None]
+    assert frontier.replication(rows) == {"predicted_apart": 5, "reproduced": 2, "undecided": 1, "reversed": 2}
+    table = frontier.pairs_table({"pairs": rows}).splitlines()
+    assert [line.endswith("] ! |") for line in table[2:9]] == [False, False, True, False, False, False, False]
+    assert [line.endswith("] !! |") for line in table[2:9]] == [False, False, False, True, True, False, False]
+    assert table[-1].startswith("Of the 5 (pair, KL) gaps") and "2 reproduced" in table[-1] and "2 reversed" in table[-1]
+
+
 def test_the_centred_critic_is_predicted_by_the_solvers_sweet():
     from testbed.frontier import PREDICTED, solver_name
 

@@ -48,6 +48,9 @@ def check_schema(summary: dict, names: list[str]) -> None:
     for r in rows:
         assert set(r) == {"a", "b", "kl", "predicted_gap", "measured_gap", "ci95"}
         assert r["ci95"][0] <= r["measured_gap"] <= r["ci95"][1]
+    apart = [r for r in rows if r["predicted_gap"] is not None and abs(r["predicted_gap"]) >= 0.05]
+    n = summary["replication"]
+    assert n["predicted_apart"] == len(apart) == n["reproduced"] + n["undecided"] + n["reversed"]
     warm = summary["policies"]["warm_start"]
     assert warm["kl"] == 0.0  # by definition: the warm start's path is one point at KL 0
     assert all(not warm["at_kl"][k]["reached"] and warm["at_kl"][k]["kl"] == 0.0 for k in LEVELS)
