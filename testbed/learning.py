@@ -53,7 +53,7 @@ and diagnostics, not the paper's ablations (run only when --policies names them)
 Outputs in OUT: summary.json ({"bed", "seeds", "predicted": {"warm_start", "optimum"},
 "policies": {name: {"success_rate", "tests_passed", "samples", "train_wall_s", "budget",
 "kl", "at_kl", "predicted"}}, "pairs": [...], "replication": {"predicted_apart", "reproduced",
-"undecided", "reversed"}, "hp": {...}}), results.md (the tables),
+"undecided", "reversed"}, "hp": {...}, "machines": {seed: machine}}), results.md (the tables),
 results.json (per-seed values and paths, the search, the critic check, timings),
 frontier.png (success vs KL, 95% bands, predictions as markers) and learning.png (training
 curves). The final policies' success_rate/tests_passed are today's fields (their last snapshot).
@@ -62,7 +62,9 @@ Seed records. Every table and figure is computed from OUT/records/seed<S>.json, 
 written once its points are evaluated: per policy its path (per point and test task the
 sums of successes, rewards, log-ratios and repeats, and the counts: frontier.TrainingPath),
 samples and training time; the critics' counts against A* and their credit splits; the
-bed, teacher, warm start (its weights' sha256), protocol, setup, search record and commit.
+bed, teacher, warm start (its weights' sha256), protocol, setup, search record, commit and
+machine (CPU, the vector instructions torch uses there, library versions: float bits differ
+between CPU types, so the summary names every machine its seeds ran on).
 No model is needed to summarise them: `--records FILE...` combines the records of separate
 runs (seeds measured by other runs or on other machines) into one summary, training
 nothing, and refuses records whose protocol, warm start or policies differ.
@@ -443,7 +445,7 @@ def write_records(results: dict[int, dict[str, dict]], hp: dict, names: list[str
             "setup": {"episodes_per_task": setup.episodes_per_task, "candidates": setup.candidates,
                       "eval_seeds": setup.eval_seeds, "train_limit": setup.train_limit,
                       "test_limit": setup.test_limit, "val_limit": setup.val_limit},
-            "hp": hp, "commit": commit}
+            "hp": hp, "commit": commit, "machine": machine()}
     folder = args.out / "records"
     folder.mkdir(parents=True, exist_ok=True)
     records = []
@@ -465,6 +467,25 @@ def write_records(results: dict[int, dict[str, dict]], hp: dict, names: list[str
 def nan_to_none(v):
     """NaN (a time not recorded) as null: records are strict JSON."""
     return None if isinstance(v, float) and v != v else v
+
+
+def machine() -> dict[str, str | int]:
+    """What a record's float bits depend on beyond the code: the CPU, the vector instructions
+    torch's kernels use on it (two machines that differ there train other weights from the
+    same seed), and the library versions."""
+    import platform
+
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count() or 0, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
 
 
 def git_commit() -> str:
@@ -791,6 +812,12 @@ def run_benchmark(args, p: argparse.ArgumentParser, policies: list[str]) -> dict
     print(f"\nseeds {seeds}; {setup.episodes_per_task} episodes per train task per seed; SWEET-RL variants also "
           f"sample {setup.candidates} candidates per stage-2 state; warm start {setup.timings['warm_start']:.0f} s; "
           f"commits {', '.join(sorted({r['commit'] for r in records}))}")
+    machines = {json.dumps(r.get("machine"), sort_keys=True): r.get("machine") for r in records}
+    summary["machines"] = {str(r["seed"]): r.get("machine") for r in records}
+    print("machines: " + "; ".join(
+        "not recorded" if m is None else f"{m['cpu']} ({m['cores']} cores, torch {m['torch']} on {m['torch_cpu_capability']})"
+        for m in machines.values())
+          + (" (the seeds ran on different machines: float bits differ between CPU types)" if len(machines) > 1 else ""))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     per_seed = {str(s): {n: {**{k: nan_to_none(r[n].get(k)) for k in ("samples", "train_wall_s", "note", "mult")},

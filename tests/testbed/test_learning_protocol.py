@@ -64,7 +64,7 @@ def smoke_warm_start(tmp_path_factory) -> Path:
     return warm_start(tmp_path_factory.mktemp("warm"), smoke=True)
 
 
-def test_toy_run_on_the_default_bed(tmp_path, smoke_warm_start):
+def test_toy_run_on_the_default_bed(tmp_path, smoke_warm_start, capsys):
     """The smoke warm start rarely succeeds, so RFT and MT-DPO find nothing to learn from and
     are evaluated as the warm start (said in their notes): the summary's schema, the search
     record (a grid of 1 and 3, a tie goes to 1), and the solver's finite-sample predictions
@@ -133,10 +133,17 @@ def test_toy_run_on_the_default_bed(tmp_path, smoke_warm_start):
     assert (again / "results.md").read_text() == text
     data = json.loads(record.read_text())
     assert data["policies"]["mtdpo"]["path"]["tasks"] == list(summary_tasks(out))
-    twice = tmp_path / "seed1.json"  # the same numbers under another seed: two clusters per task
-    twice.write_text(json.dumps({**data, "seed": 1, "warm_start": {**data["warm_start"], "model": "elsewhere"}}))
+    import torch
+
+    assert data["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert data["machine"]["torch"] == torch.__version__ and summary["machines"] == {"0": data["machine"]}
+    twice = tmp_path / "seed1.json"  # the same numbers under another seed, from another machine
+    other = {**data["machine"], "torch_cpu_capability": "AVX512"}
+    twice.write_text(json.dumps({**data, "seed": 1, "warm_start": {**data["warm_start"], "model": "elsewhere"},
+                                 "machine": other}))
     both = learning.main(["--records", str(record), str(twice), "--out", str(tmp_path / "both")])
-    assert both["seeds"] == 2
+    assert both["seeds"] == 2 and both["machines"] == {"0": data["machine"], "1": other}
+    assert "the seeds ran on different machines" in capsys.readouterr().out
     assert both["policies"]["rft"]["success_rate"]["value"] == pytest.approx(summary["policies"]["rft"]["success_rate"]["value"])
 
 
