@@ -50,7 +50,9 @@ def websight(monkeypatch):
 
 
 def test_test_split_is_rows_10000_on_and_the_paper_size(websight):
-    got = load_tasks("hf:HuggingFaceM4/WebSight[test]", env="frontend")
+    # the split, its size and its rows; the target check renders pages (seconds each) and is
+    # checked on three of them below
+    got = load_tasks("hf:HuggingFaceM4/WebSight[test]", env="frontend", validate=False)
     assert websight["calls"] == [("HuggingFaceM4/WebSight", "v0.2", {"split": "train", "streaming": True})]
     assert len(got) == loader.PAPER_FRONTEND_TEST_SIZE == 500
     assert websight["read"] <= 10_500 + 1  # streamed up to the last task needed, not the set
@@ -64,6 +66,9 @@ def test_test_split_is_rows_10000_on_and_the_paper_size(websight):
     assert first.task_id == stable_task_id("frontend", first.description, first.hidden)
     assert first.env == "frontend" and first.tests == () and first.meta["split"] == "test"
     assert first.meta["where"] == "hf:HuggingFaceM4/WebSight[test]:1"
+    checked = load_tasks("hf:HuggingFaceM4/WebSight[test]", env="frontend", limit=3)  # validate: the default
+    assert [t.task_id for t in checked] == [t.task_id for t in got[:3]]
+    assert not any(loader.UNUSABLE in t.meta for t in checked)  # each target rendered and passed its check
 
 
 def test_train_split_and_quick_runs(websight):
