@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.heavy
 def test_gpu_check_script_runs_every_stage_at_tiny_scale(tmp_path):
     out = tmp_path / "out"
     # a fake nvidia-smi with 2 GPUs and DIST_DRY_RUN: the distributed step only collects its

@@ -20,6 +20,7 @@ def test_bad_row_range_is_one_line(run_bench, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.heavy
 def test_slices_rows_collects_and_stops_without_pairs(run_bench, tmp_path):
     out = tmp_path / "run"
     args = ["--model", "tiny", "--dtype", "float32", "--data", OURS, "--train_rows", "4:10", "--val_rows", "4:6",

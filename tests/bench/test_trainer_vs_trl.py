@@ -10,6 +10,7 @@ import re
 import pytest
 
 
+@pytest.mark.heavy
 def test_bench_runs_both_trainers_and_prints_the_ratio_last(tmp_path, run_bench):
     pytest.importorskip("trl")
     out = tmp_path / "runs.json"

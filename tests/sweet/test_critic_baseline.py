@@ -190,6 +190,7 @@ def test_centred_critic_trains_end_to_end(tmp_path, synthetic_files, fresh_accel
     assert 0 < n_zero < sum(len(ep.agent_turns) for ep in episodes)
 
 
+@pytest.mark.heavy
 def test_centred_critic_on_two_cpu_processes_matches_one(tmp_path, synthetic_files, fresh_accelerate):
     """The main process's samples are read by both processes (here: the one-process run's,
     so that only the training differs), and 2 processes (gloo) end on the weights of 1."""

@@ -559,6 +559,7 @@ def test_killed_and_resumed_run_gives_the_uninterrupted_weights(tmp_path):
     assert (killed / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
 
 
+@pytest.mark.heavy
 def test_async_at_lag_0_is_the_synchronous_run(tmp_path):
     """The async path adds nothing but its lag: at --staleness 0 it trains, bit for bit, the
     weights of the synchronous run that takes π_old from the sampler (as async always does),
@@ -666,6 +667,7 @@ def test_snapshots_count_iterations(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.heavy
 def test_ppo_with_lora_and_kl_end_to_end(tmp_path):
     """The CLI with the value-head policy (LoRA, KL to the adapters-off model): it
     samples with the LM inside the wrapper, trains, and saves a loadable policy (no head)."""

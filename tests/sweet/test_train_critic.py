@@ -90,6 +90,7 @@ def test_resume_matches_uninterrupted_run(trained, tmp_path, synthetic_files, fr
     assert all(torch.allclose(w1[k], w2[k], atol=1e-6) for k in w1)
 
 
+@pytest.mark.heavy
 def test_two_cpu_processes_match_one(trained, tmp_path, synthetic_files):
     out, final = trained
     ddp = tmp_path / "ddp"

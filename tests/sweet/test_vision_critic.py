@@ -193,6 +193,7 @@ def test_micro_batch_size_does_not_change_the_vl_update(tmp_path, frontend_files
     assert torch.nn.functional.cosine_similarity(delta1, delta4, dim=0).item() > 0.99999
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("head,port", [("lm", 29661), ("value", 29663)])
 def test_two_cpu_processes_match_one_vl(tmp_path, frontend_files, fresh_accelerate, head, port):
     """2 DDP processes over gloo give the weights and metrics of 1 (the pages rendered once,

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.heavy
 def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     out = tmp_path / "demo"
     cmd = [sys.executable, "-m", "testbed.demo", "--smoke", "true", "--seed", "1", "--output_dir", str(out)]

@@ -79,6 +79,7 @@ def test_critic_rankings_are_checked_against_the_exact_advantage(tmp_path, scrip
     assert one["pairs"] == 3 and one["agree"] >= 1 and one["reversed"] >= 1
 
 
+@pytest.mark.heavy
 def test_the_solvers_needed_agreement_is_computed_once_and_tabled_beside_the_check(tmp_path):
     setup = TestbedSetup.for_bed("default")
     needed = learning.agreement_needed("default", setup, tmp_path)

@@ -64,6 +64,7 @@ def smoke_warm_start(tmp_path_factory) -> Path:
     return warm_start(tmp_path_factory.mktemp("warm"), smoke=True)
 
 
+@pytest.mark.heavy
 def test_toy_run_on_the_default_bed(tmp_path, smoke_warm_start, capsys):
     """The smoke warm start rarely succeeds, so RFT and MT-DPO find nothing to learn from and
     are evaluated as the warm start (said in their notes): the summary's schema, the search

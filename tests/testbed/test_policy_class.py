@@ -100,6 +100,7 @@ def test_unknown_class_and_cli(capsys):
     assert set(out["turn"]["repeat_rate"]) == {"mtdpo", "sweet", "sweet_no_info", "sweet_oracle"}
 
 
+@pytest.mark.heavy
 def test_a_subset_of_methods_gives_the_same_values():
     _, (full,) = pc.predict_classes("default", ("turn",))
     _, (one,) = pc.predict_classes("default", ("turn",), methods=("sweet",))
