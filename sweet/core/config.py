@@ -77,6 +77,9 @@ class TrainConfig:
     output_dir: str = field(default="runs/train", metadata={"help": "checkpoints, metrics and the resolved config go here"})
     learning_rate: float | None = lr_field(LEARNING_RATES)
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW β1 (torch's default)"})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW β2 (torch's default)"})
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW ε, added to √v (torch's default)"})
     num_epochs: int = field(default=1, metadata={"help": "passes over the training data"})
     batch_size: int = field(default=8, metadata={"help": "examples per optimiser step across all processes"})
     micro_batch_size: int = field(default=2, metadata={"help": "examples per forward pass per process"})
@@ -97,6 +100,9 @@ class TrainConfig:
         for name in ("num_epochs", "batch_size", "micro_batch_size", "logging_steps"):
             check_range(self, name, low=1)
         check_range(self, "weight_decay", low=0)
+        check_range(self, "adam_beta1", low=0, high=1, strict_high=True)
+        check_range(self, "adam_beta2", low=0, high=1, strict_high=True)
+        check_range(self, "adam_epsilon", low=0, strict=True)
         check_range(self, "warmup_ratio", low=0, high=1, strict_high=True)
         check_range(self, "max_grad_norm", low=0, strict=True)
 

@@ -17,6 +17,9 @@ unset) by its path and sha256 (sweet.core.config.prompt_files).
   (`train.learning_rate: 2e-06 -> 0.01`) and how to start fresh;
 - a field renamed since (its earlier name kept as an alias, colbench.cli.aliases) is
   compared under its new name: a run recorded before the rename resumes;
+- a field added since, with a number, flag or None as its default, is recorded as that
+  default for a run that predates it (the value the run had): it resumes when the field is
+  left at its default;
 - a fresh start (`--resume false`, or a folder holding an earlier run without a
   fingerprint): the earlier run's files are moved to output_dir/previous-<timestamp>/,
   never deleted or truncated.
@@ -190,13 +193,19 @@ def _inputs(fp: dict[str, Any]) -> set[Path]:
 
 
 def renamed_fields(old: dict[str, Any], configs: dict[str, Any]) -> dict[str, Any]:
-    """A recorded fingerprint with each `section.<alias>` key under the field's name today."""
+    """A recorded fingerprint in today's fields: each `section.<alias>` key under the field's
+    name today, and each field added since (a number, flag or None by default) at its default."""
     out = dict(old)
     for section, cfg in configs.items():
         if dataclasses.is_dataclass(cfg):
             for alias, name in aliases(type(cfg)).items():
                 if f"{section}.{alias}" in out and f"{section}.{name}" not in out:
                     out[f"{section}.{name}"] = out.pop(f"{section}.{alias}")
+            if any(k.startswith(f"{section}.") for k in old):  # a section the old run recorded
+                for f in dataclasses.fields(cfg):
+                    scalar = f.default is None or isinstance(f.default, (bool, int, float))
+                    if f.name not in BOOKKEEPING and scalar and f"{section}.{f.name}" not in out:
+                        out[f"{section}.{f.name}"] = f.default
     return out
 
 

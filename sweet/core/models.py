@@ -155,6 +155,7 @@ def make_optimizer(model, train: TrainConfig, total_steps: int, optimizer=None):
         # on CPU the default per-tensor loop was a third of a small model's step
         # (bench/trainer_vs_trl.py). Same update up to rounding.
         fused = bool(params) and all(p.device.type in ("cpu", "cuda") for p in params)
-        opt = torch.optim.AdamW(params, lr=train.learning_rate, weight_decay=train.weight_decay, fused=fused or None)
+        opt = torch.optim.AdamW(params, lr=train.learning_rate, betas=(train.adam_beta1, train.adam_beta2),
+                                eps=train.adam_epsilon, weight_decay=train.weight_decay, fused=fused or None)
     warmup = int(train.warmup_ratio * total_steps)
     return opt, get_linear_schedule_with_warmup(opt, warmup, max(total_steps, 1))

@@ -11,10 +11,27 @@ from sweet.core.config import ModelConfig, TrainConfig
 
 @pytest.mark.parametrize("field,value", [("logging_steps", 0), ("num_epochs", 0), ("learning_rate", float("nan")),
                                          ("learning_rate", -1.0), ("batch_size", 0), ("micro_batch_size", 0),
-                                         ("warmup_ratio", 1.0), ("max_grad_norm", 0.0), ("weight_decay", -0.1)])
+                                         ("warmup_ratio", 1.0), ("max_grad_norm", 0.0), ("weight_decay", -0.1),
+                                         ("adam_beta1", 1.0), ("adam_beta2", -0.5), ("adam_epsilon", 0.0)])
 def test_senseless_train_values_are_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=rf"TrainConfig.{field} must be .*got {value}"):
         TrainConfig(**{field: value})
+
+
+def test_the_adam_settings_reach_the_optimiser():
+    """--adam_beta1/--adam_beta2/--adam_epsilon are the AdamW that every trainer steps with."""
+    import torch
+
+    from sweet.core.models import make_optimizer
+
+    model = torch.nn.Linear(3, 2)
+    train = TrainConfig(learning_rate=1e-3, adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-5, weight_decay=0.1)
+    opt, _ = make_optimizer(model, train, total_steps=4)
+    group = opt.param_groups[0]
+    assert isinstance(opt, torch.optim.AdamW)
+    assert (group["betas"], group["eps"], group["weight_decay"], group["lr"]) == ((0.8, 0.95), 1e-5, 0.1, 1e-3)
+    (cfg,) = parse_configs([TrainConfig], ["--adam_beta2", "0.95", "--adam_epsilon", "1e-6"])
+    assert (cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon) == (0.9, 0.95, 1e-6)
 
 
 @pytest.mark.parametrize("field,value", [("lora_r", 0), ("lora_dropout", 1.0), ("keep_head", -1), ("max_length", 8)])

@@ -104,6 +104,23 @@ def test_a_run_recorded_under_a_fields_earlier_name_resumes(tmp_path):
         begin_run(out, configs(5), resume=True)
 
 
+def test_a_run_recorded_before_a_field_was_added_resumes_at_its_default(tmp_path):
+    """A field added since (`adam_epsilon`) is the default for a run that predates it: the
+    run resumes with the field at its default, and another value is named."""
+    out = tmp_path / "run"
+    configs = lambda **t: {"model": ModelConfig(model="tiny"), "train": TrainConfig(output_dir=str(out), **t)}  # noqa: E731
+    begin_run(out, configs(), resume=True)
+    fp = json.loads((out / FINGERPRINT_FILE).read_text())
+    assert fp["train.adam_epsilon"] == 1e-8
+    for name in ("train.adam_beta1", "train.adam_beta2", "train.adam_epsilon"):
+        del fp[name]  # as a run before these fields recorded it
+    (out / FINGERPRINT_FILE).write_text(json.dumps(fp))
+    (out / "metrics.jsonl").write_text('{"step": 0, "x": 1}\n')  # work done: a mismatch would be refused
+    assert begin_run(out, configs(), resume=True) is None
+    with pytest.raises(RunMismatch, match=r"holds another run \(train.adam_epsilon: 1e-08 -> 1e-06\)"):
+        begin_run(out, configs(adam_epsilon=1e-6), resume=True)
+
+
 def test_a_folder_without_fingerprint_keeps_the_inputs_it_holds(tmp_path):
     """An earlier run of unknown settings is moved aside, but not the data this run reads
     from inside the folder (the warm start writes its episodes there)."""
