@@ -2,10 +2,16 @@
 shared by SWEET-RL stage 2 (per-turn pairs) and multi-turn DPO (trajectory pairs).
 
     h      = β · [(log π_θ(y_w|x) − log π_ref(y_w|x)) − (log π_θ(y_l|x) − log π_ref(y_l|x))]
-    L_DPO  = −log σ(h)
+    L_DPO  = −log σ(h)                                  (loss_type "sigmoid", the paper's)
+    L_IPO  = (Δ − 1/(2β))²                              (loss_type "ipo", Azar et al. 2023, eq. 17)
+    Δ      = (log π_θ(y_w|x) − log π_ref(y_w|x)) / |y_w| − (log π_θ(y_l|x) − log π_ref(y_l|x)) / |y_l|
     L_NLL  = −log π_θ(y_w|x) / |y_w|          (chosen action only, per token)
     L      = mean over pairs of  L_DPO + α · L_NLL  [+ α_anchor · L_anchor]
     L_anchor = −log π_θ(y_a|x_a) / |y_a|      (optional: one anchor action per pair)
+
+IPO's squared loss has its optimum at a finite margin, where DPO's keeps pushing the
+rejected action down; its log-ratios are per token, as in TRL's `loss_type="ipo"` (which
+the IPO authors confirmed is the form behind their results).
 
 The anchor (SWEET-RL stage 2's `anchor_coef`, not in the paper) is an action the initial
 policy sampled at a state the critic leaves unranked; its NLL estimates KL(π_0‖π_θ) there
@@ -24,9 +30,9 @@ Why not TRL's DPOTrainer (trl 1.16, checked in its source):
   the sum of per-turn log-probs, each turn in its own context, is not expressible;
 - its only truncation mode, `keep_start`, cuts the end of the sequence (the action);
   we cut contexts in the middle and never the action (sweet.core.tokens.truncate_context).
-Its `loss_type=["sigmoid", "sft"]` computes the same two terms as this function, and
-serves as the oracle of `dpo_loss` (tests/sweet/test_dpo_loss.py runs TRL's DPOTrainer
-on the tiny model and compares the losses).
+Its `loss_type=["sigmoid", "sft"]` and `["ipo", "sft"]` compute the same two terms as this
+function, and serve as the oracle of `dpo_loss` (tests/sweet/test_dpo_loss.py runs TRL's
+DPOTrainer on the tiny model and compares the losses).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
+LOSS_TYPES = ("sigmoid", "ipo")  # the pairwise term: DPO's −log σ(h), or IPO's squared margin
 
 
 def dpo_loss(
@@ -49,21 +57,34 @@ def dpo_loss(
     anchor_logps: "torch.Tensor | None" = None,
     anchor_token_counts: "torch.Tensor | None" = None,
     anchor_coef: float = 0.0,
+    loss_type: str = "sigmoid",
+    rejected_token_counts: "torch.Tensor | None" = None,
 ) -> tuple["torch.Tensor", dict[str, float]]:
-    """DPO + α·NLL loss (module docstring) for a batch of B pairs.
+    """DPO (or IPO) + α·NLL loss (module docstring) for a batch of B pairs.
 
     All tensors are [B]: summed log-probs over action tokens, and the chosen actions'
     token counts (for the per-token NLL). Returns the scalar loss and detached metrics:
-    loss/dpo, loss/nll, rewards/{chosen,rejected,margin,accuracy}, logps/{chosen,rejected}.
-    rewards/* are the implicit DPO rewards β·(log π_θ − log π_ref). `anchor_logps` and
-    `anchor_token_counts` ([B], one anchor action per pair) add α_anchor·L_anchor (loss/anchor).
+    loss/dpo (the pairwise term, L_DPO or L_IPO), loss/nll, rewards/{chosen,rejected,margin,
+    accuracy}, logps/{chosen,rejected}. rewards/* are the implicit DPO rewards
+    β·(log π_θ − log π_ref), whatever the loss type. `loss_type` "ipo" needs
+    `rejected_token_counts`. `anchor_logps` and `anchor_token_counts` ([B], one anchor action
+    per pair) add α_anchor·L_anchor (loss/anchor).
     """
     import torch.nn.functional as F
 
     chosen_rewards = beta * (policy_chosen_logps - ref_chosen_logps)
     rejected_rewards = beta * (policy_rejected_logps - ref_rejected_logps)
     margin = chosen_rewards - rejected_rewards  # h in the module docstring
-    loss_dpo = -F.logsigmoid(margin).mean()
+    if loss_type == "sigmoid":
+        loss_dpo = -F.logsigmoid(margin).mean()
+    elif loss_type == "ipo":
+        if rejected_token_counts is None:
+            raise ValueError("dpo_loss: loss_type 'ipo' needs rejected_token_counts (its log-ratios are per token)")
+        delta = ((policy_chosen_logps - ref_chosen_logps) / chosen_token_counts.clamp(min=1)
+                 - (policy_rejected_logps - ref_rejected_logps) / rejected_token_counts.clamp(min=1))
+        loss_dpo = ((delta - 1 / (2 * beta)) ** 2).mean()
+    else:
+        raise ValueError(f"dpo_loss: loss_type must be one of {', '.join(map(repr, LOSS_TYPES))}, got {loss_type!r}")
     loss_nll = (-policy_chosen_logps / chosen_token_counts.clamp(min=1)).mean()
     loss = loss_dpo + nll_coef * loss_nll
     extra = {}

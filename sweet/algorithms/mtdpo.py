@@ -32,12 +32,14 @@ from typing import ClassVar
 
 from colbench.envs import defaults_help
 from colbench.episodes import load_episodes
+from sweet.algorithms.losses import LOSS_TYPES
 from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_dpo
 from colbench.prompts import check_prompt_flags, check_recorded_prompts
 from sweet.core.config import (
     LearningRates,
     ModelConfig,
     agent_prompt_field,
+    check_choice,
     check_pairing_rule,
     check_range,
     fill_env_defaults,
@@ -64,6 +66,9 @@ class MTDPOConfig:
     success_threshold: float | None = field(default=None, metadata={"help": f"paper pairing: the best episode must reach this reward (default: the --env's: {defaults_help('success_threshold')})"})
     min_reward_gap: float | None = field(default=None, metadata={"help": f"rejected reward must be lower than chosen by more than this (default: the --env's: {defaults_help('min_reward_gap')})"})
     beta: float = field(default=0.1, metadata={"help": "DPO β"})
+    loss_type: str = field(default="sigmoid", metadata={"help": "the pairwise loss: sigmoid (DPO, the paper's) "
+                                                            "| ipo (IPO's squared margin, per-token log-ratios, "
+                                                            "target 1/(2 beta); TRL's loss_type ipo)"})
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen trajectory's per-token NLL"})
     max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes of the file"})
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns without token_ids (published data)"})
@@ -77,6 +82,7 @@ class MTDPOConfig:
         check_pairing_rule(self)
         for name in ("success_threshold", "min_reward_gap", "beta", "nll_coef"):
             check_range(self, name)  # finite
+        check_choice(self, "loss_type", LOSS_TYPES)
         if not self.episodes:
             raise ValueError("MTDPOConfig.episodes is required: give --episodes <file.jsonl>")
         if self.pairing not in PAIRINGS:
@@ -133,4 +139,4 @@ def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     token_pairs = [Pair(segments(p.chosen), segments(p.rejected), p.task_id) for p in pairs]
     stats = {"data/episodes": len(episodes), "data/pairs": len(pairs)}
     return train_dpo(token_pairs, model_cfg, train, tokenizer, beta=cfg.beta, nll_coef=cfg.nll_coef,
-                     run_config=run_config, first_metrics=stats)
+                     loss_type=cfg.loss_type, run_config=run_config, first_metrics=stats)

@@ -66,11 +66,12 @@ def sequence_logps(model, model_cfg: ModelConfig, pad_id: int, groups: Sequence[
 
 
 def dpo_loss_fn(pairs: Sequence[Pair], ref_logps, model_cfg: ModelConfig, pad_id: int, beta: float, nll_coef: float,
-                anchors: Sequence[tuple[Segment, ...]] | None = None, anchor_coef: float = 0.0):
+                anchors: Sequence[tuple[Segment, ...]] | None = None, anchor_coef: float = 0.0,
+                loss_type: str = "sigmoid"):
     """The skeleton's loss hook over pair indices: Σ over the micro-batch's pairs of
-    L_DPO + α·L_NLL [+ α_anchor·L_anchor] (sweet/algorithms/losses.py), chosen, rejected
-    and anchor in one forward pass. `ref_logps`: [P, 2] tensor (chosen, rejected) of the
-    reference model; `anchors[i]`: pair i's anchor action (its own segments)."""
+    L_DPO (or L_IPO) + α·L_NLL [+ α_anchor·L_anchor] (sweet/algorithms/losses.py), chosen,
+    rejected and anchor in one forward pass. `ref_logps`: [P, 2] tensor (chosen, rejected)
+    of the reference model; `anchors[i]`: pair i's anchor action (its own segments)."""
 
     def loss_fn(model, idx: Sequence[int]):
         n = len(idx)
@@ -82,7 +83,8 @@ def dpo_loss_fn(pairs: Sequence[Pair], ref_logps, model_cfg: ModelConfig, pad_id
         anchor = {} if anchors is None else {"anchor_logps": logps[2 * n:], "anchor_token_counts": counts[2 * n:],
                                              "anchor_coef": anchor_coef}
         loss, metrics = dpo_loss(logps[:n], logps[n:2 * n], ref[:, 0], ref[:, 1], counts[:n], beta=beta,
-                                 nll_coef=nll_coef, **anchor)
+                                 nll_coef=nll_coef, loss_type=loss_type, rejected_token_counts=counts[n:2 * n],
+                                 **anchor)
         return loss * n, {k: v * n for k, v in metrics.items()}  # means -> sums over pairs
 
     return loss_fn
@@ -158,14 +160,16 @@ def _trainer(model_cfg: ModelConfig, train: PolicyTrainConfig, tokenizer, n_item
 
 def train_dpo(pairs: Sequence[Pair], model_cfg: ModelConfig, train: PolicyTrainConfig, tokenizer, *, beta: float,
               nll_coef: float, run_config: dict[str, Any] | None = None, first_metrics: dict[str, float] | None = None,
-              anchors: Sequence[tuple[Segment, ...]] | None = None, anchor_coef: float = 0.0) -> Path:
-    """DPO on `pairs` (each side a tuple of Segments), with `anchors[i]` pair i's anchor
-    action when given (weight `anchor_coef`); returns output_dir/final."""
+              anchors: Sequence[tuple[Segment, ...]] | None = None, anchor_coef: float = 0.0,
+              loss_type: str = "sigmoid") -> Path:
+    """DPO (or IPO: `loss_type`) on `pairs` (each side a tuple of Segments), with `anchors[i]`
+    pair i's anchor action when given (weight `anchor_coef`); returns output_dir/final."""
     if anchors is not None and len(anchors) != len(pairs):
         raise ValueError(f"train_dpo: {len(anchors)} anchors for {len(pairs)} pairs (one per pair)")
     trainer = _trainer(model_cfg, train, tokenizer, len(pairs), run_config)
     ref = reference_logps(trainer, pairs, Path(train.output_dir) / REF_CACHE)
-    loss_fn = dpo_loss_fn(pairs, ref, model_cfg, int(tokenizer.pad_token_id), beta, nll_coef, anchors, anchor_coef)
+    loss_fn = dpo_loss_fn(pairs, ref, model_cfg, int(tokenizer.pad_token_id), beta, nll_coef, anchors, anchor_coef,
+                          loss_type)
     final = trainer.fit(list(range(len(pairs))), loss_fn, save_steps=train.save_steps, first_metrics=first_metrics)
     return _mark(trainer, final)
 

@@ -67,7 +67,8 @@ from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, tra
 # CandidateConfig (K, the sampler) and CandidateRanker (what the critic offers) live with the candidate cache
 from sweet.algorithms.sweet_candidates import (CANDIDATES_FILE, SAMPLING_FILE, CandidateCache,  # noqa: F401
                                               CandidateConfig, CandidateRanker, sampling_settings)
-from sweet.core.config import (LearningRates, ModelConfig, agent_prompt_field, check_range, lr_field,
+from sweet.algorithms.losses import LOSS_TYPES
+from sweet.core.config import (LearningRates, ModelConfig, agent_prompt_field, check_choice, check_range, lr_field,
                                save_resolved_config, strict_tasks_field)
 from sweet.core.models import load_tokenizer
 from sweet.core.records import Candidate, CandidatesRow, Pair, State, episode_states, state_key
@@ -103,6 +104,9 @@ class SweetConfig:
     stage: str = field(default="all", metadata={"help": "all | sample (candidates + scores only) | train (candidates must exist)"})
     pairs_per_state: int = field(default=4, metadata={"help": "top-half vs bottom-half pairs drawn per state (paper: 4)"})
     beta: float = field(default=0.1, metadata={"help": "DPO β (paper: 0.1)"})
+    loss_type: str = field(default="sigmoid", metadata={"help": "the pairwise loss: sigmoid (DPO, the paper's) "
+                                                            "| ipo (IPO's squared margin, per-token log-ratios, "
+                                                            "target 1/(2 beta); TRL's loss_type ipo)"})
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen action's per-token NLL (paper: 0.01)"})
     anchor_coef: float = field(default=0.0, metadata={
         "help": "α_anchor: weight of the per-token NLL of one anchor action per pair, drawn round-robin from the "
@@ -114,6 +118,7 @@ class SweetConfig:
     def __post_init__(self) -> None:
         for name in ("beta", "nll_coef", "anchor_coef"):
             check_range(self, name)  # finite
+        check_choice(self, "loss_type", LOSS_TYPES)
         check_range(self, "max_episodes", low=1)
         for name in ("episodes", "tasks"):
             if not getattr(self, name):
@@ -275,4 +280,5 @@ def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand
     token_pairs = [token_pair(tokenizer, p, rows[state_key(p.state)].prompt_token_ids) for p in pairs]
     anchors = anchor_examples(tokenizer, scored, len(pairs), rows, train.seed, metrics) if cfg.anchor_coef > 0 else None
     return train_dpo(token_pairs, model_cfg, train, tokenizer, beta=cfg.beta, nll_coef=cfg.nll_coef,
-                     run_config=run_config, first_metrics=metrics, anchors=anchors, anchor_coef=cfg.anchor_coef)
+                     loss_type=cfg.loss_type, run_config=run_config, first_metrics=metrics, anchors=anchors,
+                     anchor_coef=cfg.anchor_coef)

@@ -60,8 +60,40 @@ def test_beta_scales_the_margin():
     assert m2["loss/dpo"] == pytest.approx(math.log1p(math.exp(-0.5)))
 
 
-def test_dpo_loss_matches_trl_dpo_trainer(tmp_path):
-    """TRL's DPOTrainer (loss_type ["sigmoid", "sft"], weights [1, α]) as the oracle, on the
+def test_ipo_loss_one_pair_by_hand():
+    # per-token log-ratios: chosen (−10 + 12) / 4 = 0.5, rejected (−15 + 14) / 2 = −0.5, Δ = 1.0
+    # β = 0.25: target 1/(2β) = 2; L_IPO = (1 − 2)² = 1; dL/dπc = 2(Δ − 2)/4 = −0.5, dL/dπr = −2(Δ − 2)/2 = 1
+    pc, pr = _t(-10.0).requires_grad_(), _t(-15.0).requires_grad_()
+    loss, m = dpo_loss(pc, pr, _t(-12.0), _t(-14.0), _t(4), beta=0.25, loss_type="ipo", rejected_token_counts=_t(2))
+    assert loss.item() == pytest.approx(1.0) and m["loss/dpo"] == pytest.approx(1.0)
+    assert m["rewards/margin"] == pytest.approx(0.25 * (2 + 1))  # the implicit rewards, whatever the loss
+    loss.backward()
+    assert pc.grad.item() == pytest.approx(-0.5) and pr.grad.item() == pytest.approx(1.0)
+
+
+def test_ipo_stops_at_its_target_margin_where_dpo_keeps_pushing():
+    """At Δ = 1/(2β), IPO's gradient is zero and past it IPO pulls back; DPO's never vanishes."""
+    for rejected, sign in ((-14.0 - 10.0, 0), (-14.0 - 12.0, 1)):  # Δ = 5 = 1/(2·0.1), then Δ = 6
+        pc, pr = _t(-12.0).requires_grad_(), _t(rejected).requires_grad_()
+        loss, _ = dpo_loss(pc, pr, _t(-12.0), _t(-14.0), _t(1), beta=0.1, loss_type="ipo", rejected_token_counts=_t(2))
+        loss.backward()
+        assert pr.grad.item() == pytest.approx(-sign * 2 * 1 / 2)  # dL/dπr = −2(Δ − 5)/2: raises the rejected back
+        pd = _t(rejected).requires_grad_()
+        dpo, _ = dpo_loss(_t(-12.0), pd, _t(-12.0), _t(-14.0), _t(1), beta=0.1)
+        dpo.backward()
+        assert pd.grad.item() > 0  # DPO still lowers the rejected action
+
+
+def test_unknown_loss_type_and_ipo_without_counts_are_refused():
+    with pytest.raises(ValueError, match="loss_type must be one of 'sigmoid', 'ipo', got 'hinge'"):
+        dpo_loss(_t(-1.0), _t(-2.0), _t(-1.0), _t(-1.0), _t(1), loss_type="hinge")
+    with pytest.raises(ValueError, match="needs rejected_token_counts"):
+        dpo_loss(_t(-1.0), _t(-2.0), _t(-1.0), _t(-1.0), _t(1), loss_type="ipo")
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_dpo_loss_matches_trl_dpo_trainer(tmp_path, loss_type):
+    """TRL's DPOTrainer (loss_type [loss_type, "sft"], weights [1, α]) as the oracle, on the
     tiny model with a policy moved away from its reference: same loss from the same
     sequences. (TRL's "sft" term is a token mean over the batch's chosen tokens; with one
     pair per batch it is our per-token NLL of the chosen action.)"""
@@ -80,7 +112,7 @@ def test_dpo_loss_matches_trl_dpo_trainer(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=torch.float32)
     data = Dataset.from_list([{"prompt": "Is the word apple?", "chosen": " yes it is", "rejected": " no, river"}])
     beta, alpha = 0.5, 0.3
-    args = DPOConfig(output_dir=str(tmp_path), beta=beta, loss_type=["sigmoid", "sft"], loss_weights=[1.0, alpha],
+    args = DPOConfig(output_dir=str(tmp_path), beta=beta, loss_type=[loss_type, "sft"], loss_weights=[1.0, alpha],
                      per_device_train_batch_size=1, report_to=[], use_cpu=True, max_length=None, bf16=False,
                      save_strategy="no")
     trainer = DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
@@ -99,6 +131,8 @@ def test_dpo_loss_matches_trl_dpo_trainer(tmp_path):
     with torch.no_grad():
         logps, counts = segment_logps(trainer.model, segments, pad_id=pad, max_length=None, keep_head=0)
         ref, _ = segment_logps(trainer.ref_model, segments, pad_id=pad, max_length=None, keep_head=0)
-    loss, m = dpo_loss(logps[:1], logps[1:], ref[:1], ref[1:], counts[:1], beta=beta, nll_coef=alpha)
+    loss, m = dpo_loss(logps[:1], logps[1:], ref[:1], ref[1:], counts[:1], beta=beta, nll_coef=alpha,
+                       loss_type=loss_type, rejected_token_counts=counts[1:])
+    assert counts[0] != counts[1]  # IPO's per-token log-ratios differ from a shared length's
     assert m["loss/dpo"] > 0.01 and m["rewards/margin"] != 0  # a real DPO term, not log 2 at margin 0
     assert loss.item() == pytest.approx(want, rel=1e-5)

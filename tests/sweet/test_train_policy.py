@@ -171,23 +171,24 @@ def test_a_finished_run_without_its_final_weights_runs_again(data, tmp_path, cap
 # ---- mtdpo ---------------------------------------------------------------------------------
 
 
-def test_mtdpo_lora_end_to_end(data, tmp_path):
+@pytest.mark.parametrize("loss_type,first_loss", [("sigmoid", 0.693147), ("ipo", 25.0)])
+def test_mtdpo_lora_end_to_end(data, tmp_path, loss_type, first_loss):
     from sweet.train_policy import main
 
     episodes, _, eps = data
     out = tmp_path / "mtdpo"
     final = main(["--algorithm", "mtdpo", "--episodes", str(episodes), "--output_dir", str(out), *FAST,
                   "--lora", "--lora_r", "4", "--learning_rate", "1e-2", "--micro_batch_size", "2",
-                  "--batch_size", "2", "--save_steps", "0"])
+                  "--batch_size", "2", "--save_steps", "0", "--loss_type", loss_type])
     assert final == out / "final" and (out / "final-adapter").exists()
     n_tasks = len({ep.task_id for ep in eps})
     assert read_metrics(out)[0]["data/pairs"] == n_tasks  # one solved vs one failed per task
     refs = torch.load(out / "ref_logprobs.pt", weights_only=False)["values"].tolist()
     assert len(refs) == n_tasks and all(c < 0 and r < 0 for c, r in refs)
     rows = [r for r in read_metrics(out) if "loss/dpo" in r]
-    # first step: the policy equals the reference, so every implicit reward is 0 and L = log 2
+    # first step: the policy equals the reference, so every log-ratio is 0: L_DPO = log 2, L_IPO = (1/(2β))²
     assert rows[0]["rewards/margin"] == pytest.approx(0.0, abs=1e-5)
-    assert rows[0]["loss/dpo"] == pytest.approx(0.693147, abs=1e-4)
+    assert rows[0]["loss/dpo"] == pytest.approx(first_loss, abs=1e-4)
     _assert_trained(final, out, "loss/dpo")
 
 
