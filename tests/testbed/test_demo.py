@@ -53,7 +53,7 @@ def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
     # the warm start's held-out dialogues beside its teacher's exact profile
     check = summary["reads_check"]
     assert check["teacher"] == "reads" and check["cells"] == 11 and check["repeat"]["teacher"] == 0.2
-    assert f"of 11 (repeat rate and every P(move | history)) within the 95% intervals" in res.stdout
+    assert "of 11 (repeat rate and every P(move | history)) within the 95% intervals" in res.stdout
     telling = check["telling"]
     assert telling["cells"] == 5 and 0 <= telling["blind_within"] <= 5
     assert (f"where the teacher and the blind explorer differ, {telling['teacher_within']} of 5 intervals hold the "
