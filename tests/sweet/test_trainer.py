@@ -158,6 +158,37 @@ def test_multi_turn_dpo_step_by_hand(tmp_path, tiny_tokenizer):
         _assert_same(_sgd_delta(tmp_path, micro, 2, loss_fn, None, 2, tiny_tokenizer), want)
 
 
+def test_multi_turn_ipo_step_by_hand_for_any_micro_batch(tmp_path, tiny_tokenizer):
+    """`loss_type="ipo"` through the hook: per-token log-ratios over a trajectory's summed
+    action tokens, L = mean over pairs of (Δ − 1/(2β))² + α·NLL, and the same SGD step
+    for micro-batches of 1 and 2."""
+    from sweet.algorithms.policy_trainer import dpo_loss_fn
+
+    segs = _segments(7, seed=1)
+    pairs = [Pair((segs[0], segs[1]), (segs[2],), "t0"), Pair((segs[3],), (segs[4], segs[5], segs[6]), "t1")]
+    pad, beta, alpha = int(tiny_tokenizer.pad_token_id), 0.5, 0.1
+    ref = torch.tensor([[-30.0, -20.0], [-12.0, -40.0]], dtype=torch.float64)
+    loss_fn = dpo_loss_fn(pairs, ref, MODEL, pad, beta, alpha, loss_type="ipo")
+    tokens = lambda side: sum(len(s.action) for s in side)  # noqa: E731
+
+    def by_hand(model):
+        one = lambda s: segment_logps(model, [s], pad_id=pad, max_length=MODEL.max_length,  # noqa: E731
+                                      keep_head=MODEL.keep_head)[0][0]
+        total = 0.0
+        for k, p in enumerate(pairs):
+            lc, lr = sum(one(s) for s in p.chosen), sum(one(s) for s in p.rejected)
+            delta = (lc - ref[k, 0].item()) / tokens(p.chosen) - (lr - ref[k, 1].item()) / tokens(p.rejected)
+            total = total + (delta - 1 / (2 * beta)) ** 2 + alpha * (-lc / tokens(p.chosen))
+        return total / len(pairs)
+
+    model = load_model(MODEL)
+    loss_sum, _ = loss_fn(model, [0, 1])
+    assert loss_sum.item() / 2 == pytest.approx(by_hand(model).item(), rel=1e-5)
+    want = _grad(by_hand)
+    for micro in (1, 2):
+        _assert_same(_sgd_delta(tmp_path, micro, 2, loss_fn, None, 2, tiny_tokenizer), want)
+
+
 def test_dpo_step_with_anchors_by_hand(tmp_path, tiny_tokenizer):
     """SWEET-RL stage 2's anchor (`anchor_coef`): each pair also carries an action whose
     per-token NLL is added with weight α_anchor, in the same forward pass; the step is the
