@@ -45,6 +45,15 @@ if TYPE_CHECKING:
 LOSS_TYPES = ("sigmoid", "ipo")  # the pairwise term: DPO's −log σ(h), or IPO's squared margin
 
 
+def loss_type_field():
+    """The `loss_type` field of the DPO configs (SWEET-RL stage 2, MT-DPO): one of LOSS_TYPES."""
+    from dataclasses import field
+
+    return field(default="sigmoid", metadata={"help": "the pairwise loss: sigmoid (DPO, the paper's) | ipo (IPO's "
+                                                      "squared margin, per-token log-ratios, target 1/(2 beta); "
+                                                      "TRL's loss_type ipo)"})
+
+
 def dpo_loss(
     policy_chosen_logps: "torch.Tensor",
     policy_rejected_logps: "torch.Tensor",

@@ -32,7 +32,7 @@ from typing import ClassVar
 
 from colbench.envs import defaults_help
 from colbench.episodes import load_episodes
-from sweet.algorithms.losses import LOSS_TYPES
+from sweet.algorithms.losses import LOSS_TYPES, loss_type_field
 from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, train_dpo
 from colbench.prompts import check_prompt_flags, check_recorded_prompts
 from sweet.core.config import (
@@ -66,9 +66,7 @@ class MTDPOConfig:
     success_threshold: float | None = field(default=None, metadata={"help": f"paper pairing: the best episode must reach this reward (default: the --env's: {defaults_help('success_threshold')})"})
     min_reward_gap: float | None = field(default=None, metadata={"help": f"rejected reward must be lower than chosen by more than this (default: the --env's: {defaults_help('min_reward_gap')})"})
     beta: float = field(default=0.1, metadata={"help": "DPO β"})
-    loss_type: str = field(default="sigmoid", metadata={"help": "the pairwise loss: sigmoid (DPO, the paper's) "
-                                                            "| ipo (IPO's squared margin, per-token log-ratios, "
-                                                            "target 1/(2 beta); TRL's loss_type ipo)"})
+    loss_type: str = loss_type_field()
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen trajectory's per-token NLL"})
     max_episodes: int | None = field(default=None, metadata={"help": "use only the first N episodes of the file"})
     tokenize_missing_actions: bool = field(default=False, metadata={"help": "tokenise the text of agent turns without token_ids (published data)"})

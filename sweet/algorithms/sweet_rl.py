@@ -67,7 +67,7 @@ from sweet.algorithms.policy_trainer import PolicyTrainConfig, finished_run, tra
 # CandidateConfig (K, the sampler) and CandidateRanker (what the critic offers) live with the candidate cache
 from sweet.algorithms.sweet_candidates import (CANDIDATES_FILE, SAMPLING_FILE, CandidateCache,  # noqa: F401
                                               CandidateConfig, CandidateRanker, sampling_settings)
-from sweet.algorithms.losses import LOSS_TYPES
+from sweet.algorithms.losses import LOSS_TYPES, loss_type_field
 from sweet.core.config import (LearningRates, ModelConfig, agent_prompt_field, check_choice, check_range, lr_field,
                                save_resolved_config, strict_tasks_field)
 from sweet.core.models import load_tokenizer
@@ -104,9 +104,7 @@ class SweetConfig:
     stage: str = field(default="all", metadata={"help": "all | sample (candidates + scores only) | train (candidates must exist)"})
     pairs_per_state: int = field(default=4, metadata={"help": "top-half vs bottom-half pairs drawn per state (paper: 4)"})
     beta: float = field(default=0.1, metadata={"help": "DPO β (paper: 0.1)"})
-    loss_type: str = field(default="sigmoid", metadata={"help": "the pairwise loss: sigmoid (DPO, the paper's) "
-                                                            "| ipo (IPO's squared margin, per-token log-ratios, "
-                                                            "target 1/(2 beta); TRL's loss_type ipo)"})
+    loss_type: str = loss_type_field()
     nll_coef: float = field(default=0.01, metadata={"help": "α: weight of the chosen action's per-token NLL (paper: 0.01)"})
     anchor_coef: float = field(default=0.0, metadata={
         "help": "α_anchor: weight of the per-token NLL of one anchor action per pair, drawn round-robin from the "
