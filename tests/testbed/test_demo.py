@@ -30,6 +30,9 @@ def test_demo_smoke_runs_every_step_and_resumes(tmp_path):
         assert {json.loads(line)["seed"] for line in lines} == set(episode_seeds(1, 1))
     assert (out / "critic" / "critic_config.json").exists()
     assert (out / "sweet" / "final" / "config.json").exists()
+    # stage 2 trains with the main job's optimiser: Adam with eps 1e-2 at 50x the pipeline's rate (testbed.demo)
+    train = json.loads((out / "sweet" / "config.json").read_text())["train"]
+    assert (train["adam_epsilon"], train["learning_rate"]) == (1e-2, 50 * 3e-5)
     # the policy was chosen on the first 8 validation tasks (the smoke's val_limit), never on test tasks
     selected = json.loads((out / "selection" / "selected.json").read_text())
     assert selected["validation_tasks"] == "builtin:default/val" and selected["validation_limit"] == 8
