@@ -37,6 +37,7 @@ DPOTrainer on the tiny model and compares the losses).
 
 from __future__ import annotations
 
+from dataclasses import field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -47,8 +48,6 @@ LOSS_TYPES = ("sigmoid", "ipo")  # the pairwise term: DPO's −log σ(h), or IPO
 
 def loss_type_field():
     """The `loss_type` field of the DPO configs (SWEET-RL stage 2, MT-DPO): one of LOSS_TYPES."""
-    from dataclasses import field
-
     return field(default="sigmoid", metadata={"help": "the pairwise loss: sigmoid (DPO, the paper's) | ipo (IPO's "
                                                       "squared margin, per-token log-ratios, target 1/(2 beta); "
                                                       "TRL's loss_type ipo)"})
