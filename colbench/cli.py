@@ -67,7 +67,8 @@ class Interrupted(Exception):
 def run_main(main: Callable[[Sequence[str]], Any], argv: Sequence[str] | None = None, *, prog: str,
              user_errors: tuple[type[BaseException], ...] = ()) -> int:
     """Run an entry point's `main(argv)`, mapping user errors (UserError, SpecError and the
-    entry point's `user_errors`) to one line + exit code 2 and Ctrl-C to one line + 130.
+    entry point's `user_errors`) and a full disk (colbench.io) to one line + exit code 2 and
+    Ctrl-C to one line + 130.
     With `--debug` (taken out of argv) or SWEET_DEBUG=1 the traceback is printed before that
     line. Anything else (a bug) raises as usual. Returns main's int result (0 when it
     returns something else)."""
@@ -94,6 +95,16 @@ def run_main(main: Callable[[Sequence[str]], Any], argv: Sequence[str] | None = 
             traceback.print_exc()
         print(f"{prog}: interrupted before any output was written; rerun the command to start", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as e:
+        from colbench.io import full_disk_line
+
+        line = full_disk_line(e)  # a library's write that met a full disk: one line too
+        if line is None:
+            raise
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {line}", file=sys.stderr)
+        return EXIT_USER_ERROR
     finally:
         warnings.formatwarning = formatwarning
     return result if isinstance(result, int) else 0

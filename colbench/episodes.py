@@ -49,13 +49,13 @@ Failures end only their own episode, recorded on it, never replaced silently:
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from colbench.io import atomic_write
 from colbench.jsonl import Appender, read_rows
 from colbench.leaks import FIXED_REPLY, LeakGuard, ReferenceLines, resample_seed
 from colbench.protocols import Agent, AgentRequest, Environment, SimReply, SimRequest, Simulator
@@ -133,15 +133,7 @@ def matches_task(ep: Episode, task: Task) -> bool:
 
 def write_episodes(path: Path, episodes: Sequence[Episode]) -> None:
     """Replace an episodes file atomically (a reader sees the old file or the new one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for ep in episodes:
-            f.write(ep.dumps() + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    atomic_write(path, "".join(ep.dumps() + "\n" for ep in episodes))
 
 
 def rescore_file(env: Environment, path: Path, tasks: Sequence[Task]) -> int:

@@ -71,6 +71,7 @@ from typing import Any, Sequence
 
 from colbench.agents import ModelAgent, _split_name, check_agent_spec, file_slug, load_agent, needs_simulator
 from colbench.cli import EXIT_USER_ERROR, Interrupted, UserError, one_line, run_main
+from colbench.io import atomic_write
 
 PROG = "python -m colbench.evaluate"
 
@@ -537,8 +538,7 @@ def _claim_episode_files(plan: Plan, config: EvalConfig, episode_config: Any) ->
                                 + ": give the agent another name or use another --output")
         records[path] = record
     for path, record in records.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n")
+        atomic_write(path, json.dumps(record, indent=2) + "\n")
 
 
 def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
@@ -557,7 +557,7 @@ def _write_config(plan: Plan, config: EvalConfig, episode_config: Any) -> None:
         "server": dataclasses.asdict(server_defaults()),  # openai: engines' timeout, retries, reply cap
         "python": sys.version.split()[0],
     }
-    (plan.out_dir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
+    atomic_write(plan.out_dir / "config.json", json.dumps(resolved, indent=2) + "\n")
 
 
 def _scoring_version(env: str) -> int:

@@ -6,9 +6,11 @@ Every resumable JSONL output (episodes, stage-2 candidates) is written and read 
   not parse raises ValueError naming file:line, except an unfinished LAST line (a crash
   or kill mid-write), which is skipped with a warning and, with `repair=True`, cut from
   the file so that the next append starts on a fresh line.
-- `Appender(path)`: appends rows, flushed after every batch (a killed process loses at
-  most the batch being written: its torn line is what `read_rows` repairs) and fsynced
-  after it too, or at `sync()` when the caller batches the disk writes (`fsync=False`).
+- `Appender(path)`: appends rows, written to the OS after every batch (a killed process
+  loses at most the batch being written: its torn line is what `read_rows` repairs) and
+  fsynced after it too, or at `sync()` when the caller batches the disk writes
+  (`fsync=False`). A batch the disk has no room for is cut off again (the file ends with
+  the last whole batch) and raises `colbench.io.DiskFull` naming the file.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
+
+from colbench.io import DiskFull, full_disk_guard, is_disk_full
 
 T = TypeVar("T")
 
@@ -66,31 +70,48 @@ def cut_torn_tail(path: str | Path) -> None:
 
 
 class Appender:
-    """Appends JSON rows to `path` (created with its folder), flushed after each `write`
-    and fsynced after it (`fsync`) or at `sync()`/`close()`."""
+    """Appends JSON rows to `path` (created with its folder), written to the OS at each
+    `write` and fsynced after it (`fsync`) or at `sync()`/`close()`."""
 
     def __init__(self, path: str | Path, *, fsync: bool = True):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        cut_torn_tail(self.path)
+        with full_disk_guard(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            cut_torn_tail(self.path)
+            # unbuffered: a failed write leaves nothing in a buffer for close() to retry
+            self.f = self.path.open("ab", buffering=0)
         self.fsync = fsync
-        self.f = self.path.open("a", encoding="utf-8")
 
     def write(self, rows: Iterable[dict[str, Any] | str]) -> None:
-        """Append rows (dicts, or lines already serialised) and flush them."""
-        text = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
-        if text:
-            self.f.write(text)
-            self.f.flush()
+        """Append rows (dicts, or lines already serialised): all of them or, on a full
+        disk, none (DiskFull)."""
+        data = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode("utf-8")
+        if not data:
+            return
+        start = self.f.seek(0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[self.f.write(view):]
             if self.fsync:
                 os.fsync(self.f.fileno())
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            os.ftruncate(self.f.fileno(), start)  # the rows before stay whole; frees the partial batch
+            raise DiskFull(self.path) from e
 
     def sync(self) -> None:
-        os.fsync(self.f.fileno())
+        with full_disk_guard(self.path):
+            os.fsync(self.f.fileno())
 
     def close(self) -> None:
-        self.sync()
-        self.f.close()
+        if self.f.closed:
+            return
+        try:
+            self.sync()
+        finally:
+            self.f.close()
 
     def __enter__(self) -> "Appender":
         return self

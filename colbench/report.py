@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from colbench.io import atomic_write
 from colbench.stats import Metric, behaviour_stats, env_metrics
 from colbench.types import STOP_UNUSABLE, Episode, Task
 
@@ -359,8 +360,6 @@ def write_reports(out_dir: Path, rows: Sequence[LeaderboardRow], episodes_by_age
                   *, env: str, config: dict[str, Any] | None = None, thumbs: str | None = None) -> None:
     """Write leaderboard.json, leaderboard.md and report.html into out_dir."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "leaderboard.json").write_text(json.dumps([r.to_json() for r in rows], indent=2) + "\n")
-    (out_dir / "leaderboard.md").write_text(leaderboard_markdown(rows))
-    (out_dir / "report.html").write_text(
-        report_html(rows, episodes_by_agent, env=env, config=config, thumbs=thumbs), encoding="utf-8")
+    atomic_write(out_dir / "leaderboard.json", json.dumps([r.to_json() for r in rows], indent=2) + "\n")
+    atomic_write(out_dir / "leaderboard.md", leaderboard_markdown(rows))
+    atomic_write(out_dir / "report.html", report_html(rows, episodes_by_agent, env=env, config=config, thumbs=thumbs))

@@ -95,6 +95,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from colbench.io import DiskFull, atomic_write, free_space
 from colbench.protocols import ANSWER_MARKER
 from colbench.types import STOP_ANSWERED, STOP_TURN_LIMIT, Episode, Score, Task, Turn
 
@@ -272,13 +273,20 @@ def usable_tasks(tasks: Sequence[Task], *, source: str, list_path: str | Path | 
         return list(tasks)
     path = Path(list_path) if list_path is not None else _default_list_path(source)
     try:
-        _atomic_write(path, "".join(json.dumps(b, ensure_ascii=False) + "\n" for b in bad))
+        atomic_write(path, "".join(json.dumps(b, ensure_ascii=False) + "\n" for b in bad))
         where = f"listed in {path}"
-    except OSError as e:
-        where = f"list not written ({path}: {e.strerror or e}); first: {bad[0]['where']}: {bad[0]['reason']}"
+    except (OSError, DiskFull) as e:
+        where = f"list not written ({path}: {_why_not_written(e)}); first: {bad[0]['where']}: {bad[0]['reason']}"
     log.warning("skipping %d unusable of %d tasks from %s (no usable reference to learn from); %s",
                 len(bad), len(tasks), source, where)
     return [t for t in tasks if is_usable(t)]
+
+
+def _why_not_written(e: OSError | DiskFull) -> str:
+    """A cache list that could not be written, in a few words (the load goes on)."""
+    if isinstance(e, DiskFull):
+        return f"the disk is full, {free_space(e.path)}"
+    return str(e.strerror or e)
 
 
 def _default_list_path(source: str) -> Path:
@@ -345,10 +353,10 @@ def load_trajectories(
         rows_out = [{"task_id": "", "where": w, "reason": r} for w, r in problems]
         path = Path(list_path) if list_path is not None else _default_list_path(source + "#trajectories")
         try:
-            _atomic_write(path, "".join(json.dumps(b, ensure_ascii=False) + "\n" for b in rows_out))
+            atomic_write(path, "".join(json.dumps(b, ensure_ascii=False) + "\n" for b in rows_out))
             where = f"listed in {path}"
-        except OSError as e:
-            where = f"list not written ({path}: {e.strerror or e}); first: {problems[0][0]}: {problems[0][1]}"
+        except (OSError, DiskFull) as e:
+            where = f"list not written ({path}: {_why_not_written(e)}); first: {problems[0][0]}: {problems[0][1]}"
         log.warning("skipping %d unusable of %d trajectories from %s; %s", len(problems), n_rows, source, where)
         return episodes
     _handle_problems(problems, on_error, source, n_rows)
@@ -367,13 +375,7 @@ def tasks_by_id(tasks: Iterable[Task]) -> dict[str, Task]:
 
 def write_tasks_jsonl(tasks: Iterable[Task], path: str | Path) -> None:
     """Write tasks in the official row format (plus task_id); load_tasks reads them back."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for t in tasks:
-            f.write(json.dumps(task_to_row(t), ensure_ascii=False) + "\n")
-    tmp.replace(path)  # atomic: a reader never sees half a file
+    atomic_write(path, "".join(json.dumps(task_to_row(t), ensure_ascii=False) + "\n" for t in tasks))
 
 
 def task_to_row(task: Task) -> dict[str, Any]:
@@ -665,8 +667,12 @@ class _ValidationCache:
             return None
 
     def put(self, task: Task, reason: str | None) -> None:
+        # a cache: a folder it cannot write in (or a full disk) costs the caching, never the load
         try:
-            _atomic_write(self.path(task), json.dumps({"reason": reason, "task_id": task.task_id}) + "\n")
+            atomic_write(self.path(task), json.dumps({"reason": reason, "task_id": task.task_id}) + "\n", fsync=False)
+        except DiskFull:
+            self._warn_once("write", f"validation cache: the disk is full under {self.root} ({free_space(self.root)}); "
+                                     f"verdicts are not cached (set {CACHE_ENV} to another folder)")
         except OSError as e:
             self._warn_once("write", f"validation cache: cannot write in {self.root} ({e.strerror or e}); "
                                      f"verdicts are not cached (set {CACHE_ENV} to another folder)")
@@ -675,22 +681,6 @@ class _ValidationCache:
         if kind not in self.warned:
             self.warned.add(kind)
             log.warning("%s", message)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` so that a reader sees the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 # ------------------------------------------------------------------------------ sources

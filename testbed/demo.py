@@ -43,6 +43,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from colbench.io import atomic_write
 from colbench.episodes import read_episodes
 from sweet.core.config import parse_configs
 from sweet.core.runs import run_cli, trainer_run
@@ -133,9 +134,9 @@ def main(cfg: DemoConfig) -> Path:
                                       eval_seeds=1, candidates=2, max_new_tokens=48, stage2_episodes=16)
     run = run_steps(cfg, setup, out)
     summary = report(cfg, setup, out, run)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    atomic_write(out / "summary.json", json.dumps(summary, indent=2))
     print(f"summary: {out / 'summary.json'}")
-    (out / "timings.json").write_text(json.dumps(setup.timings, indent=2))
+    atomic_write(out / "timings.json", json.dumps(setup.timings, indent=2))
     print("\nwall time per step (s): " + ", ".join(f"{k} {v:.0f}" for k, v in setup.timings.items()))
     print(f"leaderboard: {out / 'leaderboard' / 'leaderboard.md'}")
     print(f"report with plots: {out / 'leaderboard' / 'report.html'}")

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from colbench.io import atomic_write
+
 LEVELS = (0.5, 1.0, 2.0)
 N_BOOTSTRAP = 2000
 BOOTSTRAP_SEED = 0
@@ -223,10 +225,7 @@ def log_ratios(model: str, warm: str, episodes, file: Path) -> list[float]:
         if d["model"] == model and d["reference"] == warm and set(ids) <= set(d["ratios"]):
             return [d["ratios"][i] for i in ids]
     ratios = kl_from_models(model, warm, episodes)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_name(cache.name + ".tmp")
-    tmp.write_text(json.dumps({"model": model, "reference": warm, "ratios": dict(zip(ids, ratios))}))
-    tmp.replace(cache)
+    atomic_write(cache, json.dumps({"model": model, "reference": warm, "ratios": dict(zip(ids, ratios))}))
     return ratios
 
 

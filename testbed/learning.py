@@ -92,6 +92,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
+from colbench.io import atomic_write
 from testbed.critic_check import (
     agreement_needed,
     checks_table,
@@ -457,9 +458,7 @@ def write_records(results: dict[int, dict[str, dict]], hp: dict, names: list[str
                   "critic_counts": critic_counts(args.out, seed, policies, setup) if bed else {},
                   "credit": seed_credit(args.out, seed, policies, setup)}
         file = folder / f"seed{seed}.json"
-        tmp = file.with_name(file.name + ".tmp")
-        tmp.write_text(json.dumps(record, allow_nan=False))
-        tmp.replace(file)
+        atomic_write(file, json.dumps(record, allow_nan=False))
         records.append(json.loads(file.read_text()))
     return records
 

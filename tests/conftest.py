@@ -130,6 +130,30 @@ def colbench_server():
     return _colbench_server
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """`small_disk("64k") -> Path`: a fresh folder on a real filesystem of that size (a tmpfs
+    mounted under tmp_path, unmounted after the test), to fill up for real. Skipped, with the
+    reason, where this process cannot mount one (not root, or no mount permission)."""
+    mounts: list[Path] = []
+
+    def make(size: str) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("a real full disk is a tmpfs mount, which needs root")
+        path = tmp_path / f"disk{len(mounts)}"
+        path.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        mounts.append(path)
+        return path
+
+    yield make
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
 # the tiny model's fixtures, shared by tests/sweet and tests/testbed
 @pytest.fixture(scope="session")
 def tiny_tokenizer():

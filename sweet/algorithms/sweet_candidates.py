@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from colbench.cli import canonical_keys
+from colbench.io import atomic_write
 from colbench.jsonl import Appender
 from engines import EngineOptions, load_engine
 from engines.base import Sample, SamplingParams
@@ -136,8 +137,7 @@ class CandidateCache:
         if changed:
             raise ValueError(f"{self.path} was sampled with other settings ({changed}); delete it and "
                              f"{SAMPLING_FILE} or use a new --output_dir")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.with_name(SAMPLING_FILE).write_text(json.dumps(self.settings, indent=2))
+        atomic_write(self.path.with_name(SAMPLING_FILE), json.dumps(self.settings, indent=2))
 
     def fill(self, states: Sequence[State], cand: CandidateConfig, model_cfg: ModelConfig, seed: int, proc,
              load_ranker: Callable[[], CandidateRanker]) -> None:

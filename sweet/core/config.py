@@ -15,8 +15,10 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
+from colbench.cli import FieldError
 from colbench.cli import parse_configs as parse
 from colbench.envs import PAIRING_RULES, defaults_help, training_defaults
+from colbench.io import atomic_write
 
 
 @dataclass
@@ -122,6 +124,19 @@ def check_range(cfg: Any, name: str, *, low: float | None = None, high: float | 
         raise ValueError(f"{where} must be {'>' if strict else '>='} {low:g}, got {value!r}")
     if high is not None and (value >= high if strict_high else value > high):
         raise ValueError(f"{where} must be {'<' if strict_high else '<='} {high:g}, got {value!r}")
+
+
+def check_action_room(cfg: Any, name: str, model: ModelConfig) -> None:
+    """Refuse a trainer's own sampling length `cfg.<name>` (max_new_tokens) that could write an
+    action with no room in `model.max_length` (sweet.core.tokens.fits: actions are never cut),
+    naming both fields: the trainer would otherwise meet it at a step, not here."""
+    from sweet.core.tokens import fits
+
+    value = getattr(cfg, name)
+    if not fits(value, model.max_length):  # an action is at most max_new_tokens ids (eos included)
+        raise FieldError(f"{type(cfg).__name__}.{name} must be < {type(model).__name__}.max_length "
+                         f"({model.max_length}: an action is never cut and needs a context token before it), "
+                         f"got {value}")
 
 
 def check_choice(cfg: Any, name: str, choices: Sequence[Any]) -> None:
@@ -320,5 +335,5 @@ def save_resolved_config(output_dir: str | Path, **configs: Any) -> dict[str, An
     out.mkdir(parents=True, exist_ok=True)
     data = {name: resolved_paths(c) for name, c in resolved_config(**configs).items()}
     prompts = prompt_files(configs)  # the template files in use, path + sha256 (defaults too)
-    (out / "config.json").write_text(json.dumps({**data, "prompts": prompts, "argv": sys.argv}, indent=2))
+    atomic_write(out / "config.json", json.dumps({**data, "prompts": prompts, "argv": sys.argv}, indent=2))
     return data

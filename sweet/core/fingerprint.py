@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from colbench.cli import aliases
+from colbench.io import atomic_write
 from engines import model_path
 from sweet.core.config import PROMPT_FIELDS, prompt_files, resolve_defaults, to_jsonable
 from sweet.core.trainer import finished, process_state
@@ -244,9 +245,7 @@ def begin_run(output_dir: str | Path, configs: dict[str, Any], *, resume: bool,
             print(f"{out} held an earlier run: moved it to {dest} (a fresh start)")
         out.mkdir(parents=True, exist_ok=True)
         if old is None:
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(fp, indent=2))
-            tmp.replace(path)
+            atomic_write(path, json.dumps(fp, indent=2))
     state.wait_for_everyone()
     return finished(out) if old is not None else None
 

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from colbench.io import full_disk_guard
+
 TRACKERS = ("tensorboard", "wandb", "trackio")
 PROJECT = "sweet-colbench"  # W&B / trackio project (WANDB_PROJECT overrides); TensorBoard: output_dir/tensorboard
 
@@ -59,7 +61,7 @@ class MetricsLogger:
         if not self.is_main:
             return
         values = {k: float(v) for k, v in metrics.items()}
-        with self.path.open("a") as f:
+        with full_disk_guard(self.path), self.path.open("a") as f:  # a torn row is cut on resume (trim_metrics)
             f.write(json.dumps({"step": step, **values}) + "\n")
         if self.tracking:
             self.accelerator.log(values, step=step)

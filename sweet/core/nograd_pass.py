@@ -20,6 +20,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from colbench.io import atomic_write
+
 REFERENCE_CACHE = "ref_logprobs.pt"
 
 
@@ -80,7 +82,5 @@ class ReferenceCache:
         """Write `values` (main process only), renamed into place."""
         import torch
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        torch.save({"key": self.key, "values": values.detach().cpu()}, tmp)
-        tmp.replace(self.path)
+        blob = {"key": self.key, "values": values.detach().cpu()}
+        atomic_write(self.path, lambda tmp: torch.save(blob, tmp))

@@ -65,7 +65,6 @@ the existing ones as they are (a resumed run reproduces the same weights).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import shutil
@@ -73,6 +72,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from colbench.io import DiskFull, atomic_folder, atomic_write, full_disk_guard, remove_stale
 from colbench.jsonl import read_rows
 from engines.memory import HeapTrimmer, release_memory
 from sweet.core.config import ModelConfig, TrainConfig, resolve_learning_rate
@@ -329,6 +329,10 @@ class Trainer:
         a damaged newer one is skipped with a warning); returns its state (with "step"),
         or None on a fresh start. Cuts metrics.jsonl to match."""
         ckpt = None
+        if self.is_main:  # what a kill or a full disk left half-written (checkpoint-N.tmp, final.tmp, ...)
+            for stale in remove_stale(self.out) + remove_stale(self.out / SNAPSHOT_DIR):
+                print(f"removed {stale}: an interrupted write")
+        self.accelerator.wait_for_everyone()
         if self.train.resume:
             for candidate in sorted(checkpoints(self.out), key=_ckpt_step, reverse=True):
                 problem = checkpoint_problem(candidate)
@@ -484,23 +488,46 @@ class Trainer:
         self.logger.log(metrics, self.step if step is None else step)
 
     def save_checkpoint(self, state: dict[str, Any] | None = None, keep: int = 2) -> Path:
-        """accelerator.save_state (every process) + state.json; keeps the last `keep`."""
+        """accelerator.save_state (every process) + state.json into checkpoint-<step>.tmp,
+        renamed into place once every process wrote its part; keeps the last `keep`. A full
+        disk on any process removes the partial folder and raises DiskFull on every process
+        (none is left waiting for the others); the checkpoints before stay as they were."""
         acc = self.accelerator
         out = self.out / f"checkpoint-{self.step}"
         tmp = out.with_name(out.name + ".tmp")
         if self.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         acc.wait_for_everyone()
-        acc.save_state(str(tmp))
-        acc.wait_for_everyone()
+        error = None
+        try:
+            with full_disk_guard(out):
+                acc.save_state(str(tmp))
+                if self.is_main:
+                    (tmp / STATE_FILE).write_text(json.dumps({"step": self.step, **(state or {})}, indent=2))
+        except DiskFull as e:
+            error = e
+        if not self.everyone_ok(error is None):
+            if self.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)  # gives back the space the partial copy took
+            raise error or DiskFull(out)
         if self.is_main:
-            (tmp / STATE_FILE).write_text(json.dumps({"step": self.step, **(state or {})}, indent=2))
             shutil.rmtree(out, ignore_errors=True)
             tmp.rename(out)
             for old in sorted(checkpoints(self.out), key=_ckpt_step)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
         acc.wait_for_everyone()
         return out
+
+    def everyone_ok(self, ok: bool) -> bool:
+        """Whether `ok` holds on every process (a collective: every process must call it).
+        How a failure that only the main process meets (its writes) reaches the others,
+        so that all stop together instead of waiting for it at the next barrier."""
+        if self.world == 1:
+            return ok
+        import torch
+
+        failed = torch.tensor([0.0 if ok else 1.0], device=self.accelerator.device)
+        return float(self.accelerator.reduce(failed, reduction="sum").item()) == 0.0
 
     def snapshot_due(self, step: int) -> bool:
         """Whether `step` is on the snapshot cadence (train.snapshot_steps; 0: never)."""
@@ -539,37 +566,32 @@ class Trainer:
         folder is written beside its place (`<out>.tmp`) and renamed into it, so a kill
         mid-save never leaves a half-written model where a finished one is expected."""
         acc = self.accelerator
-        name = out.name
         state_dict = acc.get_state_dict(self.model)  # a collective under FSDP / ZeRO-3
-        unwrapped = acc.unwrap_model(self.model)
+        error = None
         if self.is_main:
-            if hasattr(unwrapped, "peft_config"):
-                adapter = out.with_name(name + "-adapter")
-                with _written_in_place(adapter) as tmp:
-                    unwrapped.save_pretrained(tmp, state_dict=state_dict)
-                    self.tokenizer.save_pretrained(tmp)
-                merged = load_model(replace(self.model_cfg, lora=False, gradient_checkpointing=False),
-                                    trainable=False, adapter=str(adapter)).merge_and_unload()
-                with _written_in_place(out) as tmp:
-                    merged.save_pretrained(tmp)
-                    self.tokenizer.save_pretrained(tmp)
-            else:
-                with _written_in_place(out) as tmp:
-                    unwrapped.save_pretrained(tmp, state_dict=state_dict)
-                    self.tokenizer.save_pretrained(tmp)
-        acc.wait_for_everyone()
+            try:
+                self._write_model(acc.unwrap_model(self.model), state_dict, out)
+            except DiskFull as e:
+                error = e
+        if not self.everyone_ok(error is None):  # a full disk stops every process, none waits
+            raise error or DiskFull(out)
         return out
 
-
-@contextlib.contextmanager
-def _written_in_place(path: Path):
-    """Yield `path.tmp` to write into, then swap it in for `path`."""
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    yield tmp
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+    def _write_model(self, unwrapped, state_dict, out: Path) -> None:
+        if hasattr(unwrapped, "peft_config"):
+            adapter = out.with_name(out.name + "-adapter")
+            with atomic_folder(adapter) as tmp:
+                unwrapped.save_pretrained(tmp, state_dict=state_dict)
+                self.tokenizer.save_pretrained(tmp)
+            merged = load_model(replace(self.model_cfg, lora=False, gradient_checkpointing=False),
+                                trainable=False, adapter=str(adapter)).merge_and_unload()
+            with atomic_folder(out) as tmp:
+                merged.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
+        else:
+            with atomic_folder(out) as tmp:
+                unwrapped.save_pretrained(tmp, state_dict=state_dict)
+                self.tokenizer.save_pretrained(tmp)
 
 
 def finished(output_dir: str | Path) -> dict[str, Any] | None:
@@ -625,10 +647,7 @@ def _file_problem(f: Path) -> str | None:
 
 def mark_finished(output_dir: str | Path, **info: Any) -> None:
     """Write the finished marker (atomically: a torn marker would read as unfinished)."""
-    path = Path(output_dir) / FINISHED_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(info, indent=2))
-    tmp.replace(path)
+    atomic_write(Path(output_dir) / FINISHED_FILE, json.dumps(info, indent=2))
 
 
 def _keep_trainable(models, weights, output_dir) -> None:
@@ -688,4 +707,4 @@ def trim_metrics(path: Path, last_step: int) -> None:
 
     if path.exists():
         rows = read_rows(path, lambda row: row, what="metrics row")
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= last_step))
+        atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= last_step))

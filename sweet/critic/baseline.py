@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from colbench.io import atomic_write
 from colbench.jsonl import Appender, read_rows
 from engines import EngineOptions, load_engine
 from engines.base import SamplingParams
@@ -97,7 +98,7 @@ def sample_baselines(turns: Sequence["CriticTurn"], sampler: str, k: int, max_ne
                          "or use a new --output_dir")
     out.mkdir(parents=True, exist_ok=True)
     if not side.exists():
-        side.write_text(json.dumps(settings, indent=2))
+        atomic_write(side, json.dumps(settings, indent=2))
     done = {r.state: r.actions for r in read_rows(path, BaselineRow.from_json, what="baseline-samples row", repair=True)}
     unique: dict[str, "CriticTurn"] = {}
     for t in turns:

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from colbench.episodes import load_episodes, write_episodes
+from colbench.io import atomic_write
 from colbench.types import STOP_ANSWERED, Episode, Score, Task, Turn
 from sweet.core.config import (check_pairing_rule, fill_env_defaults, pairing_rule_field, parse_configs,
                                strict_tasks_field)
@@ -289,10 +290,7 @@ def main(cfg: ExportConfig) -> Path:
     rows = critic_rows(cfg, tokenizer) if cfg.kind == "critic" else policy_rows(cfg, tokenizer)
     if not rows:
         raise ValueError(f"{cfg.episodes}: no {cfg.kind} pairs to write")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(out)
+    atomic_write(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print(f"wrote {len(rows)} {cfg.kind} pairs ({cfg.format}) to {out}")
     return out
 

@@ -38,12 +38,13 @@ from typing import Sequence
 
 from colbench.envs import TrainingDefaults, env_names, training_defaults
 from colbench.episodes import load_episodes
+from colbench.io import atomic_write
 from sweet.core.config import parse_configs
 from sweet.core.records import episode_states, make_trajectory_pairs, read_candidates
 from sweet.core.runs import run_cli, trainer_run
 from sweet.core.tokens import text_ids
 from sweet.critic.baseline import as_generated, read_baselines, state_key_of
-from sweet.critic.model import TrainedCritic, CriticRecord, load_training_info
+from sweet.critic.model import CriticRecord, TrainedCritic, load_training_info
 
 
 @dataclass
@@ -329,11 +330,11 @@ def main(cfg: InspectConfig) -> Path:
             f"(green > 0 > red); stage-2 candidates from {cfg.candidates or '(none given)'}.")
     if pairs:
         split = credit_split(pairs, advantages)
-        (out / "credit_split.json").write_text(json.dumps(split.to_json(), indent=2))
+        atomic_write(out / "credit_split.json", json.dumps(split.to_json(), indent=2))
         print(split.line())
         note += " " + split.line() + "."
     page = out / "index.html"
-    page.write_text(render_html(views, "SWEET-RL critic: per-turn credit", note))
+    atomic_write(page, render_html(views, "SWEET-RL critic: per-turn credit", note))
     print(f"credit inspector: {page} ({len(views)} episodes, {sum(1 for _ in candidates)} stage-2 states)")
     return page
 

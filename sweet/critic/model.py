@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from colbench.io import atomic_write
 from colbench.tasks import is_usable, load_tasks, usable_tasks
 from colbench.types import Episode
 from sweet.core.config import ModelConfig
@@ -125,7 +126,7 @@ class CriticRecord:
     vision: dict | None = None
 
     def save(self, critic_dir: str | Path) -> None:
-        (Path(critic_dir) / CRITIC_CONFIG_FILE).write_text(json.dumps(asdict(self), indent=2))
+        atomic_write(Path(critic_dir) / CRITIC_CONFIG_FILE, json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, critic_dir: str | Path) -> "CriticRecord":
