@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from colbench.cli import UserError
+from colbench.io import full_disk_guard
 
 LOCK_NAME = ".lock"
 
@@ -116,7 +117,8 @@ class OutputLock:
                     gone = "that process is gone" if old.host == socket.gethostname() else "its lock was released"
                     warnings.warn(f"{self.folder}: took over the stale lock of {old.describe()}: {gone}",
                                   StaleLockWarning, stacklevel=2)
-                self._write(fd, Holder.me(self.command))
+                with full_disk_guard(self.path):
+                    self._write(fd, Holder.me(self.command))
                 self._fd, fd = fd, -1
                 return self
             finally:

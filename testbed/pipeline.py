@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from colbench import evaluate as ev
 from colbench.cli import make_configs
+from colbench.io import atomic_write
 from colbench.jsonl import read_rows
 from colbench.rollout import episode_seeds
 from colbench.tasks import load_tasks, usable_tasks
@@ -206,8 +207,7 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
                                         **explorer)))
         if k >= len(checks):
             checks.append({"model": model, "copy_accuracy": copy_accuracy(model, seed=seed, workers=WORKERS, bed=bed)})
-            out.mkdir(parents=True, exist_ok=True)
-            record.write_text(json.dumps(checks, indent=2))
+            atomic_write(record, json.dumps(checks, indent=2))
         print(f"warm start: {phase} pass {k + 1}: held-out copy accuracy {checks[k]['copy_accuracy']:.2f} "
               f"(bar {bar})", flush=True)
         if checks[k]["copy_accuracy"] < bar:
@@ -217,7 +217,7 @@ def checked_phase(out: Path, phase: str, model: str, bar: float, seed: int, lear
             return Path(model)
         if "reads" not in checks[k]:
             checks[k]["reads"] = reads_gate(model, out / f"{folder.name}-reads", bed, explorer.get("teacher"))
-            record.write_text(json.dumps(checks, indent=2))
+            atomic_write(record, json.dumps(checks, indent=2))
         r = checks[k]["reads"]
         print(f"warm start: {phase} pass {k + 1}: reads its dialogue on the validation tasks: "
               f"{'yes' if r['passed'] else 'no'} ({r['teacher_within']} of {r['cells']} telling intervals hold the "
@@ -281,7 +281,7 @@ def sort_episodes(path: Path) -> None:
     answered at once (measured: all 112 stage-2 states were first turns)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows.sort(key=lambda r: (r["task_id"], r["seed"]))
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def train_critic(episodes: Path, base_model: str, setup: TestbedSetup, out: Path, seed: int = 0,
@@ -383,8 +383,7 @@ def select_on_validation(run: Path, setup: TestbedSetup, out: Path) -> tuple[Pat
     best_step, best = max(snaps, key=lambda sp: (success[f"step-{sp[0]}"], -sp[0]))
     record = {"model": str(best), "step": best_step, "rule": "highest validation success, ties to the earlier step",
               "validation_tasks": setup.val_tasks, "validation_limit": setup.val_limit, "validation_success": success}
-    out.mkdir(parents=True, exist_ok=True)
-    record_path.write_text(json.dumps(record, indent=2))
+    atomic_write(record_path, json.dumps(record, indent=2))
     return best, record
 
 

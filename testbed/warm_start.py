@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from colbench.episodes import write_episodes
+from colbench.io import atomic_write
 from colbench.types import STOP_ANSWERED, Episode, Turn
 from engines import EngineOptions, SamplingParams, load_engine
 from sweet.algorithms import rft
@@ -200,13 +202,6 @@ def copy_accuracy(model: str, n: int = 48, seed: int = 0, bed: str = DEFAULT_BED
     return copy_score([s[0].text for s in samples], [want for _, _, want in cases], bed)
 
 
-def write_episodes(episodes: list[Episode], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for ep in episodes:
-            f.write(json.dumps(ep.to_json()) + "\n")
-
-
 def dialogue_settings(cfg: WarmStartConfig, p_ask: float) -> dict:
     """What the scripted dialogues depend on (the teacher and its p_other included), as
     recorded in OUT/warm_start.json: a rerun with other settings is refused."""
@@ -234,8 +229,8 @@ def main(cfg: WarmStartConfig) -> Path:
     else:
         tokenizer = load_tokenizer(cfg.model)
         episodes = scripted_episodes(tokenizer, cfg.n_dialogues, p_ask, cfg.seed, cfg.bed, cfg.teacher, cfg.p_other)
-        write_episodes(episodes, episodes_path)
-        record.write_text(json.dumps(settings, indent=2))
+        write_episodes(episodes_path, episodes)
+        atomic_write(record, json.dumps(settings, indent=2))
         success = sum(e.success for e in episodes) / len(episodes)
         print(f"warm start: {len(episodes)} scripted dialogues, {cfg.teacher} success rate {success:.2f}")
     if finished(out) is not None:

@@ -43,6 +43,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from PIL import Image
 
+from colbench.io import atomic_write
 from colbench.scoring.routing import route_request
 from colbench.scoring.tailwind import tailwind_rules
 
@@ -294,8 +295,7 @@ class RenderPool:
             png, height = value
             image = Image.open(io.BytesIO(png)).convert("RGB")
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(png)
+                atomic_write(path, png, fsync=False)
             results.append(RenderResult(image, path, None, height))
         return results
 

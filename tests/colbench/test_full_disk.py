@@ -146,3 +146,27 @@ def test_evaluate_on_a_full_disk_stops_with_one_line_and_resumes_elsewhere(small
     assert len(ids) == 44 == len(set(ids)) and ids[: len(kept)] == kept
     board = json.loads((roomy / "leaderboard.json").read_text())
     assert board[0]["n_episodes"] == 44
+
+
+def test_an_entry_point_turns_a_library_s_full_disk_error_into_one_line(tmp_path, capsys):
+    """What a library raises from a write the project does not wrap still ends in one line
+    and exit status 2 (colbench.cli.run_main), naming the file when the error does."""
+    import errno
+
+    from colbench.cli import run_main
+
+    def main(argv):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "events.out"))
+
+    def hidden(argv):  # no errno, no path: safetensors' way
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    assert run_main(main, [], prog="prog") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"prog: error: {tmp_path / 'events.out'}: the disk is full (No space left on device; ")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert run_main(hidden, [], prog="prog") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prog: error: the disk is full (No space left on device; under the working folder: ")
+    with pytest.raises(RuntimeError, match="boom"):  # anything else is a bug: raised as it is
+        run_main(lambda argv: (_ for _ in ()).throw(RuntimeError("boom")), [], prog="prog")
