@@ -36,6 +36,10 @@ Each iteration (paper, Algorithm 1):
      (tokens whose weight exceeds `behaviour_weight_cap` leave the loss);
 No value network, no reference model, no KL term by default (LOOP).
 
+Its actions are its own sampler's, at most `max_new_tokens` ids each (eos included), and an
+action is never cut (sweet.core.tokens.fits): a `--max_new_tokens` of `--max_length` or more
+could write one that no step can train on, and is refused before the run starts.
+
 Exactness (any micro-batch size, process count, kill-and-resume), the PPO row and the
 departures from the paper: docs/loop.md. The policy copy that samples: sweet.core.sampler.
 """
@@ -55,9 +59,9 @@ from colbench.prompts import check_prompt_flags
 from colbench.types import Episode
 from engines.base import SamplingParams
 from engines.vllm_engine import COLOCATED_GPU_MEMORY_UTILIZATION
-from sweet.core.config import (LearningRates, ModelConfig, TrainConfig, agent_prompt_field, check_choice, check_range,
-                               human_prompt_field, lr_field, max_reply_chars_field, resolved_config,
-                               save_resolved_config, strict_tasks_field)
+from sweet.core.config import (LearningRates, ModelConfig, TrainConfig, agent_prompt_field, check_action_room,
+                               check_choice, check_range, human_prompt_field, lr_field, max_reply_chars_field,
+                               resolved_config, save_resolved_config, strict_tasks_field)
 from sweet.core.fingerprint import begin_run
 from sweet.core.models import load_model, load_tokenizer, set_seed
 from sweet.core.policy_turns import SampledTurn, sampled_turns, score_turns, turn_batch, turn_forward
@@ -113,7 +117,8 @@ class LoopConfig:
     sampler_gpu_memory_utilization: float = field(default=COLOCATED_GPU_MEMORY_UTILIZATION, metadata={
         "help": "vllm sampler: its GPU share beside the policy (fits 8B LoRA on 80 GB: engines/vllm_engine.py)"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
-    max_new_tokens: int = field(default=96, metadata={"help": "tokens per agent turn"})
+    max_new_tokens: int = field(default=96, metadata={"help": "tokens per agent turn (< --max_length: an action is "
+                                                              "never cut)"})
     max_turns: int | None = field(default=None, metadata={"help": "agent turns per episode (default: the env's limit)"})
     strict_tasks: bool = strict_tasks_field()
     agent_prompt: str | None = agent_prompt_field(collects=True)
@@ -545,6 +550,7 @@ def main(model_cfg: ModelConfig, train_cfg: TrainConfig, loop_cfg: LoopConfig) -
     from sweet.core.value_head import ValueHeadModel
 
     out, configs = Path(train_cfg.output_dir), {"loop": loop_cfg, "model": model_cfg, "train": train_cfg}
+    check_action_room(loop_cfg, "max_new_tokens", model_cfg)  # its actions are its sampler's: refused, not skipped
     if begin_run(out, configs, resume=train_cfg.resume) is not None:
         print(f"{out / 'final'} exists: training already finished (use a new output_dir or --resume false)")
         return out / "final"

@@ -14,6 +14,12 @@ episodes at least `min_reward_gap` apart, as the published scripts do) or `best_
 The rule, threshold and gap default to the environment's (`colbench.envs.training_defaults`:
 backend best, 1.0 and 0.0; frontend all, no success, 0.1).
 
+A pair is trained whole or not at all: an episode with an action that does not fit
+`--max_length` (actions are never cut: a prefix's log-ratio is another quantity) drops
+every pair it is in, when the episodes load, with one warning line
+(`sweet.core.tokens.skip_long_actions`); a pair never loses a turn, since log π(τ) of a
+trajectory without one of its turns is not the trajectory's.
+
     # CPU, tiny model
     python -m sweet.train_policy --algorithm mtdpo --episodes eps.jsonl --model tiny \\
         --output_dir runs/mtdpo-tiny --pairing best_vs_worst --micro_batch_size 2
@@ -50,7 +56,7 @@ from sweet.core.config import (
 )
 from sweet.core.models import load_tokenizer
 from sweet.core.records import Pair, group_by_task, make_trajectory_pairs
-from sweet.core.tokens import episode_segments
+from sweet.core.tokens import agent_turn, episode_segments, skip_long_actions
 
 PAIRINGS = ("paper", "best_vs_worst")
 
@@ -117,6 +123,25 @@ def trajectory_pairs(episodes, cfg: MTDPOConfig):
     return pairs
 
 
+def pair_segments(pairs, tokenizer, tokenize_missing: bool, max_length: int | None, source: str) -> list[Pair]:
+    """Each episode pair as a pair of segment tuples (one segment per agent turn), without
+    the pairs that hold an action too long for `max_length` (module docstring; one warning
+    line naming `source`)."""
+    segments: dict[int, tuple] = {}  # id(episode) -> its segments: an episode in several pairs is read once
+
+    def of(ep) -> tuple:
+        if id(ep) not in segments:
+            segments[id(ep)] = tuple(episode_segments(tokenizer, ep, tokenize_missing))
+        return segments[id(ep)]
+
+    def actions(pair):
+        return [(agent_turn(ep.episode_id, t), len(seg.action))
+                for ep in (pair.chosen, pair.rejected) for t, seg in enumerate(of(ep))]
+
+    kept = skip_long_actions(pairs, actions, max_length, source=source, what="trajectory pairs")
+    return [Pair(of(p.chosen), of(p.rejected), p.task_id) for p in kept]
+
+
 def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     """Train with trajectory-level DPO; returns output_dir/final."""
 
@@ -133,8 +158,7 @@ def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
     if not pairs:
         raise ValueError(f"{cfg.episodes}: no trajectory pairs (need tasks with several episodes of different rewards"
                          f"{'; the best reaching --success_threshold' if cfg.pairing == 'paper' else ''})")
-    segments = lambda ep: tuple(episode_segments(tokenizer, ep, cfg.tokenize_missing_actions))  # noqa: E731
-    token_pairs = [Pair(segments(p.chosen), segments(p.rejected), p.task_id) for p in pairs]
-    stats = {"data/episodes": len(episodes), "data/pairs": len(pairs)}
+    token_pairs = pair_segments(pairs, tokenizer, cfg.tokenize_missing_actions, model_cfg.max_length, cfg.episodes)
+    stats = {"data/episodes": len(episodes), "data/pairs": len(token_pairs)}
     return train_dpo(token_pairs, model_cfg, train, tokenizer, beta=cfg.beta, nll_coef=cfg.nll_coef,
                      loss_type=cfg.loss_type, run_config=run_config, first_metrics=stats)

@@ -7,6 +7,14 @@ Each agent turn is one example: context = the turn's recorded prompt ids, loss o
 generated action ids + eos only (token-mean NLL); simulator turns only ever appear
 inside later contexts, masked out. See sweet/core/tokens.py.
 
+A turn whose action does not fit `--max_length` (actions are never cut) is skipped when
+the episodes load, with one warning line (`sweet.core.tokens.skip_long_actions`). The
+unit is the turn, not its episode: each turn is its own example in its own recorded
+context, so the kept turns are exactly the examples of a file without that turn, and
+the objective (the token mean over the kept turns) stays an NLL of whole actions; the
+episode's reward filter has already been applied, and dropping its other turns would
+make no kept example more correct. The warm start (testbed/warm_start.py) trains here.
+
     # CPU, tiny model (episodes from `python -m colbench.evaluate ... --out eps.jsonl`)
     python -m sweet.train_policy --algorithm rft --episodes eps.jsonl --model tiny \\
         --output_dir runs/rft-tiny --success_threshold 0.5 --micro_batch_size 4
@@ -37,7 +45,7 @@ from sweet.core.config import (
     strict_tasks_field,
 )
 from sweet.core.models import load_tokenizer
-from sweet.core.tokens import episode_segments
+from sweet.core.tokens import agent_turn, episode_segments, skip_long_actions
 
 
 @dataclass
@@ -79,17 +87,21 @@ CONFIGS = (ModelConfig, RFTTrainConfig, RFTConfig)
 
 
 def rft_segments(episodes, tokenizer, success_threshold: float, tokenize_missing: bool = False,
-                 top_fraction: float = 1.0):
+                 top_fraction: float = 1.0, max_length: int | None = None, source: str = "episodes"):
     """The training segments of every agent turn of the kept episodes: reward >=
     `success_threshold` and at least the reward of the ceil(top_fraction × N)-th best
-    of all N episodes (ties at that reward are kept)."""
+    of all N episodes (ties at that reward are kept); a turn whose action does not fit
+    `max_length` is skipped (module docstring), counted in one warning line naming `source`."""
     import math
-
 
     ranked = sorted((ep.reward for ep in episodes), reverse=True)
     cutoff = ranked[max(1, math.ceil(top_fraction * len(ranked))) - 1] if ranked else 0.0
     kept = [ep for ep in episodes if ep.reward >= success_threshold and ep.reward >= cutoff]
-    return kept, [seg for ep in kept for seg in episode_segments(tokenizer, ep, tokenize_missing)]
+    turns = [(agent_turn(ep.episode_id, t), seg) for ep in kept
+             for t, seg in enumerate(episode_segments(tokenizer, ep, tokenize_missing))]
+    turns = skip_long_actions(turns, lambda turn: [(turn[0], len(turn[1].action))], max_length, source=source,
+                              what="agent turns")
+    return kept, [seg for _, seg in turns]
 
 
 def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
@@ -103,10 +115,10 @@ def main(model_cfg: ModelConfig, train: RFTTrainConfig, cfg: RFTConfig):
     check_recorded_prompts(episodes, cfg.env, cfg.agent_prompt, cfg.episodes)  # one agent prompt, --agent_prompt's
     tokenizer = load_tokenizer(model_cfg.model)
     kept, segments = rft_segments(episodes, tokenizer, cfg.success_threshold, cfg.tokenize_missing_actions,
-                                  cfg.top_fraction)
+                                  cfg.top_fraction, model_cfg.max_length, cfg.episodes)
     print(f"rft: {len(kept)}/{len(episodes)} episodes with reward >= {cfg.success_threshold} in the top "
           f"{cfg.top_fraction:g}, {len(segments)} agent turns")
-    if not segments:
+    if not kept:
         raise ValueError(f"{cfg.episodes}: no episode reaches reward >= {cfg.success_threshold}; "
                          "lower --success_threshold or collect more episodes")
     stats = {"data/episodes": len(episodes), "data/kept_episodes": len(kept), "data/turns": len(segments)}

@@ -11,12 +11,17 @@ For every agent turn of the input episodes (a State: the recorded prompt o_t):
    `pairs_per_state` times (states whose candidates all tie are skipped and counted;
    a drawn pair with equal scores is dropped);
 4. train with DPO (sweet/algorithms/losses.py) on the action tokens only, NLL on the chosen action
-   (per token), reference log-probs precomputed with the initial policy;
+   (per token), reference log-probs precomputed with the initial policy; a pair with a
+   candidate that does not fit `--max_length` (actions are never cut; the candidates file
+   may come from a run with another --max_length, or a --max_new_tokens as long) is
+   skipped before any step, with one warning line (`sweet.core.tokens.skip_long_actions`),
+   the state's other pairs kept; a state's context alone always fits (cut in the middle);
 5. optionally (`--anchor_coef`, not in the paper) each pair also carries one anchor: a
    candidate of a state whose candidates all tie (round-robin over those states), trained
    with NLL, an estimate of KL(π_0‖π_θ) there. Those states give DPO no pair, so nothing
    else holds the policy at them; on the test bed they are the last turns, whose answers
-   share tokens with the early answers the pairs push down (docs/testbed.md).
+   share tokens with the early answers the pairs push down (docs/testbed.md). A tied
+   state whose anchor does not fit `--max_length` is no anchor (skipped the same way).
 Paper defaults: lr 2e-7 (full fine-tuning; with --lora 2e-6: the papers give no LoRA rate,
 10x is the usual rule), β 0.1, NLL coefficient 0.01, batch 8, 1 epoch, K = 16 candidates,
 4 pairs per state, the first 10% of the episodes file (`--episode_fraction 0.1`; the
@@ -74,7 +79,7 @@ from sweet.core.models import load_tokenizer
 from sweet.core.records import Candidate, CandidatesRow, Pair, State, episode_states, state_key
 # stage 2's ranking and pairing (top half vs bottom half) live with the records, re-exported here
 from sweet.core.records import make_action_pairs, rank_halves, read_candidates  # noqa: F401
-from sweet.core.tokens import Segment, action_ids, context_ids, eos_id
+from sweet.core.tokens import Segment, action_ids, agent_turn, context_ids, eos_id, skip_long_actions
 from sweet.core.trainer import process_state
 from sweet.critic.model import CriticRecord, TrainedCritic, load_training_info
 
@@ -194,15 +199,31 @@ def token_pair(tokenizer, pair: Pair[Candidate], prompt_token_ids: Sequence[int]
     return Pair((seg(pair.chosen),), (seg(pair.rejected),), pair.task_id, pair.state)
 
 
+def candidate_length(tokenizer, cand: Candidate) -> int:
+    """The tokens of a candidate's action as trained (`action_ids`: + eos where the model ended)."""
+    return len(action_ids(cand.token_ids, eos_id(tokenizer), cand.finish_reason))
+
+
+def pair_actions(tokenizer, pair: Pair[Candidate]) -> list[tuple[str, int]]:
+    """A candidate pair's two actions as `skip_long_actions` reads them: (name, tokens)."""
+    name = agent_turn(pair.state.episode_id, pair.state.turn_index) + "'s candidate"
+    return [(name, candidate_length(tokenizer, c)) for c in (pair.chosen, pair.rejected)]
+
+
 # ---- not in the paper, off by default: --anchor_coef, --critic oracle ------------------------------
+
+
+def tied_states(scored: Sequence[tuple[State, Sequence[Candidate]]]) -> list[tuple[State, Sequence[Candidate]]]:
+    """The states whose candidates all tie (those DPO gets no pair from), in order."""
+    return [(state, cands) for state, cands in scored
+            if cands and max(c.advantage for c in cands) == min(c.advantage for c in cands)]
 
 
 def anchor_candidates(scored: Sequence[tuple[State, Sequence[Candidate]]], n_pairs: int,
                       rng: random.Random) -> list[tuple[State, Candidate]]:
     """One anchor per pair: the first candidate of each state whose candidates all tie,
     in a seeded order, repeated round-robin to `n_pairs` ([] when no state ties)."""
-    tied = [(state, cands[0]) for state, cands in scored
-            if cands and max(c.advantage for c in cands) == min(c.advantage for c in cands)]
+    tied = [(state, cands[0]) for state, cands in tied_states(scored)]
     if not tied:
         return []
     rng.shuffle(tied)
@@ -217,12 +238,17 @@ def token_action(tokenizer, state: State, cand: Candidate, prompt_token_ids: Seq
 
 
 def anchor_examples(tokenizer, scored: Sequence[tuple[State, Sequence[Candidate]]], n_pairs: int,
-                    rows: dict[str, CandidatesRow], seed: int, metrics: dict) -> list[tuple[Segment]] | None:
+                    rows: dict[str, CandidatesRow], seed: int, metrics: dict, max_length: int | None = None,
+                    source: str = "candidates") -> list[tuple[Segment]] | None:
     """`--anchor_coef`'s NLL examples, one per pair (`anchor_candidates`, seeded with seed + 1),
-    tokenized as sampled; None when no state's candidates all tie. Counts their states in `metrics`."""
-    drawn = anchor_candidates(scored, n_pairs, random.Random(seed + 1))
+    tokenized as sampled; None when no state's candidates all tie. A tied state whose anchor
+    does not fit `max_length` is skipped (one warning line naming `source`). Counts their states in `metrics`."""
+    tied = skip_long_actions(tied_states(scored), lambda sc: [(agent_turn(sc[0].episode_id, sc[0].turn_index)
+                                                               + "'s anchor", candidate_length(tokenizer, sc[1][0]))],
+                             max_length, source=source, what="all-tied states' anchors")
+    drawn = anchor_candidates(tied, n_pairs, random.Random(seed + 1))
     if not drawn:
-        print("sweet: --anchor_coef > 0 but no state has all-tied candidates: no anchors")
+        print("sweet: --anchor_coef > 0 but no state has all-tied candidates (that fit --max_length): no anchors")
         return None
     metrics["sweet/anchor_states"] = len({state_key(s) for s, _ in drawn})
     return [token_action(tokenizer, s, c, rows[state_key(s)].prompt_token_ids) for s, c in drawn]
@@ -275,8 +301,11 @@ def main(model_cfg: ModelConfig, train: SweetTrainConfig, cfg: SweetConfig, cand
     if not pairs:
         raise ValueError(f"no preference pairs: the critic scored every state's candidates equal ({cache.path})")
     tokenizer = load_tokenizer(model_cfg.model)
+    pairs = skip_long_actions(pairs, lambda p: pair_actions(tokenizer, p), model_cfg.max_length,
+                              source=str(cache.path), what="candidate pairs")
     token_pairs = [token_pair(tokenizer, p, rows[state_key(p.state)].prompt_token_ids) for p in pairs]
-    anchors = anchor_examples(tokenizer, scored, len(pairs), rows, train.seed, metrics) if cfg.anchor_coef > 0 else None
+    anchors = (anchor_examples(tokenizer, scored, len(pairs), rows, train.seed, metrics, model_cfg.max_length,
+                               str(cache.path)) if cfg.anchor_coef > 0 else None)
     return train_dpo(token_pairs, model_cfg, train, tokenizer, beta=cfg.beta, nll_coef=cfg.nll_coef,
                      loss_type=cfg.loss_type, run_config=run_config, first_metrics=metrics, anchors=anchors,
                      anchor_coef=cfg.anchor_coef)

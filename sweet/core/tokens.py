@@ -28,7 +28,13 @@ scored in its own recorded context, and its log-prob is the sum over turns.
 Truncation keeps the action whole: an over-long context loses tokens from the
 *middle*: the first `keep_head` tokens (system prompt, task, training-time
 information) and the most recent turns survive. (The reference code truncated from
-the right and lost the final answer.)
+the right and lost the final answer.) An action is never cut (a cut action is another
+quantity: a prefix's NLL or log-ratio), so an action that leaves no room in
+`max_length` (`fits`) cannot be trained on: `make_batch` refuses it, and every trainer
+skips the examples that hold one when its data loads, before any step, with one
+warning line naming the count (`skip_long_actions`). A trainer whose own sampler
+writes the actions (LOOP, the centred critic's baseline samples) refuses a
+`max_new_tokens` that could write one instead (sweet.core.config.check_action_room).
 
 Log-probs of these batches (computed only at the action tokens, never on [B, L, vocab]
 logits) are sweet/core/logprobs.py.
@@ -37,8 +43,9 @@ logits) are sweet/core/logprobs.py.
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence, TypeVar
 
 from colbench.types import Episode, Turn
 from engines.base import Message
@@ -49,6 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _warned_fallback = False
+T = TypeVar("T")
 
 # Sample/Turn.finish_reason values (engines.base.Sample); None = recorded before the field.
 ENDS_TURN = "stop"
@@ -155,6 +163,48 @@ def with_training_info(messages: Sequence[Message], info: str, header: str = "Tr
 # ---- batches and log-probs ----------------------------------------------------------------
 
 
+def fits(action_len: int, max_length: int | None) -> bool:
+    """Whether an action of `action_len` tokens can be trained on in rows of `max_length`
+    tokens (None: no limit): whole, after at least one context token (position 0 predicts
+    nothing, so an action's first token needs one before it). The one condition: `make_batch`
+    refuses what fails it, `skip_long_actions` skips it when the data loads."""
+    return max_length is None or action_len < max_length
+
+
+def agent_turn(episode_id: str, turn_index: int) -> str:
+    """How a skipped action is named: `episode {id}, agent turn {t}` (t counts agent turns from 0)."""
+    return f"episode {episode_id}, agent turn {turn_index}"
+
+
+def skip_long_actions(units: Sequence[T], actions: Callable[[T], Iterable[tuple[str, int]]], max_length: int | None,
+                      *, source: str, what: str) -> list[T]:
+    """The training units (a turn, a pair, ...) whose every action `fits` `max_length`, in
+    their order. `actions(unit)`: each of the unit's actions as (name, token count), the
+    name from `agent_turn`. When some do not fit, ONE warning line (warnings.warn, the
+    channel of colbench.episodes' skipped episodes) names how many, the source and the first:
+
+        {source}: skipping {n} of {N} {what} with an action too long for max_length={M}
+        (first: episode {id}, agent turn {t}: {k} tokens; actions are never cut)
+
+    A trainer calls it on its data as it loads, before any step; nothing is skipped
+    silently, and a unit is kept or skipped whole (a pair never loses one side)."""
+    if max_length is None:
+        return list(units)
+    kept: list[T] = []
+    first: tuple[str, int] | None = None
+    for unit in units:
+        long = next(((name, n) for name, n in actions(unit) if not fits(n, max_length)), None)
+        if long is None:
+            kept.append(unit)
+        elif first is None:
+            first = long
+    if first is not None:
+        warnings.warn(f"{source}: skipping {len(units) - len(kept)} of {len(units)} {what} with an action too long "
+                      f"for max_length={max_length} (first: {first[0]}: {first[1]} tokens; actions are never cut)",
+                      stacklevel=2)
+    return kept
+
+
 def truncate_context(context: Sequence[int], max_context: int, keep_head: int) -> list[int]:
     """Drop tokens from the middle so that len <= max_context, keeping the first
     `keep_head` tokens and the latest ones."""
@@ -198,7 +248,7 @@ def make_batch(
         if not action:
             raise ValueError("empty action: every training example needs at least one action token")
         if max_length is not None:
-            if len(action) >= max_length:
+            if not fits(len(action), max_length):  # trainers skip these when their data loads
                 raise ValueError(f"action of {len(action)} tokens does not fit max_length={max_length}")
             context = truncate_context(context, max_length - len(action), keep_head)
         seqs.append(list(context) + action)

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from colbench.envs import defaults_help
+from colbench.io import atomic_write
 from colbench.episodes import load_episodes
 from colbench.prompts import PromptTemplate, check_prompt_flags, check_recorded_prompts, load_prompt
 from colbench.types import Task
@@ -72,6 +73,7 @@ from sweet.core.config import (
     ModelConfig,
     TrainConfig,
     agent_prompt_field,
+    check_action_room,
     check_pairing_rule,
     check_range,
     fill_env_defaults,
@@ -88,6 +90,7 @@ from sweet.core.models import load_model, load_tokenizer, resolve_model_path, se
 from sweet.core.records import group_by_task, make_trajectory_pairs
 from sweet.core.runs import trainer_run
 from sweet.core.nograd_pass import REFERENCE_CACHE, ReferenceCache, sharded_scores
+from sweet.core.tokens import agent_turn, skip_long_actions
 from sweet.core.trainer import Trainer, mark_finished
 from sweet.critic.baseline import baseline_index, centred, sample_baselines
 from sweet.critic.vision import MAX_PIXELS, MIN_PIXELS, ScreenshotView
@@ -153,7 +156,8 @@ class CriticConfig:
         "aliases": ["--baseline_samples"]})
     baseline_sampler: str = field(default="", metadata={"help": "engine spec of the policy the baseline samples come "
                                                                 "from (default: hf:<--model>, the critic's initial model)"})
-    baseline_max_new_tokens: int = field(default=512, metadata={"help": "max tokens per baseline sample"})
+    baseline_max_new_tokens: int = field(default=512, metadata={"help": "max tokens per baseline sample (< --max_length: "
+                                                                        "an action is never cut)"})
     strict_tasks: bool = strict_tasks_field()
     max_pixels: int = field(default=MAX_PIXELS, metadata={
         "help": "vision-language critic (frontend): screenshots are resized to at most this many pixels (the "
@@ -269,9 +273,16 @@ def _pairs(cfg: CriticConfig, episodes: list, source: str) -> list:
     return pairs
 
 
-def build_data(cfg: CriticConfig, tokenizer, seed: int, view: ScreenshotView | None = None) -> CriticData:
-    """Episodes -> pairs -> train/held-out split (by task) -> indexed turn examples (a
-    vision-language critic's `view` reads each action's text in its tokenizer)."""
+def build_data(cfg: CriticConfig, tokenizer, seed: int, view: ScreenshotView | None = None,
+               max_length: int | None = None) -> CriticData:
+    """Episodes -> pairs -> train/held-out split (by task) -> without the pairs that hold an
+    action too long for `max_length` -> at most `max_pairs` -> indexed turn examples (a
+    vision-language critic's `view` reads each action's text in its tokenizer).
+
+    A pair is trained whole or not at all: an episode with an action that does not fit
+    (actions are never cut: A is a mean over the whole action, and a trajectory's score
+    the sum over all its turns) drops every pair it is in, train and held-out alike, with
+    one warning line per file (`sweet.core.tokens.skip_long_actions`), before any step."""
 
     if not cfg.episodes:
         raise ValueError("--episodes is required (episode JSONL file(s))")
@@ -285,16 +296,45 @@ def build_data(cfg: CriticConfig, tokenizer, seed: int, view: ScreenshotView | N
         held = set(tasks[:n_eval])
         eval_pairs = [p for p in pairs if p.task_id in held]
         pairs = [p for p in pairs if p.task_id not in held]
+    examples = _examples_of(cfg, tokenizer, view)
+
+    def actions(pair):
+        return [(agent_turn(ep.episode_id, ex.state.turn_index), len(ex.action_ids))
+                for ep in (pair.chosen, pair.rejected) for ex in examples(ep)]
+
+    pairs = skip_long_actions(pairs, actions, max_length, source=cfg.episodes, what="trajectory pairs")
+    eval_pairs = skip_long_actions(eval_pairs, actions, max_length, source=cfg.eval_episodes or cfg.episodes,
+                                   what="held-out trajectory pairs")
+    if not pairs:
+        raise ValueError(f"{cfg.episodes}: no trajectory pair left to train on: each holds an action too long for "
+                         f"max_length={max_length} (see the warning above); raise --max_length")
     if cfg.max_pairs and len(pairs) > cfg.max_pairs:
         pairs = random.Random(seed).sample(pairs, cfg.max_pairs)
-    info = load_training_info(cfg.tasks, cfg.env, strict=cfg.strict_tasks) if cfg.tasks and cfg.training_info else {}
-    info_of = training_info_fn(cfg.env) if cfg.training_info else None
     index: dict[int, int] = {}  # id(episode) -> episode number
     turns: list[CriticTurn] = []
     episode_turns: list[list[int]] = []
 
     def number(ep) -> int:
         if id(ep) not in index:
+            index[id(ep)] = len(episode_turns)
+            episode_turns.append(list(range(len(turns), len(turns) + len(examples(ep)))))
+            turns.extend(examples(ep))
+        return index[id(ep)]
+
+    train = [(number(p.chosen), number(p.rejected)) for p in pairs]
+    held_out = [(number(p.chosen), number(p.rejected)) for p in eval_pairs]
+    return CriticData(turns, episode_turns, train, held_out)
+
+
+def _examples_of(cfg: CriticConfig, tokenizer, view: ScreenshotView | None):
+    """episode -> its CriticTurns (`episode_turn_examples`, with its task's c), each episode
+    built once; an episode without its task's c, or without agent turns, is an error naming it."""
+    info = load_training_info(cfg.tasks, cfg.env, strict=cfg.strict_tasks) if cfg.tasks and cfg.training_info else {}
+    info_of = training_info_fn(cfg.env) if cfg.training_info else None
+    built: dict[int, list[CriticTurn]] = {}  # id(episode) -> its examples
+
+    def examples(ep) -> list[CriticTurn]:
+        if id(ep) not in built:
             if not cfg.training_info:  # the ablation: the critic never sees c
                 info[ep.task_id] = ""
             if ep.task_id not in info and "task" in ep.meta:  # published trajectories carry their task
@@ -304,17 +344,12 @@ def build_data(cfg: CriticConfig, tokenizer, seed: int, view: ScreenshotView | N
                                  "(give the task file the episodes ran on: the source of training-time information)")
             if ep.task_id not in info:
                 raise ValueError(f"task {ep.task_id!r} (episode {ep.episode_id}) is not in --tasks {cfg.tasks}")
-            examples = episode_turn_examples(ep, info[ep.task_id], tokenizer, cfg.tokenize_missing_actions, view)
-            if not examples:
+            built[id(ep)] = episode_turn_examples(ep, info[ep.task_id], tokenizer, cfg.tokenize_missing_actions, view)
+            if not built[id(ep)]:
                 raise ValueError(f"episode {ep.episode_id} has no agent turns")
-            index[id(ep)] = len(episode_turns)
-            episode_turns.append(list(range(len(turns), len(turns) + len(examples))))
-            turns.extend(examples)
-        return index[id(ep)]
+        return built[id(ep)]
 
-    train = [(number(p.chosen), number(p.rejected)) for p in pairs]
-    held_out = [(number(p.chosen), number(p.rejected)) for p in eval_pairs]
-    return CriticData(turns, episode_turns, train, held_out)
+    return examples
 
 
 # ---- forward passes ------------------------------------------------------------------------
@@ -567,6 +602,8 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
     held-out metrics. Rerunning resumes from the last checkpoint (accelerate state)."""
 
     out = Path(tcfg.output_dir)
+    if ccfg.baseline_samples_per_state:  # the baseline samples are this run's own: refused, not skipped
+        check_action_room(ccfg, "baseline_max_new_tokens", mcfg)
     if begin_run(out, {"critic": ccfg, "model": mcfg, "train": tcfg}, resume=tcfg.resume) is not None:
         print(f"{out} holds a finished critic: not retraining (use a new output_dir or --resume false)")
         return json.loads((out / "final_metrics.json").read_text())
@@ -574,7 +611,7 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
     tokenizer = view.tokenizer if view is not None else load_tokenizer(mcfg.model)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"model {mcfg.model!r}: tokenizer has no eos token (needed to end every action)")
-    data = build_data(ccfg, tokenizer, tcfg.seed, view)
+    data = build_data(ccfg, tokenizer, tcfg.seed, view, mcfg.max_length)
     if view is not None:
         prefetch_screenshots(view, data, ccfg)
     if ccfg.baseline_samples_per_state:
@@ -617,7 +654,7 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
                      vision=({"max_pixels": view.max_pixels, "min_pixels": view.min_pixels} if view else None)).save(out)
         if view is not None:  # the scorer loads the processor from final/
             view.processor.save_pretrained(out / "final")
-        (out / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
+        atomic_write(out / "final_metrics.json", json.dumps(metrics, indent=2))
         mark_finished(out, final="final", step=trainer.step)  # last: critic_config.json and metrics exist
     acc.wait_for_everyone()
     return dict(metrics)
