@@ -600,7 +600,6 @@ def _value_model(mcfg: ModelConfig):
 def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict[str, float]:
     """Train the critic on the trainer skeleton (sweet/core/trainer.py); returns the last
     held-out metrics. Rerunning resumes from the last checkpoint (accelerate state)."""
-
     out = Path(tcfg.output_dir)
     if ccfg.baseline_samples_per_state:  # the baseline samples are this run's own: refused, not skipped
         check_action_room(ccfg, "baseline_max_new_tokens", mcfg)
