@@ -10,6 +10,8 @@ results come back as JSON lines on RESULT_FD:
     {"event": "ready", "isolation": {...}}        (sent before any untrusted code runs)
     {"event": "module", "ok": bool, "error": str|null}
     {"i": k, "ok": bool, "value": <plain-data encoding>|null, "error": str|null}
+    {"event": "wait", "seconds": float}           (any number, before a module or call line:
+                                                   time that call waited for a CPU; _WallBudget)
 
 Process tree when namespaces are available (we run as root):
 
@@ -32,6 +34,7 @@ import os
 import resource
 import signal
 import sys
+import time
 import types
 
 # Linux constants (not all exposed by the Python 3.11 stdlib).
@@ -700,26 +703,97 @@ def _enc_float(f: float):
 # ---------------------------------------------------------------- running code
 
 
+TIMER_REFIRE_S = 0.05  # a fired timer re-fires this often: code that swallows the exception is interrupted again
+WAIT_REPORT_S = 0.25  # a call past its wall limit that waited for a CPU looks again (and reports) this often
+SCHEDSTAT = "/proc/self/schedstat"  # "<ns on a CPU> <ns runnable but waiting for a CPU> <timeslices>"
+# Captured before untrusted code runs: the wall budget must not be fooled by a patched module attribute.
+_monotonic, _os_open, _os_read, _os_close, _os_write = time.monotonic, os.open, os.read, os.close, os.write
+_setitimer = signal.setitimer
+
+
+def run_delay() -> float | None:
+    """Seconds this process's main thread has spent runnable but waiting for a CPU (the
+    scheduler's run delay, /proc/self/schedstat); None where /proc is not mounted (a user
+    namespace that may not mount one, not Linux): the wall limit is then plain wall-clock time."""
+    try:
+        fd = _os_open(SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # no /proc, or every fd in use (RLIMIT_NOFILE): plain wall-clock time
+        return None
+    try:
+        return int(_os_read(fd, 128).split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        _os_close(fd)
+
+
+class _WallBudget:
+    """The running call's wall-clock limit, which does not count the time the call waited
+    for a CPU: on a busy machine a call gets `limit` seconds of its own time (computing,
+    sleeping, blocked on I/O), however long the other processes hold the cores. The time
+    it waited is reported to the parent ({"event": "wait"}), which moves its own deadline
+    for the call by as much (sandbox._next_result); the answer's total wall-clock budget
+    is the bound that counts everything."""
+
+    def __init__(self, limit: float, fd: int):
+        self.limit, self.fd = limit, fd
+        self.start, self.delay0 = _monotonic(), run_delay()
+        self.waited = self.reported = 0.0
+
+    def left(self) -> float:
+        """Seconds of the call's own time still allowed."""
+        now = run_delay() if self.delay0 is not None else None
+        if now is not None:
+            self.waited = max(self.waited, now - self.delay0)
+        return self.limit - (_monotonic() - self.start - self.waited)
+
+    def report(self) -> None:
+        more = self.waited - self.reported
+        if more >= 0.001:
+            self.reported = self.waited
+            buf = f'{{"event": "wait", "seconds": {more:.6f}}}\n'.encode()  # (json: user code may patch it)
+            while buf:
+                buf = buf[_os_write(self.fd, buf):]
+
+
+_budget: _WallBudget | None = None  # the running call's; None between calls (a late signal is then ignored)
+_result_fd = -1  # where _WallBudget reports (run_job sets it)
+
+
 class SandboxTimeout(BaseException):
     """Raised by our timers; BaseException so `except Exception` in user code misses it."""
 
 
-def _on_timer(signum, frame):
-    raise SandboxTimeout()
+def _on_cpu_timer(signum, frame):
+    if _budget is not None:  # None: tripped as the call ended, handled after it (not an overrun)
+        raise SandboxTimeout()
+
+
+def _on_wall_timer(signum, frame):
+    budget = _budget
+    if budget is None:  # tripped as the call ended, handled after it (not an overrun)
+        return
+    left = budget.left()
+    if left <= 0:
+        raise SandboxTimeout()  # the interval timer set before keeps re-firing (TIMER_REFIRE_S)
+    # Not yet: the call waited for a CPU. Tell the parent, look again when its own time may be spent.
+    budget.report()
+    _setitimer(signal.ITIMER_REAL, max(0.001, min(left, WAIT_REPORT_S)), TIMER_REFIRE_S)
 
 
 def _arm(cfg: dict) -> None:
-    # Per-call wall and CPU timers. They re-fire every 50 ms, so user code that swallows
-    # the exception is interrupted again; the parent's own deadline is the last resort.
-    signal.signal(signal.SIGALRM, _on_timer)
-    signal.signal(signal.SIGPROF, _on_timer)
-    signal.setitimer(signal.ITIMER_REAL, cfg["wall_seconds_per_call"], 0.05)
-    signal.setitimer(signal.ITIMER_PROF, cfg["cpu_seconds_per_call"], 0.05)
+    # Per-call wall and CPU timers; the parent's own deadline is the last resort.
+    global _budget
+    signal.signal(signal.SIGALRM, _on_wall_timer)
+    signal.signal(signal.SIGPROF, _on_cpu_timer)
+    _budget = _WallBudget(cfg["wall_seconds_per_call"], _result_fd)
+    _setitimer(signal.ITIMER_REAL, cfg["wall_seconds_per_call"], TIMER_REFIRE_S)
+    _setitimer(signal.ITIMER_PROF, cfg["cpu_seconds_per_call"], TIMER_REFIRE_S)
 
 
 def _disarm() -> None:
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.setitimer(signal.ITIMER_PROF, 0)
+    _setitimer(signal.ITIMER_REAL, 0)
+    _setitimer(signal.ITIMER_PROF, 0)
 
 
 def _error_text(e: BaseException) -> str:
@@ -745,16 +819,20 @@ def _send(fd: int, record: dict, max_bytes: int) -> None:
 
 
 def _guarded(fn, cfg):
-    """Run fn() under the timers; return (ok, result_or_error_text)."""
+    """Run fn() under the timers; return (ok, result_or_error_text). A timer signal
+    handled after fn() has returned or raised is ignored: `_budget = None` comes first on
+    both paths, before any call at which Python runs signal handlers, so no SandboxTimeout
+    escapes into run_job (that would kill the sandbox and fail the call as a crash)."""
+    global _budget
     try:
         _arm(cfg)
-        try:
-            return True, fn()
-        finally:
-            _disarm()
+        ok, res = True, fn()
     except BaseException as e:  # noqa: BLE001 - SystemExit/KeyboardInterrupt from user code fail the call
-        _disarm()
-        return False, _error_text(e)
+        _budget = None
+        ok, res = False, e
+    _budget = None
+    _disarm()
+    return (True, res) if ok else (False, _error_text(res))
 
 
 # ---------------------------------------------------------------- seeds
@@ -811,7 +889,9 @@ class SeedOnImport:
 def run_job(fd: int, job: dict, cfg: dict, iso: dict) -> None:
     """Execute the source as a module, then each call; stream one result line each.
     random's and numpy's global RNGs start from SEED for the body and for each call."""
+    global _result_fd
     _send(fd, {"event": "ready", "isolation": iso}, cfg["max_output_bytes"])
+    _result_fd = fd
     sys.meta_path.insert(0, SeedOnImport())
     mod = types.ModuleType("solution")  # __name__ != "__main__": `if __name__ == ...` blocks stay off
     sys.modules["solution"] = mod  # dataclasses, pickle and friends look the module up

@@ -59,6 +59,14 @@ Threat model and the mechanism that stops each threat (child side in _sandbox_ch
 |                                           | hash seed, one-thread settings of native thread pools) |
 | flooding our memory with output           | stdout/stderr to /dev/null; result lines size-capped   |
 
+Load: a call's wall-clock limit (`wall_seconds_per_call`) does not count the time the
+sandbox was runnable but waiting for a CPU (the scheduler's run delay, /proc/self/schedstat):
+on a busy machine a correct answer would otherwise time out in a module body that needs
+~10 ms of CPU and spent its whole second in the run queue. The child tells the parent how
+long it waited, and the parent moves its own per-call deadline by as much, up to the
+answer's total (`wall_seconds_total`, plain wall-clock time). Where the sandbox has no /proc
+the per-call limit is plain wall-clock time.
+
 Speed: SandboxPool forks each sandbox from a pre-started "zygote" interpreter (it never
 holds a job's source; every sandbox still gets fresh namespaces, uid and limits), which
 skips the ~30-60 ms interpreter start; run_calls starts a fresh interpreter. The zygote
@@ -114,7 +122,7 @@ TOTAL_SLACK_S = 3.0  # added to wall_seconds_total for starting the sandbox(es)
 # Where host-side scratch dirs go (None: the system temp dir). Only the no-namespace
 # fallback uses them; with namespaces the scratch is a private tmpfs.
 SCRATCH_BASE: str | None = os.environ.get("SWEET_SANDBOX_SCRATCH") or None
-LINE_GRACE_S = 1.0  # the child's own timer fires first; this covers reporting it
+LINE_GRACE_S = 1.0  # the child's own timer fires first; this covers reporting it (and its "wait" reports)
 # Mechanisms whose absence is worth a warning (the rest are always on).
 STRONG_MECHANISMS = ("drop_privileges", "net_namespace", "pid_namespace", "mount_namespace", "minimal_root",
                      "private_tmp", "readonly_root", "no_new_privs")
@@ -154,8 +162,12 @@ class SandboxLimits:
     """Resource limits for one sandboxed answer (all its calls)."""
 
     cpu_seconds_per_call: float = 2.0  # CPU time per call (and the module body)
-    wall_seconds_per_call: float = 4.0  # wall-clock time per call
-    wall_seconds_total: float = 20.0  # wall-clock time for the whole answer, restarts included
+    # wall-clock time per call (and the module body), not counting time spent waiting for a CPU
+    # (the module docstring, "Load"): computing, sleeping and blocking count
+    wall_seconds_per_call: float = 4.0
+    # wall-clock time for the whole answer, restarts included, waits for a CPU included: the
+    # one limit a busy machine can exhaust; it bounds how long one answer can hold a worker
+    wall_seconds_total: float = 20.0
     memory_mb: int = 512  # address space of each sandbox process
     file_size_mb: int = 8  # largest file it may write (scratch tmpfs is 4x this)
     max_processes: int = 32  # processes of the sandbox uid
@@ -230,8 +242,9 @@ class _Channel:
         while b"\n" not in self.buf:
             if self.eof:
                 return None, "eof"
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.sel.select(left):
+            # select(0) past the deadline: a line that came in time counts, however late a busy
+            # machine lets us look at it
+            if not self.sel.select(max(0.0, deadline - time.monotonic())):
                 return None, "timeout"
             chunk = os.read(self.fd, 1 << 16)
             self.eof = not chunk
@@ -396,13 +409,13 @@ def _run_once(source: str, calls: list[str], limits: SandboxLimits, deadline: fl
         if rec is None or rec.get("event") != "ready":
             return _failed(len(calls), _why_text(why or "garbage", proc)), False
         iso = rec.get("isolation") if isinstance(rec.get("isolation"), dict) else {}
-        rec, why = chan.next_line(min(time.monotonic() + limits.wall_seconds_per_call + LINE_GRACE_S, deadline))
+        rec, why = _next_result(chan, limits, deadline)
         if rec is None or rec.get("event") != "module":
             return _failed(len(calls), _why_text(why or "garbage", proc)), False
         if not rec.get("ok"):
             return _failed(len(calls), str(rec.get("error"))[:500]), False
         for i in range(len(calls)):
-            rec, why = chan.next_line(min(time.monotonic() + limits.wall_seconds_per_call + LINE_GRACE_S, deadline))
+            rec, why = _next_result(chan, limits, deadline)
             outcome = _parse_call(rec, i) if rec is not None else None
             if outcome is None:
                 out.append(CallOutcome(ok=False, error=_why_text(why or "garbage", proc)))
@@ -412,6 +425,24 @@ def _run_once(source: str, calls: list[str], limits: SandboxLimits, deadline: fl
     finally:
         _cleanup(proc, chan, scratch, iso)
         _warn_missing(iso)
+
+
+def _next_result(chan: _Channel, limits: SandboxLimits, deadline: float) -> tuple[dict | None, str | None]:
+    """The next module or call record, as _Channel.next_line. Its deadline is the call's
+    wall limit + LINE_GRACE_S from now, moved later by each {"event": "wait"} record: the
+    child's wall limit does not count time spent waiting for a CPU (_sandbox_child._WallBudget),
+    so neither does this one. Never later than `deadline` (the answer's total budget), and
+    never by more than the time that has passed: a forged record gains an answer nothing
+    beyond its own total budget."""
+    start = time.monotonic()
+    waited = 0.0
+    while True:
+        rec, why = chan.next_line(min(start + limits.wall_seconds_per_call + LINE_GRACE_S + waited, deadline))
+        if rec is None or rec.get("event") != "wait":
+            return rec, why
+        seconds = rec.get("seconds")
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0:  # (NaN: not > 0)
+            waited = min(waited + seconds, time.monotonic() - start)
 
 
 def _parse_call(rec: dict, i: int) -> CallOutcome | None:
