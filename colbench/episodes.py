@@ -19,7 +19,9 @@ holding the env's answer marker ends the dialogue (stop "answered"); otherwise t
 simulated human replies. After `max_turns` agent turns, the last agent message is
 the answer (stop "turn_limit"); so it is when an environment with `max_context_tokens` sees
 an agent turn's prompt and generation reach it (stop "token_limit"; engines that report
-token ids only). In single-turn mode the first message is the answer.
+token ids only), and when a later agent turn's prompt no longer fits the model's context
+(the engine's `ContextOverflow`; the reason in `meta["token_limit"]`). In single-turn mode
+the first message is the answer.
 
 Unusable tasks (`Task.meta["unusable"]`, see colbench.tasks): the agent and the simulator
 never see them; each gets an episode scored 0 with stop reason "unusable_task", the reason
@@ -43,7 +45,8 @@ Failures end only their own episode, recorded on it, never replaced silently:
 - engine failure for an agent batch: the episodes of that batch stop
   ("engine_error") with score 0 and the error in `Score.error` and `meta["error"]`;
   when the agent raises `BatchError` (one unusable reply), only the episodes whose
-  request failed stop so, the others go on.
+  request failed stop so, the others go on. A first agent prompt longer than the model's
+  context is such a failure (engines.base.fit_prompt says why it is not an unusable task).
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ from colbench.types import (
     Task,
     Turn,
 )
-from engines.base import BatchError, EngineError
+from engines.base import BatchError, ContextOverflow, EngineError
 
 UNUSABLE = "unusable"  # Task.meta / Episode.meta key (colbench.tasks.UNUSABLE)
 SCORING_VERSION_KEY = "scoring_version"
@@ -420,6 +423,13 @@ def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: l
     finished: list[_Live] = []
     asking: list[_Live] = []
     for lv, req, s in zip(active, requests, samples):
+        if isinstance(s, ContextOverflow) and lv.episode.agent_turns:
+            # a later turn that no longer fits the model: the dialogue so far stands, as at the
+            # token limit (a first turn that does not fit is an engine error: engines.base.fit_prompt)
+            lv.episode.meta["token_limit"] = f"{type(s).__name__}: {s}"
+            _end(lv, STOP_TOKEN_LIMIT, env)
+            finished.append(lv)
+            continue
         if isinstance(s, EngineError):
             _engine_failed(lv, s)
             finished.append(lv)
@@ -431,6 +441,7 @@ def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: l
             token_ids=list(s.token_ids) if from_engine else None,  # [] = the engine generated nothing
             logprobs=list(s.logprobs) if s.logprobs is not None else None,
             finish_reason=s.finish_reason if from_engine else None,  # trainers append eos only on "stop"
+            capped_max_new_tokens=s.capped_max_new_tokens,
         ))
         n_agent = len(lv.episode.agent_turns)
         if config.single_turn:

@@ -21,7 +21,8 @@ from engines.base import Message
 # Stop reasons recorded on every episode.
 STOP_ANSWERED = "answered"  # the agent used the answer marker
 STOP_TURN_LIMIT = "turn_limit"  # max agent turns reached; the last message is the answer
-STOP_TOKEN_LIMIT = "token_limit"  # the agent's context reached the env's max_context_tokens; as at the turn limit
+STOP_TOKEN_LIMIT = "token_limit"  # the agent's context reached the env's max_context_tokens, or a later
+# turn's prompt no longer fits the model's context (engines.base.fit_prompt); as at the turn limit
 STOP_SINGLE_TURN = "single_turn"  # single-turn mode: the first message is the answer
 STOP_ENGINE_ERROR = "engine_error"  # the agent's engine failed for good
 STOP_SIMULATOR_ERROR = "simulator_error"  # the simulated human failed for good
@@ -74,6 +75,9 @@ class Turn:
                       emitted its end-of-turn token, "stop_string" / "length" = cut
                       (no end-of-turn token); None in files written before the field.
                       Trainers append end-of-turn exactly on "stop" (sweet/core/tokens.py).
+    capped_max_new_tokens: the generation budget when the engine gave less than asked
+                      because the prompt left less room in the model's context
+                      (engines.base.fit_prompt); None when not capped.
 
     Human turns may carry:
     failed / error:   the simulator failed for good; `content` is then empty.
@@ -87,6 +91,7 @@ class Turn:
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     finish_reason: str | None = None
+    capped_max_new_tokens: int | None = None
     failed: bool = False
     error: str | None = None
     render: str | None = None

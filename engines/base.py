@@ -30,6 +30,47 @@ class EngineError(RuntimeError):
     """A generation request failed for good (after the backend's retries)."""
 
 
+class ContextOverflow(EngineError):
+    """A prompt that leaves no room in the model's context for a generated token.
+
+    `n_prompt` and `context` are the numbers when known (an OpenAI-compatible server may
+    state only its context). It fails its own conversation, through `BatchError`; see
+    `fit_prompt` for what the episode runner and the simulators make of it."""
+
+    def __init__(self, message: str, *args: Any, n_prompt: int | None = None, context: int | None = None) -> None:
+        super().__init__(message, *args)
+        self.n_prompt, self.context = n_prompt, context
+
+
+def fit_prompt(n_prompt: int, max_new_tokens: int, context: int | None, spec: str = "") -> int:
+    """The one rule for prompts against a model's context, used by every engine: how many
+    tokens a prompt of `n_prompt` tokens may generate in a context of `context` tokens
+    (None: unknown, no limit), at most `max_new_tokens`.
+
+    Returns `max_new_tokens`, or less when the prompt leaves less room (the engine then
+    records the cap on the Sample: `capped_max_new_tokens`). Raises `ContextOverflow`,
+    "{spec}: prompt of N tokens exceeds the context of M", when not even one token fits.
+
+    What callers make of the overflow (colbench.episodes): an agent's first turn that does
+    not fit ends its episode as an engine error (stop "engine_error", reward 0, counted in
+    the leaderboard's engine-errors column); a later turn ends it by the token limit (stop
+    "token_limit", the last agent message is the answer); a simulated human's prompt is a
+    simulator failure. A task whose first prompt does not fit is not an unusable row
+    (colbench.tasks): whether it fits depends on the agent's model and prompt, not on the
+    data, and a model with a longer context can play it, so it stays a played task that
+    this agent failed.
+    """
+    if context is None:
+        return max_new_tokens
+    room = context - n_prompt
+    if room < 1:
+        where = f"{spec}: " if spec else ""
+        raise ContextOverflow(f"{where}prompt of {n_prompt} tokens exceeds the context of {context}"
+                              + (" (no room for a generated token)" if room == 0 else ""),
+                              n_prompt=n_prompt, context=context)
+    return min(max_new_tokens, room)
+
+
 class SpecError(ValueError):
     """A model spec string is malformed or names a model that does not exist."""
 
@@ -95,6 +136,10 @@ class Sample:
                       max_new_tokens. Only "stop" means the model chose to end its
                       turn (trainers append end-of-turn exactly then: sweet/core/tokens.py).
     prompt_token_ids: the ids of the templated prompt the model saw, when known.
+    capped_max_new_tokens: the generation budget when the engine gave less than
+                      `SamplingParams.max_new_tokens` because the prompt left less room in
+                      the model's context (`fit_prompt`); None when not capped. A "length"
+                      finish with it set was cut by the context.
     """
 
     text: str
@@ -102,13 +147,20 @@ class Sample:
     logprobs: tuple[float, ...] | None = None
     finish_reason: str = "stop"
     prompt_token_ids: tuple[int, ...] | None = None
+    capped_max_new_tokens: int | None = None
 
 
 @runtime_checkable
 class Engine(Protocol):
-    """A chat model behind one `generate` call."""
+    """A chat model behind one `generate` call.
+
+    `context_length`: the most tokens (prompt + generation) the model takes, None where
+    unknown (an OpenAI-compatible server states it only in a refusal). Engines check every
+    prompt against it with `fit_prompt` and fail those that do not fit on their own
+    (`BatchError` holding `ContextOverflow`s)."""
 
     spec: str
+    context_length: int | None
 
     def generate(
         self, conversations: Sequence[Conversation], params: SamplingParams
@@ -121,6 +173,10 @@ class Engine(Protocol):
         ...
 
 
+# hf on the CPU: the default token budget of a forward batch (EngineOptions.max_batch_tokens)
+CPU_MAX_BATCH_TOKENS = 16384
+
+
 @dataclass
 class EngineOptions:
     """Backend options that a model spec string does not carry."""
@@ -128,6 +184,10 @@ class EngineOptions:
     device: str | None = None  # hf: "cpu", "cuda", ...; None = cuda if available
     dtype: str = "auto"  # hf/vllm: "auto", "float32", "bfloat16", "float16"
     batch_size: int = 16  # hf: conversations × samples per forward batch
+    # hf: rows × (longest prompt + max_new_tokens) per forward batch at most (a row alone always
+    # goes), so memory is bounded by the context, not by batch_size × the input. None: on the
+    # CPU CPU_MAX_BATCH_TOKENS, on a GPU batch_size alone (measurements: engines.hf.plan_batches).
+    max_batch_tokens: int | None = None
     workers: int = 1  # hf on the CPU: forked processes that decode a call's batches (the same samples)
     tensor_parallel_size: int = 1  # vllm
     # vllm: the share of the whole GPU this engine may take (weights + KV cache). 0.85 for

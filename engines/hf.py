@@ -16,14 +16,64 @@ row (`row_generators`), so its samples do not depend on the batch it shares; on 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Any, Sequence
 
-from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams, SpecError
+from engines.base import (CPU_MAX_BATCH_TOKENS, BatchError, ContextOverflow, Conversation, EngineError, EngineOptions,
+                          Sample, SamplingParams, SpecError, fit_prompt)
 from engines.memory import release_memory
 from engines.specs import local_model_path
 from engines.templating import cut_completion, end_token_ids, prompt_ids
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# transformers writes int(1e30) as a tokenizer's model_max_length when it knows none; no real
+# context comes near this
+NO_LIMIT = 10**12
+
+Row = tuple[int, int]  # (prompt index, copy index)
+
+
+def context_length_of(model: Any, tokenizer: Any) -> int | None:
+    """The model's context in tokens: its (text) config's `max_position_embeddings`, or the
+    tokenizer's `model_max_length` where that is smaller and not the "no limit" sentinel;
+    None when neither is known."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limits = [getattr(text, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    limits = [int(v) for v in limits if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < NO_LIMIT]
+    return min(limits) if limits else None
+
+
+def plan_batches(rows: Sequence[Row], lengths: Sequence[int], budgets: dict[int, int], batch_size: int,
+                 max_tokens: int | None) -> list[tuple[list[Row], int]]:
+    """Forward batches of `rows` (in their order), each with its generation budget: at most
+    `batch_size` rows, rows × (longest prompt + budget) <= `max_tokens` (None: no bound; a row
+    alone always goes), and one budget per batch (`budgets[prompt]`, capped by the context for
+    prompts near it: those go with rows of the same cap).
+
+    Why a token bound: on the CPU, memory grows with the tokens in flight, not the rows.
+    Measured with SmolLM2-135M (float32, sdpa attention, the CPU default; 2 cores, torch 2.14):
+    the model loaded is 0.85 GB resident; a batch of one 4,000-token row peaks at 1.95 GB, one
+    8,000-token row at 2.53 GB, two at 3.08 GB (about 0.55 GB per 8k row: KV cache 0.37 GB
+    plus the padding mask and activations). Through this engine, four 7,634-token prompts
+    with 16 new tokens peak at 4.05 GB in one batch and at 2.85 GB under the default
+    CPU_MAX_BATCH_TOKENS = 16384 (two batches of two); batch_size 16 of 8k rows would need
+    ~10 GB. Eager attention would hold the scores (one 8k row: 6.9 GB)."""
+    chunks: list[tuple[list[Row], int]] = []
+    width = 0  # the longest prompt of the last chunk
+    for row in rows:
+        n, budget = lengths[row[0]], budgets[row[0]]
+        if chunks:
+            last, last_budget = chunks[-1]
+            wider = max(width, n)
+            if (last_budget == budget and len(last) < batch_size
+                    and (max_tokens is None or (len(last) + 1) * (wider + budget) <= max_tokens)):
+                last.append(row)
+                width = wider
+                continue
+        chunks.append(([row], budget))
+        width = n
+    return chunks
 
 
 def row_generators(seed: int, rows: Sequence[tuple[int, int]]) -> list[Any]:
@@ -169,6 +219,7 @@ class HFEngine:
             raise EngineError(f"{spec}: the tokenizer has no eos token; cannot tell where a turn ends")
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else min(self.end_ids)
+        self.context_length = context_length_of(model, tokenizer)
 
     @property
     def device(self):
@@ -177,9 +228,13 @@ class HFEngine:
     def generate(self, conversations: Sequence[Conversation], params: SamplingParams) -> list[list[Sample]]:
         """Return `params.n` samples for each conversation, in order.
 
-        Prompts × n are sorted by length and processed in chunks of
-        `options.batch_size` rows (in `options.workers` processes on the CPU); greedy
-        decoding (temperature 0) runs each prompt once and repeats the result n times.
+        Prompts × n are sorted by length and processed in chunks of at most
+        `options.batch_size` rows and `options.max_batch_tokens` tokens (`plan_batches`; in
+        `options.workers` processes on the CPU); greedy decoding (temperature 0) runs each
+        prompt once and repeats the result n times. A prompt that does not fit the context
+        (`fit_prompt`) fails on its own: `BatchError` holds its `ContextOverflow` beside the
+        others' samples; one near the end of the context generates less
+        (`Sample.capped_max_new_tokens`).
         """
         return self.generate_from_ids([prompt_ids(self.tokenizer, conv) for conv in conversations], params)
 
@@ -189,11 +244,18 @@ class HFEngine:
         import torch
 
         prompts = [list(p) for p in prompts]
+        budgets: dict[int, int] = {}
+        failed: dict[int, ContextOverflow] = {}
+        for c, p in enumerate(prompts):
+            try:
+                budgets[c] = fit_prompt(len(p), params.max_new_tokens, self.context_length, self.spec)
+            except ContextOverflow as e:
+                failed[c] = e
         copies = params.distinct
-        rows = [(c, k) for c in range(len(prompts)) for k in range(copies)]
+        rows = [(c, k) for c in range(len(prompts)) if c not in failed for k in range(copies)]
         rows.sort(key=lambda r: len(prompts[r[0]]))  # similar lengths share a batch: less padding
-        bs = max(1, self.options.batch_size)
-        chunks = [rows[start : start + bs] for start in range(0, len(rows), bs)]
+        chunks = plan_batches(rows, [len(p) for p in prompts], budgets, max(1, self.options.batch_size),
+                              self._max_batch_tokens())
         # Every row draws from its own generator (`row_generators`), never the process-wide
         # one, so that a sampler on another thread (LOOP's async rollouts) and the trainer's
         # RNG users (dropout, checkpoint recomputation) cannot interleave their draws, and a
@@ -211,18 +273,33 @@ class HFEngine:
                 results = self._decode(prompts, chunks, params, seed)
         finally:
             self.model.train(was_training)
-        return [[results[(c, k % copies)] for k in range(params.n)] for c in range(len(prompts))]
+        out = [failed[c] if c in failed else [results[(c, k % copies)] for k in range(params.n)]
+               for c in range(len(prompts))]
+        if failed:
+            raise BatchError(out)  # the others' samples are kept: only those prompts fail
+        return out
 
-    def _decode(self, prompts: list[list[int]], chunks: Sequence[list[tuple[int, int]]], params: SamplingParams,
-                seed: int) -> dict[tuple[int, int], Sample]:
-        results: dict[tuple[int, int], Sample] = {}
-        for chunk in chunks:
+    def _max_batch_tokens(self) -> int | None:
+        """The token budget of a forward batch (EngineOptions.max_batch_tokens; None: the CPU's default)."""
+        if self.options.max_batch_tokens is not None:
+            return self.options.max_batch_tokens
+        return CPU_MAX_BATCH_TOKENS if self.device.type == "cpu" else None
+
+    def _decode(self, prompts: list[list[int]], chunks: Sequence[tuple[list[Row], int]], params: SamplingParams,
+                seed: int) -> dict[Row, Sample]:
+        results: dict[Row, Sample] = {}
+        for chunk, budget in chunks:
             generators = row_generators(seed, chunk) if params.temperature > 0 else None
-            results.update(zip(chunk, self._generate_batch([prompts[c] for c, _ in chunk], params, generators)))
+            capped = budget < params.max_new_tokens
+            batch = self._generate_batch([prompts[c] for c, _ in chunk],
+                                         replace(params, max_new_tokens=budget) if capped else params, generators)
+            if capped:  # recorded: a "length" finish here was the context's doing
+                batch = [replace(s, capped_max_new_tokens=budget) for s in batch]
+            results.update(zip(chunk, batch))
         return results
 
-    def _decode_in_processes(self, prompts: list[list[int]], chunks: Sequence[list[tuple[int, int]]],
-                             params: SamplingParams, seed: int, workers: int) -> dict[tuple[int, int], Sample]:
+    def _decode_in_processes(self, prompts: list[list[int]], chunks: Sequence[tuple[list[Row], int]],
+                             params: SamplingParams, seed: int, workers: int) -> dict[Row, Sample]:
         """`_decode` with the chunks dealt round robin to `workers` forked processes, each
         with its share of torch's threads (`EngineOptions.workers`: on the CPU one decoding
         process keeps about one core busy). The samples are those of one process."""
@@ -250,7 +327,7 @@ class HFEngine:
             proc.start()
             send.close()
             started.append((proc, receive))
-        results: dict[tuple[int, int], Sample] = {}
+        results: dict[Row, Sample] = {}
         errors = []
         for proc, receive in started:
             try:

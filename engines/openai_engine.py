@@ -26,6 +26,11 @@ cannot leak it into episodes or logs):
 - `ReplyError`: a reply that cannot be used (too large, not JSON, wrong shape such as
   `"message": "oops"`), and other 4xx (not retried): only that conversation fails, the
   others of the batch complete and `generate` raises `BatchError` holding both.
+- `ServerContextOverflow` (a `ReplyError` and an `engines.base.ContextOverflow`): a 4xx
+  whose message states the model's maximum context length (vLLM serve, OpenAI). The
+  engine knows no context of its own (`context_length` None); when the message also
+  states the prompt's tokens and the prompt fits, the request is sent once more with the
+  generation capped to the room left (`fit_prompt`, `Sample.capped_max_new_tokens`).
 
 Built on httpx rather than the `openai` package: replica fail-over needs to own the retry
 loop (the client retries one server before another could answer), and the vLLM fields
@@ -50,13 +55,15 @@ import asyncio
 import json
 import os
 import random
+import re
 import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Sequence
 
-from engines.base import BatchError, Conversation, EngineError, EngineOptions, Sample, SamplingParams
+from engines.base import (BatchError, ContextOverflow, Conversation, EngineError, EngineOptions, Sample, SamplingParams,
+                          fit_prompt)
 from engines.templating import cut_completion, end_token_ids
 
 RETRY_STATUSES = frozenset({429}) | frozenset(range(500, 600))
@@ -82,6 +89,33 @@ class ServerUnavailable(ServerError):
 
 class ReplyError(ServerError):
     """This conversation's request failed (an unusable reply, or a 4xx): only it fails."""
+
+
+class ServerContextOverflow(ReplyError, ContextOverflow):
+    """A 4xx stating the model's context length: the prompt (with its generation) does not
+    fit. `context` is the stated length, `n_prompt` the prompt's tokens when stated too."""
+
+    def __init__(self, message: str, status: int, server_message: str, *, n_prompt: int | None,
+                 context: int) -> None:
+        super().__init__(message, status, server_message)
+        self.n_prompt, self.context = n_prompt, context
+
+
+# How servers state a context overflow (vLLM serve's versions, OpenAI): the context, then the prompt's tokens
+_CONTEXT_RE = re.compile(r"maximum (?:context|model) length (?:is|of) (\d+)", re.IGNORECASE)
+_PROMPT_RE = re.compile(r"(\d+) in the messages|has (\d+) input tokens|messages resulted in (\d+) tokens"
+                        r"|prompt \(length (\d+)\)", re.IGNORECASE)
+
+
+def context_numbers(message: str) -> tuple[int | None, int] | None:
+    """(prompt tokens or None, context) as a server's refusal states them; None when the
+    message is not about the context length."""
+    context = _CONTEXT_RE.search(message)
+    if context is None:
+        return None
+    prompt = _PROMPT_RE.search(message)
+    n_prompt = next((int(g) for g in prompt.groups() if g is not None), None) if prompt else None
+    return n_prompt, int(context.group(1))
 
 
 class _Retryable(Exception):
@@ -218,6 +252,7 @@ class OpenAIEngine:
         self.tokenizer = tokenizer
         self._end_ids = end_token_ids(tokenizer) if tokenizer is not None else set()
         self.spec = spec or f"openai:{model}@{','.join(urls)}"
+        self.context_length: int | None = None  # a server states it only when it refuses a prompt
         self.retry_backoff, self.replica_cooldown = retry_backoff, replica_cooldown
         api_key = self.options.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self._secrets = [api_key] if api_key != "EMPTY" else []
@@ -271,8 +306,8 @@ class OpenAIEngine:
 
     def _refused_feature(self, status: int, message: str, body: dict[str, Any]) -> bool:
         """On a 400/422 that names an optional feature `body` used, switch it off; True to resend."""
-        if status not in (400, 422):
-            return False
+        if status not in (400, 422) or context_numbers(message) is not None:
+            return False  # a context-length refusal names max_tokens too (vLLM): not a feature refused
         lowered = message.lower()
         refused = None
         if any(k in body and k in lowered for k in VLLM_EXTRAS):
@@ -352,6 +387,10 @@ class OpenAIEngine:
             except ValueError:
                 delay = None
             raise _Retryable(status, message, delay)
+        numbers = context_numbers(message) if 400 <= status < 500 else None
+        if numbers is not None:
+            raise ServerContextOverflow(f"{url} returned HTTP {status} (not retried): {message}", status, message,
+                                        n_prompt=numbers[0], context=numbers[1])
         raise ReplyError(f"{url} returned HTTP {status} (not retried): {message}", status, message)
 
     def _pick(self, exclude: set[str]) -> str:
@@ -408,18 +447,37 @@ class OpenAIEngine:
         """`params.n` samples for one conversation (one request, or more if the server ignores n)."""
         wanted = params.distinct  # greedy: one completion, repeated (servers refuse n > 1 greedy)
         n_first = wanted if self._features["n"] else 1
-        samples, prompt_ids = self._parse(self._post(conversation, params, n_first, params.seed))
+        data, sent = self._post_fitting(conversation, params, n_first, params.seed)
+        samples, prompt_ids = self._parse(data)
         if len(samples) < wanted and n_first > 1:
             with self._lock:
                 self._features["n"] = False  # the server ignores n: one request per sample from now on
         while len(samples) < wanted:
             seed = None if params.seed is None else params.seed + len(samples)
-            samples.append(self._parse(self._post(conversation, params, 1, seed))[0][0])
+            samples.append(self._parse(self._post(conversation, sent, 1, seed))[0][0])
         if prompt_ids:
             samples = [replace(s, prompt_token_ids=tuple(prompt_ids)) for s in samples]
+        if sent.max_new_tokens < params.max_new_tokens:
+            samples = [replace(s, capped_max_new_tokens=sent.max_new_tokens) for s in samples]
         if self.tokenizer is not None:
             samples = [self._cut(s, params) for s in samples[:wanted]]
         return [samples[k % wanted] for k in range(params.n)]
+
+    def _post_fitting(self, conversation: Conversation, params: SamplingParams, n: int,
+                      seed: int | None) -> tuple[dict[str, Any], SamplingParams]:
+        """`_post`, and the params it was sent with: a context-length refusal that states a
+        prompt which fits (`fit_prompt`) is sent once more with the generation capped to the
+        room left; one that does not fit raises `ContextOverflow`."""
+        try:
+            return self._post(conversation, params, n, seed), params
+        except ServerContextOverflow as e:
+            if e.n_prompt is None:
+                raise
+            budget = fit_prompt(e.n_prompt, params.max_new_tokens, e.context, self.spec)
+            if budget >= params.max_new_tokens:
+                raise  # by the server's own numbers it fits as sent: a resend would be refused alike
+            capped = replace(params, max_new_tokens=budget)
+            return self._post(conversation, capped, n, seed), capped
 
     def _parse(self, data: Any) -> tuple[list[Sample], tuple[int, ...] | None]:
         try:
@@ -442,9 +500,10 @@ class OpenAIEngine:
         """Return `params.n` samples per conversation, requests running concurrently.
 
         A conversation whose request fails on its own (`ReplyError`: an unusable reply, a
-        4xx) does not stop the others: once all are done, `BatchError` carries the samples
-        and the errors. A server that stays unavailable (`ServerUnavailable`) cancels the
-        requests not yet started and is raised.
+        4xx; `ContextOverflow`: a prompt the server's context cannot hold) does not stop the
+        others: once all are done, `BatchError` carries the samples and the errors. A server
+        that stays unavailable (`ServerUnavailable`) cancels the requests not yet started and
+        is raised.
         """
         futures = [self._pool.submit(self._complete, conv, params) for conv in conversations]
         results: list[Any] = []
@@ -452,7 +511,7 @@ class OpenAIEngine:
             for f in futures:
                 try:
                     results.append(f.result())
-                except ReplyError as e:
+                except (ReplyError, ContextOverflow) as e:
                     results.append(e)
         except BaseException:
             for f in futures:

@@ -32,10 +32,12 @@ import re
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from engines.base import Conversation, EngineError, EngineOptions, Sample, SamplingParams
+from engines.base import (BatchError, ContextOverflow, Conversation, EngineError, EngineOptions, Sample, SamplingParams,
+                          fit_prompt)
 from engines.memory import release_memory
 from engines.templating import cut_completion, end_token_ids, prompt_ids
 from engines.vllm_worker import LOAD_METHOD, WORKER_EXTENSION
@@ -214,6 +216,18 @@ def write_weight_shards(named_tensors: Iterable[tuple[str, Any]], folder: str | 
         yield flush()
 
 
+def max_model_len(llm: Any) -> int | None:
+    """The context a started `vllm.LLM` serves (its model config's `max_model_len`), None
+    where this vLLM version keeps it elsewhere (then vLLM's own check is the only one)."""
+    engine = getattr(llm, "llm_engine", None)
+    for config in (getattr(engine, "model_config", None),
+                   getattr(getattr(engine, "vllm_config", None), "model_config", None)):
+        value = getattr(config, "max_model_len", None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 class VLLMEngine:
     """Chat generation with vLLM's offline `LLM` engine."""
 
@@ -230,6 +244,7 @@ class VLLMEngine:
             self.threads_bind = bind_cpu_threads(*self.options.extra.get("cpu_share", (0, 1)))
             kwargs["gpu_memory_utilization"] = self.options.extra.get("cpu_memory_utilization", CPU_MEMORY_UTILIZATION)
         self.llm = vllm.LLM(**kwargs)
+        self.context_length = max_model_len(self.llm)
         self._lora_rank = kwargs.get("max_lora_rank")  # None: started without LoRA
         self._asleep = False
         self.tokenizer = AutoTokenizer.from_pretrained(model)
@@ -311,20 +326,36 @@ class VLLMEngine:
             self._asleep = False
 
     def generate(self, conversations: Sequence[Conversation], params: SamplingParams) -> list[list[Sample]]:
-        """Return `params.n` samples per conversation; vLLM schedules the whole batch."""
+        """Return `params.n` samples per conversation; vLLM schedules the whole batch.
+
+        A prompt that does not fit `context_length` (`fit_prompt`) is not sent (vLLM would
+        refuse the whole batch): `BatchError` holds its `ContextOverflow` beside the others'
+        samples; one near the end of the context generates less (`capped_max_new_tokens`)."""
         vllm = _import_vllm()
         self._wake()
         prompts = [prompt_ids(self.tokenizer, conv) for conv in conversations]
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in prompts],
-            to_vllm_sampling(params, vllm),
-            lora_request=self.lora_request,
-            use_tqdm=False,
-        )
-        results = []
-        for out, prompt in zip(outputs, prompts):
-            samples = [self._to_sample(c, prompt, params) for c in sorted(out.outputs, key=lambda c: c.index)]
-            results.append([samples[k % len(samples)] for k in range(params.n)])  # greedy: n copies
+        results: list[Any] = [None] * len(prompts)
+        sent, budgets = [], []
+        for i, p in enumerate(prompts):
+            try:
+                budgets.append(fit_prompt(len(p), params.max_new_tokens, self.context_length, self.spec))
+                sent.append(i)
+            except ContextOverflow as e:
+                results[i] = e
+        if sent:
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": prompts[i]} for i in sent],
+                [to_vllm_sampling(replace(params, max_new_tokens=b), vllm) for b in budgets],  # one per prompt
+                lora_request=self.lora_request,
+                use_tqdm=False,
+            )
+            for i, budget, out in zip(sent, budgets, outputs):
+                samples = [self._to_sample(c, prompts[i], params) for c in sorted(out.outputs, key=lambda c: c.index)]
+                if budget < params.max_new_tokens:
+                    samples = [replace(s, capped_max_new_tokens=budget) for s in samples]
+                results[i] = [samples[k % len(samples)] for k in range(params.n)]  # greedy: n copies
+        if len(sent) < len(prompts):
+            raise BatchError(results)
         return results
 
     def _to_sample(self, completion: Any, prompt: list[int], params: SamplingParams) -> Sample:

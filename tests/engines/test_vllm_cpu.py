@@ -124,3 +124,24 @@ def test_lora_adapter_with_nonzero_b_matches_peft(engine, tiny_path, tmp_path, r
         record_property(f"lora_sync_{round_}", f"{max_gap(peft, samples):.1e}")
         assert max_gap(peft, samples) < 1e-5
     engine.lora_request = None  # back to the base model for any later test
+
+
+def test_a_prompt_over_max_model_len_fails_alone_and_one_near_it_is_capped(engine):
+    """The engine reads vLLM's max_model_len (512 here); a longer prompt is not sent (vLLM
+    would refuse the whole batch) and one 4 tokens short of it generates 4 at most."""
+    from engines.base import BatchError, ContextOverflow
+    from engines.templating import prompt_ids
+
+    assert engine.context_length == 512
+    near, n = None, 500
+    while near is None:
+        conv = [{"role": "user", "content": "word " * n}]
+        have = len(prompt_ids(engine.tokenizer, conv))
+        near, n = (conv, n) if have == 508 else (None, n + 508 - have)
+    with pytest.raises(BatchError) as e:
+        engine.generate([CONVS[0], [{"role": "user", "content": "word " * 2000}], near],
+                        SamplingParams(temperature=0.0, max_new_tokens=16))
+    ok, overflow, capped = e.value.results
+    assert isinstance(overflow, ContextOverflow) and "exceeds the context of 512" in str(overflow)
+    assert ok[0].capped_max_new_tokens is None
+    assert capped[0].capped_max_new_tokens == 4 and len(capped[0].token_ids) <= 4
