@@ -708,43 +708,78 @@ WAIT_REPORT_S = 0.25  # a call past its wall limit that waited for a CPU looks a
 SCHEDSTAT = "/proc/self/schedstat"  # "<ns on a CPU> <ns runnable but waiting for a CPU> <timeslices>"
 # Captured before untrusted code runs: the wall budget must not be fooled by a patched module attribute.
 _monotonic, _os_open, _os_read, _os_close, _os_write = time.monotonic, os.open, os.read, os.close, os.write
-_setitimer = signal.setitimer
+_listdir, _setitimer = os.listdir, signal.setitimer
+CLK_TCK = os.sysconf("SC_CLK_TCK")  # /proc/<pid>/stat's unit
 
 
-def run_delay() -> float | None:
-    """Seconds this process's main thread has spent runnable but waiting for a CPU (the
-    scheduler's run delay, /proc/self/schedstat); None where /proc is not mounted (a user
-    namespace that may not mount one, not Linux): the wall limit is then plain wall-clock time."""
+def _read_proc(path: str) -> str | None:
     try:
-        fd = _os_open(SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:  # no /proc, or every fd in use (RLIMIT_NOFILE): plain wall-clock time
+        fd = _os_open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # gone (a process that exited), no /proc, or every fd in use (RLIMIT_NOFILE)
         return None
     try:
-        return int(_os_read(fd, 128).split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
+        return _os_read(fd, 4096).decode("ascii", "replace")
+    except OSError:
         return None
     finally:
         _os_close(fd)
 
 
+def cpu_wait() -> tuple[float, float] | None:
+    """(seconds this process's main thread has spent runnable but waiting for a CPU, seconds
+    of CPU the sandbox's other processes and threads have used), both so far; None where they
+    cannot be read (no /proc).
+
+    The first is the scheduler's run delay (/proc/self/schedstat). The second is the CPU time
+    of every process of the sandbox's PID namespace (their reaped children included) less this
+    thread's own: a wait behind the sandbox's own processes (a fork bomb, a busy thread) is the
+    call's own doing, not the machine's."""
+    sched = _read_proc(SCHEDSTAT)
+    try:
+        names = _listdir("/proc")
+    except OSError:
+        return None
+    if sched is None:
+        return None
+    ticks = 0
+    for name in names:
+        if not name.isdigit():
+            continue
+        stat = _read_proc(f"/proc/{name}/stat")
+        if stat is None:
+            continue  # it exited meanwhile: its time is in its reaper's cutime
+        try:  # after "pid (comm) ": state ppid ... utime stime cutime cstime (stat fields 14-17)
+            ticks += sum(int(v) for v in stat[stat.rfind(")") + 2:].split()[11:15])
+        except ValueError:
+            return None
+    try:
+        on_cpu, waiting = (int(v) / 1e9 for v in sched.split()[:2])
+    except ValueError:
+        return None
+    return waiting, ticks / CLK_TCK - on_cpu
+
+
 class _WallBudget:
     """The running call's wall-clock limit, which does not count the time the call waited
-    for a CPU: on a busy machine a call gets `limit` seconds of its own time (computing,
-    sleeping, blocked on I/O), however long the other processes hold the cores. The time
-    it waited is reported to the parent ({"event": "wait"}), which moves its own deadline
-    for the call by as much (sandbox._next_result); the answer's total wall-clock budget
-    is the bound that counts everything."""
+    for a CPU held by other work: on a busy machine a call gets `limit` seconds of its own
+    time (computing, sleeping, blocked on I/O, or waiting behind its own processes and
+    threads), however long the machine's other processes hold the cores. The time it waited
+    is reported to the parent ({"event": "wait"}), which moves its own deadline for the call
+    by as much (sandbox._next_result); the answer's total wall-clock budget is the bound that
+    counts everything. Without a PID namespace of its own (where /proc would show the host's
+    processes) the limit is plain wall-clock time."""
 
-    def __init__(self, limit: float, fd: int):
+    def __init__(self, limit: float, fd: int, own_pids: bool):
         self.limit, self.fd = limit, fd
-        self.start, self.delay0 = _monotonic(), run_delay()
+        self.start, self.wait0 = _monotonic(), cpu_wait() if own_pids else None
         self.waited = self.reported = 0.0
 
     def left(self) -> float:
         """Seconds of the call's own time still allowed."""
-        now = run_delay() if self.delay0 is not None else None
-        if now is not None:
-            self.waited = max(self.waited, now - self.delay0)
+        now = cpu_wait() if self.wait0 is not None else None
+        if now is not None:  # the wait, less the part the sandbox's own processes can explain
+            delay, others = now[0] - self.wait0[0], now[1] - self.wait0[1]
+            self.waited = max(self.waited, delay - max(0.0, others))
         return self.limit - (_monotonic() - self.start - self.waited)
 
     def report(self) -> None:
@@ -758,6 +793,7 @@ class _WallBudget:
 
 _budget: _WallBudget | None = None  # the running call's; None between calls (a late signal is then ignored)
 _result_fd = -1  # where _WallBudget reports (run_job sets it)
+_own_pids = False  # the sandbox has a PID namespace (and a /proc) of its own (run_job sets it)
 
 
 class SandboxTimeout(BaseException):
@@ -786,7 +822,7 @@ def _arm(cfg: dict) -> None:
     global _budget
     signal.signal(signal.SIGALRM, _on_wall_timer)
     signal.signal(signal.SIGPROF, _on_cpu_timer)
-    _budget = _WallBudget(cfg["wall_seconds_per_call"], _result_fd)
+    _budget = _WallBudget(cfg["wall_seconds_per_call"], _result_fd, _own_pids)
     _setitimer(signal.ITIMER_REAL, cfg["wall_seconds_per_call"], TIMER_REFIRE_S)
     _setitimer(signal.ITIMER_PROF, cfg["cpu_seconds_per_call"], TIMER_REFIRE_S)
 
@@ -889,9 +925,9 @@ class SeedOnImport:
 def run_job(fd: int, job: dict, cfg: dict, iso: dict) -> None:
     """Execute the source as a module, then each call; stream one result line each.
     random's and numpy's global RNGs start from SEED for the body and for each call."""
-    global _result_fd
+    global _result_fd, _own_pids
     _send(fd, {"event": "ready", "isolation": iso}, cfg["max_output_bytes"])
-    _result_fd = fd
+    _result_fd, _own_pids = fd, bool(iso.get("pid_namespace"))
     sys.meta_path.insert(0, SeedOnImport())
     mod = types.ModuleType("solution")  # __name__ != "__main__": `if __name__ == ...` blocks stay off
     sys.modules["solution"] = mod  # dataclasses, pickle and friends look the module up

@@ -60,12 +60,14 @@ Threat model and the mechanism that stops each threat (child side in _sandbox_ch
 | flooding our memory with output           | stdout/stderr to /dev/null; result lines size-capped   |
 
 Load: a call's wall-clock limit (`wall_seconds_per_call`) does not count the time the
-sandbox was runnable but waiting for a CPU (the scheduler's run delay, /proc/self/schedstat):
-on a busy machine a correct answer would otherwise time out in a module body that needs
-~10 ms of CPU and spent its whole second in the run queue. The child tells the parent how
-long it waited, and the parent moves its own per-call deadline by as much, up to the
-answer's total (`wall_seconds_total`, plain wall-clock time). Where the sandbox has no /proc
-the per-call limit is plain wall-clock time.
+sandbox was runnable but waiting for a CPU that other work held (the scheduler's run delay,
+/proc/self/schedstat, less the CPU time of the sandbox's own other processes and threads, so
+a fork bomb waiting behind itself is not excused): on a busy machine a correct answer would
+otherwise time out in a module body that needs ~10 ms of CPU and spent its whole second in
+the run queue. The child tells the parent how long it waited, and the parent moves its own
+per-call deadline by as much, up to the answer's total (`wall_seconds_total`, plain
+wall-clock time). Without a PID namespace and /proc of its own the per-call limit is plain
+wall-clock time.
 
 Speed: SandboxPool forks each sandbox from a pre-started "zygote" interpreter (it never
 holds a job's source; every sandbox still gets fresh namespaces, uid and limits), which
@@ -429,15 +431,16 @@ def _run_once(source: str, calls: list[str], limits: SandboxLimits, deadline: fl
 
 def _next_result(chan: _Channel, limits: SandboxLimits, deadline: float) -> tuple[dict | None, str | None]:
     """The next module or call record, as _Channel.next_line. Its deadline is the call's
-    wall limit + LINE_GRACE_S from now, moved later by each {"event": "wait"} record: the
-    child's wall limit does not count time spent waiting for a CPU (_sandbox_child._WallBudget),
-    so neither does this one. Never later than `deadline` (the answer's total budget), and
-    never by more than the time that has passed: a forged record gains an answer nothing
-    beyond its own total budget."""
+    wall limit + LINE_GRACE_S from now, moved later by twice the waits each {"event": "wait"}
+    record states: the child's wall limit does not count time spent waiting for a CPU
+    (_sandbox_child._WallBudget), so neither does this one, and a child that has waited W
+    seconds for a CPU may wait about as long again before its next record reaches us. Never
+    later than `deadline` (the answer's total budget), and a wait never counted beyond the
+    time that has passed: a forged record gains an answer nothing beyond its own total budget."""
     start = time.monotonic()
     waited = 0.0
     while True:
-        rec, why = chan.next_line(min(start + limits.wall_seconds_per_call + LINE_GRACE_S + waited, deadline))
+        rec, why = chan.next_line(min(start + limits.wall_seconds_per_call + LINE_GRACE_S + 2 * waited, deadline))
         if rec is None or rec.get("event") != "wait":
             return rec, why
         seconds = rec.get("seconds")
