@@ -220,7 +220,7 @@ def max_model_len(llm: Any) -> int | None:
     """The context a started `vllm.LLM` serves (its model config's `max_model_len`), None
     where this vLLM version keeps it elsewhere (then vLLM's own check is the only one)."""
     engine = getattr(llm, "llm_engine", None)
-    for config in (getattr(engine, "model_config", None),
+    for config in (getattr(llm, "model_config", None), getattr(engine, "model_config", None),
                    getattr(getattr(engine, "vllm_config", None), "model_config", None)):
         value = getattr(config, "max_model_len", None)
         if isinstance(value, int) and value > 0:
