@@ -10,8 +10,6 @@ results come back as JSON lines on RESULT_FD:
     {"event": "ready", "isolation": {...}}        (sent before any untrusted code runs)
     {"event": "module", "ok": bool, "error": str|null}
     {"i": k, "ok": bool, "value": <plain-data encoding>|null, "error": str|null}
-    {"event": "wait", "seconds": float}           (any number, before a module or call line:
-                                                   time that call waited for a CPU; _WallBudget)
 
 Process tree when namespaces are available (we run as root):
 
@@ -704,10 +702,10 @@ def _enc_float(f: float):
 
 
 TIMER_REFIRE_S = 0.05  # a fired timer re-fires this often: code that swallows the exception is interrupted again
-WAIT_REPORT_S = 0.25  # a call past its wall limit that waited for a CPU looks again (and reports) this often
+WAIT_RECHECK_S = 0.25  # a call past its wall limit that waited for a CPU looks again this often
 SCHEDSTAT = "/proc/self/schedstat"  # "<ns on a CPU> <ns runnable but waiting for a CPU> <timeslices>"
 # Captured before untrusted code runs: the wall budget must not be fooled by a patched module attribute.
-_monotonic, _os_open, _os_read, _os_close, _os_write = time.monotonic, os.open, os.read, os.close, os.write
+_monotonic, _os_open, _os_read, _os_close = time.monotonic, os.open, os.read, os.close
 _listdir, _setitimer = os.listdir, signal.setitimer
 CLK_TCK = os.sysconf("SC_CLK_TCK")  # /proc/<pid>/stat's unit
 
@@ -735,11 +733,11 @@ def cpu_wait() -> tuple[float, float] | None:
     thread's own: a wait behind the sandbox's own processes (a fork bomb, a busy thread) is the
     call's own doing, not the machine's."""
     sched = _read_proc(SCHEDSTAT)
+    if sched is None:
+        return None
     try:
         names = _listdir("/proc")
     except OSError:
-        return None
-    if sched is None:
         return None
     ticks = 0
     for name in names:
@@ -763,16 +761,16 @@ class _WallBudget:
     """The running call's wall-clock limit, which does not count the time the call waited
     for a CPU held by other work: on a busy machine a call gets `limit` seconds of its own
     time (computing, sleeping, blocked on I/O, or waiting behind its own processes and
-    threads), however long the machine's other processes hold the cores. The time it waited
-    is reported to the parent ({"event": "wait"}), which moves its own deadline for the call
-    by as much (sandbox._next_result); the answer's total wall-clock budget is the bound that
+    threads), however long the machine's other processes hold the cores. The parent's
+    deadline for the call moves by the same waits, read from the kernel's figures for this
+    process (sandbox.RunDelay); the answer's total wall-clock budget is the bound that
     counts everything. Without a PID namespace of its own (where /proc would show the host's
     processes) the limit is plain wall-clock time."""
 
-    def __init__(self, limit: float, fd: int, own_pids: bool):
-        self.limit, self.fd = limit, fd
+    def __init__(self, limit: float, own_pids: bool):
+        self.limit = limit
         self.start, self.wait0 = _monotonic(), cpu_wait() if own_pids else None
-        self.waited = self.reported = 0.0
+        self.waited = 0.0
 
     def left(self) -> float:
         """Seconds of the call's own time still allowed."""
@@ -782,17 +780,8 @@ class _WallBudget:
             self.waited = max(self.waited, delay - max(0.0, others))
         return self.limit - (_monotonic() - self.start - self.waited)
 
-    def report(self) -> None:
-        more = self.waited - self.reported
-        if more >= 0.001:
-            self.reported = self.waited
-            buf = f'{{"event": "wait", "seconds": {more:.6f}}}\n'.encode()  # (json: user code may patch it)
-            while buf:
-                buf = buf[_os_write(self.fd, buf):]
-
 
 _budget: _WallBudget | None = None  # the running call's; None between calls (a late signal is then ignored)
-_result_fd = -1  # where _WallBudget reports (run_job sets it)
 _own_pids = False  # the sandbox has a PID namespace (and a /proc) of its own (run_job sets it)
 
 
@@ -812,9 +801,8 @@ def _on_wall_timer(signum, frame):
     left = budget.left()
     if left <= 0:
         raise SandboxTimeout()  # the interval timer set before keeps re-firing (TIMER_REFIRE_S)
-    # Not yet: the call waited for a CPU. Tell the parent, look again when its own time may be spent.
-    budget.report()
-    _setitimer(signal.ITIMER_REAL, max(0.001, min(left, WAIT_REPORT_S)), TIMER_REFIRE_S)
+    # Not yet: the call waited for a CPU. Look again when its own time may be spent.
+    _setitimer(signal.ITIMER_REAL, max(0.001, min(left, WAIT_RECHECK_S)), TIMER_REFIRE_S)
 
 
 def _arm(cfg: dict) -> None:
@@ -822,7 +810,7 @@ def _arm(cfg: dict) -> None:
     global _budget
     signal.signal(signal.SIGALRM, _on_wall_timer)
     signal.signal(signal.SIGPROF, _on_cpu_timer)
-    _budget = _WallBudget(cfg["wall_seconds_per_call"], _result_fd, _own_pids)
+    _budget = _WallBudget(cfg["wall_seconds_per_call"], _own_pids)
     _setitimer(signal.ITIMER_REAL, cfg["wall_seconds_per_call"], TIMER_REFIRE_S)
     _setitimer(signal.ITIMER_PROF, cfg["cpu_seconds_per_call"], TIMER_REFIRE_S)
 
@@ -925,9 +913,9 @@ class SeedOnImport:
 def run_job(fd: int, job: dict, cfg: dict, iso: dict) -> None:
     """Execute the source as a module, then each call; stream one result line each.
     random's and numpy's global RNGs start from SEED for the body and for each call."""
-    global _result_fd, _own_pids
+    global _own_pids
     _send(fd, {"event": "ready", "isolation": iso}, cfg["max_output_bytes"])
-    _result_fd, _own_pids = fd, bool(iso.get("pid_namespace"))
+    _own_pids = bool(iso.get("pid_namespace"))
     sys.meta_path.insert(0, SeedOnImport())
     mod = types.ModuleType("solution")  # __name__ != "__main__": `if __name__ == ...` blocks stay off
     sys.modules["solution"] = mod  # dataclasses, pickle and friends look the module up

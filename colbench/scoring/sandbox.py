@@ -64,8 +64,9 @@ sandbox was runnable but waiting for a CPU that other work held (the scheduler's
 /proc/self/schedstat, less the CPU time of the sandbox's own other processes and threads, so
 a fork bomb waiting behind itself is not excused): on a busy machine a correct answer would
 otherwise time out in a module body that needs ~10 ms of CPU and spent its whole second in
-the run queue. The child tells the parent how long it waited, and the parent moves its own
-per-call deadline by as much, up to the answer's total (`wall_seconds_total`, plain
+the run queue. The parent moves its own per-call deadline by the run delay of the code's
+process, read from the host's /proc (RunDelay: the kernel's figure, which starved or hostile
+code can neither hold back nor forge), up to the answer's total (`wall_seconds_total`, plain
 wall-clock time). Without a PID namespace and /proc of its own the per-call limit is plain
 wall-clock time.
 
@@ -124,7 +125,7 @@ TOTAL_SLACK_S = 3.0  # added to wall_seconds_total for starting the sandbox(es)
 # Where host-side scratch dirs go (None: the system temp dir). Only the no-namespace
 # fallback uses them; with namespaces the scratch is a private tmpfs.
 SCRATCH_BASE: str | None = os.environ.get("SWEET_SANDBOX_SCRATCH") or None
-LINE_GRACE_S = 1.0  # the child's own timer fires first; this covers reporting it (and its "wait" reports)
+LINE_GRACE_S = 1.0  # the child's own timer fires first; this covers reporting it
 # Mechanisms whose absence is worth a warning (the rest are always on).
 STRONG_MECHANISMS = ("drop_privileges", "net_namespace", "pid_namespace", "mount_namespace", "minimal_root",
                      "private_tmp", "readonly_root", "no_new_privs")
@@ -411,13 +412,14 @@ def _run_once(source: str, calls: list[str], limits: SandboxLimits, deadline: fl
         if rec is None or rec.get("event") != "ready":
             return _failed(len(calls), _why_text(why or "garbage", proc)), False
         iso = rec.get("isolation") if isinstance(rec.get("isolation"), dict) else {}
-        rec, why = _next_result(chan, limits, deadline)
+        run_delay = RunDelay(proc.pid, iso)
+        rec, why = _next_result(chan, limits, deadline, run_delay)
         if rec is None or rec.get("event") != "module":
             return _failed(len(calls), _why_text(why or "garbage", proc)), False
         if not rec.get("ok"):
             return _failed(len(calls), str(rec.get("error"))[:500]), False
         for i in range(len(calls)):
-            rec, why = _next_result(chan, limits, deadline)
+            rec, why = _next_result(chan, limits, deadline, run_delay)
             outcome = _parse_call(rec, i) if rec is not None else None
             if outcome is None:
                 out.append(CallOutcome(ok=False, error=_why_text(why or "garbage", proc)))
@@ -429,23 +431,51 @@ def _run_once(source: str, calls: list[str], limits: SandboxLimits, deadline: fl
         _warn_missing(iso)
 
 
-def _next_result(chan: _Channel, limits: SandboxLimits, deadline: float) -> tuple[dict | None, str | None]:
+class RunDelay:
+    """Seconds the untrusted code's process (C in _sandbox_child's process tree) has spent
+    runnable but waiting for a CPU, from the host's /proc/<pid>/schedstat: the kernel's
+    figure, which the code can neither forge nor hold back, and which grows while the
+    process is starved (when it could not report anything itself). Always 0 where C or its
+    schedstat cannot be found (no /proc, hidepid): the deadline is then plain wall-clock time."""
+
+    def __init__(self, pid_a: int, iso: dict):
+        pid = pid_a  # without a PID namespace the code runs in A itself; with one, in A's grandchild
+        for _ in range(2 if iso.get("pid_namespace") else 0):
+            kids = _read_text(f"/proc/{pid}/task/{pid}/children").split()
+            if len(kids) != 1:  # (when "ready" arrives, A has one child B and B one child C)
+                pid = None
+                break
+            pid = int(kids[0])
+        self.path = f"/proc/{pid}/schedstat" if pid is not None else None
+
+    def __call__(self) -> float:
+        try:
+            return int(_read_text(self.path).split()[1]) / 1e9 if self.path else 0.0
+        except (IndexError, ValueError):  # gone (it exited): no wait since
+            return 0.0
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _next_result(chan: _Channel, limits: SandboxLimits, deadline: float,
+                 run_delay: RunDelay) -> tuple[dict | None, str | None]:
     """The next module or call record, as _Channel.next_line. Its deadline is the call's
-    wall limit + LINE_GRACE_S from now, moved later by twice the waits each {"event": "wait"}
-    record states: the child's wall limit does not count time spent waiting for a CPU
-    (_sandbox_child._WallBudget), so neither does this one, and a child that has waited W
-    seconds for a CPU may wait about as long again before its next record reaches us. Never
-    later than `deadline` (the answer's total budget), and a wait never counted beyond the
-    time that has passed: a forged record gains an answer nothing beyond its own total budget."""
-    start = time.monotonic()
-    waited = 0.0
+    wall limit + LINE_GRACE_S from now, moved later by as long as the code's process has
+    waited for a CPU meanwhile (the child's own wall limit does not count that time either:
+    _sandbox_child._WallBudget). Never later than `deadline`, the answer's total budget,
+    which counts everything."""
+    start, waited0 = time.monotonic(), run_delay()
     while True:
-        rec, why = chan.next_line(min(start + limits.wall_seconds_per_call + LINE_GRACE_S + 2 * waited, deadline))
-        if rec is None or rec.get("event") != "wait":
+        mine = start + limits.wall_seconds_per_call + LINE_GRACE_S
+        rec, why = chan.next_line(min(mine + run_delay() - waited0, deadline))
+        if why != "timeout" or time.monotonic() >= min(mine + run_delay() - waited0, deadline):
             return rec, why
-        seconds = rec.get("seconds")
-        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0:  # (NaN: not > 0)
-            waited = min(waited + seconds, time.monotonic() - start)
 
 
 def _parse_call(rec: dict, i: int) -> CallOutcome | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from colbench.scoring.backend import score_backend
+from colbench.scoring import sandbox
 from colbench.scoring.sandbox import SandboxLimits, SandboxPool
 from colbench.types import Task
 
@@ -115,3 +116,18 @@ def test_the_codes_own_time_still_counts_on_a_starved_machine():
     assert [o.ok for o in outs] == [True, False, True], outs
     assert outs[1].error == "TimeoutError"
     assert took < 5, took  # stopped by the limit, not by the end of the nap
+
+
+def test_the_parents_deadline_moves_by_the_kernels_waits_when_the_child_cannot_report():
+    # With its own timer ignored, the child never looks at (or tells anyone about) its waits;
+    # the parent's deadline (wall limit + LINE_GRACE_S) still gives a starved call the time
+    # the kernel says it waited for a CPU. The body needs ~60 ms of CPU: a few seconds of
+    # wall time under the quota, well past the parent's 1.25 s, yet its own time is short.
+    src = ("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+           "total = sum(i * i for i in range(1_200_000))\n\ndef get():\n    return total\n")
+    with starved_pool(workers=1) as pool:
+        t0 = time.monotonic()
+        outs = pool.run_many([(src, ["get()"])])[0]
+        took = time.monotonic() - t0
+    assert outs[0].ok and outs[0].value == {"type": "int", "value": sum(i * i for i in range(1_200_000))}, outs
+    assert took > LIMITS.wall_seconds_per_call + sandbox.LINE_GRACE_S, took  # the parent's own limit was passed
