@@ -30,9 +30,11 @@ from typing import TYPE_CHECKING, Sequence
 
 from colbench.protocols import Agent, AgentRequest
 from engines.base import BatchError, EngineError, Sample, SamplingParams, SpecError
+from engines.templating import continued_prompt_ids, prompt_ids as templated_ids
 
 if TYPE_CHECKING:
     from colbench.protocols import Environment
+    from colbench.types import Turn
     from engines.base import Engine, EngineOptions
 
 _NAME_RE = re.compile(r"^([A-Za-z0-9_.\-]+)=(.+)$")
@@ -62,6 +64,19 @@ def _split_name(spec: str) -> tuple[str, str]:
     return (named.group(1), named.group(2).strip()) if named else (agent_name(spec), spec)
 
 
+def turn_prompt_ids(tokenizer, messages: list, previous: "Turn | None") -> list[int]:
+    """The one rule for an agent turn's prompt ids, for sampled and scripted turns alike:
+    `previous` (the episode's last agent turn) continued token for token when it recorded
+    its ids and the template allows (`engines.templating.continued_prompt_ids`), else the
+    chat templated whole (`engines.templating.prompt_ids`)."""
+    if previous is not None and previous.prompt is not None and previous.prompt_token_ids is not None \
+            and previous.token_ids is not None:
+        ids = continued_prompt_ids(tokenizer, previous.prompt, previous.prompt_token_ids, previous.token_ids, messages)
+        if ids is not None:
+            return ids
+    return templated_ids(tokenizer, messages)
+
+
 class ModelAgent:
     """An agent backed by an inference engine.
 
@@ -71,6 +86,13 @@ class ModelAgent:
     sampling seed offsets every episode seed, e.g. per training iteration). Seed s's
     episodes are then reproducible on the same backend and do not depend on which
     other seeds run alongside (adding seeds to a finished run keeps the old ones).
+
+    Token in, token out: with an engine that takes prompts as ids (`generate_from_ids`:
+    hf, vllm), a turn after the first is prompted with the previous turn's prompt ids, the
+    ids the model generated and the template's ids for what followed
+    (`engines.templating.continued_prompt_ids`), so an episode is one token sequence
+    (`colbench.episodes.prefix_consistent`). Where the template does not allow it, and
+    with an engine that takes only text (openai), the chat is templated whole.
     """
 
     needs_simulator = True
@@ -91,7 +113,10 @@ class ModelAgent:
         for seed, idx in groups.items():
             params = replace(self.sampling, seed=seed)
             try:
-                results = self.engine.generate([requests[i].messages for i in idx], params)
+                if hasattr(self.engine, "generate_from_ids"):
+                    results = self.engine.generate_from_ids([self.prompt_ids(requests[i]) for i in idx], params)
+                else:
+                    results = self.engine.generate([requests[i].messages for i in idx], params)
             except BatchError as e:  # some conversations failed on their own: keep the others
                 results = e.results
             if len(results) != len(idx):
@@ -101,6 +126,10 @@ class ModelAgent:
         if any(isinstance(s, EngineError) for s in out):
             raise BatchError(out)  # the runner fails only those episodes
         return out  # type: ignore[return-value]
+
+    def prompt_ids(self, request: AgentRequest) -> list[int]:
+        """The ids the engine is prompted with for `request` (`turn_prompt_ids`)."""
+        return turn_prompt_ids(self.engine.tokenizer, request.messages, request.previous)
 
     def close(self) -> None:
         self.engine.close()

@@ -75,7 +75,7 @@ from colbench.types import (
     Task,
     Turn,
 )
-from engines.base import BatchError, ContextOverflow, EngineError
+from engines.base import BatchError, ContextOverflow, EngineError, Sample
 
 UNUSABLE = "unusable"  # Task.meta / Episode.meta key (colbench.tasks.UNUSABLE)
 SCORING_VERSION_KEY = "scoring_version"
@@ -409,7 +409,7 @@ def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: l
           config: EpisodeConfig) -> list[_Live]:
     """One agent batch, then one simulator batch. Returns the episodes that ended."""
     requests = [AgentRequest(lv.task, env.agent_messages(lv.task, lv.episode.turns, config.single_turn),
-                             lv.episode.seed) for lv in active]
+                             lv.episode.seed, next(reversed(lv.episode.agent_turns), None)) for lv in active]
     try:
         samples = agent.act(requests)
     except BatchError as e:  # some requests failed on their own: only their episodes end
@@ -434,15 +434,7 @@ def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: l
             _engine_failed(lv, s)
             finished.append(lv)
             continue
-        from_engine = bool(s.token_ids) or s.logprobs is not None or s.prompt_token_ids is not None
-        lv.episode.turns.append(Turn(
-            role="agent", content=s.text, prompt=req.messages,
-            prompt_token_ids=list(s.prompt_token_ids) if s.prompt_token_ids is not None else None,
-            token_ids=list(s.token_ids) if from_engine else None,  # [] = the engine generated nothing
-            logprobs=list(s.logprobs) if s.logprobs is not None else None,
-            finish_reason=s.finish_reason if from_engine else None,  # trainers append eos only on "stop"
-            capped_max_new_tokens=s.capped_max_new_tokens,
-        ))
+        lv.episode.turns.append(agent_turn(req, s))
         n_agent = len(lv.episode.agent_turns)
         if config.single_turn:
             _end(lv, STOP_SINGLE_TURN, env)
@@ -459,6 +451,20 @@ def _step(env: Environment, agent: Agent, simulator: Simulator | None, active: l
     if asking:
         finished += _human_turns(env, simulator, asking, config.guard(env))
     return finished
+
+
+def agent_turn(request: AgentRequest, s: Sample) -> Turn:
+    """The episode's record of the agent's answer `s` to `request` (the next request's
+    `previous`)."""
+    from_engine = bool(s.token_ids) or s.logprobs is not None or s.prompt_token_ids is not None
+    return Turn(
+        role="agent", content=s.text, prompt=request.messages,
+        prompt_token_ids=list(s.prompt_token_ids) if s.prompt_token_ids is not None else None,
+        token_ids=list(s.token_ids) if from_engine else None,  # [] = the engine generated nothing
+        logprobs=list(s.logprobs) if s.logprobs is not None else None,
+        finish_reason=s.finish_reason if from_engine else None,  # trainers append eos only on "stop"
+        capped_max_new_tokens=s.capped_max_new_tokens,
+    )
 
 
 def _ask(simulator: Simulator, requests: list[SimRequest]) -> list[SimReply]:
@@ -543,6 +549,29 @@ def _engine_failed(lv: _Live, error: EngineError) -> None:
     _end(lv, STOP_ENGINE_ERROR)
     lv.episode.meta["error"] = f"{type(error).__name__}: {error}"
     lv.episode.score = Score(0.0, False, error=lv.episode.meta["error"])
+
+
+def prefix_boundaries(episode: Episode) -> list[bool]:
+    """For each pair of consecutive agent turns that both recorded their ids, whether the
+    later turn's prompt ids start with the earlier turn's prompt ids and generated ids: the
+    episode is then one token sequence (colbench.agents.ModelAgent's token-in/token-out
+    rule), which trainers can score in one pass."""
+    agent = [t for t in episode.turns if t.role == "agent"]
+    out = []
+    for a, b in zip(agent, agent[1:]):
+        if a.prompt_token_ids is None or a.token_ids is None or b.prompt_token_ids is None:
+            continue
+        head = list(a.prompt_token_ids) + list(a.token_ids)
+        out.append(list(b.prompt_token_ids[:len(head)]) == head)
+    return out
+
+
+def prefix_consistent(episode: Episode) -> bool:
+    """Whether every agent turn recorded its ids and each continues the one before
+    (`prefix_boundaries`): one token sequence."""
+    agent = [t for t in episode.turns if t.role == "agent"]
+    recorded = all(t.prompt_token_ids is not None and t.token_ids is not None for t in agent)
+    return bool(agent) and recorded and all(prefix_boundaries(episode))
 
 
 def _context_full(env: Environment, turn: Turn) -> bool:

@@ -33,11 +33,15 @@ trajectories use it."""
 
 @dataclass(frozen=True)
 class AgentRequest:
-    """One agent turn to produce: the chat the agent sees, and the episode's seed."""
+    """One agent turn to produce: the chat the agent sees, and the episode's seed.
+
+    previous: the episode's last agent turn (None before the first), whose recorded ids a
+    model agent continues token for token (engines.templating.continued_prompt_ids)."""
 
     task: Task
     messages: list[Message]
     seed: int
+    previous: Turn | None = None
 
 
 @runtime_checkable

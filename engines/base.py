@@ -173,6 +173,17 @@ class Engine(Protocol):
         ...
 
 
+def generate_at(engine: Engine, conversations: Sequence[Conversation],
+                prompt_ids: Sequence[Sequence[int] | None], params: SamplingParams) -> list[list[Sample]]:
+    """Samples at recorded states (stage-2 candidates, a critic's baseline actions): from
+    the ids each state's turn was prompted with, never re-templated, when the engine takes
+    prompts as ids (`generate_from_ids`: hf, vllm) and every state recorded them; else from
+    the chats."""
+    if hasattr(engine, "generate_from_ids") and all(ids is not None for ids in prompt_ids):
+        return engine.generate_from_ids([list(ids) for ids in prompt_ids], params)  # type: ignore[attr-defined]
+    return engine.generate(conversations, params)
+
+
 # hf on the CPU: the default token budget of a forward batch (EngineOptions.max_batch_tokens)
 CPU_MAX_BATCH_TOKENS = 16384
 

@@ -66,6 +66,47 @@ def prompt_ids(tokenizer: Any, messages: Conversation) -> list[int]:
     return list(tokenizer(render_prompt(tokenizer, messages), add_special_tokens=False)["input_ids"])
 
 
+def continued_prompt_ids(tokenizer: Any, before: Conversation, before_ids: Sequence[int],
+                         generated_ids: Sequence[int], messages: Conversation) -> list[int] | None:
+    """Token-in/token-out: the prompt ids of `messages`, a chat that continues `before` by
+    the assistant's reply (`messages[len(before)]`) and what followed it, built from ids:
+
+        before_ids + generated_ids + ids of the template's text after the reply
+
+    where `before_ids` are the ids the model was prompted with for `before` and
+    `generated_ids` the ids it generated (end-of-turn token cut: `cut_completion`). The
+    template's text after the reply (its end-of-turn, the next messages, the next
+    generation header) is tokenised on its own, so the ids already in the sequence are
+    never re-tokenised: a turn's prompt ids start with the previous turn's prompt ids and
+    action ids (sweet.core.tokens' one-sequence rule). The ids decode to the template's
+    rendering of `messages`.
+
+    None when that does not hold, and the caller templates `messages` whole (`prompt_ids`):
+    `messages` does not extend `before` by an assistant message whose text is the decoded
+    `generated_ids`; the template renders `messages` other than as `before`'s rendering
+    followed by the reply (a template that rewrites earlier turns: trims, moves a system
+    prompt); `before_ids` do not decode to `before`'s rendering; or the text after the
+    reply does not open with the tokenizer's eos token (the id trainers append to a turn
+    the model ended: sweet.core.tokens.action_ids)."""
+    n = len(before)
+    if len(messages) <= n or messages[n].get("role") != "assistant":
+        return None
+    if normalize_messages(messages[:n]) != normalize_messages(before):
+        return None
+    reply = text_content(messages[n])
+    ids = [int(i) for i in generated_ids]
+    if tokenizer.decode(ids) != reply:
+        return None
+    head, full = render_prompt(tokenizer, before), render_prompt(tokenizer, messages)
+    if not full.startswith(head + reply) or tokenizer.decode(list(before_ids), skip_special_tokens=False) != head:
+        return None
+    tail = list(tokenizer(full[len(head) + len(reply):], add_special_tokens=False)["input_ids"])
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None or tail[:1] != [int(eos)]:
+        return None
+    return [int(i) for i in before_ids] + ids + tail
+
+
 def end_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
     """Ids that end a turn: the tokenizer's eos plus the model's generation eos list."""
     ids: set[int] = set()

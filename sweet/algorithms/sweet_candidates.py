@@ -30,7 +30,7 @@ from colbench.cli import canonical_keys
 from colbench.io import atomic_write
 from colbench.jsonl import Appender
 from engines import EngineOptions, load_engine
-from engines.base import Sample, SamplingParams
+from engines.base import Sample, SamplingParams, generate_at
 from engines.memory import release_memory
 from sweet.core.config import ModelConfig, check_range
 from sweet.core.models import resolve_model_path
@@ -199,7 +199,8 @@ def sample_and_score(states: Sequence[State], engine, ranker: CandidateRanker, c
             if isinstance(engine, StoredSamples):
                 results = [engine.samples(s) for _, s in chunk]
             else:
-                results = engine.generate([list(s.prompt) for _, s in chunk], params)
+                results = generate_at(engine, [list(s.prompt) for _, s in chunk],
+                                      [s.prompt_token_ids for _, s in chunk], params)
             scores = ranker.score_states([(s, [smp.token_ids for smp in samples],
                                            [smp.finish_reason for smp in samples])
                                           for (_, s), samples in zip(chunk, results)])

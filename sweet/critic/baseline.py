@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Sequence
 from colbench.io import atomic_write
 from colbench.jsonl import Appender, read_rows
 from engines import EngineOptions, load_engine
-from engines.base import SamplingParams
+from engines.base import SamplingParams, generate_at
 from sweet.core.tokens import action_ids
 
 if TYPE_CHECKING:
@@ -116,7 +116,8 @@ def sample_baselines(turns: Sequence["CriticTurn"], sampler: str, k: int, max_ne
                 for start, chunk in todo:
                     params = SamplingParams(n=k, temperature=1.0, max_new_tokens=max_new_tokens,
                                             seed=seed * 1_000_003 + start)
-                    results = engine.generate([list(t.state.prompt) for _, t in chunk], params)
+                    results = generate_at(engine, [list(t.state.prompt) for _, t in chunk],
+                                          [t.state.prompt_token_ids for _, t in chunk], params)
                     rows = [BaselineRow(key, tuple(action_ids(s.token_ids, eos, s.finish_reason) for s in samples))
                             for (key, _), samples in zip(chunk, results)]
                     f.write(r.to_json() for r in rows)

@@ -121,19 +121,27 @@ def test_episodes_of_different_prompt_files_are_refused(tmp_path):
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python -m colbench.evaluate ARGS` with the model engine's generate spied on: every
-    conversation the engine receives is appended to tmp_path/seen.jsonl (nothing is changed)."""
+    """`python -m colbench.evaluate ARGS` with the model engine's prompts spied on: every
+    conversation the engine is prompted with (a simulator's through generate, the agent's
+    through its token-in/token-out prompt ids) is appended to tmp_path/seen.jsonl (nothing
+    is changed)."""
     spy = tmp_path / "spy.py"
     spy.write_text(
         "import json, runpy, sys\n"
+        "import colbench.agents as agents\n"
         "import engines.hf as hf\n"
-        "real = hf.HFEngine.generate\n"
-        "def generate(self, conversations, params):\n"
+        "def seen(conversations):\n"
         f"    with open({str(tmp_path / 'seen.jsonl')!r}, 'a') as f:\n"
         "        for c in conversations:\n"
         "            f.write(json.dumps(c) + '\\n')\n"
+        "real, real_ids = hf.HFEngine.generate, agents.turn_prompt_ids\n"
+        "def generate(self, conversations, params):\n"
+        "    seen(conversations)\n"
         "    return real(self, conversations, params)\n"
-        "hf.HFEngine.generate = generate\n"
+        "def turn_prompt_ids(tokenizer, messages, previous):\n"
+        "    seen([messages])\n"
+        "    return real_ids(tokenizer, messages, previous)\n"
+        "hf.HFEngine.generate, agents.turn_prompt_ids = generate, turn_prompt_ids\n"
         "sys.argv = ['colbench.evaluate', *sys.argv[1:]]\n"
         "runpy.run_module('colbench.evaluate', run_name='__main__')\n")
     return subprocess.run([PY, str(spy), *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=540)

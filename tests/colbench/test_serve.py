@@ -25,6 +25,7 @@ import httpx  # noqa: E402
 from colbench.agents import ModelAgent, ReferenceAgent  # noqa: E402
 from colbench.client import ColBenchAction, ColBenchClient  # noqa: E402
 from colbench.envs import make_env  # noqa: E402
+from colbench.episodes import agent_turn  # noqa: E402
 from colbench.protocols import AgentRequest  # noqa: E402
 from colbench.rollout import rollout  # noqa: E402
 from colbench.tasks import load_tasks  # noqa: E402
@@ -50,12 +51,15 @@ def bed_url(colbench_server):
 
 
 def drive(url: str, agent, task, seed: int = 0):
-    """One episode of `agent` on `task` through the server, as the runner would run it."""
+    """One episode of `agent` on `task` through the server, as the runner would run it
+    (a model agent continues its own last turn's ids: ModelAgent)."""
     with ColBenchClient(url) as client:
         result = client.reset(task_id=task.task_id)
-        results = [result]
+        results, previous = [result], None
         while not result.done:
-            [sample] = agent.act([AgentRequest(task, result.observation.messages, seed)])
+            request = AgentRequest(task, result.observation.messages, seed, previous)
+            [sample] = agent.act([request])
+            previous = agent_turn(request, sample)
             result = client.step(sample.text)
             results.append(result)
     return results

@@ -91,6 +91,27 @@ def test_recorded_turns_carry_the_engines_finish_reason(ended_and_cut, tok):
         assert eos not in t.token_ids
 
 
+def test_sampled_episodes_are_one_token_sequence_with_each_action_in_place(ended_and_cut, tok):
+    # Token in, token out (colbench.agents.turn_prompt_ids): every agent turn's prompt ids
+    # start with the previous turn's context and action, where the action is what
+    # turn_segment trains on (eos included exactly when the model ended its turn).
+    from colbench.episodes import prefix_boundaries, prefix_consistent
+    from engines.templating import render_prompt
+
+    assert all(prefix_consistent(ep) for ep in ended_and_cut)
+    assert sum(len(prefix_boundaries(ep)) for ep in ended_and_cut) >= 4
+    placed = set()
+    for ep in ended_and_cut:
+        for a, b in zip(ep.agent_turns, ep.agent_turns[1:]):
+            seg = turn_segment(tok, a)
+            head = seg.context + seg.action
+            assert tuple(b.prompt_token_ids[:len(head)]) == head
+            placed.add(a.finish_reason)
+        for t in ep.agent_turns:
+            assert tok.decode(t.prompt_token_ids, skip_special_tokens=False) == render_prompt(tok, t.prompt)
+    assert placed == {"stop", "length"}, placed
+
+
 def test_finish_reason_round_trips_and_old_files_still_load(ended_and_cut, tok, tmp_path):
     from colbench.episodes import read_episodes
 
