@@ -16,6 +16,7 @@ row (`row_generators`), so its samples do not depend on the batch it shares; on 
 from __future__ import annotations
 
 import hashlib
+import inspect
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -380,6 +381,7 @@ class HFEngine:
         sequences = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            **self._shared_prefill(batch_prompts, input_ids, attention_mask),
             generation_config=config,
             logits_processor=LogitsProcessorList(processors),
             stopping_criteria=StoppingCriteriaList(criteria),
@@ -402,6 +404,29 @@ class HFEngine:
                 )
             )
         return samples
+
+    def _shared_prefill(self, batch_prompts: list[list[int]], input_ids, attention_mask) -> dict:
+        """Where rows of a batch share a prompt (n samples of one state), the prompt is
+        prefilled once: each distinct prompt but its last token runs in one batch, its KV
+        cache is copied to the rows that hold it, and generate() starts from there. {}
+        (generate() prefills every row) when the rows' prompts are all distinct."""
+        import torch
+
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(p), len(distinct)) for p in batch_prompts]
+        if len(distinct) == len(rows) or input_ids.shape[1] < 2:
+            return {}
+        first = [rows.index(k) for k in range(len(distinct))]  # a row holding each distinct prompt
+        mask = attention_mask[first, :-1]
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate() places left-padded rows
+        with torch.no_grad():
+            out = self.model(input_ids=input_ids[first, :-1], attention_mask=mask, position_ids=positions,
+                             use_cache=True)
+        cache = out["cache"] if "cache" in out.keys() else out.past_key_values
+        cache.reorder_cache(torch.tensor(rows, device=input_ids.device))  # index_select: row i gets its prompt's cache
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        return {name: cache}
 
     def close(self) -> None:
         """Drop the model reference and give back the memory it held (once no one else holds it)."""

@@ -133,6 +133,9 @@ def engine_kwargs(model: str, options: EngineOptions) -> dict[str, Any]:
         dtype=options.dtype,
         enable_lora=lora,
         enable_sleep_mode=options.enable_sleep_mode,
+        # a state's n candidates, and a multi-turn episode's turns (one token sequence), share
+        # their prompt's KV cache blocks instead of prefilling them again
+        enable_prefix_caching=True,
         worker_extension_cls=WORKER_EXTENSION,
     )
     if lora:
@@ -331,9 +334,14 @@ class VLLMEngine:
         A prompt that does not fit `context_length` (`fit_prompt`) is not sent (vLLM would
         refuse the whole batch): `BatchError` holds its `ContextOverflow` beside the others'
         samples; one near the end of the context generates less (`capped_max_new_tokens`)."""
+        return self.generate_from_ids([prompt_ids(self.tokenizer, conv) for conv in conversations], params)
+
+    def generate_from_ids(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Sample]]:
+        """`generate` from prompts already tokenized (a multi-turn sequence continued token
+        for token: engines.templating.continued_prompt_ids), never re-templated."""
         vllm = _import_vllm()
         self._wake()
-        prompts = [prompt_ids(self.tokenizer, conv) for conv in conversations]
+        prompts = [[int(i) for i in p] for p in prompts]
         results: list[Any] = [None] * len(prompts)
         sent, budgets = [], []
         for i, p in enumerate(prompts):

@@ -212,6 +212,30 @@ def test_a_rows_draws_do_not_depend_on_its_batch(tiny_path, hf_engine):
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
+def test_n_samples_of_one_prompt_are_prefilled_once(hf_engine):
+    """Stage 2's 16 candidates per state: a batch's rows that share a prompt run it once
+    (engines.hf's shared prefill), and draw what rows decoded one per batch draw. The
+    log-probs differ by float32 noise (another batch shape sums in another order)."""
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=10, seed=5)
+    widths = []
+    hook = hf_engine.model.register_forward_pre_hook(
+        lambda m, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        shared = hf_engine.generate(CONVS[:2], params)  # 16 rows, 2 prompts: one batch (batch_size 8: two)
+    finally:
+        hook.remove()
+    prompt_lengths = sorted(len(prompt_ids(hf_engine.tokenizer, c)) for c in CONVS[:2])
+    prefills = [w for w in widths if w[1] > 1]
+    assert [w[0] for w in prefills] == [1, 1], widths  # each batch of 8 copies prefilled one row
+    assert sorted(w[1] + 1 for w in prefills) == prompt_lengths  # its prompt but the last token
+    alone = HFEngine.from_model(hf_engine.model, hf_engine.tokenizer, options=EngineOptions(batch_size=1))
+    for one_by_one, together in zip(alone.generate(CONVS[:2], params), shared, strict=True):
+        assert len({s.token_ids for s in together}) > 1
+        for a, b in zip(one_by_one, together, strict=True):
+            assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
 def test_decoding_workers_give_the_samples_of_one_process(tiny_path, hf_engine, tmp_path):
     """EngineOptions.workers: the batches are decoded in forked processes (not this one),
     and the samples, seeded or not, are those of one process."""

@@ -68,6 +68,7 @@ def test_engine_kwargs_pass_memory_sleep_and_lora_rank(tmp_path):
     plain = engine_kwargs("m", EngineOptions())
     assert plain["gpu_memory_utilization"] == 0.85 and plain["enable_lora"] is False and "max_lora_rank" not in plain
     assert plain["worker_extension_cls"] == "engines.vllm_worker.WeightSync"
+    assert plain["enable_prefix_caching"] is True  # n candidates of a state share their prompt's blocks
     colocated = engine_kwargs("m", EngineOptions(enable_lora=True, max_lora_rank=32, enable_sleep_mode=True,
                                                  gpu_memory_utilization=COLOCATED_GPU_MEMORY_UTILIZATION,
                                                  tensor_parallel_size=2))
