@@ -314,8 +314,9 @@ def vlm_turns(view, text_tokens: int, action_len: int, vocab: int) -> list:
         pairs.append((view.expand(ids, [target, draft]), _random_ids(action_len, 6, vocab, seed + 9)))
         images += [target, draft]
     batch = make_batch(pairs, pad_id=view.tokenizer.pad_token_id)
-    return VisionBatch(batch.input_ids, batch.attention_mask, batch.action_mask, torch.cat([p for p, _ in images]),
-                       torch.cat([g for _, g in images]), view.image_token_id)
+    return VisionBatch(batch.input_ids, batch.attention_mask, batch.action_mask, batch.spans,
+                       pixel_values=torch.cat([p for p, _ in images]), image_grid_thw=torch.cat([g for _, g in images]),
+                       image_token_id=view.image_token_id)
 
 
 def vlm_critic_step(scale: Scale, path: Path, device: str, scale_name: str = "8b") -> dict:

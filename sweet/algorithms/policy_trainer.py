@@ -50,15 +50,18 @@ class PolicyTrainConfig(TrainConfig):
             raise ValueError(f"{type(self).__name__}.save_steps must be >= 0, got {self.save_steps}")
 
 
-def sequence_logps(model, model_cfg: ModelConfig, pad_id: int, groups: Sequence[Sequence[Segment]]):
+def sequence_logps(model, model_cfg: ModelConfig, pad_id: int, groups: Sequence[Sequence[Segment]],
+                   packed: bool = True):
     """Σ over each group's segments of the action log-probs, and the token counts: [G], [G].
-    (A trajectory is a group: its log-prob is the sum of its turns' log-probs.)"""
+    (A trajectory is a group: its log-prob is the sum of its turns' log-probs; a trajectory
+    that is one token sequence runs as one row: segment_logps.)"""
     import torch
 
     from sweet.core.logprobs import segment_logps
 
     flat = [s for g in groups for s in g]
-    sums, counts = segment_logps(model, flat, pad_id=pad_id, max_length=model_cfg.max_length, keep_head=model_cfg.keep_head)
+    sums, counts = segment_logps(model, flat, pad_id=pad_id, max_length=model_cfg.max_length, keep_head=model_cfg.keep_head,
+                                 packed=packed)
     owner = torch.tensor([i for i, g in enumerate(groups) for _ in g], device=sums.device)
     out_sums = torch.zeros(len(groups), device=sums.device, dtype=sums.dtype).index_add(0, owner, sums)
     out_counts = torch.zeros(len(groups), device=sums.device, dtype=counts.dtype).index_add(0, owner, counts)

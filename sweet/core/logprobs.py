@@ -146,18 +146,20 @@ def action_logprob_sum_and_mean(token_logps: torch.Tensor, action_mask: torch.Te
 
 
 def segment_logps(model, segments: Sequence[Segment], *, pad_id: int, max_length: int | None, keep_head: int,
-                  chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  chunk_size: int | None = None, packed: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Σ log π(action tokens | context) per segment, and the action token counts: [S], [S].
 
-    Segments are packed `chunk_size` at a time (None: all at once); gradients flow.
+    Segments go `chunk_size` at a time (None: all at once) into packed batches
+    (`make_batch(packed=True)`): the turns of a trajectory whose ids continue one another
+    are one row and one forward pass, a segment given twice runs once; gradients flow.
+    `packed=False`: one row per segment (the reference the packed rows are checked against).
     """
     device = next(model.parameters()).device
     sums, counts = [], []
     step = chunk_size or max(1, len(segments))
     for start in range(0, len(segments), step):
         chunk = segments[start : start + step]
-        batch = make_batch([(s.context, s.action) for s in chunk], pad_id, max_length, keep_head).to(device)
-        total, _ = action_logprob_sum_and_mean(token_logprobs(model, batch), batch.action_mask)
-        sums.append(total)
-        counts.append(batch.action_mask.sum(-1))
+        batch = make_batch([(s.context, s.action) for s in chunk], pad_id, max_length, keep_head, packed=packed).to(device)
+        sums.append(batch.example_sums(token_logprobs(model, batch)))
+        counts.append(batch.example_counts())
     return torch.cat(sums), torch.cat(counts)

@@ -23,7 +23,13 @@ agent turn:
 
 Simulator tokens are never in a loss: they only appear inside later turns' contexts,
 where the action mask is 0. A multi-turn trajectory is one segment per agent turn, each
-scored in its own recorded context, and its log-prob is the sum over turns.
+scored in its own recorded context, and its log-prob is the sum over turns. Where the
+trajectory is one token sequence (each turn's context starts with the turn before's
+context and action: the token-in/token-out rollouts of colbench.agents.turn_prompt_ids),
+`make_batch(packed=True)` runs it as one row and one forward pass, each turn's action
+read from its span; turns that do not continue one another (published data, text-only
+servers, a template that rewrites earlier turns) or whose context must be cut to fit
+`max_length` keep rows of their own, the same values either way.
 
 Truncation keeps the action whole: an over-long context loses tokens from the
 *middle*: the first `keep_head` tokens (system prompt, task, training-time
@@ -218,19 +224,46 @@ def truncate_context(context: Sequence[int], max_context: int, keep_head: int) -
 
 @dataclass
 class TokenBatch:
-    """Right-padded sequences of context + action.
+    """Right-padded rows of context + action ids, and where each example's action lies.
 
-    input_ids:      [B, L]
-    attention_mask: [B, L]  1 on real tokens
-    action_mask:    [B, L]  1 on action tokens (the ones a loss is taken over)
+    input_ids:      [R, L]
+    attention_mask: [R, L]  1 on real tokens
+    action_mask:    [R, L]  1 on the tokens some example's action covers (what is scored)
+    spans:          per example (in the order given to `make_batch`): (row, start, end),
+                    its action at input_ids[row, start:end]
+
+    Unpacked, row i is example i. Packed (`make_batch(..., packed=True)`), examples whose
+    ids continue one another share a row: a trajectory whose every turn's context starts
+    with the turn before's context + action is one row, each turn's action read from its
+    span (the ids before a position are the same either way, so is what the model gives
+    there), and an example seen twice is run once. Reductions per example: `example_sums`.
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     action_mask: torch.Tensor
+    spans: tuple[tuple[int, int, int], ...] = ()
 
     def to(self, device) -> "TokenBatch":
-        return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device), self.action_mask.to(device))
+        return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device), self.action_mask.to(device),
+                          self.spans)
+
+    def example_sums(self, values: torch.Tensor) -> torch.Tensor:
+        """Σ over each example's action positions of `values` [R, L] (per-token log-probs,
+        values): [N], in the values' dtype."""
+        import torch
+
+        rows = torch.tensor([r for r, _, _ in self.spans], device=values.device, dtype=torch.long)
+        pos = torch.arange(values.shape[1], device=values.device)
+        start = torch.tensor([s for _, s, _ in self.spans], device=values.device)[:, None]
+        end = torch.tensor([e for _, _, e in self.spans], device=values.device)[:, None]
+        return (values[rows] * ((pos >= start) & (pos < end)).to(values.dtype)).sum(-1)
+
+    def example_counts(self) -> torch.Tensor:
+        """Each example's action tokens: [N] long."""
+        import torch
+
+        return torch.tensor([e - s for _, s, e in self.spans], dtype=torch.long, device=self.input_ids.device)
 
 
 def make_batch(
@@ -238,27 +271,53 @@ def make_batch(
     pad_id: int,
     max_length: int | None = None,
     keep_head: int = 256,
+    packed: bool = False,
 ) -> TokenBatch:
-    """Pack (context_ids, action_ids) pairs; contexts are truncated, actions never."""
+    """Rows of (context_ids, action_ids) examples; contexts are truncated, actions never.
+    `packed`: examples that continue one another share a row (TokenBatch), as long as the
+    row fits `max_length` untruncated; an example that needs its context cut keeps a row
+    of its own, cut as unpacked (the per-turn rule: a trajectory longer than max_length is
+    scored turn by turn)."""
     import torch
 
-    seqs, masks = [], []
+    rows: list[list[int]] = []
+    whole: list[bool] = []  # rows that others may share: nothing was cut
+    spans: list[tuple[int, int, int]] = []
     for context, action in examples:
         action = list(action)
         if not action:
             raise ValueError("empty action: every training example needs at least one action token")
-        if max_length is not None:
-            if not fits(len(action), max_length):  # trainers skip these when their data loads
-                raise ValueError(f"action of {len(action)} tokens does not fit max_length={max_length}")
-            context = truncate_context(context, max_length - len(action), keep_head)
-        seqs.append(list(context) + action)
-        masks.append([0] * len(context) + [1] * len(action))
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), width), dtype=torch.long)
-    act = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (s, m) in enumerate(zip(seqs, masks)):
-        ids[i, : len(s)] = torch.tensor(s)
-        attn[i, : len(s)] = 1
-        act[i, : len(m)] = torch.tensor(m)
-    return TokenBatch(ids, attn, act)
+        if max_length is not None and not fits(len(action), max_length):  # trainers skip these when data loads
+            raise ValueError(f"action of {len(action)} tokens does not fit max_length={max_length}")
+        cut = truncate_context(context, max_length - len(action), keep_head) if max_length is not None else list(context)
+        seq = cut + action
+        span = (len(cut), len(seq))
+        row = _shared_row(rows, whole, seq) if packed and len(cut) == len(context) else None
+        if row is None:
+            rows.append(seq)
+            whole.append(len(cut) == len(context))
+            row = len(rows) - 1
+        elif len(seq) > len(rows[row]):
+            rows[row] = seq  # the row continued by this example
+        spans.append((row, *span))
+    width = max(len(s) for s in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    act = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, seq in enumerate(rows):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+    for r, s, e in spans:
+        act[r, s:e] = 1
+    return TokenBatch(ids, attn, act, tuple(spans))
+
+
+def _shared_row(rows: list[list[int]], whole: list[bool], seq: list[int]) -> int | None:
+    """A row that `seq` is a prefix of, or that is a prefix of `seq` (continued by it)."""
+    for r, row in enumerate(rows):
+        if not whole[r]:
+            continue
+        n = min(len(row), len(seq))
+        if row[:n] == seq[:n]:
+            return r
+    return None

@@ -116,7 +116,7 @@ class ValueHeadModel(nn.Module):
 
 
 def action_value_sums(model, batch, **image_inputs) -> torch.Tensor:
-    """Σ_{i ∈ a} v(x_≤i) per sequence, [B] in the head's dtype: v read at every action token
+    """Σ_{i ∈ a} v(x_≤i) per example, [N] in the head's dtype: v read at every action token
     (`image_inputs`: a vision-language critic's, sweet.critic.vision.model_inputs)."""
     values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **image_inputs)
-    return (values * batch.action_mask.to(values.dtype)).sum(-1)
+    return batch.example_sums(values)

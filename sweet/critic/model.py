@@ -22,11 +22,12 @@ Departures from the reference implementation (not from the paper):
   that holds the task and c (the reference truncated from the right).
 
 Conventions (recorded in critic_config.json so scoring reproduces training):
-- context = `template_ids(with_training_info(o_t, c, header, context_template))`: the
-  policy's chat messages with c appended to the first message through the critic_context
-  template (sweet/critic/prompts/critic_context.txt or --critic_context_prompt; its text is
-  recorded in critic_config.json, so scoring uses what training used), chat-templated with the
-  generation prompt;
+- context = `critic_context_ids`: the policy's chat messages with c appended to the first
+  message through the critic_context template (sweet/critic/prompts/critic_context.txt or
+  --critic_context_prompt; its text is recorded in critic_config.json, so scoring uses what
+  training used); that first message chat-templated, then the policy's recorded prompt ids
+  from the end of its own first message on (rule "splice", recorded as `context_rule`), so a
+  trajectory's turns continue one another and run as one row;
 - action = the turn's generated `token_ids` + the end-of-turn id (`eos_token_id`)
   exactly when the model emitted it (finish reason "stop"; old records without a
   finish reason: appended): the one rule of every trainer, `sweet.core.tokens.action_ids`.
@@ -124,6 +125,8 @@ class CriticRecord:
     context_prompt: dict | None = None
     # a vision-language critic (sweet/critic/vision.py): {"max_pixels": .., "min_pixels": ..}; None: text
     vision: dict | None = None
+    # how (o_t, c) becomes ids (critic_context_ids): "template" for critics saved before the field
+    context_rule: str = "template"
 
     def save(self, critic_dir: str | Path) -> None:
         atomic_write(Path(critic_dir) / CRITIC_CONFIG_FILE, json.dumps(asdict(self), indent=2))
@@ -146,15 +149,43 @@ class CriticRecord:
 HEADS = ("lm", "value")
 
 
-def critic_context_ids(tokenizer, state: State, header: str = DEFAULT_HEADER, training_info: bool = True,
-                       template: str | None = None) -> list[int]:
-    """(o_t, c) as ids: the policy's messages with c added through the critic_context
-    `template` (None: the `header` note), chat-templated (without c when `training_info`
-    is False: the ablation)."""
+CONTEXT_RULES = ("splice", "template")  # CriticRecord.context_rule
 
+
+def critic_context_ids(tokenizer, state: State, header: str = DEFAULT_HEADER, training_info: bool = True,
+                       template: str | None = None, rule: str = "splice") -> list[int]:
+    """(o_t, c) as ids: the policy's messages with c added to the first message through the
+    critic_context `template` (None: the `header` note); without c when `training_info` is
+    False (the ablation).
+
+    rule "splice": the first message (the one holding c) as the chat template renders it,
+    then the ids the policy was prompted with from the end of its own first message on, so
+    the rest of the context is what the policy saw, token for token, and the turns of a
+    trajectory sampled token in, token out continue one another (one row in critic_batch).
+    Where the state recorded no ids, or the template does not render the first message as
+    a prefix of the whole, it is "template": the messages with c chat-templated whole (the
+    rule of critics trained before "splice"; CriticRecord.context_rule)."""
+    if rule not in CONTEXT_RULES:
+        raise ValueError(f"unknown critic context rule {rule!r}: expected one of {CONTEXT_RULES}")
     messages = (with_training_info(state.prompt, state.training_info, header, template) if training_info
                 else list(state.prompt))
+    if rule == "splice" and state.prompt_token_ids is not None:
+        own, with_c = _first_message_ids(tokenizer, list(state.prompt)), _first_message_ids(tokenizer, messages)
+        ids = [int(i) for i in state.prompt_token_ids]
+        if own is not None and with_c is not None and ids[:len(own)] == own:
+            return with_c + ids[len(own):]
     return template_ids(tokenizer, messages)
+
+
+def _first_message_ids(tokenizer, messages: list) -> list[int] | None:
+    """Ids of the chat template's rendering of messages[0], None when that rendering is not
+    the start of the whole chat's."""
+    from engines.templating import normalize_messages, render_prompt
+
+    text = tokenizer.apply_chat_template(normalize_messages(messages[:1]), tokenize=False, add_generation_prompt=False)
+    if not render_prompt(tokenizer, messages).startswith(text):
+        return None
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def episode_turn_examples(episode: Episode, training_info: str, tokenizer, tokenize_missing: bool = False,
@@ -191,9 +222,12 @@ def first_message_length(tokenizer, state: State, context: Sequence[int], header
 
 
 def critic_batch(tokenizer, examples: Sequence[CriticTurn], header: str, max_length: int | None,
-                 keep_head: int, training_info: bool = True, template: str | None = None, view=None) -> "TokenBatch":
-    """Pack turn examples into one right-padded batch; with a vision-language critic's `view`
-    (sweet.critic.vision.ScreenshotView), a VisionBatch. A context too long for `max_length`
+                 keep_head: int, training_info: bool = True, template: str | None = None, view=None,
+                 rule: str = "splice") -> "TokenBatch":
+    """Turn examples as one packed batch (`make_batch(packed=True)`: the turns of a trajectory
+    whose critic contexts continue one another share one row, and one forward pass scores
+    them all); with a vision-language critic's `view` (sweet.critic.vision.ScreenshotView), a
+    VisionBatch of one row per turn. A context too long for `max_length`
     loses tokens from its middle, keeping the first `keep_head` tokens or, when longer, the
     whole first message (the task and c: a real reference runs to ~1,000 tokens with the
     system prompt, beyond the default head of 512), as far as `max_length` allows."""
@@ -202,23 +236,22 @@ def critic_batch(tokenizer, examples: Sequence[CriticTurn], header: str, max_len
         return view.batch(examples, header, max_length, keep_head, training_info, template)
     pairs = []
     for ex in examples:
-        context = critic_context_ids(tokenizer, ex.state, header, training_info, template)
+        context = critic_context_ids(tokenizer, ex.state, header, training_info, template, rule)
         room = max_length - len(ex.action_ids) if max_length is not None else len(context)
         if len(context) > room > 0:
             head = max(keep_head, first_message_length(tokenizer, ex.state, context, header, training_info, template))
             context = truncate_context(context, room, head)
         pairs.append((context, ex.action_ids))
-    return make_batch(pairs, tokenizer.pad_token_id, max_length=max_length, keep_head=keep_head)
+    return make_batch(pairs, tokenizer.pad_token_id, max_length=max_length, keep_head=keep_head, packed=True)
 
 
 def action_logprob_sums(model, batch: "TokenBatch") -> "torch.Tensor":
-    """Σ_{y ∈ a} log π(y | context, y_<) per sequence, [B] (float32); a VisionBatch's images
-    go to the model with it."""
-    from sweet.core.logprobs import action_logprob_sum_and_mean, forward_logprobs
+    """Σ_{y ∈ a} log π(y | context, y_<) per example, [N] (float32), from one forward pass of
+    the batch's rows (`TokenBatch.example_sums`); a VisionBatch's images go to the model with it."""
+    from sweet.core.logprobs import forward_logprobs
     from sweet.critic.vision import model_inputs
 
-    total, _ = action_logprob_sum_and_mean(forward_logprobs(model, batch, **model_inputs(batch))[0], batch.action_mask)
-    return total
+    return batch.example_sums(forward_logprobs(model, batch, **model_inputs(batch))[0])
 
 
 def action_sums(model, batch: "TokenBatch", head: str = "lm") -> "torch.Tensor":
@@ -419,7 +452,7 @@ class TrainedCritic:
                 out.append(self._padded_advantages(examples) if examples else [])
                 continue
             context = critic_context_ids(self.tokenizer, state, self.record.header, self.record.training_info,
-                                         self.record.context_template)
+                                         self.record.context_template, self.record.context_rule)
             longest = max((len(ex.action_ids) for ex in examples), default=0)
             if not examples:
                 out.append([])
@@ -472,7 +505,7 @@ class TrainedCritic:
                 chunk = examples[start : start + self.batch_size]
                 batch = critic_batch(self.tokenizer, chunk, self.record.header, self.record.max_length,
                                      self.record.keep_head, self.record.training_info, self.record.context_template,
-                                     self.view)
+                                     self.view, self.record.context_rule)
                 batch = batch.to(self.device)
                 policy, ref = self._both_models(lambda m: action_sums(m, batch, self.record.head))
                 values.extend(self._advantage(policy, ref, chunk))

@@ -85,7 +85,8 @@ class VisionBatch(TokenBatch):
     def to(self, device) -> "VisionBatch":
         move = (lambda t: t.to(device) if t is not None else None)
         return VisionBatch(self.input_ids.to(device), self.attention_mask.to(device), self.action_mask.to(device),
-                           move(self.pixel_values), move(self.image_grid_thw), self.image_token_id)
+                           self.spans, pixel_values=move(self.pixel_values), image_grid_thw=move(self.image_grid_thw),
+                           image_token_id=self.image_token_id)
 
     def model_inputs(self) -> dict[str, Any]:
         """The keyword arguments a Qwen2-VL forward needs besides input_ids / attention_mask."""
@@ -180,7 +181,8 @@ class ScreenshotView:
 
     def batch(self, examples: Sequence, header: str, max_length: int | None, keep_head: int,
               training_info: bool = True, template: str | None = None) -> VisionBatch:
-        """Right-padded batch of CriticTurns with their screenshots; contexts cut as
+        """Right-padded batch of CriticTurns with their screenshots, one row per turn (each
+        turn's context holds other screenshots, so turns never share a row); contexts cut as
         `make_batch` cuts them, an error when a cut would reach a screenshot."""
         import torch
 
@@ -198,10 +200,11 @@ class ScreenshotView:
                                  "without cutting a screenshot; raise --max_length or lower --max_pixels")
         flat = [img for imgs in images for img in imgs]
         if not flat:
-            return VisionBatch(batch.input_ids, batch.attention_mask, batch.action_mask, None, None,
-                               self.image_token_id)
-        return VisionBatch(batch.input_ids, batch.attention_mask, batch.action_mask,
-                           torch.cat([p for p, _ in flat]), torch.cat([g for _, g in flat]), self.image_token_id)
+            return VisionBatch(batch.input_ids, batch.attention_mask, batch.action_mask, batch.spans,
+                               image_token_id=self.image_token_id)
+        return VisionBatch(batch.input_ids, batch.attention_mask, batch.action_mask, batch.spans,
+                           pixel_values=torch.cat([p for p, _ in flat]), image_grid_thw=torch.cat([g for _, g in flat]),
+                           image_token_id=self.image_token_id)
 
 
 def load_processor(spec: str):

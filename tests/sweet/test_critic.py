@@ -230,3 +230,54 @@ def test_truncation_keeps_the_whole_first_message_where_c_is(tiny_tokenizer):
     # a head longer than keep_head is kept only when the context must be cut
     assert critic_batch(tok, [CriticTurn(state, action)], "Training-time information", None, 64).input_ids[0].tolist() \
         == context + list(action)
+
+
+def test_critic_contexts_splice_c_into_the_policys_ids_and_a_trajectory_is_one_row(tiny_tokenizer, two_models):
+    """Rule "splice": the first message with c, then the ids the policy saw, so the critic
+    contexts of a trajectory sampled token in, token out continue one another: critic_batch
+    runs it as one row, and the per-turn sums equal one row per turn. A critic saved before
+    the rule (no context_rule in its config) keeps templating the chat whole."""
+    from colbench.agents import ModelAgent
+    from colbench.episodes import EpisodeConfig, prefix_consistent, run_episodes
+    from engines.base import SamplingParams
+    from engines.hf import HFEngine
+    from sweet.core.records import episode_states
+    from sweet.core.tokens import make_batch
+    from sweet.critic.model import CriticRecord, CriticTurn, action_sums, critic_batch, critic_context_ids
+    from sweet.critic.model import _first_message_ids, episode_turn_examples
+    from testbed.env import TestbedEnv, make_tasks
+    from testbed.human import TestbedSimulator
+
+    tok = tiny_tokenizer
+    theta, _ = two_models
+    env = TestbedEnv(max_turns=3)
+    agent = ModelAgent(HFEngine.from_model(theta, tok), SamplingParams(max_new_tokens=12), name="tiny")
+    try:
+        [ep] = run_episodes(env, make_tasks("train", n=1, bed="legacy"), agent, TestbedSimulator(), seeds=(0,),
+                            config=EpisodeConfig(max_turns=3), progress=False)
+    finally:
+        env.close()
+    assert prefix_consistent(ep) and len(ep.agent_turns) == 3
+    info = "the hidden reference"
+    examples = episode_turn_examples(ep, info, tok)
+    contexts = [critic_context_ids(tok, ex.state) for ex in examples]
+    for ex, ctx, nxt in zip(examples, contexts, contexts[1:]):
+        assert nxt[:len(ctx) + len(ex.action_ids)] == list(ctx) + list(ex.action_ids)
+    assert info in tok.decode(contexts[0]) and list(ep.agent_turns[0].prompt_token_ids) != contexts[0]
+    # c spliced in front of the policy's own ids: what follows the first message is theirs
+    last = ep.agent_turns[-1]
+    rest = len(last.prompt_token_ids) - len(_first_message_ids(tok, list(last.prompt)))
+    assert rest > 0 and contexts[-1][-rest:] == list(last.prompt_token_ids[-rest:])
+    batch = critic_batch(tok, examples, "Training-time information", None, 64)
+    assert batch.input_ids.shape[0] == 1
+    rows = make_batch([(c, ex.action_ids) for c, ex in zip(contexts, examples)], tok.pad_token_id, packed=False)
+    with torch.no_grad():
+        one, per_turn = action_sums(theta, batch, "lm"), action_sums(theta, rows, "lm")
+    assert torch.allclose(one, per_turn, rtol=0, atol=1e-5), (one - per_turn).abs().max()
+    # an old critic's record: the chat templated whole (the tiny tokenizer then re-tokenises boundaries)
+    old = CriticRecord(beta=1.0, length_normalize=True, header="h", reference_model="tiny", eos_token_id=1, lora=False)
+    assert old.context_rule == "template"
+    whole = [critic_context_ids(tok, s, rule=old.context_rule) for s in episode_states(ep, info)]
+    assert whole[0] != contexts[0] or whole[1] != contexts[1]
+    assert critic_batch(tok, [CriticTurn(s, ex.action_ids) for s, ex in zip(episode_states(ep, info), examples)],
+                        "Training-time information", None, 64, rule="template").input_ids.shape[0] == 3

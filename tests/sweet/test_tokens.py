@@ -436,3 +436,72 @@ def test_scorer_shared_prefix_equals_padded_batches(tok):
         batch = make_batch([(context, a) for a in actions], pad_id=tok.pad_token_id)
         padded = (_full_logits_logprobs(model, batch) * batch.action_mask).sum(-1)
     assert torch.allclose(shared, padded, atol=1e-4)
+
+
+# ---- one forward pass per trajectory --------------------------------------------------------
+
+
+def _per_turn_rows(model, segments):
+    """The per-turn reference: one row per segment (its context, then its action)."""
+    batch = make_batch([(s.context, s.action) for s in segments], pad_id=0, packed=False)
+    return batch.example_sums(token_logprobs(model, batch)), batch
+
+
+def test_a_trajectory_is_one_row_and_gives_the_per_turn_log_probs_losses_and_gradients(ended_and_cut, tok):
+    # Sampled episodes are one token sequence (token in, token out), so make_batch(packed=True)
+    # puts each trajectory's turns in one row. The forward values at a position depend only on
+    # the ids before it, so the log-probs equal the per-turn rows' (bit for bit on this CPU;
+    # 1e-6 allows another kernel's reduction order). A weight's gradient sums over every
+    # position of every row, and rows of other lengths sum in another order: float32 noise of
+    # ~1e-6 of the gradient's scale, bounded here at 1e-5.
+    from sweet.algorithms.losses import dpo_loss
+    from sweet.algorithms.policy_trainer import sequence_logps
+
+    lm = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=True)
+    groups = [episode_segments(tok, ep) for ep in ended_and_cut]
+    flat = [s for g in groups for s in g]
+    packed = make_batch([(s.context, s.action) for s in flat], pad_id=0, packed=True)
+    assert packed.input_ids.shape[0] == len(groups) < len(flat)  # one row per trajectory
+    assert int(packed.attention_mask.sum()) < int(make_batch([(s.context, s.action) for s in flat], 0).attention_mask.sum())
+
+    def loss_and_grads(per_turn: bool):
+        lm.zero_grad()
+        if per_turn:
+            sums, batch = _per_turn_rows(lm, flat)
+            owner = torch.tensor([i for i, g in enumerate(groups) for _ in g])
+            logps = torch.zeros(len(groups)).index_add(0, owner, sums)
+            counts = torch.zeros(len(groups), dtype=torch.long).index_add(0, owner, batch.example_counts())
+        else:
+            logps, counts = sequence_logps(lm, ModelConfig(model="tiny", max_length=None), 0, groups)
+        half = len(groups) // 2  # multi-turn DPO: trajectory i preferred to trajectory half + i
+        loss, _ = dpo_loss(logps[:half], logps[half:2 * half], logps[:half].detach() - 0.3,
+                           logps[half:2 * half].detach() + 0.2, counts[:half], beta=0.1, nll_coef=0.01)
+        loss.backward()
+        return logps.detach(), loss.detach(), {n: p.grad.clone() for n, p in lm.named_parameters()}
+
+    one_logps, one_loss, one_grads = loss_and_grads(per_turn=False)
+    rows_logps, rows_loss, rows_grads = loss_and_grads(per_turn=True)
+    assert torch.allclose(one_logps, rows_logps, rtol=0, atol=1e-6), (one_logps - rows_logps).abs().max()
+    assert torch.allclose(one_loss, rows_loss, rtol=0, atol=1e-6)
+    for name, g in rows_grads.items():
+        assert (one_grads[name] - g).abs().max() <= 1e-5 * g.abs().max() + 1e-12, name
+
+
+def test_turns_that_do_not_continue_one_another_or_do_not_fit_keep_rows_of_their_own(ended_and_cut, tok):
+    from sweet.core.tokens import prompt_ids
+
+    ep = max(ended_and_cut, key=lambda e: len(e.agent_turns))
+    segs = episode_segments(tok, ep)
+    assert len(segs) >= 2 and make_batch([(s.context, s.action) for s in segs], 0, packed=True).input_ids.shape[0] == 1
+    # the chat templated whole (what a text-only server's episodes give): re-tokenised boundaries
+    whole = [Segment(tuple(prompt_ids(tok, t.prompt)), s.action) for t, s in zip(ep.agent_turns, segs)]
+    assert make_batch([(s.context, s.action) for s in whole], 0, packed=True).input_ids.shape[0] == len(whole)
+    # a trajectory longer than max_length: the turns whose context is cut are scored turn by turn
+    limit = len(segs[-1].context) + len(segs[-1].action) - 1
+    cut = make_batch([(s.context, s.action) for s in segs], 0, max_length=limit, packed=True)
+    assert cut.input_ids.shape[0] == 2 and cut.input_ids.shape[1] <= limit
+    model = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
+    with torch.no_grad():
+        packed_sums = cut.example_sums(token_logprobs(model, cut))
+        rows = make_batch([(s.context, s.action) for s in segs], 0, max_length=limit, packed=False)
+        assert torch.allclose(packed_sums, rows.example_sums(token_logprobs(model, rows)), rtol=0, atol=1e-6)

@@ -62,7 +62,7 @@ def test_critic_learns_and_writes_outputs(trained):
     assert final["critic/pair_accuracy"] >= 0.75 and final["critic/margin"] > 0  # chance: 0.5 (0 at start)
     spec = json.loads((out / "critic_config.json").read_text())
     assert spec["beta"] == 1.0 and spec["length_normalize"] is True and spec["reference_model"] == "tiny"
-    assert spec["header"] == "Training-time information"
+    assert spec["header"] == "Training-time information" and spec["context_rule"] == "splice"
     from engines.tiny import tiny_model_path
 
     before, after = _weights(tiny_model_path()), _weights(out / "final")
