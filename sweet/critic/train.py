@@ -648,10 +648,9 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
                      reference_model=resolve_local(mcfg.model), eos_token_id=tokenizer.eos_token_id, lora=mcfg.lora,
                      adapter_dir=("final" if value_lora else "final-adapter") if mcfg.lora else None, dtype=mcfg.dtype,
                      max_length=mcfg.max_length, keep_head=mcfg.keep_head, env=ccfg.env, head=ccfg.head,
-                     training_info=ccfg.training_info, context_template=ccfg.context_template(),
+                     training_info=ccfg.training_info, context_template=ccfg.context_template(), context_rule="splice",
                      context_prompt=context.record() if (context := ccfg.context_prompt()) else None,
-                     vision=({"max_pixels": view.max_pixels, "min_pixels": view.min_pixels} if view else None),
-                     context_rule="splice").save(out)
+                     vision=({"max_pixels": view.max_pixels, "min_pixels": view.min_pixels} if view else None)).save(out)
         if view is not None:  # the scorer loads the processor from final/
             view.processor.save_pretrained(out / "final")
         atomic_write(out / "final_metrics.json", json.dumps(metrics, indent=2))
