@@ -87,20 +87,25 @@ class ModelAgent:
     episodes are then reproducible on the same backend and do not depend on which
     other seeds run alongside (adding seeds to a finished run keeps the old ones).
 
-    Token in, token out: with an engine that takes prompts as ids (`generate_from_ids`:
-    hf, vllm), a turn after the first is prompted with the previous turn's prompt ids, the
-    ids the model generated and the template's ids for what followed
-    (`engines.templating.continued_prompt_ids`), so an episode is one token sequence
-    (`colbench.episodes.prefix_consistent`). Where the template does not allow it, and
-    with an engine that takes only text (openai), the chat is templated whole.
+    Token in, token out (`continue_ids=True`): with an engine that takes prompts as ids
+    (`generate_from_ids`: hf, vllm), a turn after the first is prompted with the previous
+    turn's prompt ids, the ids the model generated and the template's ids for what followed
+    (`turn_prompt_ids`), so an episode is one token sequence
+    (`colbench.episodes.prefix_consistent`) that trainers score in one pass. Where the
+    template does not allow it, with an engine that takes only text (openai), and by
+    default, the chat is templated whole. (Off by default: on the test bed's main job the
+    tiny model's warm start, trained and sampled this way, stopped reading its dialogue;
+    docs/one-sequence.md.)
     """
 
     needs_simulator = True
 
-    def __init__(self, engine: "Engine", sampling: SamplingParams, name: str | None = None):
+    def __init__(self, engine: "Engine", sampling: SamplingParams, name: str | None = None,
+                 continue_ids: bool = False):
         self.engine = engine
         self.sampling = replace(sampling, n=1)
         self.name = name or agent_name(engine.spec)
+        self.continue_ids = continue_ids and hasattr(engine, "generate_from_ids")
 
     def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
         if not requests:
@@ -113,7 +118,7 @@ class ModelAgent:
         for seed, idx in groups.items():
             params = replace(self.sampling, seed=seed)
             try:
-                if hasattr(self.engine, "generate_from_ids"):
+                if self.continue_ids:
                     results = self.engine.generate_from_ids([self.prompt_ids(requests[i]) for i in idx], params)
                 else:
                     results = self.engine.generate([requests[i].messages for i in idx], params)

@@ -251,7 +251,8 @@ def test_critic_contexts_splice_c_into_the_policys_ids_and_a_trajectory_is_one_r
     tok = tiny_tokenizer
     theta, _ = two_models
     env = TestbedEnv(max_turns=3)
-    agent = ModelAgent(HFEngine.from_model(theta, tok), SamplingParams(max_new_tokens=12), name="tiny")
+    agent = ModelAgent(HFEngine.from_model(theta, tok), SamplingParams(max_new_tokens=12), name="tiny",
+                       continue_ids=True)
     try:
         [ep] = run_episodes(env, make_tasks("train", n=1, bed="legacy"), agent, TestbedSimulator(), seeds=(0,),
                             config=EpisodeConfig(max_turns=3), progress=False)

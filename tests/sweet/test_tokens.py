@@ -56,7 +56,8 @@ def ended_and_cut(tok):
     lm = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
     lm.lm_head.register_forward_hook(lambda m, i, logits: logits + 6.0 * (torch.arange(logits.shape[-1]) == tok.eos_token_id))
     env = TestbedEnv(max_turns=3)
-    agent = ModelAgent(HFEngine.from_model(lm, tok), SamplingParams(max_new_tokens=MAX_NEW), name="tiny")
+    agent = ModelAgent(HFEngine.from_model(lm, tok), SamplingParams(max_new_tokens=MAX_NEW), name="tiny",
+                       continue_ids=True)
     try:
         return run_episodes(env, make_tasks("train", n=2, bed="legacy"), agent, TestbedSimulator(), seeds=(0, 1),
                             config=EpisodeConfig(max_turns=3), progress=False)
