@@ -93,9 +93,8 @@ class ModelAgent:
     (`turn_prompt_ids`), so an episode is one token sequence
     (`colbench.episodes.prefix_consistent`) that trainers score in one pass. Where the
     template does not allow it, with an engine that takes only text (openai), and by
-    default, the chat is templated whole. (Off by default: on the test bed's main job the
-    tiny model's warm start, trained and sampled this way, stopped reading its dialogue;
-    docs/one-sequence.md.)
+    default, the chat is templated whole. (Off by default: on the test bed's main job
+    SWEET-RL did not improve on its warm start this way; docs/one-sequence.md.)
     """
 
     needs_simulator = True
