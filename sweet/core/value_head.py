@@ -13,7 +13,12 @@ Two uses, one module:
 The head reads the decoder's last hidden state (after its final norm) in its own weights'
 dtype: float32 as built (float64 when the whole module is cast, as exactness tests do); it
 starts at zero, so an untrained critic scores every action 0 (as the LM-head critic with
-θ = π_ref does). The module quacks like a HF model where our checkpoint helpers need it
+θ = π_ref does). The critic's head has no bias (as HF's sequence-classification score
+head): under Bradley-Terry a bias only adds b per turn (or b per token without length
+normalisation), a prior on the number of turns or tokens alone, and where chosen and
+rejected tie its gradient is zero in exact arithmetic, so Adam would step it on
+round-off (a different amount under each reduction order). LOOP's value keeps its bias (a
+regression target's offset). The module quacks like a HF model where our checkpoint helpers need it
 (`save_pretrained`, and `merge_and_unload` for LoRA).
 """
 
@@ -28,8 +33,9 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 
 
 class ValueHeadModel(nn.Module):
-    """lm (a causal LM, possibly PEFT-wrapped) + v_head: Linear(hidden, 1), float32.
-    `policy`: the LM head runs too (forward returns logits and values)."""
+    """lm (a causal LM, possibly PEFT-wrapped) + v_head: Linear(hidden, 1), float32, with
+    a bias only for `policy`. `policy`: the LM head runs too (forward returns logits and
+    values)."""
 
     def __init__(self, lm, policy: bool = False):
         super().__init__()
@@ -42,9 +48,10 @@ class ValueHeadModel(nn.Module):
             out.requires_grad_(False)
         config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
         self.vision = getattr(lm.config, "vision_config", None) is not None  # a vision-language LM (Qwen2-VL)
-        self.v_head = nn.Linear(config.hidden_size, 1, dtype=torch.float32)
+        self.v_head = nn.Linear(config.hidden_size, 1, bias=policy, dtype=torch.float32)
         nn.init.zeros_(self.v_head.weight)
-        nn.init.zeros_(self.v_head.bias)
+        if policy:
+            nn.init.zeros_(self.v_head.bias)
         # FSDP's transformer auto-wrap looks for this on the root module
         self._no_split_modules = getattr(lm, "_no_split_modules", None)
 
@@ -102,7 +109,7 @@ class ValueHeadModel(nn.Module):
     def merge_and_unload(self) -> "ValueHeadModel":
         """LoRA merged into the LM; the same head."""
         merged = ValueHeadModel(self.lm.merge_and_unload(), policy=self.policy)
-        merged.v_head.load_state_dict(self.v_head.state_dict())
+        merged._load_head_state(self.v_head.state_dict())
         return merged
 
     def load_head(self, path: str | Path) -> "ValueHeadModel":
@@ -111,8 +118,16 @@ class ValueHeadModel(nn.Module):
         file = Path(path) / VALUE_HEAD_FILE
         if not file.exists():
             raise FileNotFoundError(f"{file} not found: {path} holds no value head (was the critic trained with --head value?)")
-        self.v_head.load_state_dict(load_file(str(file)))
+        self._load_head_state(load_file(str(file)))
         return self
+
+    def _load_head_state(self, state: dict[str, torch.Tensor]) -> None:
+        """The head's weights; a critic head saved with a bias (before heads lost it) is
+        loaded with one, so such a critic scores as it was trained."""
+        if ("bias" in state) != (self.v_head.bias is not None):
+            weight = self.v_head.weight
+            self.v_head = nn.Linear(weight.shape[1], 1, bias="bias" in state, dtype=weight.dtype, device=weight.device)
+        self.v_head.load_state_dict(state)
 
 
 def action_value_sums(model, batch, **image_inputs) -> torch.Tensor:

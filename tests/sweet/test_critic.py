@@ -124,8 +124,8 @@ def test_scorer_matches_manual_forward(tiny_tokenizer, two_models, length_normal
 
 @pytest.mark.parametrize("length_normalize", [True, False])
 def test_value_head_scorer_by_hand(tiny_tokenizer, length_normalize):
-    """head='value': A = β · mean (or Σ) over a_t's positions of w·h_i + b, h_i the
-    decoder's last hidden state; no π_ref."""
+    """head='value': A = β · mean (or Σ) over a_t's positions of w·h_i, h_i the decoder's
+    last hidden state; no π_ref, no bias."""
     from sweet.core.config import ModelConfig
     from sweet.core.models import load_model
     from sweet.core.value_head import ValueHeadModel
@@ -134,7 +134,7 @@ def test_value_head_scorer_by_hand(tiny_tokenizer, length_normalize):
     model = ValueHeadModel(load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False))
     with torch.no_grad():
         model.v_head.weight.copy_(torch.randn(model.v_head.weight.shape, generator=torch.Generator().manual_seed(3)))
-        model.v_head.bias.fill_(-0.2)
+    assert model.v_head.bias is None
     record = CriticRecord(beta=0.7, length_normalize=length_normalize, header="Training-time information",
                           reference_model="tiny", eos_token_id=tok.eos_token_id, lora=False, dtype="float32",
                           max_length=1024, head="value")
@@ -149,10 +149,33 @@ def test_value_head_scorer_by_hand(tiny_tokenizer, length_normalize):
         ids = torch.tensor([context + list(a) + [tok.eos_token_id]])
         with torch.no_grad():
             h = model.lm(input_ids=ids, output_hidden_states=True).hidden_states[-1][0].double()
-        v = (h @ model.v_head.weight[0].double() - 0.2)[len(context):]
+        v = (h @ model.v_head.weight[0].double())[len(context):]
         want.append(0.7 * (v.mean() if length_normalize else v.sum()).item())
     assert scorer.advantages(state, actions) == pytest.approx(want, abs=1e-4)
     assert abs(want[0] - want[1]) > 1e-3
+
+
+def test_a_value_head_saved_with_a_bias_loads_with_it(tmp_path):
+    """A critic head written with a bias (LOOP's value head, or a critic saved with one) is
+    read back with that bias, through save_pretrained/load_head and merge_and_unload's copy."""
+    from safetensors.torch import save_file
+
+    from sweet.core.config import ModelConfig
+    from sweet.core.models import load_model
+    from sweet.core.value_head import VALUE_HEAD_FILE, ValueHeadModel
+
+    lm = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
+    head = {"weight": torch.randn(1, lm.config.hidden_size, generator=torch.Generator().manual_seed(4)),
+            "bias": torch.tensor([0.25])}
+    save_file(head, str(tmp_path / VALUE_HEAD_FILE))
+    model = ValueHeadModel(lm).load_head(tmp_path)
+    assert model.v_head.bias.item() == 0.25 and torch.equal(model.v_head.weight, head["weight"])
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        h = lm.get_decoder()(input_ids=ids).last_hidden_state[0]
+        assert torch.allclose(model(input_ids=ids)[0], h @ head["weight"][0] + 0.25, atol=1e-6)
+    model.save_pretrained(tmp_path / "again")
+    assert ValueHeadModel(lm).load_head(tmp_path / "again").v_head.bias.item() == 0.25
 
 
 def test_scorer_load_needs_a_critic_dir(tmp_path):
@@ -275,6 +298,17 @@ def test_critic_contexts_splice_c_into_the_policys_ids_and_a_trajectory_is_one_r
     with torch.no_grad():
         one, per_turn = action_sums(theta, batch, "lm"), action_sums(theta, rows, "lm")
     assert torch.allclose(one, per_turn, rtol=0, atol=1e-5), (one - per_turn).abs().max()
+    # the trainer's log line says so; a max_length the whole trajectory passes is counted apart
+    from sweet.core.config import ModelConfig
+    from sweet.critic.train import CriticConfig, CriticData, one_pass_line
+
+    data, ccfg = CriticData(examples, [[0, 1, 2]], [], []), CriticConfig()
+    assert one_pass_line(data, ccfg, ModelConfig(model="tiny", max_length=None), tok, None) == (
+        "critic: 1 of 1 trajectories run as one pass each")
+    cut = len(contexts[-1]) + len(examples[-1].action_ids) - 1
+    assert one_pass_line(data, ccfg, ModelConfig(model="tiny", max_length=cut), tok, None).endswith(
+        f"0 of 1 trajectories run as one pass each; 1 longer than max_length={cut} (the turns past it run as rows "
+        "of their own, cut)")
     # an old critic's record: the chat templated whole (the tiny tokenizer then re-tokenises boundaries)
     old = CriticRecord(beta=1.0, length_normalize=True, header="h", reference_model="tiny", eos_token_id=1, lora=False)
     assert old.context_rule == "template"

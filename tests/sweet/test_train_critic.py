@@ -260,7 +260,6 @@ def test_pair_terms_by_hand(tmp_path, tiny_tokenizer, make_synthetic, fresh_acce
         theta = ValueHeadModel(theta)
         with torch.no_grad():
             theta.v_head.weight.copy_(torch.randn(theta.v_head.weight.shape, generator=torch.Generator().manual_seed(2)))
-            theta.v_head.bias.fill_(0.3)
     acc = Accelerator(cpu=True)
     ref_sums = torch.zeros(len(data.turns), dtype=torch.float64) if value else sharded_action_sums(
         acc, ref, tok, data.turns, list(range(len(data.turns))), mcfg, replace(ccfg, eval_batch_size=3))
@@ -284,7 +283,7 @@ def test_pair_terms_by_hand(tmp_path, tiny_tokenizer, make_synthetic, fresh_acce
         with torch.no_grad():
             if isinstance(model, ValueHeadModel):
                 h = model.lm(input_ids=ids, output_hidden_states=True).hidden_states[-1][0].double()
-                v = h @ model.v_head.weight[0].double() + model.v_head.bias[0].double()
+                v = h @ model.v_head.weight[0].double()
                 return v[start:].sum().item(), len(ex.action_ids)
             logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)
         return sum(logp[i - 1, ids[0, i]].item() for i in range(start, ids.shape[1])), len(ex.action_ids)
