@@ -45,6 +45,18 @@ def context_length_of(model: Any, tokenizer: Any) -> int | None:
     return min(limits) if limits else None
 
 
+def kv_cache(output: Any) -> Any:
+    """The KV cache a forward with use_cache=True returned (`cache` from transformers 5.2x on,
+    `past_key_values` before)."""
+    return output["cache"] if "cache" in output.keys() else output.past_key_values
+
+
+def kv_cache_argument(model: Any) -> str:
+    """The name under which `model`'s forward (a PEFT model's base model's) takes a KV cache."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 def plan_batches(rows: Sequence[Row], lengths: Sequence[int], budgets: dict[int, int], batch_size: int,
                  max_tokens: int | None) -> list[tuple[list[Row], int]]:
     """Forward batches of `rows` (in their order), each with its generation budget: at most
@@ -422,11 +434,9 @@ class HFEngine:
         with torch.no_grad():
             out = self.model(input_ids=input_ids[first, :-1], attention_mask=mask, position_ids=positions,
                              use_cache=True)
-        cache = out["cache"] if "cache" in out.keys() else out.past_key_values
+        cache = kv_cache(out)
         cache.reorder_cache(torch.tensor(rows, device=input_ids.device))  # index_select: row i gets its prompt's cache
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-        return {name: cache}
+        return {kv_cache_argument(self.model): cache}
 
     def close(self) -> None:
         """Drop the model reference and give back the memory it held (once no one else holds it)."""

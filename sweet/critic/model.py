@@ -56,7 +56,6 @@ the agent's latest draft, a_t is the turn's text in the critic's tokenizer, on e
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import warnings
 from dataclasses import asdict, dataclass
@@ -518,6 +517,7 @@ def shared_prefix_logprob_sums(model, context: Sequence[int], actions: Sequence[
     context runs once, its KV cache is repeated for the actions. [len(actions)]."""
     import torch
 
+    from engines.hf import kv_cache, kv_cache_argument
     from sweet.core.logprobs import scored_head
 
     n, width = len(actions), max(len(a) for a in actions)
@@ -531,9 +531,7 @@ def shared_prefix_logprob_sums(model, context: Sequence[int], actions: Sequence[
     # the context's last hidden state predicts each action's first token; action position j predicts j + 1
     with scored_head(model, lambda h: (h[0, -1:].expand(n, -1), ids[:, 0])) as first_logp:
         first = model(input_ids=ctx, use_cache=True)
-    cache = first["cache"] if "cache" in first.keys() else first.past_key_values
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"  # transformers >= 5.2x
+    cache, cache_kw = kv_cache(first), kv_cache_argument(model)
     cache.batch_repeat_interleave(n)
     attention = torch.cat([torch.ones((n, ctx.shape[1]), dtype=torch.long, device=device), mask], dim=1)
     with scored_head(model, lambda h: (h[:, :-1][later], ids[:, 1:][later])) as rest_logp:
