@@ -56,7 +56,7 @@ from sweet.core.config import (
 )
 from sweet.core.models import load_tokenizer
 from sweet.core.records import Pair, group_by_task, make_trajectory_pairs
-from sweet.core.tokens import agent_turn, episode_segments, skip_long_actions
+from sweet.core.tokens import agent_turn, episode_segments, one_pass_summary, skip_long_actions
 
 PAIRINGS = ("paper", "best_vs_worst")
 
@@ -159,6 +159,9 @@ def main(model_cfg: ModelConfig, train: MTDPOTrainConfig, cfg: MTDPOConfig):
         raise ValueError(f"{cfg.episodes}: no trajectory pairs (need tasks with several episodes of different rewards"
                          f"{'; the best reaching --success_threshold' if cfg.pairing == 'paper' else ''})")
     token_pairs = pair_segments(pairs, tokenizer, cfg.tokenize_missing_actions, model_cfg.max_length, cfg.episodes)
+    trajectories = {id(s): s for p in token_pairs for s in (p.chosen, p.rejected)}.values()
+    print(one_pass_summary(([(g.context, g.action) for g in t] for t in trajectories), model_cfg.max_length,
+                           source="mtdpo"))
     stats = {"data/episodes": len(episodes), "data/pairs": len(token_pairs)}
     return train_dpo(token_pairs, model_cfg, train, tokenizer, beta=cfg.beta, nll_coef=cfg.nll_coef,
                      loss_type=cfg.loss_type, run_config=run_config, first_metrics=stats)

@@ -211,6 +211,39 @@ def skip_long_actions(units: Sequence[T], actions: Callable[[T], Iterable[tuple[
     return kept
 
 
+def one_pass_summary(trajectories: Iterable[Sequence[tuple[Sequence[int], Sequence[int]]]], max_length: int | None,
+                     *, source: str) -> str:
+    """How `make_batch(packed=True)` will run these trajectories, each its turns' (context,
+    action) ids in order, as ONE line for the trainer's log:
+
+        {source}: {a} of {N} trajectories run as one pass each; {b} as per-turn rows (their
+        turns are not one token sequence: templated whole, text only, or published); {c}
+        longer than max_length={M} (the turns past it run as rows of their own, cut)
+
+    A trajectory is one pass when each turn's context starts with the turn before's
+    context and action, and its last turn fits `max_length` uncut; the parts that count 0
+    are left out."""
+    trajectories = [list(t) for t in trajectories]
+    split = {"one": 0, "text": 0, "long": 0}
+    for turns in trajectories:
+        seqs = [list(c) + list(a) for c, a in turns]
+        continued = all(later[:len(seq)] == seq for seq, later in zip(seqs, seqs[1:]))
+        if not continued:
+            split["text"] += 1
+        elif max_length is not None and seqs and len(seqs[-1]) > max_length:
+            split["long"] += 1
+        else:
+            split["one"] += 1
+    parts = [f"{split['one']} of {len(trajectories)} trajectories run as one pass each"]
+    if split["text"]:
+        parts.append(f"{split['text']} as per-turn rows (their turns are not one token sequence: templated whole, "
+                     "text only, or published)")
+    if split["long"]:
+        parts.append(f"{split['long']} longer than max_length={max_length} (the turns past it run as rows of their "
+                     "own, cut)")
+    return f"{source}: " + "; ".join(parts)
+
+
 def truncate_context(context: Sequence[int], max_context: int, keep_head: int) -> list[int]:
     """Drop tokens from the middle so that len <= max_context, keeping the first
     `keep_head` tokens and the latest ones."""

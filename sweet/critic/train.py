@@ -60,6 +60,7 @@ import json
 import math
 import random
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -90,7 +91,7 @@ from sweet.core.models import load_model, load_tokenizer, resolve_model_path, se
 from sweet.core.records import group_by_task, make_trajectory_pairs
 from sweet.core.runs import trainer_run
 from sweet.core.nograd_pass import REFERENCE_CACHE, ReferenceCache, sharded_scores
-from sweet.core.tokens import agent_turn, skip_long_actions
+from sweet.core.tokens import agent_turn, one_pass_summary, skip_long_actions
 from sweet.core.trainer import Trainer, mark_finished
 from sweet.critic.baseline import baseline_index, centred, sample_baselines
 from sweet.critic.vision import MAX_PIXELS, MIN_PIXELS, ScreenshotView
@@ -102,6 +103,7 @@ from sweet.critic.model import (
     action_sums,
     bradley_terry_loss,
     critic_batch,
+    critic_context_ids,
     episode_turn_examples,
     load_training_info,
     pair_accuracy_and_margin,
@@ -324,6 +326,17 @@ def build_data(cfg: CriticConfig, tokenizer, seed: int, view: ScreenshotView | N
     train = [(number(p.chosen), number(p.rejected)) for p in pairs]
     held_out = [(number(p.chosen), number(p.rejected)) for p in eval_pairs]
     return CriticData(turns, episode_turns, train, held_out)
+
+
+def one_pass_line(data: CriticData, ccfg: CriticConfig, mcfg: ModelConfig, tokenizer, view) -> str:
+    """How critic_batch will run the data's trajectories (sweet.core.tokens.one_pass_summary);
+    a vision-language critic's turns each see another screenshot: one row per turn."""
+    if view is not None:
+        return f"critic: {len(data.turns)} turns as rows of their own (a vision-language critic: a screenshot per turn)"
+    context = partial(critic_context_ids, tokenizer, header=ccfg.header, training_info=ccfg.training_info,
+                      template=ccfg.context_template())
+    return one_pass_summary(([(context(data.turns[t].state), data.turns[t].action_ids) for t in turns]
+                             for turns in data.episode_turns), mcfg.max_length, source="critic")
 
 
 def _examples_of(cfg: CriticConfig, tokenizer, view: ScreenshotView | None):
@@ -627,7 +640,7 @@ def main(mcfg: ModelConfig, tcfg: CriticTrainConfig, ccfg: CriticConfig) -> dict
         print(f"critic: {len(data.train_pairs)} training pairs, {len(data.eval_pairs)} held-out pairs, "
               f"{len(data.turns)} turns; {trainer.steps_per_epoch(len(data.train_pairs))} steps/epoch x "
               f"{tcfg.num_epochs} epochs; {trainer.world} process(es) ({acc.distributed_type.value}) x {trainer.accum} "
-              "accumulation step(s)")
+              "accumulation step(s)\n" + one_pass_line(data, ccfg, mcfg, tokenizer, view))
     metrics: dict[str, float] = {}
 
     def on_epoch_end(epoch: int) -> dict[str, float]:

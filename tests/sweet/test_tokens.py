@@ -506,3 +506,23 @@ def test_turns_that_do_not_continue_one_another_or_do_not_fit_keep_rows_of_their
         packed_sums = cut.example_sums(token_logprobs(model, cut))
         rows = make_batch([(s.context, s.action) for s in segs], 0, max_length=limit, packed=False)
         assert torch.allclose(packed_sums, rows.example_sums(token_logprobs(model, rows)), rtol=0, atol=1e-6)
+
+
+def test_one_pass_summary_counts_how_trajectories_run():
+    """One line: trajectories whose turns continue one another and fit run as one pass; the
+    others (not one token sequence, or longer than max_length) are counted apart, as
+    make_batch(packed=True) runs them."""
+    from sweet.core.tokens import make_batch, one_pass_summary
+
+    one = [((1, 2), (3,)), ((1, 2, 3, 4), (5, 6))]          # turn 2's context continues turn 1
+    retemplated = [((1, 2), (3,)), ((1, 9, 3, 4), (5,))]     # turn 2 re-rendered: not a prefix
+    long = [((1, 2), (3,)), ((1, 2, 3, 4, 5, 6, 7), (8,))]   # 8 tokens: past max_length=6
+    line = one_pass_summary([one, retemplated, long, [((7,), (8,))]], 6, source="mtdpo")
+    assert line == ("mtdpo: 2 of 4 trajectories run as one pass each; 1 as per-turn rows (their turns are not one "
+                    "token sequence: templated whole, text only, or published); 1 longer than max_length=6 (the "
+                    "turns past it run as rows of their own, cut)")
+    assert one_pass_summary([one], None, source="critic") == "critic: 1 of 1 trajectories run as one pass each"
+    # what the line says is what make_batch does
+    assert make_batch(one, 0, max_length=6, packed=True).input_ids.shape[0] == 1
+    assert make_batch(retemplated, 0, max_length=6, packed=True).input_ids.shape[0] == 2
+    assert make_batch(long, 0, max_length=6, packed=True).input_ids.shape[0] == 2

@@ -172,7 +172,8 @@ def test_a_finished_run_without_its_final_weights_runs_again(data, tmp_path, cap
 
 
 @pytest.mark.parametrize("loss_type,first_loss", [("sigmoid", 0.693147), ("ipo", 25.0)])
-def test_mtdpo_lora_end_to_end(data, tmp_path, loss_type, first_loss):
+def test_mtdpo_lora_end_to_end(data, tmp_path, loss_type, first_loss, capsys):
+    from colbench.episodes import prefix_consistent
     from sweet.train_policy import main
 
     episodes, _, eps = data
@@ -183,6 +184,9 @@ def test_mtdpo_lora_end_to_end(data, tmp_path, loss_type, first_loss):
     assert final == out / "final" and (out / "final-adapter").exists()
     n_tasks = len({ep.task_id for ep in eps})
     assert read_metrics(out)[0]["data/pairs"] == n_tasks  # one solved vs one failed per task
+    # every episode is in one pair; those that are one token sequence run as one pass
+    one = sum(prefix_consistent(ep) for ep in eps)
+    assert f"mtdpo: {one} of {2 * n_tasks} trajectories run as one pass each" in capsys.readouterr().out
     refs = torch.load(out / "ref_logprobs.pt", weights_only=False)["values"].tolist()
     assert len(refs) == n_tasks and all(c < 0 and r < 0 for c, r in refs)
     rows = [r for r in read_metrics(out) if "loss/dpo" in r]
