@@ -106,6 +106,12 @@ class ModelAgent:
         self.name = name or agent_name(engine.spec)
         self.continue_ids = continue_ids and hasattr(engine, "generate_from_ids")
 
+    @property
+    def precision(self) -> str | None:
+        """The dtype the engine samples in (engines.base.resolve_dtype); None where it does
+        not say (an OpenAI-compatible server)."""
+        return getattr(self.engine, "precision", None)
+
     def act(self, requests: Sequence[AgentRequest]) -> list[Sample]:
         if not requests:
             return []

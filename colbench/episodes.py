@@ -33,7 +33,9 @@ is dropped from the file and redone.
 Every scored episode records `meta["scoring_version"]` (its environment's `scoring_version`,
 `current_scoring_version`: backend colbench.scoring.backend SCORING_VERSION, frontend its
 own): the rules it was scored under, and `meta["answer_turn"]`: which agent turn's answer
-was scored (`final_answer`; frontend: the last turn holding a draft, None: none).
+was scored (`final_answer`; frontend: the last turn holding a draft, None: none). An
+episode sampled by a local engine records `meta["precision"]`, the dtype it sampled in
+(`engines.base.resolve_dtype`: the trainers' rule).
 `rescore_file` re-extracts the answers from the stored turns and rescores them under the
 current rules.
 
@@ -387,6 +389,8 @@ def _check_inputs(env, tasks, agent, simulator, seeds, config) -> None:
 
 def _new(env: Environment, task: Task, agent: Agent, seed: int, simulator: Simulator | None) -> _Live:
     meta = {"simulator": simulator.name} if simulator is not None else {}
+    if getattr(agent, "precision", None) is not None:  # the dtype that sampled the episode
+        meta["precision"] = agent.precision
     prompts = episode_prompt_records(env, simulator)
     if prompts:
         meta["prompts"] = prompts

@@ -184,6 +184,18 @@ def generate_at(engine: Engine, conversations: Sequence[Conversation],
     return engine.generate(conversations, params)
 
 
+def resolve_dtype(name: str) -> str:
+    """The one `auto` precision rule, for the trainers (sweet.core.models), the HF engine and
+    vLLM alike, so that a sampler and its trainer never differ by default: bfloat16 where a
+    CUDA device supports it, float32 elsewhere (a checkpoint's own dtype does not decide:
+    SmolLM2 ships in bfloat16). Any other name is returned as given."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+
+
 # hf on the CPU: the default token budget of a forward batch (EngineOptions.max_batch_tokens)
 CPU_MAX_BATCH_TOKENS = 16384
 
@@ -193,7 +205,7 @@ class EngineOptions:
     """Backend options that a model spec string does not carry."""
 
     device: str | None = None  # hf: "cpu", "cuda", ...; None = cuda if available
-    dtype: str = "auto"  # hf/vllm: "auto", "float32", "bfloat16", "float16"
+    dtype: str = "auto"  # hf/vllm: "auto" (resolve_dtype), "float32", "bfloat16", "float16"
     batch_size: int = 16  # hf: conversations × samples per forward batch
     # hf: rows × (longest prompt + max_new_tokens) per forward batch at most (a row alone always
     # goes), so memory is bounded by the context, not by batch_size × the input. None: on the

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from engines.base import (CPU_MAX_BATCH_TOKENS, BatchError, ContextOverflow, Conversation, EngineError, EngineOptions,
-                          Sample, SamplingParams, SpecError, fit_prompt)
+                          Sample, SamplingParams, SpecError, fit_prompt, resolve_dtype)
 from engines.memory import release_memory
 from engines.specs import local_model_path
 from engines.templating import cut_completion, end_token_ids, prompt_ids
@@ -194,7 +194,7 @@ class HFEngine:
         local = local_model_path(model)
         source = str(local) if local is not None else model
         device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = "auto" if options.dtype == "auto" else getattr(torch, options.dtype)
+        dtype = getattr(torch, resolve_dtype(options.dtype))  # the trainers' rule, not the checkpoint's dtype
         try:
             tokenizer = AutoTokenizer.from_pretrained(source)
             lm = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
@@ -233,6 +233,11 @@ class HFEngine:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else min(self.end_ids)
         self.context_length = context_length_of(model, tokenizer)
+
+    @property
+    def precision(self) -> str:
+        """The dtype the weights sample in ("float32", "bfloat16", ...), recorded per episode."""
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     @property
     def device(self):

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from engines.base import (BatchError, ContextOverflow, Conversation, EngineError, EngineOptions, Sample, SamplingParams,
-                          fit_prompt)
+                          fit_prompt, resolve_dtype)
 from engines.memory import release_memory
 from engines.templating import cut_completion, end_token_ids, prompt_ids
 from engines.vllm_worker import LOAD_METHOD, WORKER_EXTENSION
@@ -130,7 +130,7 @@ def engine_kwargs(model: str, options: EngineOptions) -> dict[str, Any]:
         model=model,
         tensor_parallel_size=options.tensor_parallel_size,
         gpu_memory_utilization=options.gpu_memory_utilization,
-        dtype=options.dtype,
+        dtype=resolve_dtype(options.dtype),  # the trainers' rule (vLLM's own "auto" is bf16 on a CPU)
         enable_lora=lora,
         enable_sleep_mode=options.enable_sleep_mode,
         # a state's n candidates, and a multi-turn episode's turns (one token sequence), share
@@ -248,6 +248,7 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = self.options.extra.get("cpu_memory_utilization", CPU_MEMORY_UTILIZATION)
         self.llm = vllm.LLM(**kwargs)
         self.context_length = max_model_len(self.llm)
+        self.precision = kwargs["dtype"]  # recorded per episode
         self._lora_rank = kwargs.get("max_lora_rank")  # None: started without LoRA
         self._asleep = False
         self.tokenizer = AutoTokenizer.from_pretrained(model)

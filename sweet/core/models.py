@@ -39,11 +39,12 @@ def resolve_model_path(spec: str) -> str:
 
 
 def torch_dtype(name: str):
+    """The torch dtype of `name`; "auto" by the engines' rule (engines.base.resolve_dtype)."""
     import torch
 
-    if name == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-    return getattr(torch, name)
+    from engines.base import resolve_dtype
+
+    return getattr(torch, resolve_dtype(name))
 
 
 def load_tokenizer(spec: str):

@@ -280,3 +280,33 @@ def test_a_failing_decoding_worker_is_an_engine_error(hf_engine):
     finally:
         handle.remove()
     assert "\n" not in str(err.value)  # one line per process
+
+
+def test_auto_precision_is_the_trainers_not_the_checkpoints(tiny_path, tmp_path):
+    """A checkpoint saved in bfloat16 (as SmolLM2 ships) samples under `auto` in the trainers'
+    dtype (float32 on a CPU), and each episode records the precision that sampled it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from colbench.agents import ModelAgent
+    from colbench.episodes import EpisodeConfig, run_episodes
+    from engines.base import EngineOptions, SamplingParams
+    from sweet.core.models import torch_dtype
+    from testbed.env import TestbedEnv, make_tasks
+    from testbed.human import TestbedSimulator
+
+    bf16 = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.bfloat16).save_pretrained(bf16)
+    AutoTokenizer.from_pretrained(tiny_path).save_pretrained(bf16)
+    engine = HFEngine(str(bf16), EngineOptions(device="cpu"))
+    assert engine.precision == str(torch_dtype("auto")).removeprefix("torch.")
+    assert engine.precision == "float32" or torch.cuda.is_available()
+    assert HFEngine(str(bf16), EngineOptions(device="cpu", dtype="bfloat16")).precision == "bfloat16"
+    env = TestbedEnv(max_turns=1)
+    try:
+        [ep] = run_episodes(env, make_tasks("train", n=1, bed="legacy"),
+                            ModelAgent(engine, SamplingParams(max_new_tokens=4), name="tiny"), TestbedSimulator(),
+                            seeds=(0,), config=EpisodeConfig(max_turns=1), progress=False)
+    finally:
+        env.close()
+    assert ep.meta["precision"] == engine.precision

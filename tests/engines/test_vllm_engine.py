@@ -238,3 +238,19 @@ def test_vllm_follows_full_weights_and_lora_updates(tiny_path, tmp_path):
         assert _logprob_error(engine, peft, conv, adapted) < 1e-2
     finally:
         engine.close()
+
+
+def test_auto_precision_is_the_trainers_rule():
+    """vLLM's own "auto" is bf16 on a CPU while the trainers run float32: the engine is given
+    the one rule's answer (engines.base.resolve_dtype), an explicit dtype as given."""
+    import torch
+
+    from engines.base import resolve_dtype
+    from engines.vllm_engine import engine_kwargs
+    from sweet.core.models import torch_dtype
+
+    assert engine_kwargs("m", EngineOptions())["dtype"] == resolve_dtype("auto")
+    assert getattr(torch, resolve_dtype("auto")) == torch_dtype("auto")
+    if not torch.cuda.is_available():
+        assert resolve_dtype("auto") == "float32"
+    assert engine_kwargs("m", EngineOptions(dtype="bfloat16"))["dtype"] == "bfloat16"
