@@ -88,21 +88,17 @@ class EpisodeView:
 
 def score_episodes(scorer, episodes, info_of: dict[str, str]) -> list[list[float]]:
     """The critic's A(o_t, a_t, c) for every agent turn of every episode, through the
-    scorer's public API (turns without recorded ids are tokenised once)."""
-    items, shape = [], []
+    scorer's public API (`score_trajectories`: an episode that is one token sequence is one
+    forward pass; turns without recorded ids are tokenised once)."""
+    vision = getattr(scorer, "view", None) is not None  # it reads the turn's text in its own tokenizer
+    trajectories = []
     for ep in episodes:
-        states = episode_states(ep, info_of[ep.task_id])
-        for state, turn in zip(states, ep.agent_turns):
-            vision = getattr(scorer, "view", None) is not None  # it reads the turn's text in its own tokenizer
+        turns = []
+        for state, turn in zip(episode_states(ep, info_of[ep.task_id]), ep.agent_turns):
             ids = turn.token_ids if turn.token_ids is not None and not vision else text_ids(scorer.tokenizer, turn.content)
-            items.append((state, [list(ids)], [getattr(turn, "finish_reason", None)]))
-        shape.append(len(states))
-    flat = [scores[0] for scores in scorer.score_states(items)]
-    out, i = [], 0
-    for n in shape:
-        out.append(flat[i:i + n])
-        i += n
-    return out
+            turns.append((state, list(ids), getattr(turn, "finish_reason", None)))
+        trajectories.append(turns)
+    return scorer.score_trajectories(trajectories)
 
 
 @dataclass

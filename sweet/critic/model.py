@@ -461,6 +461,19 @@ class TrainedCritic:
                 out.append(self._padded_advantages(examples))
         return out
 
+    def score_trajectories(self, trajectories: Sequence[Sequence[tuple]]) -> list[list[float]]:
+        """A(o_t, a_t, c) of every turn of each trajectory, given as its turns' (state, action
+        ids, finish reason) in order. The turns are batched as training batches them
+        (critic_batch, `batch_size` turns at a time): a trajectory whose contexts continue one
+        another is one row of one forward pass, and a context too long is cut as in training."""
+        examples = [CriticTurn(state, self._action_ids(a, r)) for turns in trajectories for state, a, r in turns]
+        flat = self._padded_advantages(examples) if examples else []
+        out, i = [], 0
+        for turns in trajectories:
+            out.append(flat[i:i + len(turns)])
+            i += len(turns)
+        return out
+
     def _action_ids(self, ids: Sequence[int], reason: str | None) -> tuple[int, ...]:
         """a as training read it: the ids + eos, or (vision critic) the ids' text in the critic's tokenizer."""
         if self.view is None:

@@ -309,6 +309,17 @@ def test_critic_contexts_splice_c_into_the_policys_ids_and_a_trajectory_is_one_r
     assert one_pass_line(data, ccfg, ModelConfig(model="tiny", max_length=cut), tok, None).endswith(
         f"0 of 1 trajectories run as one pass each; 1 longer than max_length={cut} (the turns past it run as rows "
         "of their own, cut)")
+    # the scorer (the credit inspector's path) reads the trajectory the same way: one pass
+    # gives each turn's advantage as scoring each state on its own does
+    from sweet.critic.model import TrainedCritic
+
+    record = CriticRecord(beta=0.5, length_normalize=True, header="Training-time information", reference_model="tiny",
+                          eos_token_id=tok.eos_token_id, lora=False, dtype="float32", max_length=1024)
+    scorer = TrainedCritic(record, theta, two_models[1], tok, torch.device("cpu"), batch_size=4)
+    turns = [(ex.state, list(t.token_ids), t.finish_reason) for ex, t in zip(examples, ep.agent_turns)]
+    alone = [scores[0] for scores in scorer.score_states([(s, [a], [r]) for s, a, r in turns])]
+    [together] = scorer.score_trajectories([turns])
+    assert together == pytest.approx(alone, abs=1e-5) and len(set(together)) == 3
     # an old critic's record: the chat templated whole (the tiny tokenizer then re-tokenises boundaries)
     old = CriticRecord(beta=1.0, length_normalize=True, header="h", reference_model="tiny", eos_token_id=1, lora=False)
     assert old.context_rule == "template"
