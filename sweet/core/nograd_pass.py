@@ -28,7 +28,9 @@ REFERENCE_CACHE = "ref_logprobs.pt"
 def sharded_scores(accelerator, model, n: int, score: Callable[[list[int]], Sequence[Any]], *, micro: int,
                    order: Sequence[int] | None = None, desc: str = "") -> list[Any]:
     """`score(indices)` (one value per index) for items 0..n-1, model in eval mode and no
-    grad, item `order[k]` on process k % world; returns all n values on every process."""
+    grad: `order` cut into calls of `micro` items, call c on process c % world (items next to
+    one another in `order` share a call: the turns of one trajectory can pack into one row);
+    returns all n values on every process."""
     import torch
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
@@ -37,15 +39,16 @@ def sharded_scores(accelerator, model, n: int, score: Callable[[list[int]], Sequ
         return []
     order = list(range(n)) if order is None else list(order)
     world, rank = accelerator.num_processes, accelerator.process_index
-    mine = order[rank::world]
-    n_calls = math.ceil(math.ceil(n / world) / micro)
+    calls = [order[i:i + micro] for i in range(0, n, micro)]
+    mine = calls[rank::world]
+    n_calls = math.ceil(len(calls) / world)
     was_training = model.training
     model.eval()
     local: list[tuple[int, Any]] = []
     try:
         with torch.no_grad():
             for c in tqdm(range(n_calls), desc=desc, disable=not accelerator.is_main_process or not desc):
-                chunk = mine[c * micro:(c + 1) * micro]
+                chunk = mine[c] if c < len(mine) else []
                 values = score(chunk or [order[0]])  # the dummy call keeps the processes in step
                 local += list(zip(chunk, values))
     finally:

@@ -371,7 +371,8 @@ def _examples_of(cfg: CriticConfig, tokenizer, view: ScreenshotView | None):
 def sharded_action_sums(accelerator, model, tokenizer, turns: list[CriticTurn], indices: list[int],
                         mcfg: ModelConfig, ccfg: CriticConfig, desc: str = "", view: ScreenshotView | None = None) -> Any:
     """Σ_{y ∈ a_t} log π(y | o_t, c) (value head: Σ v) for turns[indices], no grad, split
-    over processes (sweet.core.nograd_pass.sharded_scores, contexts of similar length together:
+    over processes (sweet.core.nograd_pass.sharded_scores, the turns of one trajectory next to
+    one another, so that they pack into one row, and trajectories of similar length together:
     less padding); every process gets all values, float64 [len(indices)]."""
     import torch
 
@@ -382,7 +383,13 @@ def sharded_action_sums(accelerator, model, tokenizer, turns: list[CriticTurn], 
                              mcfg.keep_head, ccfg.training_info, template, view).to(accelerator.device)
         return action_sums(model, batch, ccfg.head).double().tolist()
 
-    order = sorted(range(len(indices)), key=lambda p: _length_key(turns[indices[p]]))
+    longest: dict[str, int] = {}
+    for i in indices:
+        key = turns[i].state.episode_id
+        longest[key] = max(longest.get(key, 0), _length_key(turns[i]))
+    order = sorted(range(len(indices)), key=lambda p: (longest[turns[indices[p]].state.episode_id],
+                                                       turns[indices[p]].state.episode_id,
+                                                       turns[indices[p]].state.turn_index))
     values = sharded_scores(accelerator, model, len(indices), score, micro=ccfg.eval_batch_size, order=order,
                             desc=desc)
     return torch.tensor(values, dtype=torch.float64, device=accelerator.device)

@@ -503,3 +503,25 @@ def test_loss_hook_is_a_sum_over_pairs(tmp_path, tiny_tokenizer, make_synthetic,
     assert loss == pytest.approx(sum(l for _, l, _ in singles), rel=1e-9)
     for key in metrics:
         assert metrics[key] == pytest.approx(sum(m[key] for _, _, m in singles), rel=1e-9, abs=1e-12)
+
+
+def test_no_grad_passes_keep_neighbours_in_one_call(tiny_tokenizer):
+    """sharded_scores cuts `order` into calls of `micro` consecutive items (so the turns of a
+    trajectory, put next to one another by sharded_action_sums, pack into one row), and
+    returns each item's value at its index."""
+    from accelerate import Accelerator
+
+    from sweet.core.config import ModelConfig
+    from sweet.core.models import load_model
+    from sweet.core.nograd_pass import sharded_scores
+
+    calls = []
+
+    def score(chunk):
+        calls.append(list(chunk))
+        return [10 * i for i in chunk]
+
+    order = [4, 5, 6, 0, 1, 2, 3]
+    model = load_model(ModelConfig(model="tiny", dtype="float32"), trainable=False)
+    values = sharded_scores(Accelerator(cpu=True), model, 7, score, micro=3, order=order)
+    assert calls == [[4, 5, 6], [0, 1, 2], [3]] and values == [0, 10, 20, 30, 40, 50, 60]
