@@ -6,8 +6,11 @@ against one per candidate, in the same run.
 
 Builds 3-turn dialogues the way rollouts build them (token in, token out:
 colbench.agents.turn_prompt_ids) with turns long enough for ~1,500-2,000 tokens per
-trajectory, then times one multi-turn DPO step (chosen and rejected trajectories, forward
-and backward through sweet.algorithms.policy_trainer.sequence_logps) two ways:
+trajectory, then times one critic step (the Bradley-Terry loss over Σ_t A(o_t, a_t), A the
+mean of log π_θ − log π_ref over a_t's tokens: sweet.critic.model's pure functions, π_ref's
+sums given, as training caches them) and one multi-turn DPO step (chosen and rejected
+trajectories, forward and backward through sweet.algorithms.policy_trainer.sequence_logps),
+each two ways:
 
 - per-turn rows: each turn its own row (its whole context, then its action), as the
   trainers did before trajectories were packed (make_batch(packed=False));
@@ -78,6 +81,44 @@ def dpo_step(model, model_cfg, groups, packed: bool):
     return loss.item(), tokens
 
 
+def critic_step(model, groups, packed: bool):
+    """One critic Bradley-Terry loss + backward over a (chosen, rejected) pair of segment
+    lists; (loss, tokens run)."""
+    import torch
+
+    from sweet.core.tokens import make_batch
+    from sweet.critic.model import action_logprob_sums, bradley_terry_loss, per_turn_advantage, trajectory_scores
+
+    flat = [(s.context, s.action) for g in groups for s in g]
+    batch = make_batch(flat, 0, packed=packed)
+    sums = action_logprob_sums(model, batch)
+    n = torch.tensor([len(a) for _, a in flat])
+    advantages = per_turn_advantage(sums, torch.zeros_like(sums), n, beta=0.1)  # π_ref's sums as given
+    owner = torch.tensor([k for k, g in enumerate(groups) for _ in g])
+    scores = trajectory_scores(advantages, owner, len(groups))
+    loss, _ = bradley_terry_loss(scores[:1], scores[1:])
+    loss.mean().backward()
+    model.zero_grad(set_to_none=True)
+    return loss.mean().item(), int(batch.attention_mask.sum())
+
+
+def timed(step, model, model_cfg, pairs, label: str) -> None:
+    """`step` over every pair, per-turn rows then one pass: tokens, seconds per pair, ratio."""
+    seconds, tokens, losses = {}, {}, {}
+    for packed in (False, True):  # warm-up, both ways
+        step(model, model_cfg, list(pairs[0]), packed)
+    for packed in (False, True):
+        t0 = time.perf_counter()
+        out = [step(model, model_cfg, [c, r], packed) for c, r in pairs]
+        seconds[packed] = (time.perf_counter() - t0) / len(pairs)
+        tokens[packed] = sum(t for _, t in out) / len(pairs)
+        losses[packed] = [round(l, 4) for l, _ in out]
+    print(f"{label}, per-turn rows: {tokens[False]:.0f} tokens, {seconds[False]:.2f} s per pair")
+    print(f"{label}, one pass:      {tokens[True]:.0f} tokens, {seconds[True]:.2f} s per pair")
+    print(f"{label} ratio: {tokens[False] / tokens[True]:.2f}x fewer tokens, {seconds[False] / seconds[True]:.2f}x "
+          f"faster; losses {'equal' if losses[True] == losses[False] else 'DIFFER'} ({losses[True]})")
+
+
 def main(argv=None) -> None:
     import torch
 
@@ -96,18 +137,8 @@ def main(argv=None) -> None:
     lengths = [len(s[-1].context) + len(s[-1].action) for p in pairs for s in p]
     print(f"{args.model} ({args.dtype}, {args.threads} threads): {len(pairs)} pairs of 3-turn trajectories, "
           f"{min(lengths)}-{max(lengths)} tokens each")
-    dpo_step(model, model_cfg, [pairs[0][0], pairs[0][1]], packed=True)  # warm-up
-    seconds, tokens, losses = {}, {}, {}
-    for packed in (False, True):
-        t0 = time.perf_counter()
-        out = [dpo_step(model, model_cfg, [c, r], packed) for c, r in pairs]
-        seconds[packed] = (time.perf_counter() - t0) / len(pairs)
-        tokens[packed] = sum(t for _, t in out) / len(pairs)
-        losses[packed] = [round(l, 4) for l, _ in out]
-    print(f"MT-DPO step, per-turn rows: {tokens[False]:.0f} tokens, {seconds[False]:.2f} s per pair")
-    print(f"MT-DPO step, one pass:      {tokens[True]:.0f} tokens, {seconds[True]:.2f} s per pair")
-    print(f"ratio: {tokens[False] / tokens[True]:.2f}x fewer tokens, {seconds[False] / seconds[True]:.2f}x faster; "
-          f"losses {'equal' if losses[True] == losses[False] else 'DIFFER'} ({losses[True]})")
+    timed(lambda m, _cfg, g, packed: critic_step(m, g, packed), model, model_cfg, pairs, "critic step")
+    timed(dpo_step, model, model_cfg, pairs, "MT-DPO step")
 
     state = list(pairs[0][0][-1].context)  # stage 2: the last turn's state, n candidates
     params = SamplingParams(n=args.candidates, temperature=1.0, max_new_tokens=8, seed=args.seed)
