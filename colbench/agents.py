@@ -87,20 +87,19 @@ class ModelAgent:
     episodes are then reproducible on the same backend and do not depend on which
     other seeds run alongside (adding seeds to a finished run keeps the old ones).
 
-    Token in, token out (`continue_ids=True`): with an engine that takes prompts as ids
-    (`generate_from_ids`: hf, vllm), a turn after the first is prompted with the previous
-    turn's prompt ids, the ids the model generated and the template's ids for what followed
-    (`turn_prompt_ids`), so an episode is one token sequence
+    Token in, token out (`continue_ids`, on by default): with an engine that takes prompts
+    as ids (`generate_from_ids`: hf, vllm), a turn after the first is prompted with the
+    previous turn's prompt ids, the ids the model generated and the template's ids for what
+    followed (`turn_prompt_ids`), so an episode is one token sequence
     (`colbench.episodes.prefix_consistent`) that trainers score in one pass. Where the
-    template does not allow it, with an engine that takes only text (openai), and by
-    default, the chat is templated whole. (Off by default: on the test bed's main job
-    SWEET-RL did not improve on its warm start this way; docs/one-sequence.md.)
+    template does not allow it, with an engine that takes only text (openai), and with
+    `continue_ids=False`, the chat is templated whole.
     """
 
     needs_simulator = True
 
     def __init__(self, engine: "Engine", sampling: SamplingParams, name: str | None = None,
-                 continue_ids: bool = False):
+                 continue_ids: bool = True):
         self.engine = engine
         self.sampling = replace(sampling, n=1)
         self.name = name or agent_name(engine.spec)

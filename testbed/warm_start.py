@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from colbench.agents import turn_prompt_ids
 from colbench.episodes import write_episodes
 from colbench.io import atomic_write
 from colbench.types import STOP_ANSWERED, Episode, Turn
@@ -29,7 +30,7 @@ from sweet.algorithms import rft
 from sweet.core.config import ModelConfig, parse_configs
 from sweet.core.models import load_tokenizer
 from sweet.core.runs import run_cli, trainer_run
-from sweet.core.tokens import template_ids, text_ids
+from sweet.core.tokens import text_ids
 from sweet.core.trainer import finished
 from testbed import bed as testbed_bed
 from testbed.env import TestbedEnv, answer_constants, make_tasks, told_constants
@@ -104,15 +105,7 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, bed: str = DEF
     episodes = []
     for i in range(n):
         task = tasks[i % len(tasks)]
-        turns: list[Turn] = []
-        for role, text in _teacher_dialogue(teacher, task, rng, p_ask, p_other or 0.0):
-            if role == "agent":
-                prompt = env.agent_messages(task, turns)
-                turns.append(Turn("agent", text, prompt=prompt, prompt_token_ids=template_ids(tokenizer, prompt),
-                                  token_ids=list(text_ids(tokenizer, text)),
-                                  finish_reason="stop"))  # a demonstration ends its turn
-            else:
-                turns.append(Turn("human", text))
+        turns = scripted_turns(tokenizer, env, task, _teacher_dialogue(teacher, task, rng, p_ask, p_other or 0.0))
         episodes.append(Episode(task.task_id, "testbed", "scripted-explorer", i, turns, answer=turns[-1].content,
                                 stop_reason=STOP_ANSWERED))
     answers = [env.extract_answer(ep.answer) for ep in episodes]
@@ -120,6 +113,22 @@ def scripted_episodes(tokenizer, n: int, p_ask: float, seed: int, bed: str = DEF
         ep.score = score
     env.close()
     return episodes
+
+
+def scripted_turns(tokenizer, env: TestbedEnv, task, dialogue) -> list[Turn]:
+    """A scripted dialogue's (role, text) lines as turns, each agent turn with the ids a
+    model agent would have been prompted with (colbench.agents.turn_prompt_ids) and its
+    text's ids, ended by the model (a demonstration ends its turn)."""
+    turns: list[Turn] = []
+    for role, text in dialogue:
+        if role == "agent":
+            prompt = env.agent_messages(task, turns)
+            previous = next((t for t in reversed(turns) if t.role == "agent"), None)
+            turns.append(Turn("agent", text, prompt=prompt, prompt_token_ids=turn_prompt_ids(tokenizer, prompt, previous),
+                              token_ids=list(text_ids(tokenizer, text)), finish_reason="stop"))
+        else:
+            turns.append(Turn("human", text))
+    return turns
 
 
 def _dialogue(task, rng, p_ask, p_other: float = 0.0):
@@ -192,11 +201,15 @@ def copy_accuracy(model: str, n: int = 48, seed: int = 0, bed: str = DEFAULT_BED
 
     env = bed_env(bed)
     cases = copy_check_dialogues(n, seed, bed)
-    prompts = [env.agent_messages(task, turns) for task, turns, _ in cases]
-    env.close()
     engine = load_engine(f"hf:{model}", EngineOptions(workers=workers))
     try:
-        samples = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=64))
+        prompts = []
+        for task, turns, _ in cases:  # prompted as a rollout prompts the model (token in, token out)
+            turns = scripted_turns(engine.tokenizer, env, task, [(t.role, t.content) for t in turns])
+            previous = next((t for t in reversed(turns) if t.role == "agent"), None)
+            prompts.append(turn_prompt_ids(engine.tokenizer, env.agent_messages(task, turns), previous))
+        env.close()
+        samples = engine.generate_from_ids(prompts, SamplingParams(temperature=0.0, max_new_tokens=64))
     finally:
         engine.close()
     return copy_score([s[0].text for s in samples], [want for _, _, want in cases], bed)
