@@ -34,7 +34,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2", help="model spec (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="bfloat16", help="training and sampling precision")
     p.add_argument("--pairs", type=int, default=2, help="trajectory pairs to time (one DPO step each)")
-    p.add_argument("--words", type=int, default=160, help="words per message (sets the trajectory's length)")
+    p.add_argument("--words", type=int, default=330,
+                   help="words per message (sets the trajectory's length: 330 gives SmolLM2 ~1,850 tokens)")
     p.add_argument("--candidates", type=int, default=16, help="stage 2's candidates per state")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0)
