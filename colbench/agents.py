@@ -22,6 +22,7 @@ loading any model, so a typo fails in a second, not after a model has loaded.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import replace
@@ -53,6 +54,17 @@ def agent_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-]+", "_", spec).strip("_")
 
 
+def turn_seed(seed: int, turn: int) -> int:
+    """The sampling seed of agent turn `turn` (0-based) of an episode seeded `seed`: `seed`
+    itself for the first turn, a 31-bit hash of (seed, turn) after it. Engines seed a
+    prompt's draws from the call's seed and its place in the call, not from the prompt, so
+    one seed for every turn would give each turn the same uniforms."""
+    if turn == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}/turn/{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 33
+
+
 def file_slug(name: str) -> str:
     """A file-system-safe version of an agent name."""
     return re.sub(r"[^A-Za-z0-9._\-]+", "_", name).strip("_") or "agent"
@@ -82,8 +94,9 @@ class ModelAgent:
 
     Seeds: at temperature 0 the whole batch goes out in one `generate` call (greedy
     decoding ignores the seed). At temperature > 0 requests are grouped by seed and
-    each group is one call with `SamplingParams.seed = sampling.seed + seed` (the
-    sampling seed offsets every episode seed, e.g. per training iteration). Seed s's
+    each group is one call with `SamplingParams.seed = turn_seed(sampling.seed + seed,
+    turn)` (the sampling seed offsets every episode seed, e.g. per training iteration;
+    each agent turn of an episode draws other uniforms than the turn before). Seed s's
     episodes are then reproducible on the same backend and do not depend on which
     other seeds run alongside (adding seeds to a finished run keeps the old ones).
 
@@ -117,7 +130,8 @@ class ModelAgent:
         base = self.sampling.seed or 0
         groups: dict[int, list[int]] = {}
         for i, r in enumerate(requests):  # greedy decoding ignores the seed: one group
-            groups.setdefault(base if self.sampling.temperature == 0 else base + r.seed, []).append(i)
+            turn = sum(1 for m in r.messages if m["role"] == "assistant")
+            groups.setdefault(base if self.sampling.temperature == 0 else turn_seed(base + r.seed, turn), []).append(i)
         out: list[Sample | EngineError | None] = [None] * len(requests)
         for seed, idx in groups.items():
             params = replace(self.sampling, seed=seed)

@@ -16,6 +16,7 @@ from colbench.agents import (
     agent_name,
     check_agent_spec,
     load_agent,
+    turn_seed,
 )
 from colbench.envs import make_env
 from colbench.episodes import run_episodes
@@ -153,6 +154,27 @@ def test_model_agent_batches_and_groups_by_seed(tiny_engine, env, backend_test_s
     assert sorted(counting.calls[:2]) == [(2, 0), (2, 1)]  # one call per seed
     assert [s.token_ids for s in again[0]] == [s.token_ids for s in again[1]]  # seeded: reproducible
     assert greedy.name == "tiny" and sampled.name == "hot"
+
+
+def test_each_turn_of_an_episode_draws_its_own_uniforms(tiny_engine, env, backend_test_split):
+    """Turn 2 of a seeded episode is sampled with another seed than turn 1 (`turn_seed`). With
+    one seed for both, the engine draws the same uniform for the first token of each turn and,
+    where the two turns' distributions are close (the random tiny model's are), lands on the
+    same or the next token: 16 of 16 episodes did before the turn entered the seed."""
+    task = backend_test_split[0]
+    agent = ModelAgent(tiny_engine, SamplingParams(temperature=1.0, max_new_tokens=1), continue_ids=False)
+    seeds = range(16)
+    first = [AgentRequest(task, env.agent_messages(task, []), s) for s in seeds]
+    turn1 = agent.act(first)
+    second = [AgentRequest(task, [*r.messages, {"role": "assistant", "content": s.text},
+                                  {"role": "user", "content": "I don't know."}], r.seed) for r, s in zip(first, turn1)]
+    turn2 = agent.act(second)
+    near = sum(abs(a.token_ids[0] - b.token_ids[0]) <= 1 for a, b in zip(turn1, turn2))
+    assert near <= 2, f"{near} of 16 second turns drew the first turn's token or its neighbour"
+    assert turn_seed(7, 0) == 7 and len({turn_seed(7, t) for t in range(4)}) == 4 and turn_seed(7, 1) < 2**31
+    counting = CountingEngine(tiny_engine)
+    ModelAgent(counting, SamplingParams(temperature=1.0, max_new_tokens=1)).act(second[:1])
+    assert counting.calls == [(1, turn_seed(0, 1))]  # the seed the engine saw: the turn's
 
 
 def test_load_agent_model_path_keeps_its_name(env):

@@ -693,32 +693,39 @@ def test_ppo_with_lora_and_kl_end_to_end(tmp_path):
 def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_layout, kill_tree, dist):
     """The CLI under `accelerate launch` with 2 gloo processes, DDP or FSDP2, or a GPU config
     from $SWEET_DIST_CONFIGS (rollouts on the main one, broadcast; each step's turns dealt
-    across both): the same episodes and metrics as 1 process and the same weights up to
-    float32 summation order (Adam turns ~1e-9 gradient noise into ~1e-5 steps); SIGKILLed
-    after iteration 0's checkpoint and relaunched, the uninterrupted 2-process weights
-    exactly. Under FSDP each process saves its own shard and the sampler's unsharded copy
-    follows the updates (log-prob gap 0)."""
+    across both): one iteration gives the same episodes and metrics as 1 process and the
+    same weights up to float32 summation order (Adam turns ~1e-9 gradient noise into ~1e-5
+    steps); two iterations, SIGKILLed after iteration 0's checkpoint and relaunched, give
+    the uninterrupted 2-process weights exactly. Under FSDP each process saves its own shard
+    and the sampler's unsharded copy follows the updates (log-prob gap 0).
+
+    Across process counts only iteration 0 is compared: iteration 1 is played by weights
+    that agree to summation order, and inverse-transform sampling draws another token
+    wherever a uniform lies within that round-off (~1e-8) of a boundary of the CDF."""
     import time
 
     tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
     launch = [*dist.launch(29537), "-m"]
 
-    def cmd(out, launcher=(sys.executable, "-m")):
-        return runnable_loop_cli(tasks, out, "--kl_coef", "0.05", micro=1, launcher=launcher)
+    def cmd(out, launcher=(sys.executable, "-m"), iterations=2):
+        return runnable_loop_cli(tasks, out, "--kl_coef", "0.05", micro=1, launcher=launcher, iterations=iterations)
 
-    for out, launcher in ((tmp_path / "one", (sys.executable, "-m")), (tmp_path / "two", launch)):
-        res = subprocess.run(cmd(out, launcher), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    runs = {"one": ((sys.executable, "-m"), 1), "two-1": (launch, 1), "two": (launch, 2)}
+    for name, (launcher, iterations) in runs.items():
+        res = subprocess.run(cmd(tmp_path / name, launcher, iterations), cwd=ROOT, capture_output=True, text=True,
+                             timeout=900)
         assert res.returncode == 0, res.stderr[-3000:]
     rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-            for name in ("one", "two")}
+            for name in runs}
     assert all(r["loop/optimizer_steps"] > 0 for r in rows["one"])
-    for r1, r2 in zip(rows["one"], rows["two"]):
+    for r1, r2 in zip(rows["one"], rows["two-1"], strict=True):
         assert {k: v for k, v in r1.items() if k.startswith("env/")} == {k: v for k, v in r2.items() if k.startswith("env/")}
         assert r1["loss/policy"] == pytest.approx(r2["loss/policy"], abs=1e-5)
         assert r1["loop/kl"] == pytest.approx(r2["loop/kl"], abs=1e-5)  # π_ref loaded whole, also under ZeRO-3
-        assert r2["loop/sampler_trainer_logprob_gap"] < 1e-5  # the sampler plays the trained weights
-    a, b = _final_weights(tmp_path / "one" / "final"), _final_weights(tmp_path / "two" / "final")
+    assert all(r["loop/sampler_trainer_logprob_gap"] < 1e-5 for r in rows["two"])  # it plays the trained weights
+    a, b = _final_weights(tmp_path / "one" / "final"), _final_weights(tmp_path / "two-1" / "final")
     assert all(torch.allclose(a[k], b[k], rtol=0, atol=2e-4) for k in a)
+    b = _final_weights(tmp_path / "two" / "final")
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(cmd(killed, launch), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -742,9 +749,11 @@ def test_two_process_run_matches_one_and_survives_a_kill(tmp_path, checkpoint_la
 def test_async_two_process_run_matches_one(tmp_path, dist):
     """Async rollouts at lag 1 with the decoupled loss under `accelerate launch` with 2 gloo
     processes (each launch config) and micro-batches of 1 turn, against 1 process with
-    micro-batches of 4: the same episodes, each played by the version one behind, the same
-    metrics and the same weights up to float32 summation order (as the synchronous test
-    above, which covers the standard loss)."""
+    micro-batches of 4: iterations 0 and 1, both played by version 0, give the same episodes
+    and metrics, the losses of version 1 up to float32 summation order (as the synchronous
+    test above, which covers the standard loss); iteration 2 is played by version 1 and its
+    copy matches the trainer. Iteration 2's episodes are not compared across process counts
+    (the synchronous test says why)."""
     tasks = runnable_answer_tasks(tmp_path / "tasks.jsonl")
 
     runs = {"one": (4, (sys.executable, "-m")), "two": (1, (*dist.launch(29547), "-m"))}
@@ -757,18 +766,17 @@ def test_async_two_process_run_matches_one(tmp_path, dist):
             for name in runs}
     assert [r["loop/policy_lag"] for r in rows["two"]] == [0.0, 1.0, 1.0]
     assert all(r["loop/optimizer_steps"] > 0 for r in rows["one"])
-    for r1, r2 in zip(rows["one"], rows["two"], strict=True):
+    for r1, r2 in zip(rows["one"][:2], rows["two"][:2], strict=True):
         assert {k: v for k, v in r1.items() if k.startswith("env/")} == {k: v for k, v in r2.items() if k.startswith("env/")}
         assert r1["loss/policy"] == pytest.approx(r2["loss/policy"], abs=1e-5)
         assert r1["loop/behaviour_weight_mean"] == pytest.approx(r2["loop/behaviour_weight_mean"], abs=1e-5)
-        assert r2["loop/sampler_trainer_logprob_gap"] < 1e-5  # the version-j copy against the trainer at j
+    assert all(r["loop/sampler_trainer_logprob_gap"] < 1e-5 for r in rows["two"])  # version j's copy vs the trainer at j
     for j in range(3):
         played = {name: [(e["task_id"], e["answer"], e["meta"]["policy_version"]) for e in map(
             json.loads, (tmp_path / name / "episodes" / f"iter-{j:04d}.jsonl").read_text().splitlines())]
             for name in runs}
-        assert played["one"] == played["two"] and {v for _, _, v in played["two"]} == {max(j - 1, 0)}
-    a, b = _final_weights(tmp_path / "one" / "final"), _final_weights(tmp_path / "two" / "final")
-    assert all(torch.allclose(a[k], b[k], rtol=0, atol=2e-4) for k in a)
+        assert all({v for _, _, v in played[name]} == {max(j - 1, 0)} for name in runs)
+        assert j == 2 or played["one"] == played["two"]
 
 
 def test_normalize_advantages_by_hand():
